@@ -1,0 +1,433 @@
+//! The `sluice.toml` configuration: its shape, defaults, validation and environment overrides.
+//!
+//! Unknown keys are errors (a typo must not silently fall back to a default), and every error
+//! names the file and the key that is wrong.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::outbox::TableName;
+
+/// Environment variable that overrides `database.url`, so secrets can stay out of the file.
+pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
+
+/// Rows claimed per transaction. Large enough to amortise the claim/mark round trips, small
+/// enough that a batch's transaction stays short.
+pub const DEFAULT_BATCH_SIZE: usize = 500;
+/// Longest wait between polls of an empty outbox.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Wall-clock budget for one plugin call (and one instantiation). A Rust `transform` takes
+/// microseconds; this only stops runaway guests.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+/// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
+pub const DEFAULT_MEMORY_MB: u64 = 128;
+
+/// Problems loading or validating a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config file {path}: {key}: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub relay: RelayConfig,
+    /// librdkafka properties, passed through unchanged (values may be strings, numbers or
+    /// booleans).
+    #[serde(default)]
+    pub kafka: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    pub plugins: PluginsConfig,
+    /// Per-tenant plugin settings, keyed by the value of the row's `tenant` column.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// PostgreSQL connection URL; `SLUICE_DATABASE_URL` overrides it.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Outbox table name, optionally schema-qualified (`schema.table`).
+    #[serde(default = "default_table")]
+    pub table: String,
+}
+
+fn default_table() -> String {
+    "outbox".to_owned()
+}
+
+/// How a row is marked once all of its messages were acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkMode {
+    /// `DELETE` the row (fastest; the outbox holds only unsent rows).
+    #[default]
+    Delete,
+    /// `UPDATE … SET published_at = now()` (keeps an audit trail).
+    PublishedAt,
+}
+
+/// `[relay]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    #[serde(default)]
+    pub mark: MarkMode,
+}
+
+fn default_batch_size() -> usize {
+    DEFAULT_BATCH_SIZE
+}
+fn default_poll_interval() -> Duration {
+    DEFAULT_POLL_INTERVAL
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: DEFAULT_BATCH_SIZE,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            mark: MarkMode::default(),
+        }
+    }
+}
+
+/// `[plugins]`: today only `[plugins.default]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Plugin for rows whose tenant has no `[tenants.<name>]` entry (and rows without tenant).
+    #[serde(default)]
+    pub default: Option<PluginSpec>,
+}
+
+/// A plugin file, its configuration and its sandbox limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSpec {
+    /// Path to the `.wasm` component; relative paths are resolved against the config file.
+    pub path: PathBuf,
+    /// Passed to the plugin's `configure` as string pairs.
+    #[serde(default)]
+    pub config: BTreeMap<String, toml::Value>,
+    // Sandbox limits (inlined: serde cannot combine `flatten` with `deny_unknown_fields`).
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub call_timeout: Option<Duration>,
+    /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
+    #[serde(default)]
+    pub allowed_topics: Option<Vec<String>>,
+}
+
+/// `[tenants.<name>]`: like a plugin spec, but the path may be omitted to use the default
+/// plugin's file with this tenant's own config and limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub config: Option<BTreeMap<String, toml::Value>>,
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub call_timeout: Option<Duration>,
+    /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
+    #[serde(default)]
+    pub allowed_topics: Option<Vec<String>>,
+}
+
+/// Sandbox limits as written; unset fields inherit from `[plugins.default]`, then from
+/// Sluice's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct LimitsSpec {
+    pub memory_mb: Option<u64>,
+    pub call_timeout: Option<Duration>,
+    pub allowed_topics: Option<Vec<String>>,
+}
+
+impl PluginSpec {
+    pub fn limits(&self) -> LimitsSpec {
+        LimitsSpec {
+            memory_mb: self.memory_mb,
+            call_timeout: self.call_timeout,
+            allowed_topics: self.allowed_topics.clone(),
+        }
+    }
+}
+
+impl TenantConfig {
+    pub fn limits(&self) -> LimitsSpec {
+        LimitsSpec {
+            memory_mb: self.memory_mb,
+            call_timeout: self.call_timeout,
+            allowed_topics: self.allowed_topics.clone(),
+        }
+    }
+}
+
+impl LimitsSpec {
+    /// Fills unset fields from `fallback`.
+    pub fn or(self, fallback: &LimitsSpec) -> LimitsSpec {
+        LimitsSpec {
+            memory_mb: self.memory_mb.or(fallback.memory_mb),
+            call_timeout: self.call_timeout.or(fallback.call_timeout),
+            allowed_topics: self.allowed_topics.or_else(|| fallback.allowed_topics.clone()),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file, applying environment overrides.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config = Self::parse(&text, path)?;
+        if let Ok(url) = std::env::var(DATABASE_URL_ENV) {
+            config.database.url = Some(url);
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Parses configuration text; `path` is only used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(default) = &mut self.plugins.default {
+            resolve(&mut default.path);
+        }
+        for tenant in self.tenants.values_mut() {
+            if let Some(p) = &mut tenant.path {
+                resolve(p);
+            }
+        }
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message,
+        };
+        match &self.database.url {
+            None => {
+                return Err(invalid(
+                    "database.url",
+                    format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
+                ));
+            }
+            Some(url) if url.trim().is_empty() => {
+                return Err(invalid("database.url", "is empty".into()));
+            }
+            Some(_) => {}
+        }
+        TableName::parse(&self.database.table)
+            .map_err(|e| invalid("database.table", e.to_string()))?;
+        if self.relay.batch_size == 0 || self.relay.batch_size > 100_000 {
+            return Err(invalid(
+                "relay.batch_size",
+                format!("must be between 1 and 100000, got {}", self.relay.batch_size),
+            ));
+        }
+        if self.relay.poll_interval.is_zero() {
+            return Err(invalid("relay.poll_interval", "must be greater than 0".into()));
+        }
+        for (key, value) in &self.kafka {
+            kafka_value_string(value)
+                .map_err(|m| invalid(&format!("kafka.\"{key}\""), m.to_owned()))?;
+        }
+        if let Some(default) = &self.plugins.default {
+            validate_config_table(&default.config)
+                .map_err(|(k, m)| invalid(&format!("plugins.default.config.{k}"), m))?;
+            validate_limits(&default.limits())
+                .map_err(|(k, m)| invalid(&format!("plugins.default.{k}"), m))?;
+        }
+        for (name, tenant) in &self.tenants {
+            if name.is_empty() {
+                return Err(invalid("tenants", "tenant names must not be empty".into()));
+            }
+            if tenant.path.is_none() && self.plugins.default.is_none() {
+                return Err(invalid(
+                    &format!("tenants.{name}.path"),
+                    "missing, and there is no [plugins.default] to fall back to".into(),
+                ));
+            }
+            if let Some(config) = &tenant.config {
+                validate_config_table(config)
+                    .map_err(|(k, m)| invalid(&format!("tenants.{name}.config.{k}"), m))?;
+            }
+            validate_limits(&tenant.limits())
+                .map_err(|(k, m)| invalid(&format!("tenants.{name}.{k}"), m))?;
+        }
+        Ok(())
+    }
+
+    /// The database URL (validated to be present by [`Config::load`]).
+    pub fn database_url(&self) -> &str {
+        self.database.url.as_deref().unwrap_or_default()
+    }
+
+    /// The librdkafka properties as strings.
+    pub fn kafka_properties(&self) -> BTreeMap<String, String> {
+        self.kafka
+            .iter()
+            .filter_map(|(k, v)| kafka_value_string(v).ok().map(|v| (k.clone(), v)))
+            .collect()
+    }
+}
+
+fn kafka_value_string(value: &toml::Value) -> Result<String, &'static str> {
+    match value {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        _ => Err("librdkafka properties must be strings, numbers or booleans"),
+    }
+}
+
+/// Converts a plugin `config` table to the string pairs `configure` receives.
+pub fn config_pairs(table: &BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
+    table
+        .iter()
+        .filter_map(|(k, v)| kafka_value_string(v).ok().map(|v| (k.clone(), v)))
+        .collect()
+}
+
+fn validate_config_table(table: &BTreeMap<String, toml::Value>) -> Result<(), (String, String)> {
+    for (k, v) in table {
+        kafka_value_string(v).map_err(|_| {
+            (
+                k.clone(),
+                "plugin config values must be strings, numbers or booleans".to_owned(),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
+    if limits.memory_mb == Some(0) {
+        return Err(("memory_mb".into(), "must be greater than 0".into()));
+    }
+    if limits.call_timeout.is_some_and(|d| d.is_zero()) {
+        return Err(("call_timeout".into(), "must be greater than 0".into()));
+    }
+    for pattern in limits.allowed_topics.iter().flatten() {
+        crate::plugin::TopicPattern::parse(pattern)
+            .map_err(|m| ("allowed_topics".to_owned(), m))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config = Config::parse(text, Path::new("t.toml"))?;
+        config.validate(Path::new("t.toml"))?;
+        Ok(config)
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = parse("[database]\nurl = \"postgres://x/y\"\n").unwrap();
+        assert_eq!(c.database.table, "outbox");
+        assert_eq!(c.relay.batch_size, DEFAULT_BATCH_SIZE);
+        assert_eq!(c.relay.poll_interval, DEFAULT_POLL_INTERVAL);
+        assert_eq!(c.relay.mark, MarkMode::Delete);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("[database]\nurl = \"x\"\n[relay]\nbatchsize = 3\n").unwrap_err();
+        assert!(err.to_string().contains("batchsize"), "{err}");
+    }
+
+    #[test]
+    fn invalid_duration_is_named() {
+        let err = parse("[database]\nurl = \"x\"\n[relay]\npoll_interval = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("poll_interval"), "{err}");
+    }
+
+    #[test]
+    fn bad_table_name_is_refused() {
+        let err = parse("[database]\nurl = \"x\"\ntable = \"outbox; drop\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("database.table"), "{err}");
+    }
+
+    #[test]
+    fn tenant_without_path_needs_a_default_plugin() {
+        let err = parse("[database]\nurl = \"x\"\n[tenants.acme]\nconfig = {}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tenants.acme.path"), "{err}");
+    }
+
+    #[test]
+    fn kafka_values_of_any_scalar_type_pass_through() {
+        let c = parse(
+            "[database]\nurl = \"x\"\n[kafka]\n\"linger.ms\" = 5\n\"enable.idempotence\" = false\n",
+        )
+        .unwrap();
+        let props = c.kafka_properties();
+        assert_eq!(props["linger.ms"], "5");
+        assert_eq!(props["enable.idempotence"], "false");
+    }
+
+    #[test]
+    fn invalid_topic_pattern_is_refused() {
+        let err = parse(
+            "[database]\nurl = \"x\"\n[plugins.default]\npath = \"p.wasm\"\nallowed_topics = [\"a*b\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("allowed_topics"), "{err}");
+    }
+}

@@ -1,0 +1,212 @@
+//! The `sluice` command line: parse arguments, load config, call into the library.
+
+use std::io::{BufReader, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use sluice::config::{Config, DATABASE_URL_ENV};
+use sluice::outbox::{self, PgOutbox, TableName};
+use sluice::plugin::{PluginRouter, testbench};
+use sluice::sink::{KafkaSink, Sink};
+use sluice::{Relay, RelaySettings, shutdown};
+
+/// How long the producer may take to deliver what is still queued at shutdown.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Transactional outbox relay: PostgreSQL → WebAssembly plugin → Kafka")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create or upgrade the outbox table and its index (idempotent).
+    Migrate {
+        /// PostgreSQL URL, e.g. postgres://127.0.0.1:5432/app
+        #[arg(long, env = DATABASE_URL_ENV)]
+        database_url: String,
+        /// Outbox table name (`table` or `schema.table`).
+        #[arg(long, default_value = "outbox")]
+        table: String,
+    },
+    /// Relay outbox rows to Kafka until SIGINT/SIGTERM.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Inspect or try out a plugin without a database or broker.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Validate a component against the sluice:plugin world and print its info().
+    Check { file: PathBuf },
+    /// Run rows (JSON lines with the outbox columns) through a plugin and print the messages.
+    Test {
+        file: PathBuf,
+        /// JSON-lines file of rows, or `-` for standard input.
+        #[arg(long)]
+        input: PathBuf,
+        /// Plugin config entry passed to `configure` (repeatable).
+        #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_pair)]
+        config: Vec<(String, String)>,
+    },
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate {
+            database_url,
+            table,
+        } => runtime()?.block_on(migrate(&database_url, &table)),
+        Command::Run { config } => {
+            let config = Config::load(&config)?;
+            // Plugins first: a broken plugin file is reported without touching the database.
+            let router = PluginRouter::from_config(&config)?;
+            runtime()?.block_on(relay(config, router))
+        }
+        Command::Plugin { command } => plugin(command),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+async fn migrate(url: &str, table: &str) -> anyhow::Result<()> {
+    let table = TableName::parse(table).context("--table")?;
+    let pool = outbox::connect(url)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", redact(url)))?;
+    outbox::migrate(&pool, &table).await?;
+    println!("outbox table {table} is ready");
+    Ok(())
+}
+
+async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
+    let table = TableName::parse(&config.database.table).context("database.table")?;
+    let url = config.database_url();
+    let pool = outbox::connect(url)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", redact(url)))?;
+    let store = PgOutbox::new(pool, table, config.relay.mark).await?;
+    let sink = KafkaSink::new(&config.kafka_properties())?;
+    let settings = RelaySettings {
+        batch_size: config.relay.batch_size,
+        poll_interval: config.relay.poll_interval,
+    };
+    let relay = Relay::new(store, router, sink, settings);
+
+    let (trigger, stop) = shutdown::channel();
+    tokio::spawn(async move {
+        match shutdown::signal().await {
+            Ok(name) => tracing::info!(signal = name, "stopping after the batch in hand"),
+            Err(e) => tracing::error!(error = %e, "cannot listen for signals; stopping"),
+        }
+        trigger.trigger();
+    });
+    tracing::info!(table = %config.database.table, batch_size = config.relay.batch_size, "relay started");
+    let stats = relay.run(stop).await;
+    relay.sink().flush(SHUTDOWN_FLUSH)?;
+    tracing::info!(
+        batches = stats.batches,
+        rows_sent = stats.rows_sent,
+        rows_failed = stats.rows_failed,
+        messages = stats.messages,
+        "relay stopped"
+    );
+    Ok(())
+}
+
+fn plugin(command: PluginCommand) -> anyhow::Result<()> {
+    match command {
+        PluginCommand::Check { file } => {
+            let info = testbench::check(&file)?;
+            println!("{}: OK (exports sluice:plugin/transformer@0.1.0)", file.display());
+            println!("name:    {}", info.name);
+            println!("version: {}", info.version);
+            if let Some(schema) = info.config_schema {
+                println!("config schema: {schema}");
+            }
+            Ok(())
+        }
+        PluginCommand::Test {
+            file,
+            input,
+            config,
+        } => {
+            let stdout = std::io::stdout();
+            let summary = if input.as_os_str() == "-" {
+                testbench::run(&file, &config, std::io::stdin().lock(), stdout.lock())?
+            } else {
+                let f = std::fs::File::open(&input)
+                    .with_context(|| format!("cannot open --input {}", input.display()))?;
+                testbench::run(&file, &config, BufReader::new(f), stdout.lock())?
+            };
+            std::io::stdout().flush()?;
+            eprintln!(
+                "{} rows, {} messages, {} failed rows, {} invalid lines",
+                summary.rows, summary.messages, summary.failed_rows, summary.invalid_lines
+            );
+            if summary.invalid_lines > 0 {
+                bail!("{} input lines were not valid rows", summary.invalid_lines);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Hides the password of a database URL in messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,148 @@
+//! The outbox store seam: what the relay needs from the database, and the row types it sees.
+//!
+//! The relay never builds SQL; it claims a [`ClaimedBatch`] from an [`OutboxStore`] and hands
+//! the batch back with a [`BatchOutcome`]. A batch owns an open transaction whose row locks keep
+//! other relays off its rows until [`ClaimedBatch::complete`] commits (or the batch is dropped,
+//! which rolls back).
+
+mod postgres;
+mod table;
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+pub use postgres::{PayloadKind, PgBatch, PgOutbox, connect, migrate};
+pub use table::{TableName, TableNameError};
+
+/// Primary key of an outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OutboxId(pub i64);
+
+impl std::fmt::Display for OutboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Tenant name as plugins see it; rows with a NULL tenant belong to [`TenantId::DEFAULT`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(pub String);
+
+impl TenantId {
+    pub const DEFAULT: &'static str = "default";
+
+    pub fn from_column(value: Option<String>) -> Self {
+        Self(value.unwrap_or_else(|| Self::DEFAULT.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for TenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Kafka-style headers: ordered, duplicates allowed, binary values.
+pub type Headers = Vec<(String, Vec<u8>)>;
+
+/// One claimed outbox row, decoded.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub id: OutboxId,
+    pub tenant: TenantId,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// JSON text for `json`/`jsonb`, raw bytes for `bytea`, UTF-8 for `text`; empty for NULL.
+    pub payload: Vec<u8>,
+    pub headers: Headers,
+    pub created_at: DateTime<Utc>,
+    /// Delivery attempts already made (0 on the first claim).
+    pub attempts: i32,
+}
+
+/// A row that could not be delivered this time, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowFailure {
+    pub id: OutboxId,
+    pub error: String,
+    /// When the row becomes due again, relative to the commit.
+    pub retry_in: Duration,
+}
+
+/// What happened to a claimed batch, as the relay hands it back to the store.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    /// Rows whose every message was acknowledged (or that produced none): mark them sent.
+    pub sent: Vec<OutboxId>,
+    /// Rows to reschedule with the error recorded.
+    pub failed: Vec<RowFailure>,
+}
+
+/// Errors of the outbox store. Callers branch on them: a [`StoreError::MarkMismatch`] means the
+/// batch was rolled back and will be re-claimed (and re-published) later.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(
+        "marking rows affected {affected} rows, expected {expected}; batch rolled back \
+         (another process changed the claimed rows)"
+    )]
+    MarkMismatch { expected: u64, affected: u64 },
+    #[error("outbox table {table} has no column {column}, or its type {found} is not supported")]
+    Schema {
+        table: String,
+        column: String,
+        found: String,
+    },
+}
+
+/// Where outbox rows come from. Implementations: [`PgOutbox`].
+pub trait OutboxStore: Send + Sync + 'static {
+    type Batch: ClaimedBatch;
+
+    /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others.
+    /// The returned batch holds the transaction open.
+    fn claim(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Claim<Self::Batch>, StoreError>> + Send;
+}
+
+/// The result of a claim: the rows, and the batch handle that holds their locks.
+pub struct Claim<B> {
+    pub batch: B,
+    /// Rows decoded successfully, in id order.
+    pub rows: Vec<OutboxRow>,
+    /// Rows whose columns could not be decoded (e.g. malformed `headers`); they must be
+    /// rescheduled, never published.
+    pub rejected: Vec<RowFailure>,
+}
+
+impl<B> Claim<B> {
+    /// Rows claimed, decoded or not.
+    pub fn len(&self) -> usize {
+        self.rows.len() + self.rejected.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The open transaction that locks a claimed set of rows.
+pub trait ClaimedBatch: Send {
+    /// Marks `outcome.sent`, reschedules `outcome.failed`, checks the affected-row counts and
+    /// commits. On a count mismatch it rolls back and returns [`StoreError::MarkMismatch`].
+    fn complete(self, outcome: BatchOutcome) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Rolls back: every row becomes claimable again, unchanged.
+    fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}

@@ -1,0 +1,367 @@
+//! PostgreSQL outbox: the migration, the claim query, marking and rescheduling.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{
+    BatchOutcome, Claim, ClaimedBatch, Headers, OutboxId, OutboxRow, OutboxStore, RowFailure,
+    StoreError, TableName, TenantId,
+};
+use crate::config::MarkMode;
+
+/// `last_error` is for humans; keep a runaway error message from bloating the table.
+const MAX_ERROR_LEN: usize = 2_000;
+/// Connections per relay process: one for the open batch, one spare for maintenance queries.
+const POOL_SIZE: u32 = 2;
+/// How long to wait for a connection before reporting the database as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Advisory-lock key serialising concurrent `sluice migrate` runs ("sluice" in ASCII).
+const MIGRATE_LOCK_KEY: i64 = 0x736c_7569_6365;
+/// Rows whose `headers` column is malformed are retried after this delay (the row must be
+/// fixed by hand, so retrying fast helps no one).
+const REJECTED_ROW_RETRY: Duration = Duration::from_secs(60);
+
+/// How the `payload` column is stored, which decides how it is turned into bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadKind {
+    /// `jsonb` or `json`: the JSON text, UTF-8.
+    Json,
+    /// `bytea`: the raw bytes.
+    Bytes,
+    /// `text`/`varchar`: UTF-8.
+    Text,
+}
+
+impl PayloadKind {
+    fn from_type_name(name: &str) -> Option<Self> {
+        match name {
+            "jsonb" | "json" => Some(Self::Json),
+            "bytea" => Some(Self::Bytes),
+            "text" | "character varying" => Some(Self::Text),
+            _ => None,
+        }
+    }
+
+    /// SQL expression yielding the payload as `bytea`.
+    fn select_expr(self) -> &'static str {
+        match self {
+            Self::Json => "convert_to(payload::text, 'UTF8')",
+            Self::Bytes => "payload",
+            Self::Text => "convert_to(payload, 'UTF8')",
+        }
+    }
+}
+
+/// Creates (or upgrades) the outbox table and its partial index on unsent rows. Idempotent,
+/// and safe to run from several processes at once.
+pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATE_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    let statements = [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                id              bigserial PRIMARY KEY,
+                tenant          text,
+                aggregate_type  text        NOT NULL,
+                aggregate_id    text        NOT NULL,
+                event_type      text        NOT NULL,
+                payload         jsonb,
+                headers         jsonb       NOT NULL DEFAULT '{{}}',
+                created_at      timestamptz NOT NULL DEFAULT now(),
+                published_at    timestamptz,
+                attempts        integer     NOT NULL DEFAULT 0,
+                next_attempt_at timestamptz,
+                last_error      text,
+                dead_at         timestamptz
+            )"
+        ),
+        // An application may have created the table with only its own columns: add Sluice's
+        // bookkeeping columns to it.
+        format!(
+            "ALTER TABLE {table}
+                ADD COLUMN IF NOT EXISTS headers         jsonb       NOT NULL DEFAULT '{{}}',
+                ADD COLUMN IF NOT EXISTS created_at      timestamptz NOT NULL DEFAULT now(),
+                ADD COLUMN IF NOT EXISTS published_at    timestamptz,
+                ADD COLUMN IF NOT EXISTS attempts        integer     NOT NULL DEFAULT 0,
+                ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz,
+                ADD COLUMN IF NOT EXISTS last_error      text,
+                ADD COLUMN IF NOT EXISTS dead_at         timestamptz"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS \"{}_unsent_idx\" ON {table} (id)
+                WHERE published_at IS NULL AND dead_at IS NULL",
+            table.table()
+        ),
+    ];
+    for sql in &statements {
+        sqlx::query(sql).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Connects a small pool suitable for one relay process.
+pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(POOL_SIZE)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect(url)
+        .await
+}
+
+/// The PostgreSQL [`OutboxStore`].
+pub struct PgOutbox {
+    pool: PgPool,
+    mark: MarkMode,
+    claim_sql: String,
+    mark_sql: String,
+    reschedule_sql: String,
+}
+
+impl PgOutbox {
+    /// Inspects the table (it must exist, with a supported `payload` type) and prepares the
+    /// statements.
+    pub async fn new(pool: PgPool, table: TableName, mark: MarkMode) -> Result<Self, StoreError> {
+        let kind = payload_kind(&pool, &table).await?;
+        let claim_sql = format!(
+            "SELECT id, tenant::text AS tenant, aggregate_type::text AS aggregate_type,
+                    aggregate_id::text AS aggregate_id, event_type::text AS event_type,
+                    {payload} AS payload, COALESCE(headers::text, '{{}}') AS headers,
+                    created_at, attempts
+               FROM {table}
+              WHERE published_at IS NULL AND dead_at IS NULL
+                AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+              ORDER BY id
+              LIMIT $1
+                FOR UPDATE SKIP LOCKED",
+            payload = kind.select_expr(),
+        );
+        let mark_sql = match mark {
+            MarkMode::Delete => format!("DELETE FROM {table} WHERE id = ANY($1)"),
+            MarkMode::PublishedAt => {
+                format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1)")
+            }
+        };
+        let reschedule_sql = format!(
+            "UPDATE {table} AS o
+                SET attempts = o.attempts + 1,
+                    last_error = f.error,
+                    next_attempt_at = now() + f.delay_ms * interval '1 millisecond'
+               FROM unnest($1::int8[], $2::text[], $3::int8[]) AS f(id, error, delay_ms)
+              WHERE o.id = f.id"
+        );
+        Ok(Self {
+            pool,
+            mark,
+            claim_sql,
+            mark_sql,
+            reschedule_sql,
+        })
+    }
+
+    pub fn mark_mode(&self) -> MarkMode {
+        self.mark
+    }
+}
+
+async fn payload_kind(pool: &PgPool, table: &TableName) -> Result<PayloadKind, StoreError> {
+    let found: Option<String> = sqlx::query_scalar(
+        "SELECT format_type(a.atttypid, NULL)
+           FROM pg_attribute a
+          WHERE a.attrelid = to_regclass($1) AND a.attname = 'payload' AND NOT a.attisdropped",
+    )
+    .bind(table.to_string())
+    .fetch_optional(pool)
+    .await?;
+    let found = found.unwrap_or_else(|| "(missing; run `sluice migrate`)".to_owned());
+    PayloadKind::from_type_name(&found).ok_or_else(|| StoreError::Schema {
+        table: table.to_string(),
+        column: "payload".into(),
+        found,
+    })
+}
+
+impl OutboxStore for PgOutbox {
+    type Batch = PgBatch;
+
+    async fn claim(&self, limit: usize) -> Result<Claim<PgBatch>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let raw = sqlx::query(&self.claim_sql)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut rows = Vec::with_capacity(raw.len());
+        let mut rejected = Vec::new();
+        for row in &raw {
+            match decode_row(row) {
+                Ok(r) => rows.push(r),
+                Err(failure) => rejected.push(failure),
+            }
+        }
+        Ok(Claim {
+            batch: PgBatch {
+                tx,
+                mark_sql: self.mark_sql.clone(),
+                reschedule_sql: self.reschedule_sql.clone(),
+            },
+            rows,
+            rejected,
+        })
+    }
+}
+
+fn decode_row(row: &PgRow) -> Result<OutboxRow, RowFailure> {
+    let id = OutboxId(row.try_get("id").map_err(|e| RowFailure {
+        id: OutboxId(0),
+        error: e.to_string(),
+        retry_in: REJECTED_ROW_RETRY,
+    })?);
+    let fail = |error: String| RowFailure {
+        id,
+        error,
+        retry_in: REJECTED_ROW_RETRY,
+    };
+    let column_err = |e: sqlx::Error| fail(format!("cannot decode row: {e}"));
+    let headers_text: String = row.try_get("headers").map_err(column_err)?;
+    Ok(OutboxRow {
+        id,
+        tenant: TenantId::from_column(row.try_get("tenant").map_err(column_err)?),
+        aggregate_type: row.try_get("aggregate_type").map_err(column_err)?,
+        aggregate_id: row.try_get("aggregate_id").map_err(column_err)?,
+        event_type: row.try_get("event_type").map_err(column_err)?,
+        payload: row
+            .try_get::<Option<Vec<u8>>, _>("payload")
+            .map_err(column_err)?
+            .unwrap_or_default(),
+        headers: parse_headers(&headers_text).map_err(fail)?,
+        created_at: row.try_get("created_at").map_err(column_err)?,
+        attempts: row.try_get("attempts").map_err(column_err)?,
+    })
+}
+
+/// Parses the `headers` column: a JSON object whose values are strings.
+pub(crate) fn parse_headers(text: &str) -> Result<Headers, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("headers column is not JSON: {e}"))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(format!("headers column must be a JSON object of strings, got {text}"));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => Ok((k, s.into_bytes())),
+            other => Err(format!(
+                "headers column: value of {k:?} must be a string, got {other}"
+            )),
+        })
+        .collect()
+}
+
+/// A claimed batch: the open transaction holding the row locks.
+pub struct PgBatch {
+    tx: Transaction<'static, Postgres>,
+    mark_sql: String,
+    reschedule_sql: String,
+}
+
+impl ClaimedBatch for PgBatch {
+    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
+        if !outcome.sent.is_empty() {
+            let ids: Vec<i64> = outcome.sent.iter().map(|id| id.0).collect();
+            let affected = sqlx::query(&self.mark_sql)
+                .bind(&ids)
+                .execute(&mut *self.tx)
+                .await?
+                .rows_affected();
+            check_count(ids.len(), affected)?;
+        }
+        if !outcome.failed.is_empty() {
+            let ids: Vec<i64> = outcome.failed.iter().map(|f| f.id.0).collect();
+            let errors: Vec<String> = outcome
+                .failed
+                .iter()
+                .map(|f| truncate(&f.error, MAX_ERROR_LEN))
+                .collect();
+            let delays: Vec<i64> = outcome
+                .failed
+                .iter()
+                .map(|f| i64::try_from(f.retry_in.as_millis()).unwrap_or(i64::MAX))
+                .collect();
+            let affected = sqlx::query(&self.reschedule_sql)
+                .bind(&ids)
+                .bind(&errors)
+                .bind(&delays)
+                .execute(&mut *self.tx)
+                .await?
+                .rows_affected();
+            check_count(ids.len(), affected)?;
+        }
+        // A mismatch above returns early and drops `tx`, which rolls back.
+        self.tx.commit().await?;
+        Ok(())
+    }
+
+    async fn abandon(self) -> Result<(), StoreError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
+
+fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
+    let expected = expected as u64;
+    if expected == affected {
+        Ok(())
+    } else {
+        Err(StoreError::MarkMismatch { expected, affected })
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_object_of_strings_becomes_ordered_pairs() {
+        let h = parse_headers(r#"{"a":"1","b":"two"}"#).unwrap();
+        assert_eq!(h, vec![("a".into(), b"1".to_vec()), ("b".into(), b"two".to_vec())]);
+    }
+
+    #[test]
+    fn non_string_header_value_is_named() {
+        let err = parse_headers(r#"{"trace":5}"#).unwrap_err();
+        assert!(err.contains("\"trace\""), "{err}");
+        assert!(parse_headers("[1]").is_err());
+    }
+
+    #[test]
+    fn payload_types_map_to_kinds() {
+        assert_eq!(PayloadKind::from_type_name("jsonb"), Some(PayloadKind::Json));
+        assert_eq!(PayloadKind::from_type_name("bytea"), Some(PayloadKind::Bytes));
+        assert_eq!(PayloadKind::from_type_name("text"), Some(PayloadKind::Text));
+        assert_eq!(PayloadKind::from_type_name("integer"), None);
+    }
+
+    #[test]
+    fn long_errors_are_truncated_on_a_char_boundary() {
+        let s = "é".repeat(10);
+        let t = truncate(&s, 5);
+        assert!(t.ends_with('…'));
+        assert!(t.len() <= 5 + '…'.len_utf8());
+    }
+}

@@ -1,0 +1,108 @@
+//! Validated outbox table names. The name is interpolated into SQL, so only plain identifiers
+//! (optionally `schema.table`) are accepted.
+
+use std::fmt;
+
+/// A table name that is safe to interpolate into SQL: one or two dot-separated identifiers of
+/// ASCII letters, digits and `_`, not starting with a digit, at most 63 bytes each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    schema: Option<String>,
+    table: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("invalid table name {name:?}: {reason}")]
+pub struct TableNameError {
+    name: String,
+    reason: &'static str,
+}
+
+impl TableName {
+    pub fn parse(name: &str) -> Result<Self, TableNameError> {
+        let err = |reason| TableNameError {
+            name: name.to_owned(),
+            reason,
+        };
+        let mut parts = name.split('.');
+        let first = parts.next().unwrap_or_default();
+        let second = parts.next();
+        if parts.next().is_some() {
+            return Err(err("use `table` or `schema.table`"));
+        }
+        for part in std::iter::once(first).chain(second) {
+            validate_identifier(part).map_err(err)?;
+        }
+        Ok(match second {
+            Some(table) => Self {
+                schema: Some(first.to_owned()),
+                table: table.to_owned(),
+            },
+            None => Self {
+                schema: None,
+                table: first.to_owned(),
+            },
+        })
+    }
+
+    /// The bare table name, used to derive index names.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The `schema.` part (empty when unqualified), for objects that live beside the table.
+    pub fn schema_prefix(&self) -> String {
+        self.schema
+            .as_ref()
+            .map(|s| format!("\"{s}\"."))
+            .unwrap_or_default()
+    }
+}
+
+fn validate_identifier(part: &str) -> Result<(), &'static str> {
+    if part.is_empty() {
+        return Err("identifier is empty");
+    }
+    if part.len() > 63 {
+        return Err("identifier is longer than 63 bytes");
+    }
+    if part.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err("identifier starts with a digit");
+    }
+    if !part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err("only ASCII letters, digits and '_' are allowed");
+    }
+    Ok(())
+}
+
+impl fmt::Display for TableName {
+    /// The quoted SQL form, e.g. `"app"."outbox"`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(s) => write!(f, "\"{s}\".\"{}\"", self.table),
+            None => write!(f, "\"{}\"", self.table),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_qualified_names_are_accepted_and_quoted() {
+        assert_eq!(TableName::parse("outbox").unwrap().to_string(), "\"outbox\"");
+        assert_eq!(
+            TableName::parse("app.outbox_v2").unwrap().to_string(),
+            "\"app\".\"outbox_v2\""
+        );
+    }
+
+    #[test]
+    fn injection_and_odd_names_are_refused() {
+        for bad in ["", "out box", "outbox;drop table x", "a.b.c", "1outbox", "o\"x", ".x", "x."] {
+            assert!(TableName::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(TableName::parse(&"x".repeat(64)).is_err());
+    }
+}

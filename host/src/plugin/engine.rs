@@ -1,0 +1,83 @@
+//! The one wasmtime [`Engine`] of a process, its epoch ticker and the shared [`Linker`].
+
+use std::sync::{Arc, Weak};
+use std::thread;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use super::PluginError;
+use super::bindings::Plugin;
+use super::host_api::HostState;
+
+/// Granularity of call deadlines: the ticker bumps the engine's epoch this often.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Engine + linker shared by every plugin and tenant. Dropping the last handle stops the
+/// ticker thread.
+pub struct PluginEngine {
+    engine: Engine,
+    linker: Linker<HostState>,
+}
+
+impl PluginEngine {
+    pub fn new() -> Result<Arc<Self>, PluginError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        // No component-model async here: plain sync calls are markedly cheaper.
+        config.concurrency_support(false);
+        let engine = Engine::new(&config).map_err(PluginError::engine)?;
+
+        let mut linker = Linker::new(&engine);
+        // WASI p2 with an empty context: guests built with std (Python, JS, Rust) import
+        // these at start-up, but get no files, env, args, network or inherited stdio.
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(PluginError::engine)?;
+        Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(PluginError::engine)?;
+
+        let this = Arc::new(Self { engine, linker });
+        spawn_ticker(Arc::downgrade(&this))?;
+        Ok(this)
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn linker(&self) -> &Linker<HostState> {
+        &self.linker
+    }
+}
+
+fn spawn_ticker(engine: Weak<PluginEngine>) -> Result<(), PluginError> {
+    thread::Builder::new()
+        .name("sluice-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = engine.upgrade() {
+                engine.engine.increment_epoch();
+                drop(engine);
+                thread::sleep(EPOCH_TICK);
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| PluginError::Engine(format!("cannot start epoch ticker thread: {e}")))
+}
+
+/// Epoch ticks that make up `timeout` (at least one).
+pub fn deadline_ticks(timeout: Duration) -> u64 {
+    let ticks = timeout.as_micros() / EPOCH_TICK.as_micros().max(1);
+    u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_down_to_ticks_but_never_zero() {
+        assert_eq!(deadline_ticks(Duration::from_millis(50)), 50);
+        assert_eq!(deadline_ticks(Duration::from_micros(10)), 1);
+    }
+}

@@ -1,0 +1,89 @@
+//! The plugin sandbox: one wasmtime engine, one compiled plugin per file, one Store per
+//! tenant, and the validation of what plugins return.
+//!
+//! - [`engine`]: engine config, epoch ticker, linker (WASI p2 with an empty context + host API)
+//! - [`component`]: loading and linking a `.wasm` file
+//! - [`instance`]: a tenant's Store and the guest calls
+//! - [`limits`]: memory/time limits and the topic allow-list
+//! - [`router`]: tenant → instance routing for the relay
+//! - [`testbench`]: `sluice plugin check|test`
+
+mod bindings;
+pub mod component;
+pub mod engine;
+mod host_api;
+pub mod instance;
+pub mod limits;
+pub mod router;
+pub mod testbench;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+pub use component::LoadedPlugin;
+pub use engine::PluginEngine;
+pub use instance::TenantInstance;
+pub use limits::{Limits, TopicPattern};
+pub use router::PluginRouter;
+
+use crate::message::Message;
+use crate::outbox::{OutboxRow, TenantId};
+
+/// The messages of one row, or why the row could not be transformed.
+pub type RowResult = Result<Vec<Message>, TransformFailure>;
+
+/// Turns claimed rows into messages. Implementations: [`PluginRouter`] (WASM plugins).
+pub trait RowTransformer: Send + Sync + 'static {
+    /// One result per input row, in the same order.
+    fn transform(&self, rows: Vec<OutboxRow>) -> impl Future<Output = Vec<RowResult>> + Send;
+}
+
+/// Why a row was not transformed. Every variant fails the row closed: nothing of it is
+/// published.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TransformFailure {
+    #[error("plugin error (retryable) {code}: {message}")]
+    Retryable { code: String, message: String },
+    #[error("plugin error (permanent) {code}: {message}")]
+    Permanent { code: String, message: String },
+    /// Trap, deadline or memory cap; the instance was discarded.
+    #[error("{0}")]
+    Trapped(String),
+    /// The plugin returned something the host refuses to publish.
+    #[error("invalid plugin output: {0}")]
+    InvalidOutput(String),
+    #[error("no plugin for tenant {0:?}: add [tenants.{0}] or [plugins.default]")]
+    NoPlugin(TenantId),
+    /// The tenant's instance could not be (re)created.
+    #[error("plugin unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Errors loading or setting up plugins; they stop `sluice run` at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("plugin engine: {0}")]
+    Engine(String),
+    #[error("plugin {path}: {message}")]
+    BadPlugin { path: PathBuf, message: String },
+    #[error("plugin {path} (tenant {tenant}): instantiation failed: {message}")]
+    Instantiate {
+        path: PathBuf,
+        tenant: TenantId,
+        message: String,
+    },
+    #[error("plugin {path} (tenant {tenant}) rejected its config: {message}")]
+    Configure {
+        path: PathBuf,
+        tenant: TenantId,
+        message: String,
+    },
+    #[error("config {key}: {message}")]
+    Config { key: String, message: String },
+}
+
+impl PluginError {
+    fn engine(e: wasmtime::Error) -> Self {
+        Self::Engine(format!("{e:#}"))
+    }
+}

@@ -1,0 +1,211 @@
+//! Routes each row to its tenant's plugin instance and runs the guest calls off the async
+//! reactor. One Store per tenant: tenants never share an instance, even when they share a file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::component::LoadedPlugin;
+use super::engine::PluginEngine;
+use super::instance::TenantInstance;
+use super::limits::Limits;
+use super::{PluginError, RowResult, RowTransformer, TransformFailure};
+use crate::config::{Config, config_pairs};
+use crate::outbox::{OutboxRow, TenantId};
+
+/// Everything needed to (re)create a tenant's instance.
+struct TenantTemplate {
+    plugin: Arc<LoadedPlugin>,
+    config: Vec<(String, String)>,
+    limits: Limits,
+}
+
+/// A tenant's instance slot; `None` after a trap until the next row needs it.
+struct TenantSlot {
+    tenant: TenantId,
+    template: Arc<TenantTemplate>,
+    instance: Option<TenantInstance>,
+}
+
+impl TenantSlot {
+    fn transform(&mut self, row: &OutboxRow) -> RowResult {
+        if self.instance.is_none() {
+            let t = &self.template;
+            let instance = TenantInstance::create(&t.plugin, &self.tenant, &t.config, &t.limits)
+                .map_err(|e| TransformFailure::Unavailable(e.to_string()))?;
+            self.instance = Some(instance);
+        }
+        let Some(instance) = self.instance.as_mut() else {
+            return Err(TransformFailure::Unavailable("instance missing".into()));
+        };
+        let result = instance.transform(row);
+        if let Err(TransformFailure::Trapped(reason)) = &result {
+            // The Store is poisoned after a trap: discard it, re-create on the next row.
+            tracing::warn!(tenant = %self.tenant, row = %row.id, error.type = "trap", %reason,
+                "plugin trapped; discarding the tenant's instance");
+            self.instance = None;
+        }
+        result
+    }
+}
+
+type SharedSlot = Arc<Mutex<TenantSlot>>;
+
+/// The plugin runtime of `sluice run`: tenant → plugin mapping plus live instances.
+pub struct PluginRouter {
+    /// Template for tenants without their own `[tenants.<name>]` entry.
+    default: Option<Arc<TenantTemplate>>,
+    slots: Mutex<HashMap<TenantId, SharedSlot>>,
+}
+
+impl PluginRouter {
+    /// Loads every plugin file named in `config` (each file once) and creates and configures
+    /// the instances of every configured tenant, so a broken plugin or a rejected config stops
+    /// `sluice run` before it claims anything.
+    pub fn from_config(config: &Config) -> Result<Self, PluginError> {
+        let engine = PluginEngine::new()?;
+        let mut files: HashMap<PathBuf, Arc<LoadedPlugin>> = HashMap::new();
+        let mut load = |path: &PathBuf| -> Result<Arc<LoadedPlugin>, PluginError> {
+            if let Some(p) = files.get(path) {
+                return Ok(Arc::clone(p));
+            }
+            let plugin = Arc::new(LoadedPlugin::load(&engine, path)?);
+            files.insert(path.clone(), Arc::clone(&plugin));
+            Ok(plugin)
+        };
+        let limits_err = |key: String| {
+            move |message: String| PluginError::Config { key: key.clone(), message }
+        };
+
+        let default_spec = config.plugins.default.as_ref();
+        let default = match default_spec {
+            Some(spec) => Some(Arc::new(TenantTemplate {
+                plugin: load(&spec.path)?,
+                config: config_pairs(&spec.config),
+                limits: Limits::resolve(&spec.limits())
+                    .map_err(limits_err("plugins.default".into()))?,
+            })),
+            None => None,
+        };
+
+        let mut slots = HashMap::new();
+        for (name, tenant) in &config.tenants {
+            let default_limits = default_spec.map(|s| s.limits()).unwrap_or_default();
+            let path = match (&tenant.path, default_spec) {
+                (Some(p), _) => p,
+                (None, Some(spec)) => &spec.path,
+                (None, None) => {
+                    return Err(PluginError::Config {
+                        key: format!("tenants.{name}.path"),
+                        message: "missing and no [plugins.default]".into(),
+                    });
+                }
+            };
+            let empty = BTreeMap::new();
+            let table = tenant
+                .config
+                .as_ref()
+                .or(default_spec.map(|s| &s.config))
+                .unwrap_or(&empty);
+            let template = Arc::new(TenantTemplate {
+                plugin: load(path)?,
+                config: config_pairs(table),
+                limits: Limits::resolve(&tenant.limits().or(&default_limits))
+                    .map_err(limits_err(format!("tenants.{name}")))?,
+            });
+            let id = TenantId(name.clone());
+            slots.insert(id.clone(), new_slot(id, template)?);
+        }
+        if let Some(template) = &default {
+            let id = TenantId(TenantId::DEFAULT.to_owned());
+            if !slots.contains_key(&id) {
+                slots.insert(id.clone(), new_slot(id, Arc::clone(template))?);
+            }
+        }
+        Ok(Self {
+            default,
+            slots: Mutex::new(slots),
+        })
+    }
+
+    fn slot(&self, tenant: &TenantId) -> Option<SharedSlot> {
+        let mut slots = lock(&self.slots);
+        if let Some(slot) = slots.get(tenant) {
+            return Some(Arc::clone(slot));
+        }
+        // A tenant seen for the first time gets its own instance of the default plugin,
+        // created lazily by its first row.
+        let template = Arc::clone(self.default.as_ref()?);
+        let slot = Arc::new(Mutex::new(TenantSlot {
+            tenant: tenant.clone(),
+            template,
+            instance: None,
+        }));
+        slots.insert(tenant.clone(), Arc::clone(&slot));
+        Some(slot)
+    }
+}
+
+fn new_slot(tenant: TenantId, template: Arc<TenantTemplate>) -> Result<SharedSlot, PluginError> {
+    let instance = TenantInstance::create(&template.plugin, &tenant, &template.config, &template.limits)?;
+    Ok(Arc::new(Mutex::new(TenantSlot {
+        tenant,
+        template,
+        instance: Some(instance),
+    })))
+}
+
+/// A poisoned lock only means another thread panicked mid-call; the slot data is still
+/// consistent (at worst an instance that will trap again and be replaced).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl RowTransformer for PluginRouter {
+    async fn transform(&self, rows: Vec<OutboxRow>) -> Vec<RowResult> {
+        let mut results: Vec<Option<RowResult>> = (0..rows.len()).map(|_| None).collect();
+        let mut groups: BTreeMap<TenantId, Vec<(usize, OutboxRow)>> = BTreeMap::new();
+        for (index, row) in rows.into_iter().enumerate() {
+            groups.entry(row.tenant.clone()).or_default().push((index, row));
+        }
+        let mut tasks = Vec::with_capacity(groups.len());
+        for (tenant, group) in groups {
+            let Some(slot) = self.slot(&tenant) else {
+                for (index, _) in group {
+                    results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
+                }
+                continue;
+            };
+            let indices: Vec<usize> = group.iter().map(|(i, _)| *i).collect();
+            // Guest calls are synchronous CPU work: keep them off the reactor threads.
+            let task = tokio::task::spawn_blocking(move || {
+                let mut slot = lock(&slot);
+                group
+                    .into_iter()
+                    .map(|(_, row)| slot.transform(&row))
+                    .collect::<Vec<_>>()
+            });
+            tasks.push((indices, task));
+        }
+        for (indices, task) in tasks {
+            match task.await {
+                Ok(outputs) => {
+                    for (index, output) in indices.into_iter().zip(outputs) {
+                        results[index] = Some(output);
+                    }
+                }
+                Err(e) => {
+                    for index in indices {
+                        results[index] = Some(Err(TransformFailure::Unavailable(format!(
+                            "plugin worker failed: {e}"
+                        ))));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(TransformFailure::Unavailable("no result".into()))))
+            .collect()
+    }
+}

@@ -1,0 +1,280 @@
+//! Guest SDK for Sluice plugins (`sluice:plugin@0.1.0`).
+//!
+//! Implement [`Plugin`] for a type and register it with [`plugin!`]; build the crate as a
+//! `cdylib` with `cargo build --release --target wasm32-wasip2` and the `.wasm` file is a
+//! component Sluice can load.
+//!
+//! ```ignore
+//! use sluice_plugin_sdk::{Config, Message, OutboxRow, Plugin, TransformError};
+//!
+//! struct ToOneTopic { topic: String }
+//!
+//! impl Plugin for ToOneTopic {
+//!     const NAME: &'static str = "to-one-topic";
+//!     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+//!
+//!     fn configure(config: Config) -> Result<Self, String> {
+//!         config.allow_only(&["topic"])?;
+//!         Ok(Self { topic: config.require("topic")?.to_owned() })
+//!     }
+//!
+//!     fn transform(&self, row: OutboxRow) -> Result<Vec<Message>, TransformError> {
+//!         Ok(vec![Message::to(&self.topic).key(row.aggregate_id.as_bytes()).payload(row.payload)])
+//!     }
+//! }
+//!
+//! sluice_plugin_sdk::plugin!(ToOneTopic);
+//! ```
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_world",
+        default_bindings_module: "sluice_plugin_sdk::bindings",
+    });
+}
+
+pub use bindings::sluice::plugin::types::{
+    ErrorDetail, LogLevel, OutboxRow, OutputMessage as Message, PluginInfo, TransformError,
+};
+
+/// Host logging, tagged with the tenant by the host.
+pub mod log {
+    use super::bindings::sluice::plugin::host;
+    pub use super::LogLevel;
+
+    pub fn log(level: LogLevel, message: &str) {
+        host::log(level, message);
+    }
+    pub fn debug(message: &str) {
+        host::log(LogLevel::Debug, message);
+    }
+    pub fn info(message: &str) {
+        host::log(LogLevel::Info, message);
+    }
+    pub fn warn(message: &str) {
+        host::log(LogLevel::Warn, message);
+    }
+    pub fn error(message: &str) {
+        host::log(LogLevel::Error, message);
+    }
+}
+
+/// Adds `delta` to a host-side counter named `name`.
+pub fn counter_add(name: &str, delta: u64) {
+    bindings::sluice::plugin::host::counter_add(name, delta);
+}
+
+/// What a plugin implements. One value is created per tenant instance by
+/// [`Plugin::configure`] and used for every row of that tenant.
+pub trait Plugin: Sized + Send + 'static {
+    const NAME: &'static str;
+    const VERSION: &'static str;
+
+    /// JSON Schema of the accepted config, shown by `sluice plugin check`.
+    fn config_schema() -> Option<String> {
+        None
+    }
+
+    /// Builds the plugin from the tenant's `config` table; an `Err` stops `sluice run` at
+    /// start-up with this message.
+    fn configure(config: Config) -> Result<Self, String>;
+
+    /// Zero messages drop the row, several fan it out.
+    fn transform(&self, row: OutboxRow) -> Result<Vec<Message>, TransformError>;
+
+    /// Defaults to calling [`Plugin::transform`] per row.
+    fn transform_batch(&self, rows: Vec<OutboxRow>) -> Vec<Result<Vec<Message>, TransformError>> {
+        rows.into_iter().map(|row| self.transform(row)).collect()
+    }
+}
+
+/// The `config` table of a tenant, as string pairs.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pairs: Vec<(String, String)>,
+}
+
+impl Config {
+    pub fn new(pairs: Vec<(String, String)>) -> Self {
+        Self { pairs }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn get_or<'a>(&'a self, key: &str, default: &'a str) -> &'a str {
+        self.get(key).unwrap_or(default)
+    }
+
+    pub fn require(&self, key: &str) -> Result<&str, String> {
+        self.get(key)
+            .ok_or_else(|| format!("missing required config key {key:?}"))
+    }
+
+    /// Refuses keys other than `known`, so a typo in `sluice.toml` is reported, not ignored.
+    pub fn allow_only(&self, known: &[&str]) -> Result<(), String> {
+        match self.pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+            Some((k, _)) => Err(format!(
+                "unknown config key {k:?} (known keys: {})",
+                known.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Message {
+    /// A message to `topic` with no key, no payload (a tombstone until [`Message::payload`])
+    /// and no headers.
+    pub fn to(topic: impl Into<String>) -> Self {
+        Self {
+            topic: topic.into(),
+            key: None,
+            payload: None,
+            headers: Vec::new(),
+            partition: None,
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    pub fn payload(mut self, payload: impl Into<Vec<u8>>) -> Self {
+        self.payload = Some(payload.into());
+        self
+    }
+
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn headers(mut self, headers: impl IntoIterator<Item = (String, Vec<u8>)>) -> Self {
+        self.headers.extend(headers);
+        self
+    }
+
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+}
+
+impl TransformError {
+    pub fn retryable(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Retryable(ErrorDetail {
+            code: code.into(),
+            message: message.into(),
+        })
+    }
+
+    pub fn permanent(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Permanent(ErrorDetail {
+            code: code.into(),
+            message: message.into(),
+        })
+    }
+}
+
+/// Looks up a row header by name (first match).
+pub fn header<'a>(row: &'a OutboxRow, name: &str) -> Option<&'a [u8]> {
+    row.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_slice())
+}
+
+#[doc(hidden)]
+pub mod __private {
+    use super::*;
+    use std::sync::Mutex;
+
+    pub use bindings::exports::sluice::plugin::transformer::Guest;
+
+    /// The configured plugin value of this instance.
+    pub struct State<P>(Mutex<Option<P>>);
+
+    impl<P: Plugin> State<P> {
+        pub const fn new() -> Self {
+            Self(Mutex::new(None))
+        }
+
+        pub fn configure(&self, config: Vec<(String, String)>) -> Result<(), String> {
+            let plugin = P::configure(Config::new(config))?;
+            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(plugin);
+            Ok(())
+        }
+
+        pub fn with<R>(&self, f: impl FnOnce(&P) -> R, not_configured: impl FnOnce() -> R) -> R {
+            let guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_ref() {
+                Some(p) => f(p),
+                None => not_configured(),
+            }
+        }
+    }
+
+    pub fn info<P: Plugin>() -> PluginInfo {
+        PluginInfo {
+            name: P::NAME.to_owned(),
+            version: P::VERSION.to_owned(),
+            config_schema: P::config_schema(),
+        }
+    }
+
+    pub fn not_configured() -> TransformError {
+        TransformError::permanent("not-configured", "configure was not called")
+    }
+}
+
+/// Exports a [`Plugin`] implementation as the component's `sluice:plugin/transformer`.
+#[macro_export]
+macro_rules! plugin {
+    ($plugin:ty) => {
+        struct __SluiceExport;
+
+        static __SLUICE_STATE: $crate::__private::State<$plugin> =
+            $crate::__private::State::new();
+
+        impl $crate::__private::Guest for __SluiceExport {
+            fn info() -> $crate::PluginInfo {
+                $crate::__private::info::<$plugin>()
+            }
+
+            fn configure(config: Vec<(String, String)>) -> Result<(), String> {
+                __SLUICE_STATE.configure(config)
+            }
+
+            fn transform(
+                row: $crate::OutboxRow,
+            ) -> Result<Vec<$crate::Message>, $crate::TransformError> {
+                __SLUICE_STATE.with(
+                    |p| <$plugin as $crate::Plugin>::transform(p, row),
+                    || Err($crate::__private::not_configured()),
+                )
+            }
+
+            fn transform_batch(
+                rows: Vec<$crate::OutboxRow>,
+            ) -> Vec<Result<Vec<$crate::Message>, $crate::TransformError>> {
+                let n = rows.len();
+                __SLUICE_STATE.with(
+                    |p| <$plugin as $crate::Plugin>::transform_batch(p, rows),
+                    || (0..n).map(|_| Err($crate::__private::not_configured())).collect(),
+                )
+            }
+        }
+
+        $crate::bindings::__export_world!(__SluiceExport with_types_in $crate::bindings);
+    };
+}

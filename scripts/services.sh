@@ -1,0 +1,103 @@
+# shellcheck shell=bash
+# Sourced by scripts/test, scripts/demo and bench/: makes sure this machine has what Sluice's
+# tests and demo need, installing or starting what is missing:
+#   - the wasm32-wasip2 Rust target (plugins are built for it)
+#   - PostgreSQL answering on 127.0.0.1:5432 (started if installed but down)
+#   - Tansu, a Kafka-API broker, listening on 127.0.0.1:9092 (installed from crates.io if
+#     missing, ~20 min once per machine; started in the background if not listening)
+
+TANSU_VERSION="${TANSU_VERSION:-0.6.0}"
+TANSU_PORT="${TANSU_PORT:-9092}"
+PG_HOST="${PG_HOST:-127.0.0.1}"
+PG_PORT="${PG_PORT:-5432}"
+SLUICE_STATE_DIR="${SLUICE_STATE_DIR:-${TMPDIR:-/tmp}/sluice-services}"
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+ensure_wasm_target() {
+    if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+        log "installing Rust target wasm32-wasip2"
+        rustup target add wasm32-wasip2
+    fi
+}
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+ensure_postgres() {
+    if pg_isready -q -h "$PG_HOST" -p "$PG_PORT"; then
+        return
+    fi
+    if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+        local version
+        version="$(ls /etc/postgresql | sort -V | tail -n1)"
+        log "PostgreSQL is down; starting cluster $version/main"
+        pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+        for _ in $(seq 1 60); do
+            pg_isready -q -h "$PG_HOST" -p "$PG_PORT" && return
+            sleep 0.5
+        done
+    fi
+    die "PostgreSQL does not answer on $PG_HOST:$PG_PORT (and could not be started here)"
+}
+
+tansu_bin() {
+    if command -v tansu >/dev/null; then
+        command -v tansu
+    elif [ -x "$HOME/.cargo/bin/tansu" ]; then
+        echo "$HOME/.cargo/bin/tansu"
+    fi
+}
+
+ensure_tansu() {
+    if [ -z "$(tansu_bin)" ]; then
+        log "installing tansu $TANSU_VERSION from crates.io (once per machine; ~20 min on 2 cores)"
+        cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
+    fi
+    export TANSU_BIN
+    TANSU_BIN="$(tansu_bin)"
+    if port_open 127.0.0.1 "$TANSU_PORT"; then
+        return
+    fi
+    mkdir -p "$SLUICE_STATE_DIR"
+    log "starting tansu on 127.0.0.1:$TANSU_PORT (log: $SLUICE_STATE_DIR/tansu.log)"
+    setsid nohup "$TANSU_BIN" broker \
+        --listener-url "tcp://127.0.0.1:$TANSU_PORT" \
+        --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
+        --storage-engine memory://tansu/ \
+        >"$SLUICE_STATE_DIR/tansu.log" 2>&1 </dev/null &
+    for _ in $(seq 1 100); do
+        port_open 127.0.0.1 "$TANSU_PORT" && return
+        sleep 0.1
+    done
+    die "tansu did not start listening on 127.0.0.1:$TANSU_PORT; see $SLUICE_STATE_DIR/tansu.log"
+}
+
+# create_topics NAME... : 3 partitions each; existing topics are left alone.
+create_topics() {
+    local topic out
+    for topic in "$@"; do
+        if ! out="$("$TANSU_BIN" topic create "$topic" --broker "tcp://127.0.0.1:$TANSU_PORT" --partitions 3 2>&1)"; then
+            case "$out" in
+                *xist*) ;;
+                *) die "cannot create topic $topic: $out" ;;
+            esac
+        fi
+    done
+}
+
+ensure_services() {
+    ensure_wasm_target
+    ensure_postgres
+    ensure_tansu
+}
+
+build_plugins() {
+    log "building plugins (wasm32-wasip2)"
+    (cd "$REPO/plugins" && cargo build --release --target wasm32-wasip2 --quiet)
+}
+
+build_test_plugins() {
+    log "building test plugins (wasm32-wasip2)"
+    (cd "$REPO/tests/plugins" && cargo build --release --target wasm32-wasip2 --quiet)
+}

@@ -1,0 +1,91 @@
+//! Broker outages: with the broker unreachable rows stay unsent with `last_error`; once it is
+//! back they are delivered. The test runs its own Tansu on a free port so stopping it does not
+//! disturb other tests.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sluice_e2e::*;
+
+fn tansu_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("TANSU_BIN") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let cargo_bin = PathBuf::from(home).join(".cargo/bin/tansu");
+    if cargo_bin.exists() { cargo_bin } else { PathBuf::from("tansu") }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+struct Tansu(Child);
+
+impl Tansu {
+    fn start(port: u16) -> Self {
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(tansu_bin())
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", tansu_bin().display()));
+        Self(child)
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_wait_out_a_broker_outage_and_are_delivered_when_it_returns() {
+    let port = free_port();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let table = OutboxTable::create("outage").await;
+    let prefix = format!("{}.", table.name);
+    table.insert_rows(100, None).await;
+    let config = relay_config(&table.name, &bootstrap, &prefix, "", "")
+        .replace("[kafka]\n", "[kafka]\n\"message.timeout.ms\" = 3000\n");
+    let relay = RelayProcess::start(&config).unwrap();
+
+    // Broker down: every row is attempted, fails, and stays.
+    let failed = wait_until(Duration::from_secs(60), || async {
+        table.scalar_i64("SELECT count(*) FROM {t} WHERE attempts >= 1 AND last_error IS NOT NULL").await == 100
+    })
+    .await;
+    assert!(failed, "{}", relay.log());
+    assert_eq!(table.count().await, 100, "nothing is lost while the broker is down");
+    let error: String = sqlx::query_scalar(&format!("SELECT last_error FROM \"{}\" LIMIT 1", table.name))
+        .fetch_one(&table.pool)
+        .await
+        .unwrap();
+    assert!(error.contains("timed out") || error.contains("ransport"), "{error}");
+
+    // Broker back: rows go out on their next retry.
+    let _tansu = Tansu::start(port);
+    let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
+    let created = wait_until(Duration::from_secs(20), || async {
+        create_topics(&bootstrap, &topics).await.is_ok()
+    })
+    .await;
+    assert!(created, "cannot create topics on the restarted broker");
+    let drained = wait_until(Duration::from_secs(120), || async { table.count().await == 0 }).await;
+    assert!(drained, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let got = consume(&bootstrap, &topics, 100, Duration::from_secs(60), Duration::from_secs(1)).unwrap();
+    let counts = count_by_id(&got);
+    assert_eq!(counts.len(), 100, "every row delivered after the outage");
+    table.drop_table().await;
+}

@@ -1,0 +1,184 @@
+//! The command line: migrate, config and plugin errors, `plugin check` and `plugin test`.
+
+use std::io::Write;
+
+use sluice_e2e::*;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn write_config(dir: &tempfile::TempDir, text: &str) -> String {
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_twice_is_harmless_and_creates_columns_and_partial_index() {
+    let table = OutboxTable::create("migrate").await;
+    let again = sluice(&["migrate", "--database-url", &database_url(), "--table", &table.name]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let columns = table
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = '{}'
+               AND column_name IN ('published_at','attempts','next_attempt_at','last_error','dead_at','headers')",
+            table.name
+        ))
+        .await;
+    assert_eq!(columns, 6);
+    let index: String = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = $1 AND indexname LIKE '%unsent%'",
+    )
+    .bind(&table.name)
+    .fetch_one(&table.pool)
+    .await
+    .unwrap();
+    assert!(index.contains("WHERE ((published_at IS NULL) AND (dead_at IS NULL))"), "{index}");
+    table.drop_table().await;
+}
+
+#[test]
+fn migrate_refuses_a_table_name_that_is_not_an_identifier() {
+    let out = sluice(&["migrate", "--database-url", &database_url(), "--table", "outbox; DROP TABLE x"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("invalid table name"), "{}", stderr(&out));
+}
+
+#[test]
+fn run_reports_a_missing_config_file() {
+    let out = sluice(&["run", "--config", "/nonexistent/sluice.toml"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("/nonexistent/sluice.toml") && err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn run_names_an_unknown_config_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, "[database]\nurl = \"postgres://x\"\n[relay]\nbatch_sise = 10\n");
+    let out = sluice(&["run", "--config", &path]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("batch_sise"), "{}", stderr(&out));
+}
+
+#[test]
+fn run_names_an_invalid_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, "[database]\nurl = \"postgres://x\"\n[relay]\npoll_interval = \"often\"\n");
+    let out = sluice(&["run", "--config", &path]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("poll_interval") && err.contains("often"), "{err}");
+}
+
+#[test]
+fn run_refuses_a_file_that_is_not_a_component_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("bogus.wasm");
+    std::fs::write(&bogus, b"definitely not wasm").unwrap();
+    let path = write_config(
+        &dir,
+        &format!("[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n", database_url(), bogus.display()),
+    );
+    let out = sluice(&["run", "--config", &path]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("bogus.wasm") && err.contains("not a valid WebAssembly component"), "{err}");
+}
+
+#[test]
+fn run_refuses_a_component_without_the_transformer_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.wasm");
+    // The host accepts the text format too; an empty component exports nothing.
+    std::fs::write(&empty, b"(component)").unwrap();
+    let path = write_config(
+        &dir,
+        &format!("[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n", database_url(), empty.display()),
+    );
+    let out = sluice(&["run", "--config", &path]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("empty.wasm") && err.contains("transformer"), "{err}");
+}
+
+#[test]
+fn run_refuses_a_plugin_config_the_plugin_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        &format!(
+            "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\nconfig = {{ topic_prefx = \"x.\" }}\n",
+            database_url(),
+            reference_plugin().display()
+        ),
+    );
+    let out = sluice(&["run", "--config", &path]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("rejected its config") && err.contains("topic_prefx"), "{err}");
+}
+
+#[test]
+fn plugin_check_prints_info() {
+    let plugin = reference_plugin();
+    let out = sluice(&["plugin", "check", &plugin.display().to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("name:    route-by-aggregate"), "{text}");
+    assert!(text.contains("topic_prefix"), "config schema shown: {text}");
+}
+
+#[test]
+fn plugin_check_rejects_a_core_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("core.wasm");
+    std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
+    let out = sluice(&["plugin", "check", &module.display().to_string()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("core WebAssembly module, not a component"), "{}", stderr(&out));
+}
+
+#[test]
+fn plugin_test_prints_routed_messages_and_errors_as_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    let mut f = std::fs::File::create(&rows).unwrap();
+    writeln!(f, r#"{{"id": 7, "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "OrderCreated", "payload": {{"total": 3}}, "headers": {{"trace": "t1"}}}}"#).unwrap();
+    writeln!(f, r#"{{"id": 8, "aggregate_type": "", "aggregate_id": "o-2", "event_type": "Broken"}}"#).unwrap();
+    drop(f);
+    let out = sluice(&[
+        "plugin", "test", &reference_plugin().display().to_string(),
+        "--input", &rows.display().to_string(), "--config", "topic_prefix=shop.",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["topic"], "shop.order");
+    assert_eq!(lines[0]["key"], "o-1");
+    assert_eq!(lines[0]["payload"], r#"{"total":3}"#);
+    let headers = lines[0]["headers"].as_array().unwrap();
+    assert!(headers.contains(&serde_json::json!(["id", "7"])));
+    assert!(headers.contains(&serde_json::json!(["event-type", "OrderCreated"])));
+    assert!(headers.contains(&serde_json::json!(["trace", "t1"])));
+    assert_eq!(lines[1]["row"], 8);
+    assert_eq!(lines[1]["kind"], "permanent");
+}
+
+#[test]
+fn plugin_test_names_a_bad_input_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(&rows, "{\"aggregate_type\": \"order\"}\n").unwrap();
+    let out = sluice(&[
+        "plugin", "test", &reference_plugin().display().to_string(),
+        "--input", &rows.display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("line 1") && stdout.contains("aggregate_id"), "{stdout}");
+}
