@@ -198,7 +198,9 @@ impl LimitsSpec {
         LimitsSpec {
             memory_mb: self.memory_mb.or(fallback.memory_mb),
             call_timeout: self.call_timeout.or(fallback.call_timeout),
-            allowed_topics: self.allowed_topics.or_else(|| fallback.allowed_topics.clone()),
+            allowed_topics: self
+                .allowed_topics
+                .or_else(|| fallback.allowed_topics.clone()),
         }
     }
 }
@@ -267,11 +269,17 @@ impl Config {
         if self.relay.batch_size == 0 || self.relay.batch_size > 100_000 {
             return Err(invalid(
                 "relay.batch_size",
-                format!("must be between 1 and 100000, got {}", self.relay.batch_size),
+                format!(
+                    "must be between 1 and 100000, got {}",
+                    self.relay.batch_size
+                ),
             ));
         }
         if self.relay.poll_interval.is_zero() {
-            return Err(invalid("relay.poll_interval", "must be greater than 0".into()));
+            return Err(invalid(
+                "relay.poll_interval",
+                "must be greater than 0".into(),
+            ));
         }
         for (key, value) in &self.kafka {
             kafka_value_string(value)

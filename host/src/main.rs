@@ -1,6 +1,6 @@
 //! The `sluice` command line: parse arguments, load config, call into the library.
 
-use std::io::{BufReader, Write};
+use std::io::{BufReader, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,7 +19,11 @@ use sluice::{Relay, RelaySettings, shutdown};
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Transactional outbox relay: PostgreSQL → WebAssembly plugin → Kafka")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Transactional outbox relay: PostgreSQL → WebAssembly plugin → Kafka"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -88,6 +92,8 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not for log files and collectors.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -163,7 +169,10 @@ fn plugin(command: PluginCommand) -> anyhow::Result<()> {
     match command {
         PluginCommand::Check { file } => {
             let info = testbench::check(&file)?;
-            println!("{}: OK (exports sluice:plugin/transformer@0.1.0)", file.display());
+            println!(
+                "{}: OK (exports sluice:plugin/transformer@0.1.0)",
+                file.display()
+            );
             println!("name:    {}", info.name);
             println!("version: {}", info.version);
             if let Some(schema) = info.config_schema {

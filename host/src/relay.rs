@@ -9,7 +9,9 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::message::Message;
-use crate::outbox::{BatchOutcome, Claim, ClaimedBatch, OutboxId, OutboxStore, RowFailure, StoreError};
+use crate::outbox::{
+    BatchOutcome, Claim, ClaimedBatch, OutboxId, OutboxStore, RowFailure, StoreError,
+};
 use crate::plugin::RowTransformer;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
@@ -203,7 +205,9 @@ pub fn retry_delay(attempts: i32) -> Duration {
 
 fn store_error_pause(consecutive: u32) -> Duration {
     let exp = consecutive.saturating_sub(1).min(16);
-    STORE_ERROR_PAUSE.saturating_mul(1 << exp).min(STORE_ERROR_MAX_PAUSE)
+    STORE_ERROR_PAUSE
+        .saturating_mul(1 << exp)
+        .min(STORE_ERROR_MAX_PAUSE)
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 pub fn database_url() -> String {
     std::env::var("SLUICE_TEST_DATABASE_URL")
@@ -44,7 +44,10 @@ pub fn sluice_bin() -> PathBuf {
     }
     // target/<profile>/deps/<test-exe> → target/<profile>/sluice
     let exe = std::env::current_exe().unwrap_or_default();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
     profile_dir.join("sluice")
 }
 
@@ -55,7 +58,9 @@ pub fn reference_plugin() -> PathBuf {
 
 /// Path of a test plugin (`tests/plugins/<name>`), e.g. `test_fanout`.
 pub fn test_plugin(name: &str) -> PathBuf {
-    repo_root().join(format!("tests/plugins/target/wasm32-wasip2/release/{name}.wasm"))
+    repo_root().join(format!(
+        "tests/plugins/target/wasm32-wasip2/release/{name}.wasm"
+    ))
 }
 
 /// A name unique to this test run, usable as a table name and topic prefix.
@@ -95,7 +100,13 @@ pub struct OutboxTable {
 impl OutboxTable {
     pub async fn create(stem: &str) -> Self {
         let name = unique(stem);
-        let out = sluice(&["migrate", "--database-url", &database_url(), "--table", &name]);
+        let out = sluice(&[
+            "migrate",
+            "--database-url",
+            &database_url(),
+            "--table",
+            &name,
+        ]);
         assert!(
             out.status.success(),
             "sluice migrate failed: {}",
@@ -122,7 +133,7 @@ impl OutboxTable {
                FROM generate_series(1, $1) AS g",
             self.name
         );
-        sqlx::query(&sql)
+        sqlx::query(AssertSqlSafe(sql))
             .bind(n)
             .bind(tenant)
             .execute(&self.pool)
@@ -132,7 +143,7 @@ impl OutboxTable {
 
     pub async fn scalar_i64(&self, sql_with_table: &str) -> i64 {
         let sql = sql_with_table.replace("{t}", &format!("\"{}\"", self.name));
-        sqlx::query_scalar::<_, i64>(&sql)
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.clone()))
             .fetch_one(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -153,13 +164,19 @@ impl OutboxTable {
             "SELECT tenant, attempts, last_error FROM \"{}\" WHERE published_at IS NULL ORDER BY id",
             self.name
         );
-        sqlx::query_as(&sql).fetch_all(&self.pool).await.expect("select unsent")
+        sqlx::query_as(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await
+            .expect("select unsent")
     }
 
     pub async fn drop_table(self) {
-        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS \"{}\"", self.name))
-            .execute(&self.pool)
-            .await;
+        let _ = sqlx::query(AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS \"{}\"",
+            self.name
+        )))
+        .execute(&self.pool)
+        .await;
     }
 }
 
@@ -173,7 +190,10 @@ pub async fn create_topics(bootstrap: &str, topics: &[String]) -> anyhow::Result
         .map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1)))
         .collect();
     let results = admin
-        .create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
         .await?;
     for r in results {
         if let Err((topic, code)) = r
@@ -222,7 +242,9 @@ pub fn consume(
     timeout: Duration,
     settle: Duration,
 ) -> anyhow::Result<Vec<Received>> {
-    consume_until(bootstrap, topics, timeout, settle, |got| got.len() >= expected)
+    consume_until(bootstrap, topics, timeout, settle, |got| {
+        got.len() >= expected
+    })
 }
 
 /// Reads every partition of `topics` from the beginning until `done(messages so far)` holds
@@ -296,7 +318,9 @@ pub fn consume_until(
 pub fn count_by_id(messages: &[Received]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
     for m in messages {
-        *counts.entry(m.header("id").unwrap_or_default()).or_insert(0) += 1;
+        *counts
+            .entry(m.header("id").unwrap_or_default())
+            .or_insert(0) += 1;
     }
     counts
 }
@@ -318,9 +342,16 @@ pub struct RelayExit {
 impl RelayExit {
     /// The `rows_sent=N` of the final "relay stopped" line.
     pub fn rows_sent(&self) -> Option<u64> {
-        let line = self.log.lines().rev().find(|l| l.contains("relay stopped"))?;
+        let line = self
+            .log
+            .lines()
+            .rev()
+            .find(|l| l.contains("relay stopped"))?;
         let rest = line.split("rows_sent=").nth(1)?;
-        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
     }
 }
 
@@ -367,7 +398,9 @@ impl RelayProcess {
         let status = loop {
             match self.child.try_wait() {
                 Ok(Some(status)) => break Some(status),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
                 _ => {
                     let _ = self.child.kill();
                     break self.child.wait().ok();
@@ -423,7 +456,6 @@ url = "{db}"
 table = "{table}"
 
 [relay]
-batch_size = 500
 poll_interval = "100ms"
 {relay_extra}
 

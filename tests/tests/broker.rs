@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use sluice_e2e::*;
+use sqlx::AssertSqlSafe;
 
 fn tansu_bin() -> PathBuf {
     if let Ok(p) = std::env::var("TANSU_BIN") {
@@ -15,7 +16,11 @@ fn tansu_bin() -> PathBuf {
     }
     let home = std::env::var("HOME").unwrap_or_default();
     let cargo_bin = PathBuf::from(home).join(".cargo/bin/tansu");
-    if cargo_bin.exists() { cargo_bin } else { PathBuf::from("tansu") }
+    if cargo_bin.exists() {
+        cargo_bin
+    } else {
+        PathBuf::from("tansu")
+    }
 }
 
 fn free_port() -> u16 {
@@ -31,7 +36,13 @@ impl Tansu {
     fn start(port: u16) -> Self {
         let url = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(tansu_bin())
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -61,16 +72,29 @@ async fn rows_wait_out_a_broker_outage_and_are_delivered_when_it_returns() {
 
     // Broker down: every row is attempted, fails, and stays.
     let failed = wait_until(Duration::from_secs(60), || async {
-        table.scalar_i64("SELECT count(*) FROM {t} WHERE attempts >= 1 AND last_error IS NOT NULL").await == 100
+        table
+            .scalar_i64("SELECT count(*) FROM {t} WHERE attempts >= 1 AND last_error IS NOT NULL")
+            .await
+            == 100
     })
     .await;
     assert!(failed, "{}", relay.log());
-    assert_eq!(table.count().await, 100, "nothing is lost while the broker is down");
-    let error: String = sqlx::query_scalar(&format!("SELECT last_error FROM \"{}\" LIMIT 1", table.name))
-        .fetch_one(&table.pool)
-        .await
-        .unwrap();
-    assert!(error.contains("timed out") || error.contains("ransport"), "{error}");
+    assert_eq!(
+        table.count().await,
+        100,
+        "nothing is lost while the broker is down"
+    );
+    let error: String = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT last_error FROM \"{}\" LIMIT 1",
+        table.name
+    )))
+    .fetch_one(&table.pool)
+    .await
+    .unwrap();
+    assert!(
+        error.contains("timed out") || error.contains("ransport"),
+        "{error}"
+    );
 
     // Broker back: rows go out on their next retry.
     let _tansu = Tansu::start(port);
@@ -80,11 +104,21 @@ async fn rows_wait_out_a_broker_outage_and_are_delivered_when_it_returns() {
     })
     .await;
     assert!(created, "cannot create topics on the restarted broker");
-    let drained = wait_until(Duration::from_secs(120), || async { table.count().await == 0 }).await;
+    let drained = wait_until(Duration::from_secs(120), || async {
+        table.count().await == 0
+    })
+    .await;
     assert!(drained, "{}", relay.log());
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
-    let got = consume(&bootstrap, &topics, 100, Duration::from_secs(60), Duration::from_secs(1)).unwrap();
+    let got = consume(
+        &bootstrap,
+        &topics,
+        100,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .unwrap();
     let counts = count_by_id(&got);
     assert_eq!(counts.len(), 100, "every row delivered after the outage");
     table.drop_table().await;

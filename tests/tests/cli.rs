@@ -17,7 +17,13 @@ fn write_config(dir: &tempfile::TempDir, text: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn migrate_twice_is_harmless_and_creates_columns_and_partial_index() {
     let table = OutboxTable::create("migrate").await;
-    let again = sluice(&["migrate", "--database-url", &database_url(), "--table", &table.name]);
+    let again = sluice(&[
+        "migrate",
+        "--database-url",
+        &database_url(),
+        "--table",
+        &table.name,
+    ]);
     assert!(again.status.success(), "{}", stderr(&again));
     let columns = table
         .scalar_i64(&format!(
@@ -34,15 +40,28 @@ async fn migrate_twice_is_harmless_and_creates_columns_and_partial_index() {
     .fetch_one(&table.pool)
     .await
     .unwrap();
-    assert!(index.contains("WHERE ((published_at IS NULL) AND (dead_at IS NULL))"), "{index}");
+    assert!(
+        index.contains("WHERE ((published_at IS NULL) AND (dead_at IS NULL))"),
+        "{index}"
+    );
     table.drop_table().await;
 }
 
 #[test]
 fn migrate_refuses_a_table_name_that_is_not_an_identifier() {
-    let out = sluice(&["migrate", "--database-url", &database_url(), "--table", "outbox; DROP TABLE x"]);
+    let out = sluice(&[
+        "migrate",
+        "--database-url",
+        &database_url(),
+        "--table",
+        "outbox; DROP TABLE x",
+    ]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("invalid table name"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("invalid table name"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -50,13 +69,19 @@ fn run_reports_a_missing_config_file() {
     let out = sluice(&["run", "--config", "/nonexistent/sluice.toml"]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("/nonexistent/sluice.toml") && err.contains("cannot read"), "{err}");
+    assert!(
+        err.contains("/nonexistent/sluice.toml") && err.contains("cannot read"),
+        "{err}"
+    );
 }
 
 #[test]
 fn run_names_an_unknown_config_key() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(&dir, "[database]\nurl = \"postgres://x\"\n[relay]\nbatch_sise = 10\n");
+    let path = write_config(
+        &dir,
+        "[database]\nurl = \"postgres://x\"\n[relay]\nbatch_sise = 10\n",
+    );
     let out = sluice(&["run", "--config", &path]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("batch_sise"), "{}", stderr(&out));
@@ -65,11 +90,17 @@ fn run_names_an_unknown_config_key() {
 #[test]
 fn run_names_an_invalid_duration() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(&dir, "[database]\nurl = \"postgres://x\"\n[relay]\npoll_interval = \"often\"\n");
+    let path = write_config(
+        &dir,
+        "[database]\nurl = \"postgres://x\"\n[relay]\npoll_interval = \"often\"\n",
+    );
     let out = sluice(&["run", "--config", &path]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("poll_interval") && err.contains("often"), "{err}");
+    assert!(
+        err.contains("poll_interval") && err.contains("often"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -79,12 +110,19 @@ fn run_refuses_a_file_that_is_not_a_component_and_names_it() {
     std::fs::write(&bogus, b"definitely not wasm").unwrap();
     let path = write_config(
         &dir,
-        &format!("[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n", database_url(), bogus.display()),
+        &format!(
+            "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n",
+            database_url(),
+            bogus.display()
+        ),
     );
     let out = sluice(&["run", "--config", &path]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("bogus.wasm") && err.contains("not a valid WebAssembly component"), "{err}");
+    assert!(
+        err.contains("bogus.wasm") && err.contains("not a valid WebAssembly component"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -95,12 +133,19 @@ fn run_refuses_a_component_without_the_transformer_export() {
     std::fs::write(&empty, b"(component)").unwrap();
     let path = write_config(
         &dir,
-        &format!("[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n", database_url(), empty.display()),
+        &format!(
+            "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n",
+            database_url(),
+            empty.display()
+        ),
     );
     let out = sluice(&["run", "--config", &path]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("empty.wasm") && err.contains("transformer"), "{err}");
+    assert!(
+        err.contains("empty.wasm") && err.contains("transformer"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -117,7 +162,10 @@ fn run_refuses_a_plugin_config_the_plugin_rejects() {
     let out = sluice(&["run", "--config", &path]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("rejected its config") && err.contains("topic_prefx"), "{err}");
+    assert!(
+        err.contains("rejected its config") && err.contains("topic_prefx"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -137,7 +185,11 @@ fn plugin_check_rejects_a_core_module() {
     std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
     let out = sluice(&["plugin", "check", &module.display().to_string()]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("core WebAssembly module, not a component"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("core WebAssembly module, not a component"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -146,11 +198,20 @@ fn plugin_test_prints_routed_messages_and_errors_as_json_lines() {
     let rows = dir.path().join("rows.jsonl");
     let mut f = std::fs::File::create(&rows).unwrap();
     writeln!(f, r#"{{"id": 7, "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "OrderCreated", "payload": {{"total": 3}}, "headers": {{"trace": "t1"}}}}"#).unwrap();
-    writeln!(f, r#"{{"id": 8, "aggregate_type": "", "aggregate_id": "o-2", "event_type": "Broken"}}"#).unwrap();
+    writeln!(
+        f,
+        r#"{{"id": 8, "aggregate_type": "", "aggregate_id": "o-2", "event_type": "Broken"}}"#
+    )
+    .unwrap();
     drop(f);
     let out = sluice(&[
-        "plugin", "test", &reference_plugin().display().to_string(),
-        "--input", &rows.display().to_string(), "--config", "topic_prefix=shop.",
+        "plugin",
+        "test",
+        &reference_plugin().display().to_string(),
+        "--input",
+        &rows.display().to_string(),
+        "--config",
+        "topic_prefix=shop.",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
@@ -175,10 +236,16 @@ fn plugin_test_names_a_bad_input_line() {
     let rows = dir.path().join("rows.jsonl");
     std::fs::write(&rows, "{\"aggregate_type\": \"order\"}\n").unwrap();
     let out = sluice(&[
-        "plugin", "test", &reference_plugin().display().to_string(),
-        "--input", &rows.display().to_string(),
+        "plugin",
+        "test",
+        &reference_plugin().display().to_string(),
+        "--input",
+        &rows.display().to_string(),
     ]);
     assert!(!out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("line 1") && stdout.contains("aggregate_id"), "{stdout}");
+    assert!(
+        stdout.contains("line 1") && stdout.contains("aggregate_id"),
+        "{stdout}"
+    );
 }

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use sluice_e2e::*;
+use sqlx::AssertSqlSafe;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -21,14 +22,31 @@ async fn rows_of_two_aggregate_types_arrive_routed_and_the_outbox_is_emptied() {
     let n = 300;
     table.insert_rows(n, None).await;
 
-    let relay = RelayProcess::start(&relay_config(&table.name, &kafka_bootstrap(), &prefix, "", ""))
-        .unwrap();
-    assert!(wait_until(WAIT, || async { table.count().await == 0 }).await, "{}", relay.log());
+    let relay = RelayProcess::start(&relay_config(
+        &table.name,
+        &kafka_bootstrap(),
+        &prefix,
+        "",
+        "",
+    ))
+    .unwrap();
+    assert!(
+        wait_until(WAIT, || async { table.count().await == 0 }).await,
+        "{}",
+        relay.log()
+    );
     let exit = relay.stop();
     assert!(exit.success, "relay did not exit 0: {}", exit.log);
     assert_eq!(exit.rows_sent(), Some(n as u64), "{}", exit.log);
 
-    let got = consume(&kafka_bootstrap(), &topics, n as usize, WAIT, Duration::from_secs(1)).unwrap();
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        n as usize,
+        WAIT,
+        Duration::from_secs(1),
+    )
+    .unwrap();
     assert_eq!(got.len(), n as usize);
     let ids: HashSet<_> = got.iter().map(|m| m.header("id").unwrap()).collect();
     assert_eq!(ids.len(), n as usize, "every row exactly once");
@@ -36,14 +54,29 @@ async fn rows_of_two_aggregate_types_arrive_routed_and_the_outbox_is_emptied() {
         let id: i64 = m.header("id").unwrap().parse().unwrap();
         let even = id % 2 == 0;
         // generate_series starts at 1 and the bigserial too, so id == g.
-        assert_eq!(m.topic, format!("{prefix}{}", if even { "order" } else { "customer" }));
+        assert_eq!(
+            m.topic,
+            format!("{prefix}{}", if even { "order" } else { "customer" })
+        );
         assert_eq!(m.key_str(), format!("agg-{}", id % 50));
-        assert_eq!(m.payload_json(), serde_json::json!({ "n": id }), "payload unchanged");
+        assert_eq!(
+            m.payload_json(),
+            serde_json::json!({ "n": id }),
+            "payload unchanged"
+        );
         assert_eq!(
             m.header("event-type").as_deref(),
-            Some(if even { "OrderCreated" } else { "CustomerUpdated" })
+            Some(if even {
+                "OrderCreated"
+            } else {
+                "CustomerUpdated"
+            })
         );
-        assert_eq!(m.header("trace"), Some(format!("trace-{id}")), "row headers kept");
+        assert_eq!(
+            m.header("trace"),
+            Some(format!("trace-{id}")),
+            "row headers kept"
+        );
     }
     table.drop_table().await;
 }
@@ -64,15 +97,28 @@ async fn published_at_mode_keeps_rows_and_stamps_every_one() {
         "",
     ))
     .unwrap();
-    assert!(wait_until(WAIT, || async { table.unsent().await == 0 }).await, "{}", relay.log());
+    assert!(
+        wait_until(WAIT, || async { table.unsent().await == 0 }).await,
+        "{}",
+        relay.log()
+    );
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
     assert_eq!(table.count().await, 200, "rows are kept");
     assert_eq!(
-        table.scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL").await,
+        table
+            .scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL")
+            .await,
         200
     );
-    let got = consume(&kafka_bootstrap(), &topics, 200, WAIT, Duration::from_secs(1)).unwrap();
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        200,
+        WAIT,
+        Duration::from_secs(1),
+    )
+    .unwrap();
     assert_eq!(got.len(), 200);
     table.drop_table().await;
 }
@@ -86,7 +132,13 @@ async fn two_relays_share_twenty_thousand_rows_each_published_and_marked_once() 
     let n: i64 = 20_000;
     table.insert_rows(n, None).await;
 
-    let config = relay_config(&table.name, &kafka_bootstrap(), &prefix, "batch_size = 200", "");
+    let config = relay_config(
+        &table.name,
+        &kafka_bootstrap(),
+        &prefix,
+        "batch_size = 200",
+        "",
+    );
     let a = RelayProcess::start(&config).unwrap();
     let b = RelayProcess::start(&config).unwrap();
     assert!(
@@ -101,10 +153,24 @@ async fn two_relays_share_twenty_thousand_rows_each_published_and_marked_once() 
         assert!(!exit.log.contains("batch failed"), "{}", exit.log);
     }
     let (sent_a, sent_b) = (a.rows_sent().unwrap(), b.rows_sent().unwrap());
-    assert_eq!(sent_a + sent_b, n as u64, "each row marked by exactly one relay");
-    assert!(sent_a > 0 && sent_b > 0, "both relays took work: {sent_a} / {sent_b}");
+    assert_eq!(
+        sent_a + sent_b,
+        n as u64,
+        "each row marked by exactly one relay"
+    );
+    assert!(
+        sent_a > 0 && sent_b > 0,
+        "both relays took work: {sent_a} / {sent_b}"
+    );
 
-    let got = consume(&kafka_bootstrap(), &topics, n as usize, WAIT, Duration::from_secs(2)).unwrap();
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        n as usize,
+        WAIT,
+        Duration::from_secs(2),
+    )
+    .unwrap();
     let counts = count_by_id(&got);
     assert_eq!(counts.len(), n as usize, "every row arrived");
     let dupes: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
@@ -123,14 +189,35 @@ async fn fanout_plugin_publishes_each_row_to_two_topics() {
         "[tenants.fan]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{prefix}\" }}\n",
         test_plugin("test_fanout").display()
     );
-    let relay = RelayProcess::start(&relay_config(&table.name, &kafka_bootstrap(), &prefix, "", &extra))
-        .unwrap();
-    assert!(wait_until(WAIT, || async { table.count().await == 0 }).await, "{}", relay.log());
+    let relay = RelayProcess::start(&relay_config(
+        &table.name,
+        &kafka_bootstrap(),
+        &prefix,
+        "",
+        &extra,
+    ))
+    .unwrap();
+    assert!(
+        wait_until(WAIT, || async { table.count().await == 0 }).await,
+        "{}",
+        relay.log()
+    );
     assert!(relay.stop().success);
-    let got = consume(&kafka_bootstrap(), &topics, 100, WAIT, Duration::from_secs(1)).unwrap();
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        100,
+        WAIT,
+        Duration::from_secs(1),
+    )
+    .unwrap();
     assert_eq!(got.len(), 100);
     for t in &topics {
-        let ids: HashSet<_> = got.iter().filter(|m| &m.topic == t).map(|m| m.header("id")).collect();
+        let ids: HashSet<_> = got
+            .iter()
+            .filter(|m| &m.topic == t)
+            .map(|m| m.header("id"))
+            .collect();
         assert_eq!(ids.len(), 50, "every row on {t}");
     }
     table.drop_table().await;
@@ -155,14 +242,27 @@ async fn filtering_plugin_drops_rows_which_are_marked_without_publishing() {
         &extra,
     ))
     .unwrap();
-    assert!(wait_until(WAIT, || async { table.unsent().await == 0 }).await, "{}", relay.log());
+    assert!(
+        wait_until(WAIT, || async { table.unsent().await == 0 }).await,
+        "{}",
+        relay.log()
+    );
     assert!(relay.stop().success);
     // Dropped rows are marked like delivered ones.
     assert_eq!(
-        table.scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL").await,
+        table
+            .scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL")
+            .await,
         100
     );
-    let got = consume(&kafka_bootstrap(), &topics, 50, WAIT, Duration::from_secs(2)).unwrap();
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        50,
+        WAIT,
+        Duration::from_secs(2),
+    )
+    .unwrap();
     assert_eq!(got.len(), 50, "only the OrderCreated half is published");
     assert!(got.iter().all(|m| m.topic == format!("{prefix}order")));
     table.drop_table().await;
@@ -206,10 +306,18 @@ async fn permanent_errors_and_traps_leave_rows_unsent_while_other_tenants_delive
     .await;
     assert!(ok, "{}", relay.log());
     let exit = relay.stop();
-    assert!(exit.success, "relay keeps running and stops cleanly: {}", exit.log);
+    assert!(
+        exit.success,
+        "relay keeps running and stops cleanly: {}",
+        exit.log
+    );
 
     let unsent = table.unsent_rows().await;
-    assert_eq!(unsent.len(), 80, "all rows of the failing tenants stay unsent");
+    assert_eq!(
+        unsent.len(),
+        80,
+        "all rows of the failing tenants stay unsent"
+    );
     for (tenant, attempts, error) in &unsent {
         let error = error.as_deref().unwrap_or_default();
         assert!(*attempts >= 1);
@@ -219,8 +327,19 @@ async fn permanent_errors_and_traps_leave_rows_unsent_while_other_tenants_delive
             other => panic!("unexpected unsent row of tenant {other:?}"),
         }
     }
-    let got = consume(&kafka_bootstrap(), &topics, 40, WAIT, Duration::from_secs(2)).unwrap();
-    assert_eq!(got.len(), 40, "exactly the default tenant's rows are published");
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        40,
+        WAIT,
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    assert_eq!(
+        got.len(),
+        40,
+        "exactly the default tenant's rows are published"
+    );
     table.drop_table().await;
 }
 
@@ -231,10 +350,10 @@ async fn bytea_and_text_payloads_reach_kafka_byte_for_byte() {
         let prefix = format!("{}.", table.name);
         let topics = topics(&prefix, &["blob"]);
         create_topics(&kafka_bootstrap(), &topics).await.unwrap();
-        sqlx::query(&format!(
+        sqlx::query(AssertSqlSafe(format!(
             "ALTER TABLE \"{}\" ALTER COLUMN payload TYPE {column_type} USING NULL",
             table.name
-        ))
+        )))
         .execute(&table.pool)
         .await
         .unwrap();
@@ -248,18 +367,47 @@ async fn bytea_and_text_payloads_reach_kafka_byte_for_byte() {
             table.name
         );
         if column_type == "bytea" {
-            sqlx::query(&insert).bind(&value).execute(&table.pool).await.unwrap();
+            sqlx::query(AssertSqlSafe(insert.clone()))
+                .bind(&value)
+                .execute(&table.pool)
+                .await
+                .unwrap();
         } else {
             let text = String::from_utf8(value.clone()).unwrap();
-            sqlx::query(&insert).bind(text).execute(&table.pool).await.unwrap();
+            sqlx::query(AssertSqlSafe(insert.clone()))
+                .bind(text)
+                .execute(&table.pool)
+                .await
+                .unwrap();
         }
-        let relay = RelayProcess::start(&relay_config(&table.name, &kafka_bootstrap(), &prefix, "", ""))
-            .unwrap();
-        assert!(wait_until(WAIT, || async { table.count().await == 0 }).await, "{}", relay.log());
+        let relay = RelayProcess::start(&relay_config(
+            &table.name,
+            &kafka_bootstrap(),
+            &prefix,
+            "",
+            "",
+        ))
+        .unwrap();
+        assert!(
+            wait_until(WAIT, || async { table.count().await == 0 }).await,
+            "{}",
+            relay.log()
+        );
         assert!(relay.stop().success);
-        let got = consume(&kafka_bootstrap(), &topics, 1, WAIT, Duration::from_millis(500)).unwrap();
+        let got = consume(
+            &kafka_bootstrap(),
+            &topics,
+            1,
+            WAIT,
+            Duration::from_millis(500),
+        )
+        .unwrap();
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].payload.as_deref(), Some(value.as_slice()), "{column_type}");
+        assert_eq!(
+            got[0].payload.as_deref(),
+            Some(value.as_slice()),
+            "{column_type}"
+        );
         table.drop_table().await;
     }
 }
@@ -277,10 +425,15 @@ async fn malformed_headers_and_unknown_topics_leave_rows_unsent_with_the_reason(
            ('nosuchtopic', 'x1', 'Lost', '{{}}', '{{}}')",
         table.name
     );
-    sqlx::query(&insert).execute(&table.pool).await.unwrap();
+    sqlx::query(AssertSqlSafe(insert.clone()))
+        .execute(&table.pool)
+        .await
+        .unwrap();
     // Unknown topics fail after librdkafka's metadata propagation wait; keep it short here.
-    let config = relay_config(&table.name, &kafka_bootstrap(), &prefix, "", "")
-        .replace("[kafka]\n", "[kafka]\n\"topic.metadata.propagation.max.ms\" = 2000\n\"message.timeout.ms\" = 5000\n");
+    let config = relay_config(&table.name, &kafka_bootstrap(), &prefix, "", "").replace(
+        "[kafka]\n",
+        "[kafka]\n\"topic.metadata.propagation.max.ms\" = 2000\n\"message.timeout.ms\" = 5000\n",
+    );
     let relay = RelayProcess::start(&config).unwrap();
     let ok = wait_until(WAIT, || async {
         table.count().await == 2
@@ -292,16 +445,24 @@ async fn malformed_headers_and_unknown_topics_leave_rows_unsent_with_the_reason(
     .await;
     assert!(ok, "{}", relay.log());
     assert!(relay.stop().success);
-    let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+    let rows: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT event_type, last_error FROM \"{}\" ORDER BY id",
         table.name
-    ))
+    )))
     .fetch_all(&table.pool)
     .await
     .unwrap();
     assert_eq!(rows[0].0, "BadHeader");
-    assert!(rows[0].1.contains("\"n\""), "names the header: {}", rows[0].1);
+    assert!(
+        rows[0].1.contains("\"n\""),
+        "names the header: {}",
+        rows[0].1
+    );
     assert_eq!(rows[1].0, "Lost");
-    assert!(rows[1].1.contains("nosuchtopic"), "names the topic: {}", rows[1].1);
+    assert!(
+        rows[1].1.contains("nosuchtopic"),
+        "names the topic: {}",
+        rows[1].1
+    );
     table.drop_table().await;
 }

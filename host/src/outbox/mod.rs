@@ -141,7 +141,8 @@ impl<B> Claim<B> {
 pub trait ClaimedBatch: Send {
     /// Marks `outcome.sent`, reschedules `outcome.failed`, checks the affected-row counts and
     /// commits. On a count mismatch it rolls back and returns [`StoreError::MarkMismatch`].
-    fn complete(self, outcome: BatchOutcome) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn complete(self, outcome: BatchOutcome)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Rolls back: every row becomes claimable again, unchanged.
     fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;

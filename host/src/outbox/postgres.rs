@@ -1,9 +1,10 @@
 //! PostgreSQL outbox: the migration, the claim query, marking and rescheduling.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::{
     BatchOutcome, Claim, ClaimedBatch, Headers, OutboxId, OutboxRow, OutboxStore, RowFailure,
@@ -99,7 +100,9 @@ pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError>
         ),
     ];
     for sql in &statements {
-        sqlx::query(sql).execute(&mut *tx).await?;
+        sqlx::query(AssertSqlSafe(sql.as_str()))
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok(())
@@ -118,9 +121,10 @@ pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
 pub struct PgOutbox {
     pool: PgPool,
     mark: MarkMode,
-    claim_sql: String,
-    mark_sql: String,
-    reschedule_sql: String,
+    // Built once from a validated table name (see `TableName`), hence `AssertSqlSafe`.
+    claim_sql: Arc<str>,
+    mark_sql: Arc<str>,
+    reschedule_sql: Arc<str>,
 }
 
 impl PgOutbox {
@@ -158,9 +162,9 @@ impl PgOutbox {
         Ok(Self {
             pool,
             mark,
-            claim_sql,
-            mark_sql,
-            reschedule_sql,
+            claim_sql: claim_sql.into(),
+            mark_sql: mark_sql.into(),
+            reschedule_sql: reschedule_sql.into(),
         })
     }
 
@@ -192,7 +196,7 @@ impl OutboxStore for PgOutbox {
     async fn claim(&self, limit: usize) -> Result<Claim<PgBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let raw = sqlx::query(&self.claim_sql)
+        let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.claim_sql)))
             .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
@@ -207,8 +211,8 @@ impl OutboxStore for PgOutbox {
         Ok(Claim {
             batch: PgBatch {
                 tx,
-                mark_sql: self.mark_sql.clone(),
-                reschedule_sql: self.reschedule_sql.clone(),
+                mark_sql: Arc::clone(&self.mark_sql),
+                reschedule_sql: Arc::clone(&self.reschedule_sql),
             },
             rows,
             rejected,
@@ -250,7 +254,9 @@ pub(crate) fn parse_headers(text: &str) -> Result<Headers, String> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("headers column is not JSON: {e}"))?;
     let serde_json::Value::Object(map) = value else {
-        return Err(format!("headers column must be a JSON object of strings, got {text}"));
+        return Err(format!(
+            "headers column must be a JSON object of strings, got {text}"
+        ));
     };
     map.into_iter()
         .map(|(k, v)| match v {
@@ -265,15 +271,15 @@ pub(crate) fn parse_headers(text: &str) -> Result<Headers, String> {
 /// A claimed batch: the open transaction holding the row locks.
 pub struct PgBatch {
     tx: Transaction<'static, Postgres>,
-    mark_sql: String,
-    reschedule_sql: String,
+    mark_sql: Arc<str>,
+    reschedule_sql: Arc<str>,
 }
 
 impl ClaimedBatch for PgBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
         if !outcome.sent.is_empty() {
             let ids: Vec<i64> = outcome.sent.iter().map(|id| id.0).collect();
-            let affected = sqlx::query(&self.mark_sql)
+            let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.mark_sql)))
                 .bind(&ids)
                 .execute(&mut *self.tx)
                 .await?
@@ -292,7 +298,7 @@ impl ClaimedBatch for PgBatch {
                 .iter()
                 .map(|f| i64::try_from(f.retry_in.as_millis()).unwrap_or(i64::MAX))
                 .collect();
-            let affected = sqlx::query(&self.reschedule_sql)
+            let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
                 .bind(&ids)
                 .bind(&errors)
                 .bind(&delays)
@@ -339,7 +345,10 @@ mod tests {
     #[test]
     fn headers_object_of_strings_becomes_ordered_pairs() {
         let h = parse_headers(r#"{"a":"1","b":"two"}"#).unwrap();
-        assert_eq!(h, vec![("a".into(), b"1".to_vec()), ("b".into(), b"two".to_vec())]);
+        assert_eq!(
+            h,
+            vec![("a".into(), b"1".to_vec()), ("b".into(), b"two".to_vec())]
+        );
     }
 
     #[test]
@@ -351,8 +360,14 @@ mod tests {
 
     #[test]
     fn payload_types_map_to_kinds() {
-        assert_eq!(PayloadKind::from_type_name("jsonb"), Some(PayloadKind::Json));
-        assert_eq!(PayloadKind::from_type_name("bytea"), Some(PayloadKind::Bytes));
+        assert_eq!(
+            PayloadKind::from_type_name("jsonb"),
+            Some(PayloadKind::Json)
+        );
+        assert_eq!(
+            PayloadKind::from_type_name("bytea"),
+            Some(PayloadKind::Bytes)
+        );
         assert_eq!(PayloadKind::from_type_name("text"), Some(PayloadKind::Text));
         assert_eq!(PayloadKind::from_type_name("integer"), None);
     }

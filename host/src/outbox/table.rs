@@ -91,7 +91,10 @@ mod tests {
 
     #[test]
     fn plain_and_qualified_names_are_accepted_and_quoted() {
-        assert_eq!(TableName::parse("outbox").unwrap().to_string(), "\"outbox\"");
+        assert_eq!(
+            TableName::parse("outbox").unwrap().to_string(),
+            "\"outbox\""
+        );
         assert_eq!(
             TableName::parse("app.outbox_v2").unwrap().to_string(),
             "\"app\".\"outbox_v2\""
@@ -100,7 +103,16 @@ mod tests {
 
     #[test]
     fn injection_and_odd_names_are_refused() {
-        for bad in ["", "out box", "outbox;drop table x", "a.b.c", "1outbox", "o\"x", ".x", "x."] {
+        for bad in [
+            "",
+            "out box",
+            "outbox;drop table x",
+            "a.b.c",
+            "1outbox",
+            "o\"x",
+            ".x",
+            "x.",
+        ] {
             assert!(TableName::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(TableName::parse(&"x".repeat(64)).is_err());

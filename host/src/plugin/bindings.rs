@@ -5,5 +5,4 @@ wasmtime::component::bindgen!({
     world: "plugin",
 });
 
-pub use exports::sluice::plugin::transformer;
 pub use sluice::plugin::types;

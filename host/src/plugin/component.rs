@@ -37,10 +37,11 @@ impl LoadedPlugin {
         }
         let component = Component::new(engine.engine(), &bytes)
             .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?;
-        let instance_pre = engine
-            .linker()
-            .instantiate_pre(&component)
-            .map_err(|e| bad(format!("imports do not match the sluice:plugin world: {e:#}")))?;
+        let instance_pre = engine.linker().instantiate_pre(&component).map_err(|e| {
+            bad(format!(
+                "imports do not match the sluice:plugin world: {e:#}"
+            ))
+        })?;
         let pre = PluginPre::new(instance_pre).map_err(|e| {
             bad(format!(
                 "does not export sluice:plugin/transformer@0.1.0 as the world requires: {e:#}"

@@ -56,7 +56,10 @@ impl TenantInstance {
         limits: &Limits,
     ) -> Result<Self, PluginError> {
         let engine = plugin.engine().engine();
-        let mut store = Store::new(engine, HostState::new(tenant.clone(), limits.store_limits()));
+        let mut store = Store::new(
+            engine,
+            HostState::new(tenant.clone(), limits.store_limits()),
+        );
         store.limiter(|state| &mut state.limits);
         store.set_epoch_deadline(deadline_ticks(limits.call_timeout));
         let instance_err = |message: String| PluginError::Instantiate {
@@ -121,7 +124,11 @@ impl TenantInstance {
         self.store.data().counters()
     }
 
-    fn validate(&self, row: &OutboxRow, m: wit::OutputMessage) -> Result<Message, TransformFailure> {
+    fn validate(
+        &self,
+        row: &OutboxRow,
+        m: wit::OutputMessage,
+    ) -> Result<Message, TransformFailure> {
         if m.topic.is_empty() {
             return Err(TransformFailure::InvalidOutput(
                 "plugin returned a message with an empty topic".into(),

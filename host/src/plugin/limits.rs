@@ -86,7 +86,9 @@ impl TopicPattern {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
         {
-            return Err(invalid("topics use only ASCII letters, digits, '.', '_' and '-'"));
+            return Err(invalid(
+                "topics use only ASCII letters, digits, '.', '_' and '-'",
+            ));
         }
         Ok(if prefix {
             Self::Prefix(body.to_owned())

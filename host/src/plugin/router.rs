@@ -74,7 +74,10 @@ impl PluginRouter {
             Ok(plugin)
         };
         let limits_err = |key: String| {
-            move |message: String| PluginError::Config { key: key.clone(), message }
+            move |message: String| PluginError::Config {
+                key: key.clone(),
+                message,
+            }
         };
 
         let default_spec = config.plugins.default.as_ref();
@@ -147,7 +150,12 @@ impl PluginRouter {
 }
 
 fn new_slot(tenant: TenantId, template: Arc<TenantTemplate>) -> Result<SharedSlot, PluginError> {
-    let instance = TenantInstance::create(&template.plugin, &tenant, &template.config, &template.limits)?;
+    let instance = TenantInstance::create(
+        &template.plugin,
+        &tenant,
+        &template.config,
+        &template.limits,
+    )?;
     Ok(Arc::new(Mutex::new(TenantSlot {
         tenant,
         template,
@@ -166,7 +174,10 @@ impl RowTransformer for PluginRouter {
         let mut results: Vec<Option<RowResult>> = (0..rows.len()).map(|_| None).collect();
         let mut groups: BTreeMap<TenantId, Vec<(usize, OutboxRow)>> = BTreeMap::new();
         for (index, row) in rows.into_iter().enumerate() {
-            groups.entry(row.tenant.clone()).or_default().push((index, row));
+            groups
+                .entry(row.tenant.clone())
+                .or_default()
+                .push((index, row));
         }
         let mut tasks = Vec::with_capacity(groups.len());
         for (tenant, group) in groups {

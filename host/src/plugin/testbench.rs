@@ -99,7 +99,9 @@ pub fn run(
         if instance.is_none() {
             instance = Some(TenantInstance::create(&plugin, &tenant, config, &limits)?);
         }
-        let Some(inst) = instance.as_mut() else { continue };
+        let Some(inst) = instance.as_mut() else {
+            continue;
+        };
         match inst.transform(&row) {
             Ok(messages) if messages.is_empty() => {
                 writeln!(out, "{}", json!({ "row": row.id.0, "filtered": true }))?;
@@ -214,7 +216,10 @@ mod tests {
     #[test]
     fn missing_column_names_the_line_and_field() {
         let err = parse_row(r#"{"aggregate_type":"order","event_type":"x"}"#, 7).unwrap_err();
-        assert!(err.contains("line 7") && err.contains("aggregate_id"), "{err}");
+        assert!(
+            err.contains("line 7") && err.contains("aggregate_id"),
+            "{err}"
+        );
     }
 
     #[test]

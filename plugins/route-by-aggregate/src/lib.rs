@@ -26,7 +26,9 @@ impl Plugin for RouteByAggregate {
     fn configure(config: Config) -> Result<Self, String> {
         config.allow_only(&["topic_prefix"])?;
         Ok(Self {
-            topic_prefix: config.get_or("topic_prefix", DEFAULT_TOPIC_PREFIX).to_owned(),
+            topic_prefix: config
+                .get_or("topic_prefix", DEFAULT_TOPIC_PREFIX)
+                .to_owned(),
         })
     }
 

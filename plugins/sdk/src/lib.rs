@@ -43,8 +43,8 @@ pub use bindings::sluice::plugin::types::{
 
 /// Host logging, tagged with the tenant by the host.
 pub mod log {
-    use super::bindings::sluice::plugin::host;
     pub use super::LogLevel;
+    use super::bindings::sluice::plugin::host;
 
     pub fn log(level: LogLevel, message: &str) {
         host::log(level, message);
@@ -121,7 +121,11 @@ impl Config {
 
     /// Refuses keys other than `known`, so a typo in `sluice.toml` is reported, not ignored.
     pub fn allow_only(&self, known: &[&str]) -> Result<(), String> {
-        match self.pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        match self
+            .pairs
+            .iter()
+            .find(|(k, _)| !known.contains(&k.as_str()))
+        {
             Some((k, _)) => Err(format!(
                 "unknown config key {k:?} (known keys: {})",
                 known.join(", ")
