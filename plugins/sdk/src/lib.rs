@@ -208,6 +208,12 @@ pub mod __private {
     /// The configured plugin value of this instance.
     pub struct State<P>(Mutex<Option<P>>);
 
+    impl<P: Plugin> Default for State<P> {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
     impl<P: Plugin> State<P> {
         pub const fn new() -> Self {
             Self(Mutex::new(None))
