@@ -472,3 +472,83 @@ config = {{ topic_prefix = "{topic_prefix}" }}
         plugin = reference_plugin().display(),
     )
 }
+
+/// The usual shape of an end-to-end test: a fresh outbox table, topics
+/// `<table>.<suffix>` on the shared broker, and a relay configured for them.
+pub struct Scenario {
+    pub table: OutboxTable,
+    pub prefix: String,
+    pub topics: Vec<String>,
+}
+
+/// How long a scenario waits for the relay or the broker.
+pub const SCENARIO_WAIT: Duration = Duration::from_secs(120);
+
+impl Scenario {
+    /// Creates the table (with `sluice migrate`) and the topics `<table>.<suffix>`.
+    pub async fn new(stem: &str, topic_suffixes: &[&str]) -> Self {
+        let table = OutboxTable::create(stem).await;
+        let prefix = format!("{}.", table.name);
+        let topics: Vec<String> = topic_suffixes
+            .iter()
+            .map(|s| format!("{prefix}{s}"))
+            .collect();
+        create_topics(&kafka_bootstrap(), &topics)
+            .await
+            .expect("create topics");
+        Self {
+            table,
+            prefix,
+            topics,
+        }
+    }
+
+    /// The relay config (reference plugin as default, prefix = this scenario's).
+    pub fn config(&self, relay_extra: &str, extra: &str) -> String {
+        relay_config(
+            &self.table.name,
+            &kafka_bootstrap(),
+            &self.prefix,
+            relay_extra,
+            extra,
+        )
+    }
+
+    /// `[tenants.<tenant>]` running test plugin `plugin` with `config` (inline TOML table body).
+    pub fn tenant(&self, tenant: &str, plugin: &str, config: &str) -> String {
+        format!(
+            "[tenants.{tenant}]\npath = \"{}\"\nconfig = {{ {config} }}\n",
+            test_plugin(plugin).display()
+        )
+    }
+
+    /// Runs one relay with `config` until `done` holds, stops it, and checks it exited 0.
+    pub async fn relay_until<F, Fut>(&self, config: &str, done: F) -> RelayExit
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let relay = RelayProcess::start(config).expect("start relay");
+        let finished = wait_until(SCENARIO_WAIT, done).await;
+        assert!(finished, "relay did not get there: {}", relay.log());
+        let exit = relay.stop();
+        assert!(exit.success, "relay did not exit 0: {}", exit.log);
+        exit
+    }
+
+    /// Reads the scenario's topics until `expected` messages arrived, then `settle` more.
+    pub fn consume(&self, expected: usize, settle: Duration) -> Vec<Received> {
+        consume(
+            &kafka_bootstrap(),
+            &self.topics,
+            expected,
+            SCENARIO_WAIT,
+            settle,
+        )
+        .expect("consume")
+    }
+
+    pub async fn finish(self) {
+        self.table.drop_table().await;
+    }
+}

@@ -75,28 +75,35 @@ fn run_reports_a_missing_config_file() {
     );
 }
 
+/// Runs `sluice run` with `config` and returns its stderr; the run must fail.
+fn run_must_fail(config: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, config);
+    let out = sluice(&["run", "--config", &path]);
+    assert!(!out.status.success(), "sluice run accepted:\n{config}");
+    stderr(&out)
+}
+
+/// A config whose default plugin is `plugin` with `plugin_config` (inline table body).
+fn plugin_config(plugin: &std::path::Path, plugin_config: &str) -> String {
+    format!(
+        "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n\
+         [plugins.default]\npath = \"{}\"\nconfig = {{ {plugin_config} }}\n",
+        database_url(),
+        plugin.display()
+    )
+}
+
 #[test]
 fn run_names_an_unknown_config_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        &dir,
-        "[database]\nurl = \"postgres://x\"\n[relay]\nbatch_sise = 10\n",
-    );
-    let out = sluice(&["run", "--config", &path]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("batch_sise"), "{}", stderr(&out));
+    let err = run_must_fail("[database]\nurl = \"postgres://x\"\n[relay]\nbatch_sise = 10\n");
+    assert!(err.contains("batch_sise"), "{err}");
 }
 
 #[test]
 fn run_names_an_invalid_duration() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        &dir,
-        "[database]\nurl = \"postgres://x\"\n[relay]\npoll_interval = \"often\"\n",
-    );
-    let out = sluice(&["run", "--config", &path]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
+    let err =
+        run_must_fail("[database]\nurl = \"postgres://x\"\n[relay]\npoll_interval = \"often\"\n");
     assert!(
         err.contains("poll_interval") && err.contains("often"),
         "{err}"
@@ -108,21 +115,9 @@ fn run_refuses_a_file_that_is_not_a_component_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let bogus = dir.path().join("bogus.wasm");
     std::fs::write(&bogus, b"definitely not wasm").unwrap();
-    let path = write_config(
-        &dir,
-        &format!(
-            "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n",
-            database_url(),
-            bogus.display()
-        ),
-    );
-    let out = sluice(&["run", "--config", &path]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
-    assert!(
-        err.contains("bogus.wasm") && err.contains("not a valid WebAssembly component"),
-        "{err}"
-    );
+    let err = run_must_fail(&plugin_config(&bogus, ""));
+    let named = err.contains("bogus.wasm") && err.contains("not a valid WebAssembly component");
+    assert!(named, "{err}");
 }
 
 #[test]
@@ -131,17 +126,7 @@ fn run_refuses_a_component_without_the_transformer_export() {
     let empty = dir.path().join("empty.wasm");
     // The host accepts the text format too; an empty component exports nothing.
     std::fs::write(&empty, b"(component)").unwrap();
-    let path = write_config(
-        &dir,
-        &format!(
-            "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\n",
-            database_url(),
-            empty.display()
-        ),
-    );
-    let out = sluice(&["run", "--config", &path]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = run_must_fail(&plugin_config(&empty, ""));
     assert!(
         err.contains("empty.wasm") && err.contains("transformer"),
         "{err}"
@@ -150,18 +135,7 @@ fn run_refuses_a_component_without_the_transformer_export() {
 
 #[test]
 fn run_refuses_a_plugin_config_the_plugin_rejects() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        &dir,
-        &format!(
-            "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n[plugins.default]\npath = \"{}\"\nconfig = {{ topic_prefx = \"x.\" }}\n",
-            database_url(),
-            reference_plugin().display()
-        ),
-    );
-    let out = sluice(&["run", "--config", &path]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = run_must_fail(&plugin_config(&reference_plugin(), "topic_prefx = \"x.\""));
     assert!(
         err.contains("rejected its config") && err.contains("topic_prefx"),
         "{err}"

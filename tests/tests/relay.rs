@@ -1,5 +1,5 @@
 //! End-to-end relay behaviour: routing, marking, concurrency, fan-out, filtering and failing
-//! plugins, against real PostgreSQL and Tansu.
+//! plugins, payload types and undeliverable rows, against real PostgreSQL and Tansu.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -7,146 +7,75 @@ use std::time::Duration;
 use sluice_e2e::*;
 use sqlx::AssertSqlSafe;
 
-const WAIT: Duration = Duration::from_secs(120);
-
-fn topics(prefix: &str, suffixes: &[&str]) -> Vec<String> {
-    suffixes.iter().map(|s| format!("{prefix}{s}")).collect()
-}
+const SETTLE: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_of_two_aggregate_types_arrive_routed_and_the_outbox_is_emptied() {
-    let table = OutboxTable::create("routed").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["order", "customer"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
+    let s = Scenario::new("routed", &["order", "customer"]).await;
     let n = 300;
-    table.insert_rows(n, None).await;
+    s.table.insert_rows(n, None).await;
 
-    let relay = RelayProcess::start(&relay_config(
-        &table.name,
-        &kafka_bootstrap(),
-        &prefix,
-        "",
-        "",
-    ))
-    .unwrap();
-    assert!(
-        wait_until(WAIT, || async { table.count().await == 0 }).await,
-        "{}",
-        relay.log()
-    );
-    let exit = relay.stop();
-    assert!(exit.success, "relay did not exit 0: {}", exit.log);
+    let exit = s
+        .relay_until(&s.config("", ""), || async { s.table.count().await == 0 })
+        .await;
     assert_eq!(exit.rows_sent(), Some(n as u64), "{}", exit.log);
 
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        n as usize,
-        WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let got = s.consume(n as usize, SETTLE);
     assert_eq!(got.len(), n as usize);
     let ids: HashSet<_> = got.iter().map(|m| m.header("id").unwrap()).collect();
     assert_eq!(ids.len(), n as usize, "every row exactly once");
     for m in &got {
+        // generate_series and the bigserial both start at 1, so id == g.
         let id: i64 = m.header("id").unwrap().parse().unwrap();
         let even = id % 2 == 0;
-        // generate_series starts at 1 and the bigserial too, so id == g.
-        assert_eq!(
-            m.topic,
-            format!("{prefix}{}", if even { "order" } else { "customer" })
-        );
+        let aggregate = if even { "order" } else { "customer" };
+        assert_eq!(m.topic, format!("{}{aggregate}", s.prefix));
         assert_eq!(m.key_str(), format!("agg-{}", id % 50));
         assert_eq!(
             m.payload_json(),
             serde_json::json!({ "n": id }),
             "payload unchanged"
         );
-        assert_eq!(
-            m.header("event-type").as_deref(),
-            Some(if even {
-                "OrderCreated"
-            } else {
-                "CustomerUpdated"
-            })
-        );
+        let event = if even {
+            "OrderCreated"
+        } else {
+            "CustomerUpdated"
+        };
+        assert_eq!(m.header("event-type").as_deref(), Some(event));
         assert_eq!(
             m.header("trace"),
             Some(format!("trace-{id}")),
             "row headers kept"
         );
     }
-    table.drop_table().await;
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn published_at_mode_keeps_rows_and_stamps_every_one() {
-    let table = OutboxTable::create("stamped").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["order", "customer"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
-    table.insert_rows(200, None).await;
-
-    let relay = RelayProcess::start(&relay_config(
-        &table.name,
-        &kafka_bootstrap(),
-        &prefix,
-        "mark = \"published_at\"",
-        "",
-    ))
-    .unwrap();
-    assert!(
-        wait_until(WAIT, || async { table.unsent().await == 0 }).await,
-        "{}",
-        relay.log()
-    );
-    let exit = relay.stop();
-    assert!(exit.success, "{}", exit.log);
-    assert_eq!(table.count().await, 200, "rows are kept");
-    assert_eq!(
-        table
-            .scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL")
-            .await,
-        200
-    );
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        200,
-        WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
-    assert_eq!(got.len(), 200);
-    table.drop_table().await;
+    let s = Scenario::new("stamped", &["order", "customer"]).await;
+    s.table.insert_rows(200, None).await;
+    let config = s.config("mark = \"published_at\"", "");
+    s.relay_until(&config, || async { s.table.unsent().await == 0 })
+        .await;
+    assert_eq!(s.table.count().await, 200, "rows are kept");
+    let stamped = "SELECT count(*) FROM {t} WHERE published_at IS NOT NULL";
+    assert_eq!(s.table.scalar_i64(stamped).await, 200);
+    assert_eq!(s.consume(200, SETTLE).len(), 200);
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_relays_share_twenty_thousand_rows_each_published_and_marked_once() {
-    let table = OutboxTable::create("shared").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["order", "customer"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
+    let s = Scenario::new("shared", &["order", "customer"]).await;
     let n: i64 = 20_000;
-    table.insert_rows(n, None).await;
+    s.table.insert_rows(n, None).await;
 
-    let config = relay_config(
-        &table.name,
-        &kafka_bootstrap(),
-        &prefix,
-        "batch_size = 200",
-        "",
-    );
+    let config = s.config("batch_size = 200", "");
     let a = RelayProcess::start(&config).unwrap();
     let b = RelayProcess::start(&config).unwrap();
-    assert!(
-        wait_until(WAIT, || async { table.count().await == 0 }).await,
-        "not drained: {}\n{}",
-        a.log(),
-        b.log()
-    );
+    let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(drained, "not drained: {}\n{}", a.log(), b.log());
     let (a, b) = (a.stop(), b.stop());
     assert!(a.success && b.success, "{}\n{}", a.log, b.log);
     for exit in [&a, &b] {
@@ -163,156 +92,77 @@ async fn two_relays_share_twenty_thousand_rows_each_published_and_marked_once() 
         "both relays took work: {sent_a} / {sent_b}"
     );
 
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        n as usize,
-        WAIT,
-        Duration::from_secs(2),
-    )
-    .unwrap();
-    let counts = count_by_id(&got);
+    let counts = count_by_id(&s.consume(n as usize, Duration::from_secs(2)));
     assert_eq!(counts.len(), n as usize, "every row arrived");
     let dupes: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
     assert!(dupes.is_empty(), "rows published more than once: {dupes:?}");
-    table.drop_table().await;
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fanout_plugin_publishes_each_row_to_two_topics() {
-    let table = OutboxTable::create("fanout").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["a", "b"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
-    table.insert_rows(50, Some("fan")).await;
-    let extra = format!(
-        "[tenants.fan]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{prefix}\" }}\n",
-        test_plugin("test_fanout").display()
+    let s = Scenario::new("fanout", &["a", "b"]).await;
+    s.table.insert_rows(50, Some("fan")).await;
+    let tenant = s.tenant(
+        "fan",
+        "test_fanout",
+        &format!("topic_prefix = \"{}\"", s.prefix),
     );
-    let relay = RelayProcess::start(&relay_config(
-        &table.name,
-        &kafka_bootstrap(),
-        &prefix,
-        "",
-        &extra,
-    ))
-    .unwrap();
-    assert!(
-        wait_until(WAIT, || async { table.count().await == 0 }).await,
-        "{}",
-        relay.log()
-    );
-    assert!(relay.stop().success);
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        100,
-        WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    s.relay_until(&s.config("", &tenant), || async {
+        s.table.count().await == 0
+    })
+    .await;
+    let got = s.consume(100, SETTLE);
     assert_eq!(got.len(), 100);
-    for t in &topics {
-        let ids: HashSet<_> = got
-            .iter()
-            .filter(|m| &m.topic == t)
-            .map(|m| m.header("id"))
-            .collect();
+    for t in &s.topics {
+        let on_topic = got.iter().filter(|m| &m.topic == t);
+        let ids: HashSet<_> = on_topic.map(|m| m.header("id")).collect();
         assert_eq!(ids.len(), 50, "every row on {t}");
     }
-    table.drop_table().await;
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn filtering_plugin_drops_rows_which_are_marked_without_publishing() {
-    let table = OutboxTable::create("filter").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["order", "customer"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
-    table.insert_rows(100, Some("picky")).await;
-    let extra = format!(
-        "[tenants.picky]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{prefix}\", drop_event_type = \"CustomerUpdated\" }}\n",
-        test_plugin("test_filter").display()
+    let s = Scenario::new("filter", &["order", "customer"]).await;
+    s.table.insert_rows(100, Some("picky")).await;
+    let plugin_config = format!(
+        "topic_prefix = \"{}\", drop_event_type = \"CustomerUpdated\"",
+        s.prefix
     );
-    let relay = RelayProcess::start(&relay_config(
-        &table.name,
-        &kafka_bootstrap(),
-        &prefix,
-        "mark = \"published_at\"",
-        &extra,
-    ))
-    .unwrap();
-    assert!(
-        wait_until(WAIT, || async { table.unsent().await == 0 }).await,
-        "{}",
-        relay.log()
-    );
-    assert!(relay.stop().success);
+    let tenant = s.tenant("picky", "test_filter", &plugin_config);
+    let config = s.config("mark = \"published_at\"", &tenant);
+    s.relay_until(&config, || async { s.table.unsent().await == 0 })
+        .await;
     // Dropped rows are marked like delivered ones.
-    assert_eq!(
-        table
-            .scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL")
-            .await,
-        100
-    );
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        50,
-        WAIT,
-        Duration::from_secs(2),
-    )
-    .unwrap();
+    let stamped = "SELECT count(*) FROM {t} WHERE published_at IS NOT NULL";
+    assert_eq!(s.table.scalar_i64(stamped).await, 100);
+    let got = s.consume(50, Duration::from_secs(2));
     assert_eq!(got.len(), 50, "only the OrderCreated half is published");
-    assert!(got.iter().all(|m| m.topic == format!("{prefix}order")));
-    table.drop_table().await;
+    assert!(got.iter().all(|m| m.topic == format!("{}order", s.prefix)));
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn permanent_errors_and_traps_leave_rows_unsent_while_other_tenants_deliver() {
-    let table = OutboxTable::create("failing").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["order", "customer"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
+    let s = Scenario::new("failing", &["order", "customer"]).await;
     // Interleave the tenants so every batch holds rows of all three.
     for _ in 0..4 {
-        table.insert_rows(10, Some("refuser")).await;
-        table.insert_rows(10, Some("crasher")).await;
-        table.insert_rows(10, None).await;
+        s.table.insert_rows(10, Some("refuser")).await;
+        s.table.insert_rows(10, Some("crasher")).await;
+        s.table.insert_rows(10, None).await;
     }
-    let extra = format!(
-        "[tenants.refuser]\npath = \"{}\"\n\n[tenants.crasher]\npath = \"{}\"\n",
-        test_plugin("test_fail_permanent").display(),
-        test_plugin("test_trap").display()
-    );
-    let relay = RelayProcess::start(&relay_config(
-        &table.name,
-        &kafka_bootstrap(),
-        &prefix,
-        "mark = \"published_at\"",
-        &extra,
-    ))
-    .unwrap();
-    let ok = wait_until(WAIT, || async {
-        table
-            .scalar_i64("SELECT count(*) FROM {t} WHERE tenant IS NULL AND published_at IS NULL")
-            .await
-            == 0
-            && table
-                .scalar_i64("SELECT count(*) FROM {t} WHERE tenant IS NOT NULL AND attempts = 0")
-                .await
-                == 0
+    let tenants =
+        s.tenant("refuser", "test_fail_permanent", "") + &s.tenant("crasher", "test_trap", "");
+    let config = s.config("mark = \"published_at\"", &tenants);
+    let default_unsent = "SELECT count(*) FROM {t} WHERE tenant IS NULL AND published_at IS NULL";
+    let untried = "SELECT count(*) FROM {t} WHERE tenant IS NOT NULL AND attempts = 0";
+    s.relay_until(&config, || async {
+        s.table.scalar_i64(default_unsent).await == 0 && s.table.scalar_i64(untried).await == 0
     })
     .await;
-    assert!(ok, "{}", relay.log());
-    let exit = relay.stop();
-    assert!(
-        exit.success,
-        "relay keeps running and stops cleanly: {}",
-        exit.log
-    );
 
-    let unsent = table.unsent_rows().await;
+    let unsent = s.table.unsent_rows().await;
     assert_eq!(
         unsent.len(),
         80,
@@ -327,131 +177,91 @@ async fn permanent_errors_and_traps_leave_rows_unsent_while_other_tenants_delive
             other => panic!("unexpected unsent row of tenant {other:?}"),
         }
     }
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        40,
-        WAIT,
-        Duration::from_secs(2),
-    )
-    .unwrap();
+    let got = s.consume(40, Duration::from_secs(2));
     assert_eq!(
         got.len(),
         40,
         "exactly the default tenant's rows are published"
     );
-    table.drop_table().await;
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bytea_and_text_payloads_reach_kafka_byte_for_byte() {
     for column_type in ["bytea", "text"] {
-        let table = OutboxTable::create(&format!("payload_{column_type}")).await;
-        let prefix = format!("{}.", table.name);
-        let topics = topics(&prefix, &["blob"]);
-        create_topics(&kafka_bootstrap(), &topics).await.unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "ALTER TABLE \"{}\" ALTER COLUMN payload TYPE {column_type} USING NULL",
-            table.name
-        )))
-        .execute(&table.pool)
-        .await
-        .unwrap();
-        let value: Vec<u8> = if column_type == "bytea" {
-            vec![0, 159, 146, 150, 255]
-        } else {
-            "héllo, not JSON".as_bytes().to_vec()
-        };
+        let s = Scenario::new(&format!("payload_{column_type}"), &["blob"]).await;
+        let table = &s.table.name;
+        let alter =
+            format!("ALTER TABLE \"{table}\" ALTER COLUMN payload TYPE {column_type} USING NULL");
+        sqlx::query(AssertSqlSafe(alter))
+            .execute(&s.table.pool)
+            .await
+            .unwrap();
         let insert = format!(
-            "INSERT INTO \"{}\" (aggregate_type, aggregate_id, event_type, payload) VALUES ('blob', 'b1', 'Raw', $1)",
-            table.name
+            "INSERT INTO \"{table}\" (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('blob', 'b1', 'Raw', $1)"
         );
-        if column_type == "bytea" {
-            sqlx::query(AssertSqlSafe(insert.clone()))
-                .bind(&value)
-                .execute(&table.pool)
+        let query = sqlx::query(AssertSqlSafe(insert));
+        let value: Vec<u8> = if column_type == "bytea" {
+            let raw = vec![0, 159, 146, 150, 255];
+            query
+                .bind(raw.clone())
+                .execute(&s.table.pool)
                 .await
                 .unwrap();
+            raw
         } else {
-            let text = String::from_utf8(value.clone()).unwrap();
-            sqlx::query(AssertSqlSafe(insert.clone()))
-                .bind(text)
-                .execute(&table.pool)
-                .await
-                .unwrap();
-        }
-        let relay = RelayProcess::start(&relay_config(
-            &table.name,
-            &kafka_bootstrap(),
-            &prefix,
-            "",
-            "",
-        ))
-        .unwrap();
-        assert!(
-            wait_until(WAIT, || async { table.count().await == 0 }).await,
-            "{}",
-            relay.log()
-        );
-        assert!(relay.stop().success);
-        let got = consume(
-            &kafka_bootstrap(),
-            &topics,
-            1,
-            WAIT,
-            Duration::from_millis(500),
-        )
-        .unwrap();
+            let text = "héllo, not JSON";
+            query.bind(text).execute(&s.table.pool).await.unwrap();
+            text.as_bytes().to_vec()
+        };
+        s.relay_until(&s.config("", ""), || async { s.table.count().await == 0 })
+            .await;
+        let got = s.consume(1, Duration::from_millis(500));
         assert_eq!(got.len(), 1);
         assert_eq!(
             got[0].payload.as_deref(),
             Some(value.as_slice()),
             "{column_type}"
         );
-        table.drop_table().await;
+        s.finish().await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn malformed_headers_and_unknown_topics_leave_rows_unsent_with_the_reason() {
-    let table = OutboxTable::create("badrows").await;
-    let prefix = format!("{}.", table.name);
-    let topics = topics(&prefix, &["order"]);
-    create_topics(&kafka_bootstrap(), &topics).await.unwrap();
+async fn malformed_headers_unknown_topics_and_oversized_messages_leave_rows_unsent_with_the_reason()
+{
+    let s = Scenario::new("badrows", &["order"]).await;
     let insert = format!(
         "INSERT INTO \"{}\" (aggregate_type, aggregate_id, event_type, payload, headers) VALUES
            ('order', 'o1', 'Ok', '{{}}', '{{}}'),
            ('order', 'o2', 'BadHeader', '{{}}', '{{\"n\": 5}}'),
-           ('nosuchtopic', 'x1', 'Lost', '{{}}', '{{}}')",
-        table.name
+           ('nosuchtopic', 'x1', 'Lost', '{{}}', '{{}}'),
+           ('order', 'o3', 'Huge', jsonb_build_object('pad', repeat('x', 5000)), '{{}}')",
+        s.table.name
     );
-    sqlx::query(AssertSqlSafe(insert.clone()))
-        .execute(&table.pool)
+    sqlx::query(AssertSqlSafe(insert))
+        .execute(&s.table.pool)
         .await
         .unwrap();
     // Unknown topics fail after librdkafka's metadata propagation wait; keep it short here.
-    let config = relay_config(&table.name, &kafka_bootstrap(), &prefix, "", "").replace(
+    let config = s.config("", "").replace(
         "[kafka]\n",
-        "[kafka]\n\"topic.metadata.propagation.max.ms\" = 2000\n\"message.timeout.ms\" = 5000\n",
+        "[kafka]\n\"topic.metadata.propagation.max.ms\" = 2000\n\"message.timeout.ms\" = 5000\n\"message.max.bytes\" = 2000\n",
     );
-    let relay = RelayProcess::start(&config).unwrap();
-    let ok = wait_until(WAIT, || async {
-        table.count().await == 2
-            && table
-                .scalar_i64("SELECT count(*) FROM {t} WHERE last_error IS NOT NULL")
-                .await
-                == 2
+    let with_error = "SELECT count(*) FROM {t} WHERE last_error IS NOT NULL";
+    s.relay_until(&config, || async {
+        s.table.count().await == 3 && s.table.scalar_i64(with_error).await == 3
     })
     .await;
-    assert!(ok, "{}", relay.log());
-    assert!(relay.stop().success);
-    let rows: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+    let select = format!(
         "SELECT event_type, last_error FROM \"{}\" ORDER BY id",
-        table.name
-    )))
-    .fetch_all(&table.pool)
-    .await
-    .unwrap();
+        s.table.name
+    );
+    let rows: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(select))
+        .fetch_all(&s.table.pool)
+        .await
+        .unwrap();
     assert_eq!(rows[0].0, "BadHeader");
     assert!(
         rows[0].1.contains("\"n\""),
@@ -464,5 +274,12 @@ async fn malformed_headers_and_unknown_topics_leave_rows_unsent_with_the_reason(
         "names the topic: {}",
         rows[1].1
     );
-    table.drop_table().await;
+    assert_eq!(rows[2].0, "Huge");
+    assert!(
+        rows[2].1.contains("MessageSizeTooLarge"),
+        "says why: {}",
+        rows[2].1
+    );
+    assert_eq!(s.consume(1, SETTLE).len(), 1, "the good row is delivered");
+    s.finish().await;
 }

@@ -59,6 +59,10 @@ impl PayloadKind {
 /// and safe to run from several processes at once.
 pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError> {
     let mut tx = pool.begin().await?;
+    // "column already exists, skipping" notices are expected on every re-run; keep them quiet.
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATE_LOCK_KEY)
         .execute(&mut *tx)
