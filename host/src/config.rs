@@ -24,6 +24,18 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
 pub const DEFAULT_MEMORY_MB: u64 = 128;
+/// First retry delay of a failed row.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
+/// Longest retry delay: a row keeps being retried at least this often until it is dead.
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(300);
+/// Growth of the retry delay per attempt.
+pub const DEFAULT_RETRY_MULTIPLIER: f64 = 2.0;
+/// Each delay is moved by up to ±20 % at random so rows that failed together do not retry in
+/// lock-step.
+pub const DEFAULT_RETRY_JITTER: f64 = 0.2;
+/// Attempts before a row is dead-lettered; with the defaults the last one comes about
+/// 8.5 minutes after the first failure.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 
 /// Problems loading or validating a configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +110,94 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     #[serde(default)]
     pub mark: MarkMode,
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+/// `[relay.retry]`: what happens to a row whose plugin call or publish failed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    #[serde(default = "default_retry_initial", with = "humantime_serde")]
+    pub initial: Duration,
+    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    pub max: Duration,
+    #[serde(default = "default_retry_multiplier")]
+    pub multiplier: f64,
+    /// Fraction (0–1) by which each delay is randomly moved up or down.
+    #[serde(default = "default_retry_jitter")]
+    pub jitter: f64,
+    /// Attempts (the first delivery included) before the row is dead.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// If set, a copy of every row that goes dead is published here.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+}
+
+fn default_retry_initial() -> Duration {
+    DEFAULT_RETRY_INITIAL
+}
+fn default_retry_max() -> Duration {
+    DEFAULT_RETRY_MAX
+}
+fn default_retry_multiplier() -> f64 {
+    DEFAULT_RETRY_MULTIPLIER
+}
+fn default_retry_jitter() -> f64 {
+    DEFAULT_RETRY_JITTER
+}
+fn default_max_attempts() -> u32 {
+    DEFAULT_MAX_ATTEMPTS
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial: DEFAULT_RETRY_INITIAL,
+            max: DEFAULT_RETRY_MAX,
+            multiplier: DEFAULT_RETRY_MULTIPLIER,
+            jitter: DEFAULT_RETRY_JITTER,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            dead_letter_topic: None,
+        }
+    }
+}
+
+impl RetryConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.initial.is_zero() {
+            return Err(("initial", "must be greater than 0".into()));
+        }
+        if self.max < self.initial {
+            return Err(("max", "must not be shorter than relay.retry.initial".into()));
+        }
+        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
+            return Err((
+                "multiplier",
+                format!("must be at least 1.0, got {}", self.multiplier),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err((
+                "jitter",
+                format!("must be between 0 and 1, got {}", self.jitter),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(("max_attempts", "must be at least 1".into()));
+        }
+        if let Some(topic) = &self.dead_letter_topic {
+            crate::plugin::TopicPattern::parse(topic)
+                .ok()
+                .filter(|p| matches!(p, crate::plugin::TopicPattern::Exact(_)))
+                .ok_or((
+                    "dead_letter_topic",
+                    format!("{topic:?} is not a topic name"),
+                ))?;
+        }
+        Ok(())
+    }
 }
 
 fn default_batch_size() -> usize {
@@ -113,6 +213,7 @@ impl Default for RelayConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             mark: MarkMode::default(),
+            retry: RetryConfig::default(),
         }
     }
 }
@@ -281,6 +382,10 @@ impl Config {
                 "must be greater than 0".into(),
             ));
         }
+        self.relay
+            .retry
+            .validate()
+            .map_err(|(k, m)| invalid(&format!("relay.retry.{k}"), m))?;
         for (key, value) in &self.kafka {
             kafka_value_string(value)
                 .map_err(|m| invalid(&format!("kafka.\"{key}\""), m.to_owned()))?;
@@ -427,6 +532,27 @@ mod tests {
         let props = c.kafka_properties();
         assert_eq!(props["linger.ms"], "5");
         assert_eq!(props["enable.idempotence"], "false");
+    }
+
+    #[test]
+    fn retry_policy_has_defaults_and_is_validated() {
+        let c = parse("[database]\nurl = \"x\"\n").unwrap();
+        assert_eq!(c.relay.retry.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(c.relay.retry.dead_letter_topic, None);
+        for (bad, key) in [
+            ("multiplier = 0.5", "relay.retry.multiplier"),
+            ("jitter = 2.0", "relay.retry.jitter"),
+            ("max_attempts = 0", "relay.retry.max_attempts"),
+            ("initial = \"10s\"\nmax = \"1s\"", "relay.retry.max"),
+            (
+                "dead_letter_topic = \"dlq.*\"",
+                "relay.retry.dead_letter_topic",
+            ),
+        ] {
+            let text = format!("[database]\nurl = \"x\"\n[relay.retry]\n{bad}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 
     #[test]

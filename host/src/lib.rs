@@ -14,6 +14,7 @@ pub mod message;
 pub mod outbox;
 pub mod plugin;
 pub mod relay;
+pub mod retry;
 pub mod shutdown;
 pub mod sink;
 

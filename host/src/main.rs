@@ -10,8 +10,10 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use sluice::config::{Config, DATABASE_URL_ENV};
+use sluice::outbox::dead::ReplaySelection;
 use sluice::outbox::{self, PgOutbox, TableName};
 use sluice::plugin::{PluginRouter, testbench};
+use sluice::retry::RetryPolicy;
 use sluice::sink::{KafkaSink, Sink};
 use sluice::{Relay, RelaySettings, shutdown};
 
@@ -49,6 +51,63 @@ enum Command {
     Plugin {
         #[command(subcommand)]
         command: PluginCommand,
+    },
+    /// List or replay dead-lettered rows.
+    Dead {
+        #[command(flatten)]
+        target: TableTarget,
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+}
+
+/// Which outbox table: from a config file, or from a URL and table name.
+#[derive(clap::Args)]
+struct TableTarget {
+    /// Take database.url and database.table from this config file.
+    #[arg(long, short, global = true, conflicts_with = "database_url")]
+    config: Option<PathBuf>,
+    #[arg(long, env = DATABASE_URL_ENV, global = true)]
+    database_url: Option<String>,
+    #[arg(long, global = true, default_value = "outbox")]
+    table: String,
+}
+
+impl TableTarget {
+    fn resolve(&self) -> anyhow::Result<(String, TableName)> {
+        if let Some(path) = &self.config {
+            let config = Config::load(path)?;
+            let table = TableName::parse(&config.database.table)?;
+            return Ok((config.database_url().to_owned(), table));
+        }
+        let Some(url) = &self.database_url else {
+            bail!("give --config FILE or --database-url URL (or set {DATABASE_URL_ENV})");
+        };
+        Ok((
+            url.clone(),
+            TableName::parse(&self.table).context("--table")?,
+        ))
+    }
+}
+
+#[derive(Subcommand)]
+enum DeadCommand {
+    /// Print dead rows, oldest first.
+    List {
+        /// Only rows of this tenant (`default` for rows without tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Make dead rows due again, with attempts reset to 0.
+    Replay {
+        #[arg(long, conflicts_with_all = ["tenant", "all"])]
+        id: Option<i64>,
+        #[arg(long, conflicts_with = "all")]
+        tenant: Option<String>,
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -110,6 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime()?.block_on(relay(config, router))
         }
         Command::Plugin { command } => plugin(command),
+        Command::Dead { target, command } => runtime()?.block_on(dead(target, command)),
     }
 }
 
@@ -141,6 +201,8 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
     let settings = RelaySettings {
         batch_size: config.relay.batch_size,
         poll_interval: config.relay.poll_interval,
+        retry: RetryPolicy::new(&config.relay.retry),
+        dead_letter_topic: config.relay.retry.dead_letter_topic.clone(),
     };
     let relay = Relay::new(store, router, sink, settings);
 
@@ -159,6 +221,7 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
         batches = stats.batches,
         rows_sent = stats.rows_sent,
         rows_failed = stats.rows_failed,
+        rows_dead = stats.rows_dead,
         messages = stats.messages,
         "relay stopped"
     );
@@ -204,6 +267,52 @@ fn plugin(command: PluginCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn dead(target: TableTarget, command: DeadCommand) -> anyhow::Result<()> {
+    let (url, table) = target.resolve()?;
+    let pool = outbox::connect(&url)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", redact(&url)))?;
+    match command {
+        DeadCommand::List { tenant, limit } => {
+            let rows = outbox::dead::list(&pool, &table, tenant.as_deref(), limit).await?;
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "id\ttenant\taggregate\tevent_type\tattempts\tdead_at\tlast_error"
+            )?;
+            for r in &rows {
+                writeln!(
+                    out,
+                    "{}\t{}\t{}/{}\t{}\t{}\t{}\t{}",
+                    r.id,
+                    r.tenant.as_deref().unwrap_or("default"),
+                    r.aggregate_type,
+                    r.aggregate_id,
+                    r.event_type,
+                    r.attempts,
+                    r.dead_at.to_rfc3339(),
+                    r.last_error
+                        .as_deref()
+                        .unwrap_or_default()
+                        .replace(['\n', '\t'], " "),
+                )?;
+            }
+            eprintln!("{} dead rows", rows.len());
+        }
+        DeadCommand::Replay { id, tenant, all } => {
+            let selection = match (id, tenant, all) {
+                (Some(id), _, _) => ReplaySelection::Id(id),
+                (None, Some(t), _) => ReplaySelection::Tenant(t),
+                (None, None, true) => ReplaySelection::All,
+                (None, None, false) => bail!("give --id ID, --tenant T or --all"),
+            };
+            let n = outbox::dead::replay(&pool, &table, &selection).await?;
+            println!("{n} dead rows are due again");
+        }
+    }
+    Ok(())
 }
 
 /// Hides the password of a database URL in messages.

@@ -6,20 +6,18 @@
 //! delivery is at-least-once.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::message::Message;
 use crate::outbox::{
-    BatchOutcome, Claim, ClaimedBatch, OutboxId, OutboxStore, RowFailure, StoreError,
+    BatchOutcome, Claim, ClaimedBatch, Disposition, OutboxRow, OutboxStore, RowFailure, StoreError,
 };
-use crate::plugin::RowTransformer;
+use crate::plugin::{RowTransformer, TransformFailure};
+use crate::retry::RetryPolicy;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 
-/// First retry delay of a failed row; doubled per attempt up to [`RETRY_MAX`].
-pub const RETRY_INITIAL: Duration = Duration::from_secs(1);
-/// Longest retry delay of a failed row.
-pub const RETRY_MAX: Duration = Duration::from_secs(60);
 /// First pause after a database error; doubled per consecutive error up to
 /// [`STORE_ERROR_MAX_PAUSE`], so an outage does not turn into a hot loop.
 const STORE_ERROR_PAUSE: Duration = Duration::from_millis(250);
@@ -30,6 +28,9 @@ const STORE_ERROR_MAX_PAUSE: Duration = Duration::from_secs(10);
 pub struct RelaySettings {
     pub batch_size: usize,
     pub poll_interval: Duration,
+    pub retry: RetryPolicy,
+    /// Topic receiving a copy of every row that goes dead, if any.
+    pub dead_letter_topic: Option<String>,
 }
 
 /// Counters of one relay's lifetime.
@@ -38,8 +39,10 @@ pub struct RelayStats {
     pub batches: u64,
     /// Rows marked sent (including rows the plugin filtered out).
     pub rows_sent: u64,
-    /// Rows rescheduled after a failure.
+    /// Rows rescheduled or dead-lettered after a failure.
     pub rows_failed: u64,
+    /// Rows dead-lettered.
+    pub rows_dead: u64,
     pub messages: u64,
 }
 
@@ -49,6 +52,7 @@ pub struct BatchReport {
     pub claimed: usize,
     pub sent: usize,
     pub failed: usize,
+    pub dead: usize,
     pub messages: usize,
     /// First failure of the batch, for the log.
     pub first_error: Option<String>,
@@ -87,6 +91,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                     stats.batches += u64::from(report.claimed > 0);
                     stats.rows_sent += report.sent as u64;
                     stats.rows_failed += report.failed as u64;
+                    stats.rows_dead += report.dead as u64;
                     stats.messages += report.messages as u64;
                     log_report(&report);
                     // Anything claimed means there may be more: poll again at once. Only an
@@ -123,55 +128,146 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             rows,
             rejected,
         } = claim;
-        let ids: Vec<(OutboxId, i32)> = rows.iter().map(|r| (r.id, r.attempts)).collect();
-        let results = self.transformer.transform(rows).await;
+        let rows: Arc<[OutboxRow]> = rows.into();
+        let results = self.transformer.transform(Arc::clone(&rows)).await;
 
         let mut failed = rejected;
+        // Rows that failed here, by index into `rows`, so dead ones can be dead-lettered.
+        let mut failed_rows: Vec<usize> = Vec::new();
         let mut messages: Vec<Message> = Vec::new();
         // Rows that transformed fine, with the range of their messages in `messages`.
-        let mut transformed: Vec<(OutboxId, i32, Range<usize>)> = Vec::new();
-        for ((id, attempts), result) in ids.into_iter().zip(results) {
+        let mut transformed: Vec<(usize, Range<usize>)> = Vec::new();
+        for (index, result) in results.into_iter().enumerate() {
             match result {
                 Ok(out) => {
                     let start = messages.len();
                     messages.extend(out);
-                    transformed.push((id, attempts, start..messages.len()));
+                    transformed.push((index, start..messages.len()));
                 }
-                Err(failure) => failed.push(RowFailure {
-                    id,
-                    error: failure.to_string(),
-                    retry_in: retry_delay(attempts),
-                }),
+                Err(failure) => {
+                    let permanent = matches!(failure, TransformFailure::Permanent { .. });
+                    failed.push(self.failure(&rows[index], failure.to_string(), permanent));
+                    failed_rows.push(index);
+                }
             }
         }
 
-        let published = if messages.is_empty() {
-            Vec::new()
-        } else {
-            self.sink.publish(&messages).await
-        };
+        let published = self.publish(&messages).await;
         let mut sent = Vec::with_capacity(transformed.len());
-        for (id, attempts, range) in transformed {
+        for (index, range) in transformed {
             // A row counts as sent only when every one of its messages was acknowledged.
             match published[range].iter().find_map(|r| r.as_ref().err()) {
-                None => sent.push(id),
-                Some(e) => failed.push(RowFailure {
-                    id,
-                    error: e.to_string(),
-                    retry_in: retry_delay(attempts),
-                }),
+                None => sent.push(rows[index].id),
+                Some(e) => {
+                    failed.push(self.failure(&rows[index], e.to_string(), false));
+                    failed_rows.push(index);
+                }
             }
         }
+        self.dead_letter(&rows, &failed_rows, &mut failed).await;
 
         let report = BatchReport {
             claimed,
             sent: sent.len(),
             failed: failed.len(),
+            dead: failed
+                .iter()
+                .filter(|f| f.disposition == Disposition::Dead)
+                .count(),
             messages: messages.len(),
             first_error: failed.first().map(|f| format!("row {}: {}", f.id, f.error)),
         };
         batch.complete(BatchOutcome { sent, failed }).await?;
         Ok(report)
+    }
+
+    fn failure(&self, row: &OutboxRow, error: String, permanent: bool) -> RowFailure {
+        RowFailure {
+            id: row.id,
+            error,
+            disposition: self.settings.retry.after_failure(row.attempts, permanent),
+        }
+    }
+
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), crate::sink::SinkError>> {
+        if messages.is_empty() {
+            Vec::new()
+        } else {
+            self.sink.publish(messages).await
+        }
+    }
+
+    /// Publishes a copy of every row that goes dead in this batch to the dead-letter topic.
+    /// The row is dead either way; a failed copy is noted in its `last_error`.
+    async fn dead_letter(
+        &self,
+        rows: &[OutboxRow],
+        failed_rows: &[usize],
+        failed: &mut [RowFailure],
+    ) {
+        let Some(topic) = &self.settings.dead_letter_topic else {
+            return;
+        };
+        let offset = failed.len() - failed_rows.len();
+        let dead: Vec<(usize, usize)> = failed_rows
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| failed[offset + i].disposition == Disposition::Dead)
+            .map(|(i, row)| (offset + i, *row))
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        let copies: Vec<Message> = dead
+            .iter()
+            .map(|(f, r)| dead_letter_message(topic, &rows[*r], &failed[*f].error))
+            .collect();
+        let results = self.sink.publish(&copies).await;
+        for ((f, _), result) in dead.iter().zip(results) {
+            if let Err(e) = result {
+                tracing::error!(row = %failed[*f].id, error = %e, "dead-letter copy not published");
+                failed[*f]
+                    .error
+                    .push_str(&format!(" (dead-letter copy not published: {e})"));
+            }
+        }
+    }
+}
+
+/// The dead-letter copy of a row: its payload untouched, keyed by aggregate id, with the row's
+/// headers and Sluice's `sluice-*` headers explaining why it died.
+fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> Message {
+    let mut headers = row.headers.clone();
+    headers.extend([
+        ("sluice-error".to_owned(), error.as_bytes().to_vec()),
+        (
+            "sluice-attempts".to_owned(),
+            (row.attempts + 1).to_string().into_bytes(),
+        ),
+        (
+            "sluice-outbox-id".to_owned(),
+            row.id.to_string().into_bytes(),
+        ),
+        (
+            "sluice-tenant".to_owned(),
+            row.tenant.as_str().as_bytes().to_vec(),
+        ),
+        (
+            "sluice-aggregate-type".to_owned(),
+            row.aggregate_type.as_bytes().to_vec(),
+        ),
+        (
+            "sluice-event-type".to_owned(),
+            row.event_type.as_bytes().to_vec(),
+        ),
+    ]);
+    Message {
+        row: row.id,
+        topic: topic.to_owned(),
+        key: Some(row.aggregate_id.as_bytes().to_vec()),
+        payload: Some(row.payload.clone()),
+        headers,
+        partition: None,
     }
 }
 
@@ -190,17 +286,11 @@ fn log_report(report: &BatchReport) {
             claimed = report.claimed,
             sent = report.sent,
             failed = report.failed,
+            dead = report.dead,
             first_error = %first,
-            "batch committed with failed rows rescheduled"
+            "batch committed with failed rows rescheduled or dead-lettered"
         ),
     }
-}
-
-/// Retry delay for a row that already failed `attempts` times: `RETRY_INITIAL · 2^attempts`,
-/// capped at `RETRY_MAX`.
-pub fn retry_delay(attempts: i32) -> Duration {
-    let exp = u32::try_from(attempts).unwrap_or(0).min(16);
-    RETRY_INITIAL.saturating_mul(1 << exp).min(RETRY_MAX)
 }
 
 fn store_error_pause(consecutive: u32) -> Duration {
@@ -213,15 +303,6 @@ fn store_error_pause(consecutive: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_delay_doubles_and_caps() {
-        assert_eq!(retry_delay(0), Duration::from_secs(1));
-        assert_eq!(retry_delay(1), Duration::from_secs(2));
-        assert_eq!(retry_delay(3), Duration::from_secs(8));
-        assert_eq!(retry_delay(40), RETRY_MAX);
-        assert_eq!(retry_delay(-1), Duration::from_secs(1));
-    }
 
     #[test]
     fn store_error_pause_backs_off() {

@@ -5,16 +5,18 @@
 //! other relays off its rows until [`ClaimedBatch::complete`] commits (or the batch is dropped,
 //! which rolls back).
 
+pub mod dead;
 mod postgres;
 mod table;
 
 use std::future::Future;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 pub use postgres::{PayloadKind, PgBatch, PgOutbox, connect, migrate};
 pub use table::{TableName, TableNameError};
+
+pub use crate::retry::Disposition;
 
 /// Primary key of an outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -67,13 +69,12 @@ pub struct OutboxRow {
     pub attempts: i32,
 }
 
-/// A row that could not be delivered this time, and why.
+/// A row that could not be delivered this time, why, and what happens to it next.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowFailure {
     pub id: OutboxId,
     pub error: String,
-    /// When the row becomes due again, relative to the commit.
-    pub retry_in: Duration,
+    pub disposition: Disposition,
 }
 
 /// What happened to a claimed batch, as the relay hands it back to the store.
@@ -81,7 +82,7 @@ pub struct RowFailure {
 pub struct BatchOutcome {
     /// Rows whose every message was acknowledged (or that produced none): mark them sent.
     pub sent: Vec<OutboxId>,
-    /// Rows to reschedule with the error recorded.
+    /// Rows to reschedule or dead-letter, with the error recorded.
     pub failed: Vec<RowFailure>,
 }
 
@@ -121,8 +122,8 @@ pub struct Claim<B> {
     pub batch: B,
     /// Rows decoded successfully, in id order.
     pub rows: Vec<OutboxRow>,
-    /// Rows whose columns could not be decoded (e.g. malformed `headers`); they must be
-    /// rescheduled, never published.
+    /// Rows whose columns could not be decoded (e.g. malformed `headers`); they are
+    /// dead-lettered (retrying cannot help until someone fixes the row), never published.
     pub rejected: Vec<RowFailure>,
 }
 
@@ -139,8 +140,8 @@ impl<B> Claim<B> {
 
 /// The open transaction that locks a claimed set of rows.
 pub trait ClaimedBatch: Send {
-    /// Marks `outcome.sent`, reschedules `outcome.failed`, checks the affected-row counts and
-    /// commits. On a count mismatch it rolls back and returns [`StoreError::MarkMismatch`].
+    /// Marks `outcome.sent`, reschedules or dead-letters `outcome.failed`, checks the
+    /// affected-row counts and commits. On a count mismatch it rolls back and returns [`StoreError::MarkMismatch`].
     fn complete(self, outcome: BatchOutcome)
     -> impl Future<Output = Result<(), StoreError>> + Send;
 

@@ -7,8 +7,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::{
-    BatchOutcome, Claim, ClaimedBatch, Headers, OutboxId, OutboxRow, OutboxStore, RowFailure,
-    StoreError, TableName, TenantId,
+    BatchOutcome, Claim, ClaimedBatch, Disposition, Headers, OutboxId, OutboxRow, OutboxStore,
+    RowFailure, StoreError, TableName, TenantId,
 };
 use crate::config::MarkMode;
 
@@ -20,9 +20,6 @@ const POOL_SIZE: u32 = 2;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Advisory-lock key serialising concurrent `sluice migrate` runs ("sluice" in ASCII).
 const MIGRATE_LOCK_KEY: i64 = 0x736c_7569_6365;
-/// Rows whose `headers` column is malformed are retried after this delay (the row must be
-/// fixed by hand, so retrying fast helps no one).
-const REJECTED_ROW_RETRY: Duration = Duration::from_secs(60);
 
 /// How the `payload` column is stored, which decides how it is turned into bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,8 +156,11 @@ impl PgOutbox {
             "UPDATE {table} AS o
                 SET attempts = o.attempts + 1,
                     last_error = f.error,
-                    next_attempt_at = now() + f.delay_ms * interval '1 millisecond'
-               FROM unnest($1::int8[], $2::text[], $3::int8[]) AS f(id, error, delay_ms)
+                    next_attempt_at = CASE WHEN f.dead THEN NULL
+                                      ELSE now() + f.delay_ms * interval '1 millisecond' END,
+                    dead_at = CASE WHEN f.dead THEN now() END
+               FROM unnest($1::int8[], $2::text[], $3::int8[], $4::bool[])
+                    AS f(id, error, delay_ms, dead)
               WHERE o.id = f.id"
         );
         Ok(Self {
@@ -228,12 +228,14 @@ fn decode_row(row: &PgRow) -> Result<OutboxRow, RowFailure> {
     let id = OutboxId(row.try_get("id").map_err(|e| RowFailure {
         id: OutboxId(0),
         error: e.to_string(),
-        retry_in: REJECTED_ROW_RETRY,
+        disposition: Disposition::Dead,
     })?);
+    // A row that cannot be decoded will not decode on retry either: dead-letter it with the
+    // reason, to be fixed and replayed.
     let fail = |error: String| RowFailure {
         id,
         error,
-        retry_in: REJECTED_ROW_RETRY,
+        disposition: Disposition::Dead,
     };
     let column_err = |e: sqlx::Error| fail(format!("cannot decode row: {e}"));
     let headers_text: String = row.try_get("headers").map_err(column_err)?;
@@ -297,15 +299,21 @@ impl ClaimedBatch for PgBatch {
                 .iter()
                 .map(|f| truncate(&f.error, MAX_ERROR_LEN))
                 .collect();
-            let delays: Vec<i64> = outcome
+            let (delays, dead): (Vec<i64>, Vec<bool>) = outcome
                 .failed
                 .iter()
-                .map(|f| i64::try_from(f.retry_in.as_millis()).unwrap_or(i64::MAX))
-                .collect();
+                .map(|f| match f.disposition {
+                    Disposition::Retry(d) => {
+                        (i64::try_from(d.as_millis()).unwrap_or(i64::MAX), false)
+                    }
+                    Disposition::Dead => (0, true),
+                })
+                .unzip();
             let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
                 .bind(&ids)
                 .bind(&errors)
                 .bind(&delays)
+                .bind(&dead)
                 .execute(&mut *self.tx)
                 .await?
                 .rows_affected();

@@ -19,6 +19,7 @@ pub mod testbench;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use component::LoadedPlugin;
 pub use engine::PluginEngine;
@@ -35,7 +36,7 @@ pub type RowResult = Result<Vec<Message>, TransformFailure>;
 /// Turns claimed rows into messages. Implementations: [`PluginRouter`] (WASM plugins).
 pub trait RowTransformer: Send + Sync + 'static {
     /// One result per input row, in the same order.
-    fn transform(&self, rows: Vec<OutboxRow>) -> impl Future<Output = Vec<RowResult>> + Send;
+    fn transform(&self, rows: Arc<[OutboxRow]>) -> impl Future<Output = Vec<RowResult>> + Send;
 }
 
 /// Why a row was not transformed. Every variant fails the row closed: nothing of it is

@@ -170,30 +170,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl RowTransformer for PluginRouter {
-    async fn transform(&self, rows: Vec<OutboxRow>) -> Vec<RowResult> {
+    async fn transform(&self, rows: Arc<[OutboxRow]>) -> Vec<RowResult> {
         let mut results: Vec<Option<RowResult>> = (0..rows.len()).map(|_| None).collect();
-        let mut groups: BTreeMap<TenantId, Vec<(usize, OutboxRow)>> = BTreeMap::new();
-        for (index, row) in rows.into_iter().enumerate() {
-            groups
-                .entry(row.tenant.clone())
-                .or_default()
-                .push((index, row));
+        let mut groups: BTreeMap<TenantId, Vec<usize>> = BTreeMap::new();
+        for (index, row) in rows.iter().enumerate() {
+            groups.entry(row.tenant.clone()).or_default().push(index);
         }
         let mut tasks = Vec::with_capacity(groups.len());
         for (tenant, group) in groups {
             let Some(slot) = self.slot(&tenant) else {
-                for (index, _) in group {
+                for index in group {
                     results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
                 }
                 continue;
             };
-            let indices: Vec<usize> = group.iter().map(|(i, _)| *i).collect();
+            let indices = group.clone();
+            let rows = Arc::clone(&rows);
             // Guest calls are synchronous CPU work: keep them off the reactor threads.
             let task = tokio::task::spawn_blocking(move || {
                 let mut slot = lock(&slot);
                 group
                     .into_iter()
-                    .map(|(_, row)| slot.transform(&row))
+                    .map(|index| slot.transform(&rows[index]))
                     .collect::<Vec<_>>()
             });
             tasks.push((indices, task));

@@ -1,0 +1,104 @@
+//! The retry policy: how long a failed row waits before its next attempt, and when it is
+//! dead-lettered instead (`[relay.retry]`).
+
+use std::time::Duration;
+
+use crate::config::RetryConfig;
+
+/// What happens to a row after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Disposition {
+    /// Due again this long after the commit.
+    Retry(Duration),
+    /// No more attempts: `dead_at` is set and the row is no longer claimed.
+    Dead,
+}
+
+/// Exponential backoff with jitter, capped, and a maximum number of attempts.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    initial: Duration,
+    max: Duration,
+    multiplier: f64,
+    jitter: f64,
+    max_attempts: u32,
+}
+
+impl RetryPolicy {
+    pub fn new(config: &RetryConfig) -> Self {
+        Self {
+            initial: config.initial,
+            max: config.max,
+            multiplier: config.multiplier,
+            jitter: config.jitter,
+            max_attempts: config.max_attempts,
+        }
+    }
+
+    /// The disposition of a row that had failed `failed_before` times and has just failed
+    /// again; `permanent` failures are dead at once.
+    pub fn after_failure(&self, failed_before: i32, permanent: bool) -> Disposition {
+        let attempts_made = u32::try_from(failed_before).unwrap_or(0).saturating_add(1);
+        if permanent || attempts_made >= self.max_attempts {
+            Disposition::Dead
+        } else {
+            Disposition::Retry(self.delay(failed_before, fastrand::f64()))
+        }
+    }
+
+    /// `initial · multiplier^failed_before`, capped at `max`, then moved by up to ±jitter;
+    /// `unit` is a random number in [0, 1).
+    fn delay(&self, failed_before: i32, unit: f64) -> Duration {
+        let exponent = failed_before.clamp(0, 1_000);
+        let base = self.initial.as_secs_f64() * self.multiplier.powi(exponent);
+        let capped = base.min(self.max.as_secs_f64());
+        let jittered = capped * (1.0 + self.jitter * (2.0 * unit - 1.0));
+        Duration::from_secs_f64(jittered.clamp(0.0, self.max.as_secs_f64()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(jitter: f64, max_attempts: u32) -> RetryPolicy {
+        RetryPolicy::new(&RetryConfig {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            multiplier: 2.0,
+            jitter,
+            max_attempts,
+            dead_letter_topic: None,
+        })
+    }
+
+    #[test]
+    fn delays_grow_exponentially_and_cap_at_max() {
+        let p = policy(0.0, 100);
+        assert_eq!(p.delay(0, 0.5), Duration::from_secs(1));
+        assert_eq!(p.delay(1, 0.5), Duration::from_secs(2));
+        assert_eq!(p.delay(3, 0.5), Duration::from_secs(8));
+        assert_eq!(p.delay(50, 0.5), Duration::from_secs(60));
+        assert_eq!(p.delay(-3, 0.5), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn jitter_moves_delays_within_the_band() {
+        let p = policy(0.2, 100);
+        assert_eq!(p.delay(2, 0.0), Duration::from_secs_f64(3.2));
+        assert_eq!(p.delay(2, 0.5), Duration::from_secs(4));
+        assert!(p.delay(2, 0.999_999) <= Duration::from_secs_f64(4.8));
+        // Never beyond max, even with jitter upwards.
+        assert_eq!(p.delay(50, 0.999), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn rows_die_at_max_attempts_or_at_once_when_permanent() {
+        let p = policy(0.0, 3);
+        assert!(matches!(p.after_failure(0, false), Disposition::Retry(_)));
+        assert!(matches!(p.after_failure(1, false), Disposition::Retry(_)));
+        assert_eq!(p.after_failure(2, false), Disposition::Dead);
+        assert_eq!(p.after_failure(0, true), Disposition::Dead);
+        assert_eq!(policy(0.0, 1).after_failure(0, false), Disposition::Dead);
+    }
+}
