@@ -24,6 +24,9 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
 pub const DEFAULT_MEMORY_MB: u64 = 128;
+/// How long the batch in hand may take after SIGTERM before it is rolled back; covers the
+/// producer's default `message.timeout.ms` of 30 s.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// First retry delay of a failed row.
 pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
 /// Longest retry delay: a row keeps being retried at least this often until it is dead.
@@ -110,8 +113,14 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     #[serde(default)]
     pub mark: MarkMode,
+    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
     #[serde(default)]
     pub retry: RetryConfig,
+}
+
+fn default_shutdown_timeout() -> Duration {
+    DEFAULT_SHUTDOWN_TIMEOUT
 }
 
 /// `[relay.retry]`: what happens to a row whose plugin call or publish failed.
@@ -213,6 +222,7 @@ impl Default for RelayConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             mark: MarkMode::default(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             retry: RetryConfig::default(),
         }
     }

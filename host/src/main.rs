@@ -203,6 +203,7 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
         poll_interval: config.relay.poll_interval,
         retry: RetryPolicy::new(&config.relay.retry),
         dead_letter_topic: config.relay.retry.dead_letter_topic.clone(),
+        shutdown_timeout: config.relay.shutdown_timeout,
     };
     let relay = Relay::new(store, router, sink, settings);
 

@@ -31,6 +31,14 @@ pub struct RelaySettings {
     pub retry: RetryPolicy,
     /// Topic receiving a copy of every row that goes dead, if any.
     pub dead_letter_topic: Option<String>,
+    /// After a stop request, how long the batch in hand may take before it is rolled back.
+    pub shutdown_timeout: Duration,
+}
+
+/// Completes `timeout` after the stop request.
+async fn deadline_after(mut shutdown: Shutdown, timeout: Duration) {
+    shutdown.recv().await;
+    tokio::time::sleep(timeout).await;
 }
 
 /// Counters of one relay's lifetime.
@@ -85,7 +93,21 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         let mut stats = RelayStats::default();
         let mut store_errors: u32 = 0;
         while !shutdown.is_shutdown() {
-            let wait = match self.run_batch().await {
+            let batch = self.run_batch();
+            tokio::pin!(batch);
+            let outcome = tokio::select! {
+                outcome = &mut batch => outcome,
+                // Dropping the batch drops its transaction: PostgreSQL rolls it back and the
+                // rows are claimed again later (possibly re-published: at-least-once).
+                _ = deadline_after(shutdown.clone(), self.settings.shutdown_timeout) => {
+                    tracing::warn!(
+                        shutdown_timeout = ?self.settings.shutdown_timeout,
+                        "batch did not finish within relay.shutdown_timeout; rolling it back"
+                    );
+                    break;
+                }
+            };
+            let wait = match outcome {
                 Ok(report) => {
                     store_errors = 0;
                     stats.batches += u64::from(report.claimed > 0);

@@ -388,6 +388,12 @@ impl RelayProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Kills the process with SIGKILL (a crash: no shutdown, no flush) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits (up to 60 s) for the process to exit.
     pub fn stop(mut self) -> RelayExit {
         let _ = Command::new("kill")

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::{
@@ -18,6 +18,8 @@ const MAX_ERROR_LEN: usize = 2_000;
 const POOL_SIZE: u32 = 2;
 /// How long to wait for a connection before reporting the database as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
+pub const APPLICATION_NAME: &str = "sluice";
 /// Advisory-lock key serialising concurrent `sluice migrate` runs ("sluice" in ASCII).
 const MIGRATE_LOCK_KEY: i64 = 0x736c_7569_6365;
 
@@ -111,10 +113,16 @@ pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError>
 
 /// Connects a small pool suitable for one relay process.
 pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
+    let mut options: PgConnectOptions = url.parse()?;
+    // Name the connections so operators can find them in pg_stat_activity, unless the URL
+    // already names them.
+    if options.get_application_name().is_none() {
+        options = options.application_name(APPLICATION_NAME);
+    }
     PgPoolOptions::new()
         .max_connections(POOL_SIZE)
         .acquire_timeout(CONNECT_TIMEOUT)
-        .connect(url)
+        .connect_with(options)
         .await
 }
 
