@@ -103,6 +103,29 @@ pub enum MarkMode {
     PublishedAt,
 }
 
+/// Whether rows of one key must be published in id order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Ordering {
+    /// Any order; rows of a key may be in flight together (fastest).
+    #[default]
+    None,
+    /// Rows with the same (tenant, aggregate_type, aggregate_id) are published in id order:
+    /// a row is claimed only once every earlier row of its key was sent.
+    Key,
+}
+
+/// In `ordering = "key"`: whether a dead row still holds back the later rows of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterDead {
+    /// Later rows of the key proceed once the row is dead.
+    #[default]
+    Skip,
+    /// Later rows wait until the dead row is replayed and sent.
+    Block,
+}
+
 /// `[relay]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,6 +138,10 @@ pub struct RelayConfig {
     pub mark: MarkMode,
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    #[serde(default)]
+    pub ordering: Ordering,
+    #[serde(default)]
+    pub ordering_after_dead: AfterDead,
     #[serde(default)]
     pub retry: RetryConfig,
 }
@@ -223,6 +250,8 @@ impl Default for RelayConfig {
             poll_interval: DEFAULT_POLL_INTERVAL,
             mark: MarkMode::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            ordering: Ordering::default(),
+            ordering_after_dead: AfterDead::default(),
             retry: RetryConfig::default(),
         }
     }

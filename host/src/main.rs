@@ -11,7 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 use sluice::config::{Config, DATABASE_URL_ENV};
 use sluice::outbox::dead::ReplaySelection;
-use sluice::outbox::{self, PgOutbox, TableName};
+use sluice::outbox::{self, PgOutbox, StoreOptions, TableName};
 use sluice::plugin::{PluginRouter, testbench};
 use sluice::retry::RetryPolicy;
 use sluice::sink::{KafkaSink, Sink};
@@ -196,7 +196,12 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
     let pool = outbox::connect(url)
         .await
         .with_context(|| format!("cannot connect to the database at {}", redact(url)))?;
-    let store = PgOutbox::new(pool, table, config.relay.mark).await?;
+    let options = StoreOptions {
+        mark: config.relay.mark,
+        ordering: config.relay.ordering,
+        after_dead: config.relay.ordering_after_dead,
+    };
+    let store = PgOutbox::new(pool, table, options).await?;
     let sink = KafkaSink::new(&config.kafka_properties())?;
     let settings = RelaySettings {
         batch_size: config.relay.batch_size,

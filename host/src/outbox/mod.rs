@@ -13,7 +13,7 @@ use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
-pub use postgres::{PayloadKind, PgBatch, PgOutbox, connect, migrate};
+pub use postgres::{PayloadKind, PgBatch, PgOutbox, StoreOptions, connect, migrate};
 pub use table::{TableName, TableNameError};
 
 pub use crate::retry::Disposition;

@@ -10,7 +10,7 @@ use super::{
     BatchOutcome, Claim, ClaimedBatch, Disposition, Headers, OutboxId, OutboxRow, OutboxStore,
     RowFailure, StoreError, TableName, TenantId,
 };
-use crate::config::MarkMode;
+use crate::config::{AfterDead, MarkMode, Ordering};
 
 /// `last_error` is for humans; keep a runaway error message from bloating the table.
 const MAX_ERROR_LEN: usize = 2_000;
@@ -47,9 +47,42 @@ impl PayloadKind {
     /// SQL expression yielding the payload as `bytea`.
     fn select_expr(self) -> &'static str {
         match self {
-            Self::Json => "convert_to(payload::text, 'UTF8')",
-            Self::Bytes => "payload",
-            Self::Text => "convert_to(payload, 'UTF8')",
+            Self::Json => "convert_to(o.payload::text, 'UTF8')",
+            Self::Bytes => "o.payload",
+            Self::Text => "convert_to(o.payload, 'UTF8')",
+        }
+    }
+}
+
+/// How the store claims and marks rows (from `[relay]`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreOptions {
+    pub mark: MarkMode,
+    pub ordering: Ordering,
+    pub after_dead: AfterDead,
+}
+
+/// In key order, a row is claimable only when no earlier row of its key is still unsent:
+/// not in another relay's open batch (its lock keeps it unsent until that commit), not
+/// waiting for a retry, and — unless dead rows are skipped — not dead. So at most one row per
+/// key is ever in flight, and a failing row holds back its own key only.
+fn key_order_filter(table: &TableName, ordering: Ordering, after_dead: AfterDead) -> String {
+    match ordering {
+        Ordering::None => String::new(),
+        Ordering::Key => {
+            let dead = match after_dead {
+                AfterDead::Skip => "AND p.dead_at IS NULL",
+                AfterDead::Block => "",
+            };
+            format!(
+                "AND NOT EXISTS (
+                    SELECT 1 FROM {table} AS p
+                     WHERE p.aggregate_type = o.aggregate_type
+                       AND p.aggregate_id = o.aggregate_id
+                       AND p.tenant IS NOT DISTINCT FROM o.tenant
+                       AND p.id < o.id
+                       AND p.published_at IS NULL {dead})"
+            )
         }
     }
 }
@@ -101,6 +134,12 @@ pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError>
                 WHERE published_at IS NULL AND dead_at IS NULL",
             table.table()
         ),
+        // For `ordering = "key"`: finding an earlier unsent row of the same key.
+        format!(
+            "CREATE INDEX IF NOT EXISTS \"{}_unsent_key_idx\" ON {table}
+                (aggregate_type, aggregate_id, id) WHERE published_at IS NULL",
+            table.table()
+        ),
     ];
     for sql in &statements {
         sqlx::query(AssertSqlSafe(sql.as_str()))
@@ -139,20 +178,27 @@ pub struct PgOutbox {
 impl PgOutbox {
     /// Inspects the table (it must exist, with a supported `payload` type) and prepares the
     /// statements.
-    pub async fn new(pool: PgPool, table: TableName, mark: MarkMode) -> Result<Self, StoreError> {
+    pub async fn new(
+        pool: PgPool,
+        table: TableName,
+        options: StoreOptions,
+    ) -> Result<Self, StoreError> {
         let kind = payload_kind(&pool, &table).await?;
+        let mark = options.mark;
         let claim_sql = format!(
-            "SELECT id, tenant::text AS tenant, aggregate_type::text AS aggregate_type,
-                    aggregate_id::text AS aggregate_id, event_type::text AS event_type,
-                    {payload} AS payload, COALESCE(headers::text, '{{}}') AS headers,
-                    created_at, attempts
-               FROM {table}
-              WHERE published_at IS NULL AND dead_at IS NULL
-                AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-              ORDER BY id
+            "SELECT o.id, o.tenant::text AS tenant, o.aggregate_type::text AS aggregate_type,
+                    o.aggregate_id::text AS aggregate_id, o.event_type::text AS event_type,
+                    {payload} AS payload, COALESCE(o.headers::text, '{{}}') AS headers,
+                    o.created_at, o.attempts
+               FROM {table} AS o
+              WHERE o.published_at IS NULL AND o.dead_at IS NULL
+                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                {key_order}
+              ORDER BY o.id
               LIMIT $1
-                FOR UPDATE SKIP LOCKED",
+                FOR UPDATE OF o SKIP LOCKED",
             payload = kind.select_expr(),
+            key_order = key_order_filter(&table, options.ordering, options.after_dead),
         );
         let mark_sql = match mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE id = ANY($1)"),
