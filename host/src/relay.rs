@@ -16,7 +16,7 @@ use crate::outbox::{
 use crate::plugin::{RowTransformer, TransformFailure};
 use crate::retry::RetryPolicy;
 use crate::shutdown::Shutdown;
-use crate::sink::Sink;
+use crate::sink::{Sink, SinkError};
 
 /// First pause after a database error; doubled per consecutive error up to
 /// [`STORE_ERROR_MAX_PAUSE`], so an outage does not turn into a hot loop.
@@ -181,7 +181,17 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             match published[range].iter().find_map(|r| r.as_ref().err()) {
                 None => sent.push(rows[index].id),
                 Some(e) => {
-                    failed.push(self.failure(&rows[index], e.to_string(), false));
+                    let mut failure = self.failure(&rows[index], e.to_string(), false);
+                    if matches!(
+                        e,
+                        SinkError::Publish {
+                            transient: true,
+                            ..
+                        }
+                    ) {
+                        failure.disposition = self.settings.retry.after_transient_failure();
+                    }
+                    failed.push(failure);
                     failed_rows.push(index);
                 }
             }
@@ -211,7 +221,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         }
     }
 
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), crate::sink::SinkError>> {
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
         if messages.is_empty() {
             Vec::new()
         } else {

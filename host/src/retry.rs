@@ -12,6 +12,9 @@ pub enum Disposition {
     Retry(Duration),
     /// No more attempts: `dead_at` is set and the row is no longer claimed.
     Dead,
+    /// Due again this long after the commit, without counting an attempt: the failure was the
+    /// broker's, not the row's.
+    Wait(Duration),
 }
 
 /// Exponential backoff with jitter, capped, and a maximum number of attempts.
@@ -44,6 +47,14 @@ impl RetryPolicy {
         } else {
             Disposition::Retry(self.delay(failed_before, fastrand::f64()))
         }
+    }
+
+    /// The disposition of a row whose publish failed for a reason outside the row (broker
+    /// down, timeouts): retried after `initial`, without using up an attempt, so an outage
+    /// never dead-letters rows and recovery does not wait for a long backoff. The outage
+    /// itself paces the retries (each batch waits for the producer's timeout).
+    pub fn after_transient_failure(&self) -> Disposition {
+        Disposition::Wait(self.initial)
     }
 
     /// `initial · multiplier^failed_before`, capped at `max`, then moved by up to ±jitter;

@@ -208,13 +208,13 @@ impl PgOutbox {
         };
         let reschedule_sql = format!(
             "UPDATE {table} AS o
-                SET attempts = o.attempts + 1,
+                SET attempts = o.attempts + f.counted::int,
                     last_error = f.error,
                     next_attempt_at = CASE WHEN f.dead THEN NULL
                                       ELSE now() + f.delay_ms * interval '1 millisecond' END,
                     dead_at = CASE WHEN f.dead THEN now() END
-               FROM unnest($1::int8[], $2::text[], $3::int8[], $4::bool[])
-                    AS f(id, error, delay_ms, dead)
+               FROM unnest($1::int8[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
+                    AS f(id, error, delay_ms, dead, counted)
               WHERE o.id = f.id"
         );
         Ok(Self {
@@ -353,21 +353,26 @@ impl ClaimedBatch for PgBatch {
                 .iter()
                 .map(|f| truncate(&f.error, MAX_ERROR_LEN))
                 .collect();
-            let (delays, dead): (Vec<i64>, Vec<bool>) = outcome
-                .failed
-                .iter()
-                .map(|f| match f.disposition {
-                    Disposition::Retry(d) => {
-                        (i64::try_from(d.as_millis()).unwrap_or(i64::MAX), false)
-                    }
-                    Disposition::Dead => (0, true),
-                })
-                .unzip();
+            let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+            let mut delays = Vec::with_capacity(ids.len());
+            let mut dead = Vec::with_capacity(ids.len());
+            let mut counted = Vec::with_capacity(ids.len());
+            for f in &outcome.failed {
+                let (delay, is_dead, counts) = match f.disposition {
+                    Disposition::Retry(d) => (millis(d), false, true),
+                    Disposition::Dead => (0, true, true),
+                    Disposition::Wait(d) => (millis(d), false, false),
+                };
+                delays.push(delay);
+                dead.push(is_dead);
+                counted.push(counts);
+            }
             let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
                 .bind(&ids)
                 .bind(&errors)
                 .bind(&delays)
                 .bind(&dead)
+                .bind(&counted)
                 .execute(&mut *self.tx)
                 .await?
                 .rows_affected();

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
@@ -68,10 +69,12 @@ impl KafkaSink {
             .clone()
     }
 
-    /// An idempotent producer that hit a fatal error refuses every later send; replace it.
-    fn replace_if_fatal(&self, producer: &FutureProducer) {
-        if let Some((code, reason)) = producer.client().fatal_error() {
-            tracing::error!(?code, %reason, "kafka producer hit a fatal error; re-creating it");
+    /// An idempotent producer that hit a fatal error, or was fenced by the broker (seen after
+    /// a broker outage), refuses every later send; replace it.
+    fn replace_if_broken(&self, producer: &FutureProducer, fenced: bool) {
+        let fatal = producer.client().fatal_error();
+        if fatal.is_some() || fenced {
+            tracing::error!(?fatal, fenced, "kafka producer is unusable; re-creating it");
             match create(&self.config) {
                 Ok(new) => {
                     *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = new;
@@ -117,17 +120,23 @@ impl Sink for KafkaSink {
             producer.send(record, Timeout::After(QUEUE_FULL_WAIT))
         });
         let reports = join_all(sends).await;
+        let mut fenced = false;
         let results = reports
             .into_iter()
             .zip(messages)
             .map(|(report, m)| {
-                report.map(|_| ()).map_err(|(e, _)| SinkError::Publish {
-                    topic: m.topic.clone(),
-                    message: e.to_string(),
+                report.map(|_| ()).map_err(|(e, _)| {
+                    let code = e.rdkafka_error_code();
+                    fenced |= code.is_some_and(producer_is_broken);
+                    SinkError::Publish {
+                        topic: m.topic.clone(),
+                        message: e.to_string(),
+                        transient: is_transient(&e),
+                    }
                 })
             })
             .collect();
-        self.replace_if_fatal(&producer);
+        self.replace_if_broken(&producer, fenced);
         results
     }
 
@@ -136,6 +145,48 @@ impl Sink for KafkaSink {
             .flush(Timeout::After(timeout))
             .map_err(|e| SinkError::Flush(e.to_string()))
     }
+}
+
+/// Errors of the broker or the connection rather than of the message: retrying the row later
+/// is all there is to do, and the failure must not count against it.
+fn is_transient(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            MessageTimedOut
+                | AllBrokersDown
+                | BrokerTransportFailure
+                | OperationTimedOut
+                | QueueFull
+                | Retry
+                | LeaderNotAvailable
+                | NotLeaderForPartition
+                | RequestTimedOut
+                | NetworkException
+                | NotEnoughReplicas
+                | NotEnoughReplicasAfterAppend
+                | KafkaStorageError
+                | Fatal
+                | OutOfOrderSequenceNumber
+                | InvalidProducerEpoch
+                | UnknownProducerId
+                | ProducerFenced
+        )
+    )
+}
+
+/// Errors after which the idempotent producer's state is unusable.
+fn producer_is_broken(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode::*;
+    matches!(
+        code,
+        Fatal
+            | ProducerFenced
+            | InvalidProducerEpoch
+            | OutOfOrderSequenceNumber
+            | UnknownProducerId
+    )
 }
 
 #[cfg(test)]
@@ -149,6 +200,17 @@ mod tests {
         let config = kafka_client_config(&props);
         assert_eq!(config.get("acks"), Some("1"));
         assert_eq!(config.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn broker_failures_are_transient_and_message_failures_are_not() {
+        let err = |code| KafkaError::MessageProduction(code);
+        assert!(is_transient(&err(RDKafkaErrorCode::MessageTimedOut)));
+        assert!(is_transient(&err(RDKafkaErrorCode::ProducerFenced)));
+        assert!(!is_transient(&err(RDKafkaErrorCode::MessageSizeTooLarge)));
+        assert!(!is_transient(&err(RDKafkaErrorCode::UnknownTopic)));
+        assert!(producer_is_broken(RDKafkaErrorCode::ProducerFenced));
+        assert!(!producer_is_broken(RDKafkaErrorCode::MessageTimedOut));
     }
 
     #[test]

@@ -14,8 +14,15 @@ use crate::message::Message;
 pub enum SinkError {
     #[error("kafka configuration: {0}")]
     Config(String),
+    /// `transient`: the broker or the connection failed, not this message (timeouts,
+    /// unreachable broker, leader changes, producer fencing); such failures say nothing about
+    /// the row and must not use up its attempts.
     #[error("publish to {topic} failed: {message}")]
-    Publish { topic: String, message: String },
+    Publish {
+        topic: String,
+        message: String,
+        transient: bool,
+    },
     #[error("flush: {0}")]
     Flush(String),
 }
