@@ -156,7 +156,7 @@ async fn a_broker_stopped_mid_stream_loses_no_row() {
 
     // Rows keep arriving before, during and after the outage.
     let mut inserted = 0;
-    let mut insert_for = |secs: u64| {
+    let insert_for = |secs: u64| {
         let table = &table;
         async move {
             let mut n = 0;
