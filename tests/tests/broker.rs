@@ -210,3 +210,43 @@ async fn a_broker_stopped_mid_stream_loses_no_row() {
     );
     table.drop_table().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_rolls_back_a_batch_that_cannot_finish_within_shutdown_timeout() {
+    // No broker at this port: the batch waits for delivery reports that cannot come.
+    let bootstrap = format!("127.0.0.1:{}", free_port());
+    let table = OutboxTable::create("shutdown").await;
+    let prefix = format!("{}.", table.name);
+    table.insert_rows(20, None).await;
+    let config = relay_config(
+        &table.name,
+        &bootstrap,
+        &prefix,
+        "shutdown_timeout = \"1s\"",
+        "",
+    )
+    .replace("[kafka]\n", "[kafka]\n\"message.timeout.ms\" = 120000\n");
+    let relay = RelayProcess::start(&config).unwrap();
+    // Wait until the relay holds the rows (claimed: they are locked).
+    let claimed = wait_until(Duration::from_secs(30), || async {
+        table
+            .scalar_i64("SELECT 20 - count(*) FROM (SELECT 1 FROM {t} FOR UPDATE SKIP LOCKED) x")
+            .await
+            == 20
+    })
+    .await;
+    assert!(claimed, "{}", relay.log());
+    let asked = std::time::Instant::now();
+    let exit = relay.stop();
+    let took = asked.elapsed();
+    assert!(exit.success, "exit 0 after the deadline: {}", exit.log);
+    assert!(took < Duration::from_secs(15), "stopped after {took:?}");
+    assert!(exit.log.contains("rolling it back"), "{}", exit.log);
+    let untouched = "SELECT count(*) FROM {t} WHERE attempts = 0 AND last_error IS NULL";
+    assert_eq!(
+        table.scalar_i64(untouched).await,
+        20,
+        "batch rolled back, rows unchanged"
+    );
+    table.drop_table().await;
+}

@@ -51,7 +51,11 @@ async fn relays_killed_twenty_times_under_load_lose_no_row() {
     let generator = load_generator(&s.table, 50, Arc::clone(&stop));
     let config = s.config("batch_size = 200", "");
 
-    let cycles = 20;
+    // bench/crash runs this test with more cycles.
+    let cycles: u64 = std::env::var("SLUICE_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     for cycle in 0..cycles {
         let relay = RelayProcess::start(&config).unwrap();
         // Kill only once the relay is at work (start-up takes a while on a busy machine),
