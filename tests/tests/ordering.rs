@@ -71,3 +71,53 @@ async fn key_order_holds_across_three_relays_and_retries_without_holding_back_ot
     }
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_row_blocks_its_key_only_when_configured_to() {
+    for mode in ["block", "skip"] {
+        let s = Scenario::new(&format!("afterdead_{mode}"), &["order"]).await;
+        let insert = format!(
+            "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'flaky', 'order', CASE WHEN g % 10 = 0 THEN 'doomed' ELSE 'k' || (g % 3) END,
+                    'Changed', jsonb_build_object('n', g)
+               FROM generate_series(1, 40) AS g",
+            s.table.name
+        );
+        sqlx::query(AssertSqlSafe(insert))
+            .execute(&s.table.pool)
+            .await
+            .unwrap();
+        // Every first attempt of a `doomed` row fails, and one attempt is all a row gets.
+        let extra = s.tenant(
+            "flaky",
+            "test_flaky",
+            &format!(
+                "topic_prefix = \"{}\", fail_attempts = 1, fail_aggregate_id = \"doomed\"",
+                s.prefix
+            ),
+        ) + "[relay.retry]\nmax_attempts = 1\n";
+        let relay_extra = format!("ordering = \"key\"\nordering_after_dead = \"{mode}\"");
+        let config = s.config(&relay_extra, &extra);
+        let dead = "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL";
+        let others = "SELECT count(*) FROM {t} WHERE aggregate_id <> 'doomed'";
+        let expected_dead = if mode == "block" { 1 } else { 4 };
+        s.relay_until(&config, || async {
+            s.table.scalar_i64(others).await == 0 && s.table.scalar_i64(dead).await == expected_dead
+        })
+        .await;
+        let untried = "SELECT count(*) FROM {t} WHERE aggregate_id = 'doomed' AND attempts = 0";
+        if mode == "block" {
+            // Every other key drained, yet rows 20, 30, 40 still wait behind dead row 10.
+            assert_eq!(s.table.scalar_i64(untried).await, 3, "later rows held back");
+            let first_dead = "SELECT min(id) FROM {t} WHERE dead_at IS NOT NULL";
+            assert_eq!(s.table.scalar_i64(first_dead).await, 10);
+        } else {
+            assert_eq!(
+                s.table.scalar_i64(untried).await,
+                0,
+                "later rows were attempted"
+            );
+        }
+        s.finish().await;
+    }
+}
