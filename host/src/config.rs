@@ -27,6 +27,11 @@ pub const DEFAULT_MEMORY_MB: u64 = 128;
 /// How long the batch in hand may take after SIGTERM before it is rolled back; covers the
 /// producer's default `message.timeout.ms` of 30 s.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Messages one row may produce; more fails the row (a runaway fan-out must not flood Kafka).
+pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
+/// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
+/// `message.max.bytes` is 1 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// First retry delay of a failed row.
 pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
 /// Longest retry delay: a row keeps being retried at least this often until it is dead.
@@ -283,6 +288,10 @@ pub struct PluginSpec {
     /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
     #[serde(default)]
     pub allowed_topics: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_outputs_per_row: Option<usize>,
+    #[serde(default)]
+    pub max_message_bytes: Option<usize>,
 }
 
 /// `[tenants.<name>]`: like a plugin spec, but the path may be omitted to use the default
@@ -301,6 +310,10 @@ pub struct TenantConfig {
     /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
     #[serde(default)]
     pub allowed_topics: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_outputs_per_row: Option<usize>,
+    #[serde(default)]
+    pub max_message_bytes: Option<usize>,
 }
 
 /// Sandbox limits as written; unset fields inherit from `[plugins.default]`, then from
@@ -310,6 +323,8 @@ pub struct LimitsSpec {
     pub memory_mb: Option<u64>,
     pub call_timeout: Option<Duration>,
     pub allowed_topics: Option<Vec<String>>,
+    pub max_outputs_per_row: Option<usize>,
+    pub max_message_bytes: Option<usize>,
 }
 
 impl PluginSpec {
@@ -318,6 +333,8 @@ impl PluginSpec {
             memory_mb: self.memory_mb,
             call_timeout: self.call_timeout,
             allowed_topics: self.allowed_topics.clone(),
+            max_outputs_per_row: self.max_outputs_per_row,
+            max_message_bytes: self.max_message_bytes,
         }
     }
 }
@@ -328,6 +345,8 @@ impl TenantConfig {
             memory_mb: self.memory_mb,
             call_timeout: self.call_timeout,
             allowed_topics: self.allowed_topics.clone(),
+            max_outputs_per_row: self.max_outputs_per_row,
+            max_message_bytes: self.max_message_bytes,
         }
     }
 }
@@ -341,6 +360,8 @@ impl LimitsSpec {
             allowed_topics: self
                 .allowed_topics
                 .or_else(|| fallback.allowed_topics.clone()),
+            max_outputs_per_row: self.max_outputs_per_row.or(fallback.max_outputs_per_row),
+            max_message_bytes: self.max_message_bytes.or(fallback.max_message_bytes),
         }
     }
 }
@@ -505,6 +526,9 @@ fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
     }
     if limits.call_timeout.is_some_and(|d| d.is_zero()) {
         return Err(("call_timeout".into(), "must be greater than 0".into()));
+    }
+    if limits.max_message_bytes == Some(0) {
+        return Err(("max_message_bytes".into(), "must be greater than 0".into()));
     }
     for pattern in limits.allowed_topics.iter().flatten() {
         crate::plugin::TopicPattern::parse(pattern)

@@ -104,6 +104,13 @@ impl TenantInstance {
             .call_transform(&mut self.store, &input)
             .map_err(|e| TransformFailure::Trapped(describe_trap(&e, &self.limits)))?;
         match result {
+            Ok(messages) if messages.len() > self.limits.max_outputs_per_row => {
+                Err(TransformFailure::InvalidOutput(format!(
+                    "plugin returned {} messages for one row; max_outputs_per_row is {}",
+                    messages.len(),
+                    self.limits.max_outputs_per_row
+                )))
+            }
             Ok(messages) => messages
                 .into_iter()
                 .map(|m| self.validate(row, m))
@@ -140,15 +147,45 @@ impl TenantInstance {
                 m.topic, row.tenant
             )));
         }
+        let size = m.key.as_ref().map_or(0, Vec::len)
+            + m.payload.as_ref().map_or(0, Vec::len)
+            + m.headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        if size > self.limits.max_message_bytes {
+            return Err(TransformFailure::InvalidOutput(format!(
+                "plugin returned a {size}-byte message for topic {:?}; max_message_bytes is {}",
+                m.topic, self.limits.max_message_bytes
+            )));
+        }
         Ok(Message {
             row: row.id,
             topic: m.topic,
             key: m.key,
             payload: m.payload,
-            headers: m.headers,
+            headers: stamp_headers(m.headers, row),
             partition: m.partition,
         })
     }
+}
+
+/// Header names the host owns: whatever a plugin sets under these names is replaced.
+pub const TENANT_HEADER: &str = "sluice-tenant";
+pub const OUTBOX_ID_HEADER: &str = "sluice-outbox-id";
+
+/// Drops any `sluice-tenant` / `sluice-outbox-id` the plugin set and appends the true values,
+/// so consumers can trust them.
+fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(String, Vec<u8>)> {
+    headers.retain(|(k, _)| {
+        !k.eq_ignore_ascii_case(TENANT_HEADER) && !k.eq_ignore_ascii_case(OUTBOX_ID_HEADER)
+    });
+    headers.push((
+        TENANT_HEADER.to_owned(),
+        row.tenant.as_str().as_bytes().to_vec(),
+    ));
+    headers.push((OUTBOX_ID_HEADER.to_owned(), row.id.to_string().into_bytes()));
+    headers
 }
 
 /// Converts a claimed row to the WIT record.

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 
-use crate::config::{DEFAULT_CALL_TIMEOUT, DEFAULT_MEMORY_MB, LimitsSpec};
+use crate::config::{
+    DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OUTPUTS_PER_ROW,
+    DEFAULT_MEMORY_MB, LimitsSpec,
+};
 
 /// Limits applied to one tenant's Store and to what its plugin may emit.
 #[derive(Debug, Clone)]
@@ -13,6 +16,8 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// `None` = any topic.
     pub allowed_topics: Option<Vec<TopicPattern>>,
+    pub max_outputs_per_row: usize,
+    pub max_message_bytes: usize,
 }
 
 impl Limits {
@@ -30,6 +35,10 @@ impl Limits {
             memory_bytes,
             call_timeout: spec.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
             allowed_topics,
+            max_outputs_per_row: spec
+                .max_outputs_per_row
+                .unwrap_or(DEFAULT_MAX_OUTPUTS_PER_ROW),
+            max_message_bytes: spec.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
         })
     }
 
@@ -57,6 +66,8 @@ impl Default for Limits {
             memory_bytes: 0,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             allowed_topics: None,
+            max_outputs_per_row: DEFAULT_MAX_OUTPUTS_PER_ROW,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         })
     }
 }

@@ -1,0 +1,114 @@
+//! The hostile-plugin suite: tenants whose plugins spin, exhaust memory, panic, route to a
+//! forbidden topic, flood outputs, emit huge messages, or try to read files, environment,
+//! sockets or the clock. Each hostile tenant's rows end unsent with an explaining
+//! `last_error`, nothing forbidden reaches Kafka, the relay keeps running, and a well-behaved
+//! tenant in the same table gets every row delivered.
+
+use std::time::Duration;
+
+use sluice_e2e::*;
+
+/// (mode, extra tenant settings, what `last_error` must say)
+const HOSTILE: &[(&str, &str, &str)] = &[
+    ("loop", "call_timeout = \"100ms\"", "call_timeout"),
+    ("bomb", "memory_mb = 16", "memory limit of 16 MiB"),
+    ("panic", "", "trapped"),
+    ("forbidden", "", "allowed_topics"),
+    ("many", "", "max_outputs_per_row"),
+    ("huge", "", "max_message_bytes"),
+    ("fs", "", "fs-denied"),
+    ("env", "", "env-denied"),
+    ("socket", "", "socket-denied"),
+    ("clock", "", "clock-denied"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_plugins_fail_only_their_own_rows_and_leak_nothing() {
+    let s = Scenario::new("hostile", &["order", "customer", "good", "leak"]).await;
+    create_topics(&kafka_bootstrap(), &["forbidden.topic".to_owned()])
+        .await
+        .unwrap();
+    let mut tenants = String::new();
+    for (mode, limits, _) in HOSTILE {
+        tenants += &format!(
+            "[tenants.{mode}]\npath = \"{}\"\nconfig = {{ mode = \"{mode}\", topic_prefix = \"{}\" }}\nallowed_topics = [\"{}*\"]\n{limits}\n\n",
+            test_plugin("test_hostile").display(),
+            s.prefix,
+            s.prefix
+        );
+    }
+    tenants += "[relay.retry]\nmax_attempts = 1\n";
+    // Interleave good and hostile rows so every batch mixes them.
+    for _ in 0..3 {
+        s.table.insert_rows(10, None).await;
+        for (mode, _, _) in HOSTILE {
+            s.table.insert_rows(1, Some(mode)).await;
+        }
+    }
+    let hostile_rows = 3 * HOSTILE.len() as i64;
+    let dead = "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL";
+    let exit = s
+        .relay_until(&s.config("", &tenants), || async {
+            s.table.scalar_i64(dead).await == hostile_rows
+                && s.table.scalar_i64("SELECT count(*) FROM {t}").await == hostile_rows
+        })
+        .await;
+    assert!(exit.log.contains("relay stopped"), "{}", exit.log);
+
+    for (tenant, attempts, error) in s.table.unsent_rows().await {
+        let tenant = tenant.expect("only hostile rows are left");
+        let (_, _, expected) = HOSTILE.iter().find(|(m, _, _)| *m == tenant).unwrap();
+        let error = error.unwrap_or_default();
+        assert!(error.contains(expected), "{tenant}: {error}");
+        assert_eq!(attempts, 1);
+    }
+    // The good tenant's 30 rows arrived; nothing else did.
+    let delivered = s.consume(30, Duration::from_secs(2));
+    assert_eq!(delivered.len(), 30);
+    assert!(
+        delivered
+            .iter()
+            .all(|m| m.header("sluice-tenant").as_deref() == Some("default"))
+    );
+    let stray = consume(
+        &kafka_bootstrap(),
+        &["forbidden.topic".to_owned()],
+        1,
+        Duration::from_secs(3),
+        Duration::ZERO,
+    )
+    .unwrap();
+    assert!(stray.is_empty(), "a forbidden topic received messages");
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_stamped_headers_cannot_be_forged() {
+    let s = Scenario::new("stamped", &["order", "customer"]).await;
+    let insert = format!(
+        "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('acme', 'order', 'o1', 'Created', '{{}}',
+                 '{{\"sluice-tenant\": \"root\", \"sluice-outbox-id\": \"999\"}}')",
+        s.table.name
+    );
+    sqlx::query(sqlx::AssertSqlSafe(insert))
+        .execute(&s.table.pool)
+        .await
+        .unwrap();
+    // The reference plugin copies row headers, so the forged values reach the host.
+    s.relay_until(&s.config("", ""), || async { s.table.count().await == 0 })
+        .await;
+    let got = s.consume(1, Duration::from_millis(500));
+    assert_eq!(got.len(), 1);
+    let m = &got[0];
+    let values = |name: &str| -> Vec<String> {
+        m.headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .collect()
+    };
+    assert_eq!(values("sluice-tenant"), vec!["acme"]);
+    assert_eq!(values("sluice-outbox-id"), vec![m.header("id").unwrap()]);
+    s.finish().await;
+}
