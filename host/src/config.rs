@@ -32,6 +32,10 @@ pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
 /// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
 /// `message.max.bytes` is 1 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Consecutive plugin failures after which a tenant is paused.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// How long a tripped tenant stays paused before one row is tried again.
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// First retry delay of a failed row.
 pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
 /// Longest retry delay: a row keeps being retried at least this often until it is dead.
@@ -292,6 +296,10 @@ pub struct PluginSpec {
     pub max_outputs_per_row: Option<usize>,
     #[serde(default)]
     pub max_message_bytes: Option<usize>,
+    #[serde(default)]
+    pub circuit_breaker_failures: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub circuit_breaker_cooldown: Option<Duration>,
 }
 
 /// `[tenants.<name>]`: like a plugin spec, but the path may be omitted to use the default
@@ -314,6 +322,10 @@ pub struct TenantConfig {
     pub max_outputs_per_row: Option<usize>,
     #[serde(default)]
     pub max_message_bytes: Option<usize>,
+    #[serde(default)]
+    pub circuit_breaker_failures: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub circuit_breaker_cooldown: Option<Duration>,
 }
 
 /// Sandbox limits as written; unset fields inherit from `[plugins.default]`, then from
@@ -325,6 +337,8 @@ pub struct LimitsSpec {
     pub allowed_topics: Option<Vec<String>>,
     pub max_outputs_per_row: Option<usize>,
     pub max_message_bytes: Option<usize>,
+    pub circuit_breaker_failures: Option<u32>,
+    pub circuit_breaker_cooldown: Option<Duration>,
 }
 
 impl PluginSpec {
@@ -335,6 +349,8 @@ impl PluginSpec {
             allowed_topics: self.allowed_topics.clone(),
             max_outputs_per_row: self.max_outputs_per_row,
             max_message_bytes: self.max_message_bytes,
+            circuit_breaker_failures: self.circuit_breaker_failures,
+            circuit_breaker_cooldown: self.circuit_breaker_cooldown,
         }
     }
 }
@@ -347,6 +363,8 @@ impl TenantConfig {
             allowed_topics: self.allowed_topics.clone(),
             max_outputs_per_row: self.max_outputs_per_row,
             max_message_bytes: self.max_message_bytes,
+            circuit_breaker_failures: self.circuit_breaker_failures,
+            circuit_breaker_cooldown: self.circuit_breaker_cooldown,
         }
     }
 }
@@ -362,6 +380,12 @@ impl LimitsSpec {
                 .or_else(|| fallback.allowed_topics.clone()),
             max_outputs_per_row: self.max_outputs_per_row.or(fallback.max_outputs_per_row),
             max_message_bytes: self.max_message_bytes.or(fallback.max_message_bytes),
+            circuit_breaker_failures: self
+                .circuit_breaker_failures
+                .or(fallback.circuit_breaker_failures),
+            circuit_breaker_cooldown: self
+                .circuit_breaker_cooldown
+                .or(fallback.circuit_breaker_cooldown),
         }
     }
 }
@@ -526,6 +550,12 @@ fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
     }
     if limits.call_timeout.is_some_and(|d| d.is_zero()) {
         return Err(("call_timeout".into(), "must be greater than 0".into()));
+    }
+    if limits.circuit_breaker_failures == Some(0) {
+        return Err((
+            "circuit_breaker_failures".into(),
+            "must be at least 1".into(),
+        ));
     }
     if limits.max_message_bytes == Some(0) {
         return Err(("max_message_bytes".into(), "must be greater than 0".into()));

@@ -139,7 +139,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
 
     /// Claims, transforms, publishes and marks one batch.
     pub async fn run_batch(&self) -> Result<BatchReport, StoreError> {
-        let claim = self.store.claim(self.settings.batch_size).await?;
+        let paused = self.transformer.paused_tenants();
+        let claim = self.store.claim(self.settings.batch_size, &paused).await?;
         if claim.is_empty() {
             claim.batch.abandon().await?;
             return Ok(BatchReport::default());
@@ -168,7 +169,13 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 }
                 Err(failure) => {
                     let permanent = matches!(failure, TransformFailure::Permanent { .. });
-                    failed.push(self.failure(&rows[index], failure.to_string(), permanent));
+                    let mut row_failure =
+                        self.failure(&rows[index], failure.to_string(), permanent);
+                    if let TransformFailure::Paused { remaining, .. } = failure {
+                        // Not the row's fault and not an attempt: wait out the cool-down.
+                        row_failure.disposition = Disposition::Wait(remaining);
+                    }
+                    failed.push(row_failure);
                     failed_rows.push(index);
                 }
             }

@@ -112,3 +112,32 @@ async fn host_stamped_headers_cannot_be_forged() {
     assert_eq!(values("sluice-outbox-id"), vec![m.header("id").unwrap()]);
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn circuit_breaker_pauses_a_failing_tenant_and_resumes_it_by_itself() {
+    let s = Scenario::new("breaker", &["order", "customer"]).await;
+    s.table.insert_rows(10, Some("flaky")).await;
+    s.table.insert_rows(20, None).await;
+    // Every row's first attempt fails: three in a row trip the breaker for one second.
+    let tenant = format!(
+        "[tenants.flaky]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{}\", fail_attempts = 1 }}\n\
+         circuit_breaker_failures = 3\ncircuit_breaker_cooldown = \"1s\"\n\
+         [relay.retry]\ninitial = \"100ms\"\nmax_attempts = 5\n",
+        test_plugin("test_flaky").display(),
+        s.prefix
+    );
+    let exit = s
+        .relay_until(&s.config("", &tenant), || async {
+            s.table.count().await == 0
+        })
+        .await;
+    assert!(exit.log.contains("circuit breaker opened"), "{}", exit.log);
+    assert!(exit.log.contains("circuit breaker closed"), "{}", exit.log);
+    let got = s.consume(30, Duration::from_secs(1));
+    assert_eq!(
+        count_by_id(&got).len(),
+        30,
+        "every row delivered in the end"
+    );
+    s.finish().await;
+}

@@ -109,11 +109,12 @@ pub enum StoreError {
 pub trait OutboxStore: Send + Sync + 'static {
     type Batch: ClaimedBatch;
 
-    /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others.
-    /// The returned batch holds the transaction open.
+    /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others and
+    /// rows of the `paused` tenants. The returned batch holds the transaction open.
     fn claim(
         &self,
         limit: usize,
+        paused: &[TenantId],
     ) -> impl Future<Output = Result<Claim<Self::Batch>, StoreError>> + Send;
 }
 

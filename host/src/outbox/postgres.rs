@@ -193,6 +193,7 @@ impl PgOutbox {
                FROM {table} AS o
               WHERE o.published_at IS NULL AND o.dead_at IS NULL
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                AND NOT (COALESCE(o.tenant::text, 'default') = ANY($2::text[]))
                 {key_order}
               ORDER BY o.id
               LIMIT $1
@@ -251,11 +252,13 @@ async fn payload_kind(pool: &PgPool, table: &TableName) -> Result<PayloadKind, S
 impl OutboxStore for PgOutbox {
     type Batch = PgBatch;
 
-    async fn claim(&self, limit: usize) -> Result<Claim<PgBatch>, StoreError> {
+    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
         let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.claim_sql)))
             .bind(limit)
+            .bind(&paused)
             .fetch_all(&mut *tx)
             .await?;
         let mut rows = Vec::with_capacity(raw.len());

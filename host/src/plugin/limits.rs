@@ -5,8 +5,8 @@ use std::time::Duration;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 
 use crate::config::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OUTPUTS_PER_ROW,
-    DEFAULT_MEMORY_MB, LimitsSpec,
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, LimitsSpec,
 };
 
 /// Limits applied to one tenant's Store and to what its plugin may emit.
@@ -18,6 +18,8 @@ pub struct Limits {
     pub allowed_topics: Option<Vec<TopicPattern>>,
     pub max_outputs_per_row: usize,
     pub max_message_bytes: usize,
+    pub breaker_failures: u32,
+    pub breaker_cooldown: Duration,
 }
 
 impl Limits {
@@ -39,6 +41,12 @@ impl Limits {
                 .max_outputs_per_row
                 .unwrap_or(DEFAULT_MAX_OUTPUTS_PER_ROW),
             max_message_bytes: spec.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+            breaker_failures: spec
+                .circuit_breaker_failures
+                .unwrap_or(DEFAULT_BREAKER_FAILURES),
+            breaker_cooldown: spec
+                .circuit_breaker_cooldown
+                .unwrap_or(DEFAULT_BREAKER_COOLDOWN),
         })
     }
 
@@ -68,6 +76,8 @@ impl Default for Limits {
             allowed_topics: None,
             max_outputs_per_row: DEFAULT_MAX_OUTPUTS_PER_ROW,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            breaker_failures: DEFAULT_BREAKER_FAILURES,
+            breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
         })
     }
 }

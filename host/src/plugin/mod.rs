@@ -9,6 +9,7 @@
 //! - [`testbench`]: `sluice plugin check|test`
 
 mod bindings;
+pub mod breaker;
 pub mod component;
 pub mod engine;
 mod host_api;
@@ -37,6 +38,11 @@ pub type RowResult = Result<Vec<Message>, TransformFailure>;
 pub trait RowTransformer: Send + Sync + 'static {
     /// One result per input row, in the same order.
     fn transform(&self, rows: Arc<[OutboxRow]>) -> impl Future<Output = Vec<RowResult>> + Send;
+
+    /// Tenants whose rows should not be claimed right now (circuit breaker open).
+    fn paused_tenants(&self) -> Vec<TenantId> {
+        Vec::new()
+    }
 }
 
 /// Why a row was not transformed. Every variant fails the row closed: nothing of it is
@@ -58,6 +64,12 @@ pub enum TransformFailure {
     /// The tenant's instance could not be (re)created.
     #[error("plugin unavailable: {0}")]
     Unavailable(String),
+    /// The tenant's circuit breaker is open; the row was not run.
+    #[error("tenant {tenant} paused by its circuit breaker for another {}", humantime::format_duration(*.remaining))]
+    Paused {
+        tenant: TenantId,
+        remaining: std::time::Duration,
+    },
 }
 
 /// Errors loading or setting up plugins; they stop `sluice run` at start-up.

@@ -4,6 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::breaker::{CircuitBreaker, Gate, Transition};
 
 use super::component::LoadedPlugin;
 use super::engine::PluginEngine;
@@ -25,10 +28,57 @@ struct TenantSlot {
     tenant: TenantId,
     template: Arc<TenantTemplate>,
     instance: Option<TenantInstance>,
+    /// Shared with the router so the claim can skip paused tenants without waiting for this
+    /// slot's lock (held while a guest call runs).
+    breaker: Arc<Mutex<CircuitBreaker>>,
 }
 
 impl TenantSlot {
+    fn new(
+        tenant: TenantId,
+        template: Arc<TenantTemplate>,
+        instance: Option<TenantInstance>,
+    ) -> Self {
+        let limits = &template.limits;
+        let breaker = CircuitBreaker::new(limits.breaker_failures, limits.breaker_cooldown);
+        Self {
+            tenant,
+            template,
+            instance,
+            breaker: Arc::new(Mutex::new(breaker)),
+        }
+    }
+
+    /// Runs a row unless the tenant is paused, and feeds the outcome to the breaker.
     fn transform(&mut self, row: &OutboxRow) -> RowResult {
+        let now = Instant::now();
+        if let Gate::Paused(until) = lock(&self.breaker).gate(now) {
+            return Err(TransformFailure::Paused {
+                tenant: self.tenant.clone(),
+                remaining: until - now,
+            });
+        }
+        let result = self.run(row);
+        let mut breaker = lock(&self.breaker);
+        let transition = match &result {
+            Ok(_) => breaker.record_success(),
+            Err(_) => breaker.record_failure(Instant::now()),
+        };
+        match transition {
+            Transition::Opened => tracing::error!(
+                tenant = %self.tenant,
+                cooldown = ?self.template.limits.breaker_cooldown,
+                "circuit breaker opened: tenant paused after repeated plugin failures"
+            ),
+            Transition::Closed => {
+                tracing::warn!(tenant = %self.tenant, "circuit breaker closed: tenant resumed")
+            }
+            Transition::None => {}
+        }
+        result
+    }
+
+    fn run(&mut self, row: &OutboxRow) -> RowResult {
         if self.instance.is_none() {
             let t = &self.template;
             let instance = TenantInstance::create(&t.plugin, &self.tenant, &t.config, &t.limits)
@@ -56,6 +106,7 @@ pub struct PluginRouter {
     /// Template for tenants without their own `[tenants.<name>]` entry.
     default: Option<Arc<TenantTemplate>>,
     slots: Mutex<HashMap<TenantId, SharedSlot>>,
+    breakers: Mutex<HashMap<TenantId, Arc<Mutex<CircuitBreaker>>>>,
 }
 
 impl PluginRouter {
@@ -125,9 +176,18 @@ impl PluginRouter {
                 slots.insert(id.clone(), new_slot(id, Arc::clone(template))?);
             }
         }
+        let breakers = slots
+            .iter()
+            .map(|(id, slot): (&TenantId, &TenantSlot)| (id.clone(), Arc::clone(&slot.breaker)))
+            .collect();
+        let slots = slots
+            .into_iter()
+            .map(|(id, slot)| (id, Arc::new(Mutex::new(slot))))
+            .collect();
         Ok(Self {
             default,
             slots: Mutex::new(slots),
+            breakers: Mutex::new(breakers),
         })
     }
 
@@ -139,28 +199,22 @@ impl PluginRouter {
         // A tenant seen for the first time gets its own instance of the default plugin,
         // created lazily by its first row.
         let template = Arc::clone(self.default.as_ref()?);
-        let slot = Arc::new(Mutex::new(TenantSlot {
-            tenant: tenant.clone(),
-            template,
-            instance: None,
-        }));
+        let slot = TenantSlot::new(tenant.clone(), template, None);
+        lock(&self.breakers).insert(tenant.clone(), Arc::clone(&slot.breaker));
+        let slot = Arc::new(Mutex::new(slot));
         slots.insert(tenant.clone(), Arc::clone(&slot));
         Some(slot)
     }
 }
 
-fn new_slot(tenant: TenantId, template: Arc<TenantTemplate>) -> Result<SharedSlot, PluginError> {
+fn new_slot(tenant: TenantId, template: Arc<TenantTemplate>) -> Result<TenantSlot, PluginError> {
     let instance = TenantInstance::create(
         &template.plugin,
         &tenant,
         &template.config,
         &template.limits,
     )?;
-    Ok(Arc::new(Mutex::new(TenantSlot {
-        tenant,
-        template,
-        instance: Some(instance),
-    })))
+    Ok(TenantSlot::new(tenant, template, Some(instance)))
 }
 
 /// A poisoned lock only means another thread panicked mid-call; the slot data is still
@@ -170,6 +224,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl RowTransformer for PluginRouter {
+    fn paused_tenants(&self) -> Vec<TenantId> {
+        let now = Instant::now();
+        lock(&self.breakers)
+            .iter()
+            .filter(|(_, b)| matches!(lock(b).gate(now), Gate::Paused(_)))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     async fn transform(&self, rows: Arc<[OutboxRow]>) -> Vec<RowResult> {
         let mut results: Vec<Option<RowResult>> = (0..rows.len()).map(|_| None).collect();
         let mut groups: BTreeMap<TenantId, Vec<usize>> = BTreeMap::new();

@@ -134,7 +134,9 @@ fn kind(failure: &TransformFailure) -> &'static str {
         TransformFailure::Permanent { .. } => "permanent",
         TransformFailure::Trapped(_) => "trap",
         TransformFailure::InvalidOutput(_) => "invalid-output",
-        TransformFailure::NoPlugin(_) | TransformFailure::Unavailable(_) => "unavailable",
+        TransformFailure::NoPlugin(_)
+        | TransformFailure::Unavailable(_)
+        | TransformFailure::Paused { .. } => "unavailable",
     }
 }
 
