@@ -13,6 +13,25 @@ use crate::outbox::TableName;
 
 /// Environment variable that overrides `database.url`, so secrets can stay out of the file.
 pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
+/// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
+pub const PLUGIN_CACHE_ENV: &str = "SLUICE_PLUGIN_CACHE_DIR";
+
+/// The compile cache directory: the environment override, else `configured`, else the user's
+/// cache directory. An empty path disables caching.
+pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
+    let chosen = match std::env::var_os(PLUGIN_CACHE_ENV) {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => configured.map(Path::to_path_buf),
+    };
+    match chosen {
+        Some(dir) if dir.as_os_str().is_empty() => None,
+        Some(dir) => Some(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("sluice").join("plugins")),
+    }
+}
 
 /// Rows claimed per transaction. Large enough to amortise the claim/mark round trips, small
 /// enough that a batch's transaction stays short.
@@ -266,10 +285,14 @@ impl Default for RelayConfig {
     }
 }
 
-/// `[plugins]`: today only `[plugins.default]`.
+/// `[plugins]`: the default plugin and the compile cache.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginsConfig {
+    /// Where compiled plugins are cached; `""` disables the cache. Default:
+    /// `$XDG_CACHE_HOME/sluice/plugins` or `~/.cache/sluice/plugins`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
     /// Plugin for rows whose tenant has no `[tenants.<name>]` entry (and rows without tenant).
     #[serde(default)]
     pub default: Option<PluginSpec>,
@@ -423,6 +446,11 @@ impl Config {
         };
         if let Some(default) = &mut self.plugins.default {
             resolve(&mut default.path);
+        }
+        if let Some(dir) = &mut self.plugins.cache_dir
+            && !dir.as_os_str().is_empty()
+        {
+            resolve(dir);
         }
         for tenant in self.tenants.values_mut() {
             if let Some(p) = &mut tenant.path {

@@ -76,9 +76,15 @@ pub fn unique(stem: &str) -> String {
 
 /// Runs `sluice` with `args` to completion.
 pub fn sluice(args: &[&str]) -> Output {
+    sluice_with_env(args, &[])
+}
+
+/// Runs `sluice` with `args` and extra environment variables to completion.
+pub fn sluice_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(sluice_bin())
         .args(args)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", sluice_bin().display()))
 }

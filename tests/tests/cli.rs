@@ -223,3 +223,29 @@ fn plugin_test_names_a_bad_input_line() {
         "{stdout}"
     );
 }
+
+#[test]
+fn compiled_plugins_are_cached_and_reused_on_the_next_start() {
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = cache.path().display().to_string();
+    let env = [("SLUICE_PLUGIN_CACHE_DIR", cache_dir.as_str())];
+    let plugin = reference_plugin().display().to_string();
+    let first = sluice_with_env(&["plugin", "check", &plugin], &env);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("compiled plugin and cached it"),
+        "{}",
+        stderr(&first)
+    );
+    let entries: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+    assert_eq!(entries.len(), 1, "one cache entry per plugin version");
+
+    let second = sluice_with_env(&["plugin", "check", &plugin], &env);
+    assert!(second.status.success(), "{}", stderr(&second));
+    let log = stderr(&second);
+    assert!(
+        log.contains("loaded precompiled plugin from cache"),
+        "{log}"
+    );
+    assert!(!log.contains("compiled plugin and cached it"), "{log}");
+}

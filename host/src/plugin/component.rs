@@ -1,9 +1,11 @@
 //! Loading a plugin file: compile the component, link it against the world, and keep the
 //! resulting [`PluginPre`] (one per file) from which every tenant instance is created.
 
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
 use super::PluginError;
@@ -23,6 +25,17 @@ impl LoadedPlugin {
     /// component, imports something the host does not provide, or lacks the
     /// `sluice:plugin/transformer` exports.
     pub fn load(engine: &Arc<PluginEngine>, path: &Path) -> Result<Self, PluginError> {
+        Self::load_cached(engine, path, None)
+    }
+
+    /// Like [`LoadedPlugin::load`], reusing (and filling) a compile cache in `cache_dir`:
+    /// compiled code is stored per content hash and engine compatibility hash, so unchanged
+    /// plugins start without recompiling (large Python/JS components take seconds to compile).
+    pub fn load_cached(
+        engine: &Arc<PluginEngine>,
+        path: &Path,
+        cache_dir: Option<&Path>,
+    ) -> Result<Self, PluginError> {
         let bad = |message: String| PluginError::BadPlugin {
             path: path.to_owned(),
             message,
@@ -35,8 +48,11 @@ impl LoadedPlugin {
                     .into(),
             ));
         }
-        let component = Component::new(engine.engine(), &bytes)
-            .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?;
+        let component = match cache_dir {
+            Some(dir) => compile_cached(engine, &bytes, path, dir)?,
+            None => Component::new(engine.engine(), &bytes)
+                .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?,
+        };
         let instance_pre = engine.linker().instantiate_pre(&component).map_err(|e| {
             bad(format!(
                 "imports do not match the sluice:plugin world: {e:#}"
@@ -65,6 +81,65 @@ impl LoadedPlugin {
     pub(crate) fn pre(&self) -> &PluginPre<HostState> {
         &self.pre
     }
+}
+
+/// The cache entry of `bytes` for this engine: content hash + compatibility hash.
+fn cache_file(engine: &PluginEngine, bytes: &[u8], dir: &Path) -> PathBuf {
+    let content = Sha256::digest(bytes);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine
+        .engine()
+        .precompile_compatibility_hash()
+        .hash(&mut hasher);
+    let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
+}
+
+fn compile_cached(
+    engine: &PluginEngine,
+    bytes: &[u8],
+    path: &Path,
+    dir: &Path,
+) -> Result<Component, PluginError> {
+    let bad = |message: String| PluginError::BadPlugin {
+        path: path.to_owned(),
+        message,
+    };
+    let entry = cache_file(engine, bytes, dir);
+    if entry.exists() {
+        // SAFETY: the cache directory is Sluice's own (see docs/plugins.md: it must not be
+        // writable by anyone who may not run code as Sluice); entries are written only by
+        // `Component::serialize` below, and the file name pins the engine compatibility.
+        match unsafe { Component::deserialize_file(engine.engine(), &entry) } {
+            Ok(component) => {
+                tracing::info!(plugin = %path.display(), cache = %entry.display(), "loaded precompiled plugin from cache");
+                return Ok(component);
+            }
+            Err(e) => {
+                tracing::warn!(cache = %entry.display(), error = %e, "ignoring unusable compile cache entry")
+            }
+        }
+    }
+    let component = Component::new(engine.engine(), bytes)
+        .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?;
+    match store_entry(&component, dir, &entry) {
+        Ok(()) => {
+            tracing::info!(plugin = %path.display(), cache = %entry.display(), "compiled plugin and cached it")
+        }
+        Err(e) => tracing::warn!(cache = %dir.display(), error = %e, "cannot write compile cache"),
+    }
+    Ok(component)
+}
+
+/// Writes atomically (temp file + rename), so a concurrent start never reads half a file.
+fn store_entry(component: &Component, dir: &Path, entry: &Path) -> std::io::Result<()> {
+    let bytes = component
+        .serialize()
+        .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, entry)
 }
 
 /// A core module starts with the magic and version 1; a component has layer 1 in the version

@@ -13,7 +13,7 @@ use super::engine::PluginEngine;
 use super::instance::TenantInstance;
 use super::limits::Limits;
 use super::{PluginError, RowResult, RowTransformer, TransformFailure};
-use crate::config::{Config, config_pairs};
+use crate::config::{Config, config_pairs, plugin_cache_dir};
 use crate::outbox::{OutboxRow, TenantId};
 
 /// Everything needed to (re)create a tenant's instance.
@@ -115,12 +115,17 @@ impl PluginRouter {
     /// `sluice run` before it claims anything.
     pub fn from_config(config: &Config) -> Result<Self, PluginError> {
         let engine = PluginEngine::new()?;
+        let cache_dir = plugin_cache_dir(config.plugins.cache_dir.as_deref());
         let mut files: HashMap<PathBuf, Arc<LoadedPlugin>> = HashMap::new();
         let mut load = |path: &PathBuf| -> Result<Arc<LoadedPlugin>, PluginError> {
             if let Some(p) = files.get(path) {
                 return Ok(Arc::clone(p));
             }
-            let plugin = Arc::new(LoadedPlugin::load(&engine, path)?);
+            let plugin = Arc::new(LoadedPlugin::load_cached(
+                &engine,
+                path,
+                cache_dir.as_deref(),
+            )?);
             files.insert(path.clone(), Arc::clone(&plugin));
             Ok(plugin)
         };

@@ -13,13 +13,18 @@ use serde_json::{Value, json};
 
 use super::bindings::types::PluginInfo;
 use super::{Limits, LoadedPlugin, PluginEngine, PluginError, TenantInstance, TransformFailure};
+use crate::config::plugin_cache_dir;
 use crate::message::Message;
 use crate::outbox::{OutboxId, OutboxRow, TenantId};
 
 /// Validates `path` against the world and returns its `info()`.
 pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
     let engine = PluginEngine::new()?;
-    let plugin = Arc::new(LoadedPlugin::load(&engine, path)?);
+    let plugin = Arc::new(LoadedPlugin::load_cached(
+        &engine,
+        path,
+        plugin_cache_dir(None).as_deref(),
+    )?);
     let tenant = TenantId(TenantId::DEFAULT.to_owned());
     let mut instance = TenantInstance::instantiate(&plugin, &tenant, &Limits::default())?;
     instance.info().map_err(|message| PluginError::Instantiate {
@@ -75,7 +80,11 @@ pub fn run(
     mut out: impl Write,
 ) -> anyhow::Result<TestSummary> {
     let engine = PluginEngine::new()?;
-    let plugin = Arc::new(LoadedPlugin::load(&engine, path)?);
+    let plugin = Arc::new(LoadedPlugin::load_cached(
+        &engine,
+        path,
+        plugin_cache_dir(None).as_deref(),
+    )?);
     let tenant = TenantId(TenantId::DEFAULT.to_owned());
     let limits = Limits::default();
     let mut instance = Some(TenantInstance::create(&plugin, &tenant, config, &limits)?);
