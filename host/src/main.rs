@@ -3,6 +3,7 @@
 use std::io::{BufReader, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -17,6 +18,8 @@ use sluice::retry::RetryPolicy;
 use sluice::sink::{KafkaSink, Sink};
 use sluice::{Relay, RelaySettings, shutdown};
 
+/// How often plugin files are checked for replacement.
+const PLUGIN_WATCH_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest the producer may take to deliver what is still queued at shutdown (capped by
 /// `relay.shutdown_timeout`).
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
@@ -211,6 +214,8 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
         dead_letter_topic: config.relay.retry.dead_letter_topic.clone(),
         shutdown_timeout: config.relay.shutdown_timeout,
     };
+    let router = Arc::new(router);
+    spawn_plugin_watcher(Arc::clone(&router));
     let relay = Relay::new(store, router, sink, settings);
 
     let (trigger, stop) = shutdown::channel();
@@ -238,6 +243,34 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
         "relay stopped"
     );
     Ok(())
+}
+
+/// Reloads replaced plugin files (checked every [`PLUGIN_WATCH_INTERVAL`]) and all plugin
+/// files on SIGHUP.
+fn spawn_plugin_watcher(router: Arc<PluginRouter>) {
+    tokio::spawn(async move {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; plugin files are still watched");
+                None
+            }
+        };
+        let mut tick = tokio::time::interval(PLUGIN_WATCH_INTERVAL);
+        loop {
+            let force = tokio::select! {
+                _ = tick.tick() => false,
+                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+            };
+            if force {
+                tracing::info!("SIGHUP: reloading plugins");
+            }
+            let router = Arc::clone(&router);
+            // Compiling and instantiating are blocking work.
+            let _ = tokio::task::spawn_blocking(move || router.reload(force)).await;
+        }
+    });
 }
 
 fn plugin(command: PluginCommand) -> anyhow::Result<()> {

@@ -45,6 +45,16 @@ pub trait RowTransformer: Send + Sync + 'static {
     }
 }
 
+impl<T: RowTransformer> RowTransformer for Arc<T> {
+    fn transform(&self, rows: Arc<[OutboxRow]>) -> impl Future<Output = Vec<RowResult>> + Send {
+        T::transform(self, rows)
+    }
+
+    fn paused_tenants(&self) -> Vec<TenantId> {
+        T::paused_tenants(self)
+    }
+}
+
 /// Why a row was not transformed. Every variant fails the row closed: nothing of it is
 /// published.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
