@@ -88,7 +88,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         &self.sink
     }
 
-    /// Relays batches until `shutdown` fires. The batch in hand is always finished first.
+    /// Relays batches until `shutdown` fires. The batch in hand may finish within
+    /// `shutdown_timeout`; after that it is dropped, which rolls it back.
     pub async fn run(&self, mut shutdown: Shutdown) -> RelayStats {
         let mut stats = RelayStats::default();
         let mut store_errors: u32 = 0;
@@ -185,7 +186,16 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         let mut sent = Vec::with_capacity(transformed.len());
         for (index, range) in transformed {
             // A row counts as sent only when every one of its messages was acknowledged.
-            match published[range].iter().find_map(|r| r.as_ref().err()) {
+            let missing = SinkError::Publish {
+                topic: String::new(),
+                message: "sink returned no delivery report".into(),
+                transient: true,
+            };
+            let error = match published.get(range) {
+                Some(reports) => reports.iter().find_map(|r| r.as_ref().err()),
+                None => Some(&missing),
+            };
+            match error {
                 None => sent.push(rows[index].id),
                 Some(e) => {
                     let mut failure = self.failure(&rows[index], e.to_string(), false);
