@@ -18,7 +18,8 @@ async fn retries_follow_the_backoff_policy_and_the_row_dies_at_max_attempts() {
         "flaky",
         "test_flaky",
         &format!("topic_prefix = \"{}\", fail_attempts = 100", s.prefix),
-    ) + "[relay.retry]\ninitial = \"300ms\"\nmultiplier = 2.0\njitter = 0.0\nmax_attempts = 4\n";
+    ) + "circuit_breaker_failures = 1000\n"
+        + "[relay.retry]\ninitial = \"300ms\"\nmultiplier = 2.0\njitter = 0.0\nmax_attempts = 4\n";
     let relay = RelayProcess::start(
         &s.config("poll_interval = \"20ms\"", &extra)
             .replace("poll_interval = \"100ms\"\n", ""),
@@ -68,6 +69,7 @@ async fn permanent_errors_dead_letter_at_once_with_a_copy_on_the_dead_letter_top
     s.table.insert_rows(5, Some("refuser")).await;
     let dlq = format!("{}dlq", s.prefix);
     let extra = s.tenant("refuser", "test_fail_permanent", "")
+        + "circuit_breaker_failures = 1000\n"
         + &format!("[relay.retry]\ndead_letter_topic = \"{dlq}\"\n");
     s.relay_until(&s.config("", &extra), || async {
         s.table.scalar_i64(dead_count()).await == 5
