@@ -44,15 +44,18 @@ async fn retries_follow_the_backoff_policy_and_the_row_dies_at_max_attempts() {
     }
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
+    // The first attempt may land before the first look (the relay starts fast from the compile
+    // cache); the retries, hundreds of ms apart, are all seen.
+    seen.retain(|(a, _)| *a > 0);
     let attempts: Vec<i64> = seen.iter().map(|(a, _)| *a).collect();
-    assert_eq!(attempts, vec![0, 1, 2, 3, 4], "{}", exit.log);
+    assert_eq!(attempts, vec![1, 2, 3, 4], "{}", exit.log);
     assert_eq!(
         s.table.scalar_i64(dead_count()).await,
         1,
         "dead after max_attempts"
     );
     for (k, expected_ms) in [(1usize, 300u128), (2, 600), (3, 1200)] {
-        let gap = (seen[k + 1].1 - seen[k].1).as_millis();
+        let gap = (seen[k].1 - seen[k - 1].1).as_millis();
         assert!(
             gap + 60 >= expected_ms && gap <= expected_ms + 700,
             "retry {k}: waited {gap} ms, policy says {expected_ms} ms"
