@@ -154,65 +154,36 @@ pub enum AfterDead {
     Block,
 }
 
-/// `[relay]`
+/// `[relay]`; unset keys take their values from [`RelayConfig::default`].
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
-    #[serde(default = "default_batch_size")]
     pub batch_size: usize,
-    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
-    #[serde(default)]
     pub mark: MarkMode,
-    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    #[serde(default)]
     pub ordering: Ordering,
-    #[serde(default)]
     pub ordering_after_dead: AfterDead,
-    #[serde(default)]
     pub retry: RetryConfig,
-}
-
-fn default_shutdown_timeout() -> Duration {
-    DEFAULT_SHUTDOWN_TIMEOUT
 }
 
 /// `[relay.retry]`: what happens to a row whose plugin call or publish failed.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
-    #[serde(default = "default_retry_initial", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub initial: Duration,
-    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub max: Duration,
-    #[serde(default = "default_retry_multiplier")]
     pub multiplier: f64,
     /// Fraction (0–1) by which each delay is randomly moved up or down.
-    #[serde(default = "default_retry_jitter")]
     pub jitter: f64,
     /// Attempts (the first delivery included) before the row is dead.
-    #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// If set, a copy of every row that goes dead is published here.
-    #[serde(default)]
     pub dead_letter_topic: Option<String>,
-}
-
-fn default_retry_initial() -> Duration {
-    DEFAULT_RETRY_INITIAL
-}
-fn default_retry_max() -> Duration {
-    DEFAULT_RETRY_MAX
-}
-fn default_retry_multiplier() -> f64 {
-    DEFAULT_RETRY_MULTIPLIER
-}
-fn default_retry_jitter() -> f64 {
-    DEFAULT_RETRY_JITTER
-}
-fn default_max_attempts() -> u32 {
-    DEFAULT_MAX_ATTEMPTS
 }
 
 impl Default for RetryConfig {
@@ -262,13 +233,6 @@ impl RetryConfig {
         }
         Ok(())
     }
-}
-
-fn default_batch_size() -> usize {
-    DEFAULT_BATCH_SIZE
-}
-fn default_poll_interval() -> Duration {
-    DEFAULT_POLL_INTERVAL
 }
 
 impl Default for RelayConfig {
