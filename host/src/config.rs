@@ -36,8 +36,22 @@ pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
 /// Rows claimed per transaction. Large enough to amortise the claim/mark round trips, small
 /// enough that a batch's transaction stays short.
 pub const DEFAULT_BATCH_SIZE: usize = 500;
-/// Longest wait between polls of an empty outbox.
+/// Longest wait between polls of an empty outbox: the idle load is one cheap query per
+/// interval, and a row inserted into an idle outbox (without NOTIFY) waits at most this long.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Wait after a poll that found some rows but not a full batch, and the first step of the
+/// back-off after an empty poll. Measured (docs/benchmarks.md): 5 ms keeps the insert →
+/// publish latency at 1,000 rows/s well under 10 ms at p50 while an idle relay backs off to
+/// `poll_interval` within about 2.5 s.
+pub const DEFAULT_MIN_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// Concurrent batches per process: while one batch waits for its acknowledgements or its
+/// commit, the next is already being claimed and transformed. Two fill both cores of a small
+/// machine; more mostly adds row-lock and connection overhead (docs/benchmarks.md).
+pub const DEFAULT_WORKERS: usize = 2;
+/// In `mark = "published_at"` mode, sent rows older than this are deleted by the pruner.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often the pruner looks for sent rows past `relay.retention`.
+pub const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 /// Wall-clock budget for one plugin call (and one instantiation). A Rust `transform` takes
 /// microseconds; this only stops runaway guests.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
@@ -159,9 +173,21 @@ pub enum AfterDead {
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
     pub batch_size: usize,
+    /// Concurrent batch pipelines in this process.
+    pub workers: usize,
+    /// Longest wait between polls when the outbox is empty.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// Shortest wait between polls (after a partial batch; first back-off step).
+    #[serde(with = "humantime_serde")]
+    pub min_poll_interval: Duration,
+    /// LISTEN on this channel and poll at once on a notification (polling stays the fallback).
+    pub notify_channel: Option<String>,
     pub mark: MarkMode,
+    /// In `published_at` mode: how long sent rows are kept before the pruner deletes them.
+    pub retention: Retention,
+    #[serde(with = "humantime_serde")]
+    pub prune_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub ordering: Ordering,
@@ -235,11 +261,39 @@ impl RetryConfig {
     }
 }
 
+/// `relay.retention`: a duration, or `"forever"` to keep sent rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    Keep(Duration),
+    Forever,
+}
+
+impl<'de> Deserialize<'de> for Retention {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if text == "forever" {
+            return Ok(Self::Forever);
+        }
+        humantime::parse_duration(&text)
+            .map(Self::Keep)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "{e}: expected a duration such as \"7d\" or \"forever\""
+                ))
+            })
+    }
+}
+
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
             batch_size: DEFAULT_BATCH_SIZE,
+            workers: DEFAULT_WORKERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
+            min_poll_interval: DEFAULT_MIN_POLL_INTERVAL,
+            notify_channel: None,
+            retention: Retention::Keep(DEFAULT_RETENTION),
+            prune_interval: DEFAULT_PRUNE_INTERVAL,
             mark: MarkMode::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             ordering: Ordering::default(),
@@ -267,7 +321,12 @@ pub struct PluginsConfig {
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
     /// Path to the `.wasm` component; relative paths are resolved against the config file.
-    pub path: PathBuf,
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// A routing plugin compiled into Sluice instead of a `.wasm` file (see
+    /// [`crate::plugin::builtin`]); exclusive with `path`.
+    #[serde(default)]
+    pub builtin: Option<String>,
     /// Passed to the plugin's `configure` as string pairs.
     #[serde(default)]
     pub config: BTreeMap<String, toml::Value>,
@@ -296,6 +355,8 @@ pub struct PluginSpec {
 pub struct TenantConfig {
     #[serde(default)]
     pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub builtin: Option<String>,
     #[serde(default)]
     pub config: Option<BTreeMap<String, toml::Value>>,
     #[serde(default)]
@@ -328,7 +389,29 @@ pub struct LimitsSpec {
     pub circuit_breaker_cooldown: Option<Duration>,
 }
 
+/// Where a tenant's transform logic comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PluginSource {
+    /// A WebAssembly component file.
+    Wasm(PathBuf),
+    /// A plugin built into Sluice, by name.
+    Builtin(String),
+}
+
+/// `path` or `builtin`, whichever is set (validation ensures not both).
+fn source_of(path: &Option<PathBuf>, builtin: &Option<String>) -> Option<PluginSource> {
+    match (path, builtin) {
+        (Some(p), _) => Some(PluginSource::Wasm(p.clone())),
+        (None, Some(b)) => Some(PluginSource::Builtin(b.clone())),
+        (None, None) => None,
+    }
+}
+
 impl PluginSpec {
+    pub fn source(&self) -> Option<PluginSource> {
+        source_of(&self.path, &self.builtin)
+    }
+
     pub fn limits(&self) -> LimitsSpec {
         LimitsSpec {
             memory_mb: self.memory_mb,
@@ -343,6 +426,10 @@ impl PluginSpec {
 }
 
 impl TenantConfig {
+    pub fn source(&self) -> Option<PluginSource> {
+        source_of(&self.path, &self.builtin)
+    }
+
     pub fn limits(&self) -> LimitsSpec {
         LimitsSpec {
             memory_mb: self.memory_mb,
@@ -408,8 +495,8 @@ impl Config {
                 *p = base.join(&*p);
             }
         };
-        if let Some(default) = &mut self.plugins.default {
-            resolve(&mut default.path);
+        if let Some(p) = self.plugins.default.as_mut().and_then(|d| d.path.as_mut()) {
+            resolve(p);
         }
         if let Some(dir) = &mut self.plugins.cache_dir
             && !dir.as_os_str().is_empty()
@@ -458,6 +545,32 @@ impl Config {
                 "must be greater than 0".into(),
             ));
         }
+        if self.relay.workers == 0 || self.relay.workers > MAX_WORKERS {
+            return Err(invalid(
+                "relay.workers",
+                format!(
+                    "must be between 1 and {MAX_WORKERS}, got {}",
+                    self.relay.workers
+                ),
+            ));
+        }
+        if self.relay.min_poll_interval.is_zero()
+            || self.relay.min_poll_interval > self.relay.poll_interval
+        {
+            return Err(invalid(
+                "relay.min_poll_interval",
+                "must be greater than 0 and not longer than relay.poll_interval".into(),
+            ));
+        }
+        if self.relay.prune_interval.is_zero() {
+            return Err(invalid(
+                "relay.prune_interval",
+                "must be greater than 0".into(),
+            ));
+        }
+        if let Some(channel) = &self.relay.notify_channel {
+            validate_channel(channel).map_err(|m| invalid("relay.notify_channel", m))?;
+        }
         self.relay
             .retry
             .validate()
@@ -467,6 +580,8 @@ impl Config {
                 .map_err(|m| invalid(&format!("kafka.\"{key}\""), m.to_owned()))?;
         }
         if let Some(default) = &self.plugins.default {
+            validate_source(&default.path, &default.builtin, true)
+                .map_err(|m| invalid("plugins.default", m))?;
             validate_config_table(&default.config)
                 .map_err(|(k, m)| invalid(&format!("plugins.default.config.{k}"), m))?;
             validate_limits(&default.limits())
@@ -476,12 +591,14 @@ impl Config {
             if name.is_empty() {
                 return Err(invalid("tenants", "tenant names must not be empty".into()));
             }
-            if tenant.path.is_none() && self.plugins.default.is_none() {
+            if tenant.source().is_none() && self.plugins.default.is_none() {
                 return Err(invalid(
                     &format!("tenants.{name}.path"),
                     "missing, and there is no [plugins.default] to fall back to".into(),
                 ));
             }
+            validate_source(&tenant.path, &tenant.builtin, false)
+                .map_err(|m| invalid(&format!("tenants.{name}"), m))?;
             if let Some(config) = &tenant.config {
                 validate_config_table(config)
                     .map_err(|(k, m)| invalid(&format!("tenants.{name}.config.{k}"), m))?;
@@ -503,6 +620,27 @@ impl Config {
             .iter()
             .filter_map(|(k, v)| kafka_value_string(v).ok().map(|v| (k.clone(), v)))
             .collect()
+    }
+}
+
+/// Most concurrent batches a process may run (each holds a database connection).
+pub const MAX_WORKERS: usize = 64;
+
+/// A LISTEN/NOTIFY channel name: a plain identifier, since it is interpolated into `LISTEN`
+/// and into the trigger function's body.
+pub fn validate_channel(channel: &str) -> Result<(), String> {
+    let ok = !channel.is_empty()
+        && channel.len() <= 63
+        && !channel.starts_with(|c: char| c.is_ascii_digit())
+        && channel
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid channel name {channel:?}: use 1-63 ASCII letters, digits and '_', not starting with a digit"
+        ))
     }
 }
 
@@ -534,6 +672,21 @@ fn validate_config_table(table: &BTreeMap<String, toml::Value>) -> Result<(), (S
         })?;
     }
     Ok(())
+}
+
+fn validate_source(
+    path: &Option<PathBuf>,
+    builtin: &Option<String>,
+    required: bool,
+) -> Result<(), String> {
+    match (path, builtin) {
+        (Some(_), Some(_)) => Err("set either `path` or `builtin`, not both".into()),
+        (None, None) if required => Err("needs `path` (a .wasm component) or `builtin`".into()),
+        (_, Some(name)) => {
+            crate::plugin::builtin::Builtin::check_name(name).map_err(|m| format!("builtin: {m}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
@@ -576,6 +729,61 @@ mod tests {
         assert_eq!(c.relay.batch_size, DEFAULT_BATCH_SIZE);
         assert_eq!(c.relay.poll_interval, DEFAULT_POLL_INTERVAL);
         assert_eq!(c.relay.mark, MarkMode::Delete);
+    }
+
+    #[test]
+    fn polling_workers_and_retention_have_defaults_and_are_validated() {
+        let c = parse("[database]\nurl = \"x\"\n").unwrap();
+        assert_eq!(c.relay.workers, DEFAULT_WORKERS);
+        assert_eq!(c.relay.min_poll_interval, DEFAULT_MIN_POLL_INTERVAL);
+        assert_eq!(c.relay.retention, Retention::Keep(DEFAULT_RETENTION));
+        assert_eq!(c.relay.notify_channel, None);
+        let c = parse("[database]\nurl = \"x\"\n[relay]\nretention = \"forever\"\n").unwrap();
+        assert_eq!(c.relay.retention, Retention::Forever);
+        let c = parse("[database]\nurl = \"x\"\n[relay]\nretention = \"36h\"\n").unwrap();
+        assert_eq!(
+            c.relay.retention,
+            Retention::Keep(Duration::from_secs(36 * 3600))
+        );
+        for (bad, key) in [
+            ("workers = 0", "relay.workers"),
+            ("workers = 1000", "relay.workers"),
+            ("min_poll_interval = \"2s\"", "relay.min_poll_interval"),
+            ("notify_channel = \"a-b\"", "relay.notify_channel"),
+            ("retention = \"sometimes\"", "retention"),
+            ("prune_interval = \"0s\"", "relay.prune_interval"),
+        ] {
+            let text = format!("[database]\nurl = \"x\"\n[relay]\n{bad}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_plugin_is_a_file_or_a_builtin_not_both() {
+        let c =
+            parse("[database]\nurl = \"x\"\n[plugins.default]\nbuiltin = \"route-by-aggregate\"\n")
+                .unwrap();
+        let default = c.plugins.default.unwrap();
+        assert_eq!(
+            default.source(),
+            Some(PluginSource::Builtin("route-by-aggregate".into()))
+        );
+        for (bad, needle) in [
+            (
+                "path = \"p.wasm\"\nbuiltin = \"route-by-aggregate\"",
+                "not both",
+            ),
+            ("builtin = \"nope\"", "unknown builtin"),
+            ("config = {}", "needs `path`"),
+        ] {
+            let text = format!("[database]\nurl = \"x\"\n[plugins.default]\n{bad}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.contains(needle) && err.contains("plugins.default"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

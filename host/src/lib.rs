@@ -13,6 +13,7 @@ pub mod config;
 pub mod message;
 pub mod outbox;
 pub mod plugin;
+pub mod progress;
 pub mod relay;
 pub mod retry;
 pub mod shutdown;

@@ -10,13 +10,13 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use sluice::config::{Config, DATABASE_URL_ENV};
+use sluice::config::{Config, DATABASE_URL_ENV, MarkMode, Retention, validate_channel};
 use sluice::outbox::dead::ReplaySelection;
-use sluice::outbox::{self, PgOutbox, StoreOptions, TableName};
+use sluice::outbox::{self, PgOutbox, StoreOptions, TableName, notify, prune};
 use sluice::plugin::{PluginRouter, testbench};
 use sluice::retry::RetryPolicy;
 use sluice::sink::{KafkaSink, Sink};
-use sluice::{Relay, RelaySettings, shutdown};
+use sluice::{Relay, RelaySettings, RelayStats, progress, shutdown};
 
 /// How often plugin files are checked for replacement.
 const PLUGIN_WATCH_INTERVAL: Duration = Duration::from_secs(1);
@@ -45,9 +45,25 @@ enum Command {
         /// Outbox table name (`table` or `schema.table`).
         #[arg(long, default_value = "outbox")]
         table: String,
+        /// Also install a statement-level trigger that NOTIFYs on every insert (costs
+        /// inserting transactions a database-wide lock at commit; see docs/operations.md).
+        #[arg(long, conflicts_with = "drop_notify_trigger")]
+        notify_trigger: bool,
+        /// Channel the trigger notifies (set `relay.notify_channel` to the same name).
+        #[arg(long, default_value = notify::DEFAULT_CHANNEL)]
+        notify_channel: String,
+        /// Remove the NOTIFY trigger installed by --notify-trigger.
+        #[arg(long)]
+        drop_notify_trigger: bool,
     },
     /// Relay outbox rows to Kafka until SIGINT/SIGTERM.
     Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Relay every row that is due now, then exit: 0 when all were delivered, 2 when some
+    /// failed (rescheduled or dead), 1 on error. Shows progress on a terminal.
+    Drain {
         #[arg(long, short)]
         config: PathBuf,
     },
@@ -113,6 +129,15 @@ enum DeadCommand {
         #[arg(long)]
         all: bool,
     },
+    /// Delete dead rows for good (in chunks), e.g. `--older-than 30d`.
+    Purge {
+        /// Only rows dead for at least this long ("0s" for all).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Only rows of this tenant (`default` for rows without tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -142,7 +167,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -160,20 +185,41 @@ fn init_tracing() {
         .init();
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// Exit status of `sluice drain` when it finished but some rows failed.
+const DRAIN_ROWS_FAILED: u8 = 2;
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let ok = |()| ExitCode::SUCCESS;
     match cli.command {
         Command::Migrate {
             database_url,
             table,
-        } => runtime()?.block_on(migrate(&database_url, &table)),
+            notify_trigger,
+            notify_channel,
+            drop_notify_trigger,
+        } => {
+            let trigger = match (notify_trigger, drop_notify_trigger) {
+                (true, _) => TriggerChange::Install(notify_channel),
+                (false, true) => TriggerChange::Drop,
+                (false, false) => TriggerChange::Keep,
+            };
+            runtime()?
+                .block_on(migrate(&database_url, &table, trigger))
+                .map(ok)
+        }
         Command::Run { config } => {
             let config = Config::load(&config)?;
             // Plugins first: a broken plugin file is reported without touching the database.
             let router = PluginRouter::from_config(&config)?;
-            runtime()?.block_on(relay(config, router))
+            runtime()?.block_on(relay(config, router)).map(ok)
         }
-        Command::Plugin { command } => plugin(command),
-        Command::Dead { target, command } => runtime()?.block_on(dead(target, command)),
+        Command::Drain { config } => {
+            let config = Config::load(&config)?;
+            let router = PluginRouter::from_config(&config)?;
+            runtime()?.block_on(drain(config, router))
+        }
+        Command::Plugin { command } => plugin(command).map(ok),
+        Command::Dead { target, command } => runtime()?.block_on(dead(target, command)).map(ok),
     }
 }
 
@@ -184,20 +230,51 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-async fn migrate(url: &str, table: &str) -> anyhow::Result<()> {
+/// What `sluice migrate` does with the NOTIFY trigger.
+enum TriggerChange {
+    Keep,
+    Install(String),
+    Drop,
+}
+
+async fn migrate(url: &str, table: &str, trigger: TriggerChange) -> anyhow::Result<()> {
     let table = TableName::parse(table).context("--table")?;
-    let pool = outbox::connect(url)
+    if let TriggerChange::Install(channel) = &trigger {
+        validate_channel(channel)
+            .map_err(anyhow::Error::msg)
+            .context("--notify-channel")?;
+    }
+    let pool = outbox::connect(url, 1)
         .await
         .with_context(|| format!("cannot connect to the database at {}", redact(url)))?;
     outbox::migrate(&pool, &table).await?;
     println!("outbox table {table} is ready");
+    match trigger {
+        TriggerChange::Keep => {}
+        TriggerChange::Install(channel) => {
+            notify::install_trigger(&pool, &table, &channel).await?;
+            println!(
+                "NOTIFY trigger installed: every insert into {table} notifies channel {channel:?} \
+                 (set relay.notify_channel = \"{channel}\")"
+            );
+        }
+        TriggerChange::Drop => {
+            notify::drop_trigger(&pool, &table).await?;
+            println!("NOTIFY trigger of {table} removed");
+        }
+    }
     Ok(())
 }
 
-async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
+type PgRelay = Relay<PgOutbox, Arc<PluginRouter>, KafkaSink>;
+
+/// Connects the database and the producer and wires the relay (shared by `run` and `drain`).
+async fn assemble(config: &Config, router: Arc<PluginRouter>) -> anyhow::Result<Arc<PgRelay>> {
     let table = TableName::parse(&config.database.table).context("database.table")?;
     let url = config.database_url();
-    let pool = outbox::connect(url)
+    // One connection per worker's open batch, plus one for probes and maintenance.
+    let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);
+    let pool = outbox::connect(url, connections)
         .await
         .with_context(|| format!("cannot connect to the database at {}", redact(url)))?;
     let options = StoreOptions {
@@ -209,40 +286,126 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
     let sink = KafkaSink::new(&config.kafka_properties())?;
     let settings = RelaySettings {
         batch_size: config.relay.batch_size,
+        workers: config.relay.workers,
+        min_poll_interval: config.relay.min_poll_interval,
         poll_interval: config.relay.poll_interval,
         retry: RetryPolicy::new(&config.relay.retry),
         dead_letter_topic: config.relay.retry.dead_letter_topic.clone(),
         shutdown_timeout: config.relay.shutdown_timeout,
     };
-    let router = Arc::new(router);
-    spawn_plugin_watcher(Arc::clone(&router));
-    let relay = Relay::new(store, router, sink, settings);
+    Ok(Arc::new(Relay::new(store, router, sink, settings)))
+}
 
-    let (trigger, stop) = shutdown::channel();
+/// Triggers `stop` on SIGINT/SIGTERM.
+fn stop_on_signal(trigger: shutdown::ShutdownTrigger, what: &'static str) {
     tokio::spawn(async move {
         match shutdown::signal().await {
-            Ok(name) => tracing::info!(signal = name, "stopping after the batch in hand"),
+            Ok(name) => tracing::info!(signal = name, "stopping after the batch in hand ({what})"),
             Err(e) => tracing::error!(error = %e, "cannot listen for signals; stopping"),
         }
         trigger.trigger();
     });
-    tracing::info!(table = %config.database.table, batch_size = config.relay.batch_size, "relay started");
-    let stats = relay.run(stop).await;
-    // Everything queued belongs to a batch that was either committed (and so acknowledged) or
-    // rolled back (and will be published again): a failed flush loses nothing.
+}
+
+/// Flushes the producer at exit. Everything queued belongs to a batch that was either
+/// committed (and so acknowledged) or rolled back (and will be published again): a failed
+/// flush loses nothing.
+fn flush(relay: &PgRelay, config: &Config) {
     let flush_for = SHUTDOWN_FLUSH.min(config.relay.shutdown_timeout);
     if let Err(e) = relay.sink().flush(flush_for) {
         tracing::warn!(error = %e, "producer still had undelivered messages at exit; their rows stay unsent");
     }
+}
+
+fn log_stats(stats: &RelayStats, what: &str) {
     tracing::info!(
         batches = stats.batches,
         rows_sent = stats.rows_sent,
         rows_failed = stats.rows_failed,
         rows_dead = stats.rows_dead,
         messages = stats.messages,
-        "relay stopped"
+        "{what}"
     );
+}
+
+async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
+    let router = Arc::new(router);
+    let relay = assemble(&config, Arc::clone(&router)).await?;
+    let (trigger, stop) = shutdown::channel();
+    spawn_plugin_watcher(Arc::clone(&router));
+    if let Some(channel) = &config.relay.notify_channel {
+        notify::spawn_listener(
+            config.database_url().to_owned(),
+            channel.clone(),
+            relay.pacer(),
+            stop.clone(),
+        );
+    }
+    if let (MarkMode::PublishedAt, Retention::Keep(retention)) =
+        (config.relay.mark, config.relay.retention)
+    {
+        let table = TableName::parse(&config.database.table).context("database.table")?;
+        let pool = outbox::connect(config.database_url(), 1).await?;
+        prune::spawn_pruner(
+            pool,
+            table,
+            retention,
+            config.relay.prune_interval,
+            stop.clone(),
+        );
+    }
+    stop_on_signal(trigger, "relay");
+    tracing::info!(
+        table = %config.database.table,
+        batch_size = config.relay.batch_size,
+        workers = config.relay.workers,
+        notify_channel = config.relay.notify_channel.as_deref().unwrap_or("(none)"),
+        "relay started"
+    );
+    let stats = relay.run(stop).await;
+    flush(&relay, &config);
+    log_stats(&stats, "relay stopped");
     Ok(())
+}
+
+async fn drain(config: Config, router: PluginRouter) -> anyhow::Result<ExitCode> {
+    let relay = assemble(&config, Arc::new(router)).await?;
+    let store_view = relay_backlog(&config).await?;
+    let before = store_view.backlog().await?;
+    let (trigger, stop) = shutdown::channel();
+    stop_on_signal(trigger, "drain");
+    tracing::info!(table = %config.database.table, due = before.due, "draining");
+    let (progress_done, progress_stop) = shutdown::channel();
+    let progress = tokio::spawn(progress::report(
+        relay.counters(),
+        u64::try_from(before.due).unwrap_or(0),
+        progress_stop,
+    ));
+    let stats = relay.drain(stop.clone()).await;
+    progress_done.trigger();
+    let _ = progress.await;
+    flush(&relay, &config);
+    let after = store_view.backlog().await?;
+    log_stats(&stats, "drain finished");
+    eprintln!(
+        "drained: {} rows sent, {} failed ({} dead); left unsent: {} due, {} waiting for a retry, {} dead",
+        stats.rows_sent, stats.rows_failed, stats.rows_dead, after.due, after.waiting, after.dead
+    );
+    if stop.is_shutdown() {
+        bail!("drain interrupted; {} rows are still due", after.due);
+    }
+    Ok(if stats.rows_failed > 0 {
+        ExitCode::from(DRAIN_ROWS_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A second handle on the outbox for counting rows (the relay owns its own).
+async fn relay_backlog(config: &Config) -> anyhow::Result<PgOutbox> {
+    let table = TableName::parse(&config.database.table).context("database.table")?;
+    let pool = outbox::connect(config.database_url(), 1).await?;
+    Ok(PgOutbox::new(pool, table, StoreOptions::default()).await?)
 }
 
 /// Reloads replaced plugin files (checked every [`PLUGIN_WATCH_INTERVAL`]) and all plugin
@@ -316,7 +479,7 @@ fn plugin(command: PluginCommand) -> anyhow::Result<()> {
 
 async fn dead(target: TableTarget, command: DeadCommand) -> anyhow::Result<()> {
     let (url, table) = target.resolve()?;
-    let pool = outbox::connect(&url)
+    let pool = outbox::connect(&url, 1)
         .await
         .with_context(|| format!("cannot connect to the database at {}", redact(&url)))?;
     match command {
@@ -355,6 +518,10 @@ async fn dead(target: TableTarget, command: DeadCommand) -> anyhow::Result<()> {
             };
             let n = outbox::dead::replay(&pool, &table, &selection).await?;
             println!("{n} dead rows are due again");
+        }
+        DeadCommand::Purge { older_than, tenant } => {
+            let n = outbox::dead::purge(&pool, &table, older_than, tenant.as_deref()).await?;
+            println!("{n} dead rows purged");
         }
     }
     Ok(())

@@ -541,6 +541,12 @@ impl Scenario {
         Fut: std::future::Future<Output = bool>,
     {
         let relay = RelayProcess::start(config).expect("start relay");
+        // Stopping it before it is up would kill it before its signal handler is installed.
+        let started = wait_until(SCENARIO_WAIT, || async {
+            relay.log().contains("relay started")
+        })
+        .await;
+        assert!(started, "relay did not start: {}", relay.log());
         let finished = wait_until(SCENARIO_WAIT, done).await;
         assert!(finished, "relay did not get there: {}", relay.log());
         let exit = relay.stop();

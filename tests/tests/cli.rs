@@ -1,6 +1,7 @@
 //! The command line: migrate, config and plugin errors, `plugin check` and `plugin test`.
 
 use std::io::Write;
+use std::time::Duration;
 
 use sluice_e2e::*;
 
@@ -248,4 +249,38 @@ fn compiled_plugins_are_cached_and_reused_on_the_next_start() {
         "{log}"
     );
     assert!(!log.contains("compiled plugin and cached it"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_relays_the_backlog_and_exits_0() {
+    let s = Scenario::new("drain", &["order", "customer"]).await;
+    s.table.insert_rows(3_000, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&dir, &s.config("", ""));
+    let out = sluice(&["drain", "--config", &config]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("3000 rows sent, 0 failed"), "{err}");
+    assert_eq!(s.table.count().await, 0);
+    assert_eq!(
+        count_by_id(&s.consume(3_000, Duration::from_secs(1))).len(),
+        3_000
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_exits_2_when_rows_failed() {
+    let s = Scenario::new("drainfail", &["order", "customer"]).await;
+    s.table.insert_rows(20, None).await;
+    s.table.insert_rows(5, Some("refuser")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = s.tenant("refuser", "test_fail_permanent", "");
+    let config = write_config(&dir, &s.config("", &tenants));
+    let out = sluice(&["drain", "--config", &config]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("20 rows sent, 5 failed (5 dead)"), "{err}");
+    assert!(err.contains("5 dead"), "{err}");
+    s.finish().await;
 }

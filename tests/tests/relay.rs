@@ -51,6 +51,46 @@ async fn rows_of_two_aggregate_types_arrive_routed_and_the_outbox_is_emptied() {
     s.finish().await;
 }
 
+/// What a consumer can tell about a message, with the scenario's topic prefix removed.
+fn shape(m: &Received, prefix: &str) -> (String, String, String, Vec<(String, Vec<u8>)>) {
+    (
+        m.topic.trim_start_matches(prefix).to_owned(),
+        m.key_str(),
+        String::from_utf8_lossy(m.payload.as_deref().unwrap_or_default()).into_owned(),
+        m.headers.clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn builtin_routing_publishes_exactly_what_the_wasm_reference_plugin_does() {
+    let mut outputs = Vec::new();
+    for builtin in [false, true] {
+        let s = Scenario::new(
+            if builtin { "builtin" } else { "wasm" },
+            &["order", "customer"],
+        )
+        .await;
+        s.table.insert_rows(100, None).await;
+        let mut config = s.config("", "");
+        if builtin {
+            let path = format!("path = \"{}\"", reference_plugin().display());
+            config = config.replace(&path, "builtin = \"route-by-aggregate\"");
+        }
+        s.relay_until(&config, || async { s.table.count().await == 0 })
+            .await;
+        let mut got: Vec<_> = s
+            .consume(100, SETTLE)
+            .iter()
+            .map(|m| shape(m, &s.prefix))
+            .collect();
+        got.sort();
+        outputs.push(got);
+        s.finish().await;
+    }
+    assert_eq!(outputs[0].len(), 100);
+    assert_eq!(outputs[0], outputs[1], "builtin and WASM outputs differ");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn published_at_mode_keeps_rows_and_stamps_every_one() {
     let s = Scenario::new("stamped", &["order", "customer"]).await;

@@ -10,7 +10,13 @@ use sluice_e2e::*;
 
 /// (mode, extra tenant settings, what `last_error` must say)
 const HOSTILE: &[(&str, &str, &str)] = &[
-    ("loop", "call_timeout = \"100ms\"", "call_timeout"),
+    // A deadline overrun pauses the tenant at once; a short cool-down lets the test see all
+    // three rows tried.
+    (
+        "loop",
+        "call_timeout = \"100ms\"\ncircuit_breaker_cooldown = \"200ms\"",
+        "call_timeout",
+    ),
     ("bomb", "memory_mb = 16", "memory limit of 16 MiB"),
     ("panic", "", "trapped"),
     ("forbidden", "", "allowed_topics"),
@@ -139,5 +145,32 @@ async fn circuit_breaker_pauses_a_failing_tenant_and_resumes_it_by_itself() {
         30,
         "every row delivered in the end"
     );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_that_traps_fails_alone_among_its_own_tenants_rows() {
+    let s = Scenario::new("onetrap", &["order", "customer"]).await;
+    // 100 rows of one tenant in one batch, aggregate ids agg-0 … agg-49: the plugin traps on
+    // agg-7 only (rows 7 and 57).
+    s.table.insert_rows(100, Some("picky")).await;
+    let tenant = s.tenant(
+        "picky",
+        "test_trap",
+        &format!(
+            "only_aggregate_id = \"agg-7\", topic_prefix = \"{}\"",
+            s.prefix
+        ),
+    ) + "circuit_breaker_failures = 1000\n";
+    let config = s.config("batch_size = 500\n[relay.retry]\nmax_attempts = 1", &tenant);
+    s.relay_until(&config, || async { s.table.count().await == 2 })
+        .await;
+    for (_, attempts, error) in s.table.unsent_rows().await {
+        assert_eq!(attempts, 1);
+        assert!(error.unwrap_or_default().contains("trapped"));
+    }
+    let got = s.consume(98, Duration::from_secs(1));
+    assert_eq!(count_by_id(&got).len(), 98);
+    assert!(got.iter().all(|m| m.key_str() != "agg-7"));
     s.finish().await;
 }

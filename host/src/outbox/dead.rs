@@ -92,3 +92,37 @@ pub async fn replay(
         .await?
         .rows_affected())
 }
+
+/// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in
+/// chunks of [`super::prune::CHUNK`]; returns how many. Their content is gone for good:
+/// `sluice dead list` them first, or dead-letter them to a topic.
+pub async fn purge(
+    pool: &PgPool,
+    table: &TableName,
+    older_than: std::time::Duration,
+    tenant: Option<&str>,
+) -> Result<u64, StoreError> {
+    let sql = format!(
+        "DELETE FROM {table}
+          WHERE id IN (SELECT id FROM {table}
+                        WHERE dead_at IS NOT NULL AND published_at IS NULL
+                          AND dead_at <= now() - $1 * interval '1 millisecond'
+                          AND ($2::text IS NULL OR COALESCE(tenant::text, 'default') = $2)
+                        ORDER BY id LIMIT $3)"
+    );
+    let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+    let mut total = 0;
+    loop {
+        let deleted = sqlx::query(AssertSqlSafe(sql.as_str()))
+            .bind(older_ms)
+            .bind(tenant)
+            .bind(super::prune::CHUNK)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        total += deleted;
+        if deleted < super::prune::CHUNK as u64 {
+            return Ok(total);
+        }
+    }
+}

@@ -6,14 +6,18 @@
 //! which rolls back).
 
 pub mod dead;
+pub mod notify;
 mod postgres;
+pub mod prune;
 mod table;
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
-pub use postgres::{PayloadKind, PgBatch, PgOutbox, StoreOptions, connect, migrate};
+pub use postgres::{
+    Backlog, PayloadKind, PgBatch, PgOutbox, StoreOptions, connect, connect_options, migrate,
+};
 pub use table::{TableName, TableNameError};
 
 pub use crate::retry::Disposition;
@@ -108,6 +112,11 @@ pub enum StoreError {
 /// Where outbox rows come from. Implementations: [`PgOutbox`].
 pub trait OutboxStore: Send + Sync + 'static {
     type Batch: ClaimedBatch;
+
+    /// Whether any row is due (as [`OutboxStore::claim`] would see it, ignoring locks), in
+    /// one cheap statement without a transaction: what an idle relay asks before claiming.
+    fn has_due(&self, paused: &[TenantId])
+    -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others and
     /// rows of the `paused` tenants. The returned batch holds the transaction open.

@@ -14,8 +14,6 @@ use crate::config::{AfterDead, MarkMode, Ordering};
 
 /// `last_error` is for humans; keep a runaway error message from bloating the table.
 const MAX_ERROR_LEN: usize = 2_000;
-/// Connections per relay process: one for the open batch, one spare for maintenance queries.
-const POOL_SIZE: u32 = 2;
 /// How long to wait for a connection before reporting the database as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
@@ -150,18 +148,24 @@ pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError>
     Ok(())
 }
 
-/// Connects a small pool suitable for one relay process.
-pub async fn connect(url: &str) -> Result<PgPool, sqlx::Error> {
-    let mut options: PgConnectOptions = url.parse()?;
-    // Name the connections so operators can find them in pg_stat_activity, unless the URL
-    // already names them.
-    if options.get_application_name().is_none() {
-        options = options.application_name(APPLICATION_NAME);
-    }
+/// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
+/// (so operators can find the connections in `pg_stat_activity`).
+pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    Ok(if options.get_application_name().is_none() {
+        options.application_name(APPLICATION_NAME)
+    } else {
+        options
+    })
+}
+
+/// Connects a pool of at most `connections` (a relay needs one per worker, plus one for the
+/// probe, the pruner and the CLI's queries).
+pub async fn connect(url: &str, connections: u32) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
-        .max_connections(POOL_SIZE)
+        .max_connections(connections.max(1))
         .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_with(options)
+        .connect_with(connect_options(url)?)
         .await
 }
 
@@ -171,6 +175,8 @@ pub struct PgOutbox {
     mark: MarkMode,
     // Built once from a validated table name (see `TableName`), hence `AssertSqlSafe`.
     claim_sql: Arc<str>,
+    due_sql: Arc<str>,
+    backlog_sql: Arc<str>,
     mark_sql: Arc<str>,
     reschedule_sql: Arc<str>,
 }
@@ -185,22 +191,28 @@ impl PgOutbox {
     ) -> Result<Self, StoreError> {
         let kind = payload_kind(&pool, &table).await?;
         let mark = options.mark;
+        // Unsent, not dead, due, not of a paused tenant ($1), and — in key order — not behind
+        // an earlier unsent row of its key.
+        let due = format!(
+            "o.published_at IS NULL AND o.dead_at IS NULL
+                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                AND NOT (COALESCE(o.tenant::text, 'default') = ANY($1::text[]))
+                {key_order}",
+            key_order = key_order_filter(&table, options.ordering, options.after_dead),
+        );
         let claim_sql = format!(
             "SELECT o.id, o.tenant::text AS tenant, o.aggregate_type::text AS aggregate_type,
                     o.aggregate_id::text AS aggregate_id, o.event_type::text AS event_type,
                     {payload} AS payload, COALESCE(o.headers::text, '{{}}') AS headers,
                     o.created_at, o.attempts
                FROM {table} AS o
-              WHERE o.published_at IS NULL AND o.dead_at IS NULL
-                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-                AND NOT (COALESCE(o.tenant::text, 'default') = ANY($2::text[]))
-                {key_order}
+              WHERE {due}
               ORDER BY o.id
-              LIMIT $1
+              LIMIT $2
                 FOR UPDATE OF o SKIP LOCKED",
             payload = kind.select_expr(),
-            key_order = key_order_filter(&table, options.ordering, options.after_dead),
         );
+        let due_sql = format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})");
         let mark_sql = match mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE id = ANY($1)"),
             MarkMode::PublishedAt => {
@@ -222,6 +234,15 @@ impl PgOutbox {
             pool,
             mark,
             claim_sql: claim_sql.into(),
+            due_sql: due_sql.into(),
+            backlog_sql: format!(
+                "SELECT count(*) FILTER (WHERE dead_at IS NULL
+                                           AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
+                        count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
+                        count(*) FILTER (WHERE dead_at IS NOT NULL)
+                   FROM {table} WHERE published_at IS NULL"
+            )
+            .into(),
             mark_sql: mark_sql.into(),
             reschedule_sql: reschedule_sql.into(),
         })
@@ -230,6 +251,25 @@ impl PgOutbox {
     pub fn mark_mode(&self) -> MarkMode {
         self.mark
     }
+
+    /// Unsent rows by state: what `sluice drain` has to do, and what it left.
+    pub async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let (due, waiting, dead): (i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.backlog_sql)))
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog { due, waiting, dead })
+    }
+}
+
+/// Unsent rows of the outbox, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Claimable now (not counting locks and paused tenants).
+    pub due: i64,
+    /// Waiting for a retry (`next_attempt_at` in the future).
+    pub waiting: i64,
+    pub dead: i64,
 }
 
 async fn payload_kind(pool: &PgPool, table: &TableName) -> Result<PayloadKind, StoreError> {
@@ -252,13 +292,21 @@ async fn payload_kind(pool: &PgPool, table: &TableName) -> Result<PayloadKind, S
 impl OutboxStore for PgOutbox {
     type Batch = PgBatch;
 
+    async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
+        let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
+        Ok(sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.due_sql)))
+            .bind(&paused)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
         let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.claim_sql)))
-            .bind(limit)
             .bind(&paused)
+            .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
         let mut rows = Vec::with_capacity(raw.len());

@@ -56,6 +56,18 @@ impl CircuitBreaker {
         }
     }
 
+    /// A call that ran into its `call_timeout` opens the breaker at once: each such call
+    /// burns a core for the whole timeout, so waiting for K of them would let one tenant take
+    /// K × call_timeout of CPU from the others every cool-down.
+    pub fn record_deadline(&mut self, now: Instant) -> Transition {
+        self.consecutive_failures = self
+            .consecutive_failures
+            .saturating_add(1)
+            .max(self.threshold);
+        self.open_until = Some(now + self.cooldown);
+        Transition::Opened
+    }
+
     pub fn record_failure(&mut self, now: Instant) -> Transition {
         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         if self.consecutive_failures >= self.threshold {
@@ -94,6 +106,15 @@ mod tests {
         assert_eq!(b.record_success(), Transition::Closed);
         assert_eq!(b.gate(t2), Gate::Run);
         assert_eq!(b.record_failure(t2), Transition::None, "count starts over");
+    }
+
+    #[test]
+    fn a_deadline_overrun_opens_at_once() {
+        let t0 = Instant::now();
+        let mut b = CircuitBreaker::new(5, Duration::from_secs(10));
+        assert_eq!(b.record_deadline(t0), Transition::Opened);
+        assert!(matches!(b.gate(t0), Gate::Paused(_)));
+        assert_eq!(b.record_success(), Transition::Closed);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The one wasmtime [`Engine`] of a process, its epoch ticker and the shared [`Linker`].
 
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread;
 use std::time::Duration;
 
@@ -14,11 +15,29 @@ use super::host_api::HostState;
 /// Granularity of call deadlines: the ticker bumps the engine's epoch this often.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 
+/// How long the parked ticker sleeps before checking whether the engine is gone.
+const TICKER_PARK: Duration = Duration::from_secs(1);
+
 /// Engine + linker shared by every plugin and tenant. Dropping the last handle stops the
 /// ticker thread.
 pub struct PluginEngine {
     engine: Engine,
     linker: Linker<HostState>,
+    /// Guest calls (and instantiations) running now; the ticker only ticks while there are
+    /// any, so an idle relay does not wake up a thousand times a second.
+    active_calls: AtomicUsize,
+    ticker: OnceLock<thread::Thread>,
+}
+
+/// Held while a guest call runs: keeps the epoch ticker going (see [`PluginEngine::enter`]).
+pub struct CallGuard<'a> {
+    engine: &'a PluginEngine,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.engine.active_calls.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl PluginEngine {
@@ -37,9 +56,26 @@ impl PluginEngine {
         Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PluginError::engine)?;
 
-        let this = Arc::new(Self { engine, linker });
-        spawn_ticker(Arc::downgrade(&this))?;
+        let this = Arc::new(Self {
+            engine,
+            linker,
+            active_calls: AtomicUsize::new(0),
+            ticker: OnceLock::new(),
+        });
+        let ticker = spawn_ticker(Arc::downgrade(&this))?;
+        let _ = this.ticker.set(ticker);
         Ok(this)
+    }
+
+    /// Marks a guest call as running until the guard is dropped. Deadlines are counted in
+    /// epoch ticks from the moment they are armed, so arm them after entering.
+    pub fn enter(&self) -> CallGuard<'_> {
+        if self.active_calls.fetch_add(1, Ordering::AcqRel) == 0
+            && let Some(ticker) = self.ticker.get()
+        {
+            ticker.unpark();
+        }
+        CallGuard { engine: self }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -51,17 +87,25 @@ impl PluginEngine {
     }
 }
 
-fn spawn_ticker(engine: Weak<PluginEngine>) -> Result<(), PluginError> {
+fn spawn_ticker(engine: Weak<PluginEngine>) -> Result<thread::Thread, PluginError> {
     thread::Builder::new()
         .name("sluice-epoch".into())
         .spawn(move || {
             while let Some(engine) = engine.upgrade() {
-                engine.engine.increment_epoch();
+                let busy = engine.active_calls.load(Ordering::Acquire) > 0;
+                if busy {
+                    engine.engine.increment_epoch();
+                }
                 drop(engine);
-                thread::sleep(EPOCH_TICK);
+                if busy {
+                    thread::sleep(EPOCH_TICK);
+                } else {
+                    // `enter` unparks us; the timeout only notices a dropped engine.
+                    thread::park_timeout(TICKER_PARK);
+                }
             }
         })
-        .map(|_| ())
+        .map(|handle| handle.thread().clone())
         .map_err(|e| PluginError::Engine(format!("cannot start epoch ticker thread: {e}")))
 }
 
@@ -74,6 +118,17 @@ pub fn deadline_ticks(timeout: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticker_counts_running_calls() {
+        let engine = PluginEngine::new().unwrap();
+        {
+            let _a = engine.enter();
+            let _b = engine.enter();
+            assert_eq!(engine.active_calls.load(Ordering::Acquire), 2);
+        }
+        assert_eq!(engine.active_calls.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn deadlines_round_down_to_ticks_but_never_zero() {

@@ -8,11 +8,11 @@ use wasmtime::{Store, Trap};
 use super::bindings::Plugin;
 use super::bindings::types::{self as wit, PluginInfo};
 use super::component::LoadedPlugin;
+use super::engine::PluginEngine;
 use super::engine::deadline_ticks;
 use super::host_api::HostState;
 use super::limits::Limits;
 use super::{PluginError, TransformFailure};
-use crate::message::Message;
 use crate::outbox::{OutboxRow, TenantId};
 
 /// A configured instance of a plugin for one tenant.
@@ -20,6 +20,7 @@ pub struct TenantInstance {
     store: Store<HostState>,
     bindings: Plugin,
     limits: Limits,
+    engine: Arc<PluginEngine>,
 }
 
 impl TenantInstance {
@@ -31,6 +32,8 @@ impl TenantInstance {
         limits: &Limits,
     ) -> Result<Self, PluginError> {
         let mut instance = Self::instantiate(plugin, tenant, limits)?;
+        let engine = Arc::clone(&instance.engine);
+        let _running = engine.enter();
         instance.arm();
         let configured = instance
             .bindings
@@ -55,6 +58,7 @@ impl TenantInstance {
         tenant: &TenantId,
         limits: &Limits,
     ) -> Result<Self, PluginError> {
+        let _running = plugin.engine().enter();
         let engine = plugin.engine().engine();
         let mut store = Store::new(
             engine,
@@ -75,6 +79,7 @@ impl TenantInstance {
             store,
             bindings,
             limits: limits.clone(),
+            engine: Arc::clone(plugin.engine()),
         })
     }
 
@@ -86,6 +91,8 @@ impl TenantInstance {
 
     /// The plugin's `info()`.
     pub fn info(&mut self) -> Result<PluginInfo, String> {
+        let engine = Arc::clone(&self.engine);
+        let _running = engine.enter();
         self.arm();
         self.bindings
             .sluice_plugin_transformer()
@@ -93,99 +100,78 @@ impl TenantInstance {
             .map_err(|e| describe_trap(&e, &self.limits))
     }
 
-    /// Runs one row through the plugin and validates its output. `Err(Trapped)` means this
-    /// instance is poisoned and must be dropped.
-    pub fn transform(&mut self, row: &OutboxRow) -> Result<Vec<Message>, TransformFailure> {
-        self.arm();
+    /// Runs one row through the plugin. `Err` means the call trapped and this instance is
+    /// poisoned and must be dropped; the plugin's own answer (messages or error) is `Ok`, to
+    /// be checked with [`super::output::accept`].
+    pub fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
         let input = to_wit_row(row);
-        let result = self
-            .bindings
+        let engine = Arc::clone(&self.engine);
+        let _running = engine.enter();
+        self.arm();
+        self.bindings
             .sluice_plugin_transformer()
             .call_transform(&mut self.store, &input)
-            .map_err(|e| TransformFailure::Trapped(describe_trap(&e, &self.limits)))?;
-        match result {
-            Ok(messages) if messages.len() > self.limits.max_outputs_per_row => {
-                Err(TransformFailure::InvalidOutput(format!(
-                    "plugin returned {} messages for one row; max_outputs_per_row is {}",
-                    messages.len(),
-                    self.limits.max_outputs_per_row
-                )))
-            }
-            Ok(messages) => messages
-                .into_iter()
-                .map(|m| self.validate(row, m))
-                .collect(),
-            Err(wit::TransformError::Retryable(d)) => Err(TransformFailure::Retryable {
-                code: d.code,
-                message: d.message,
-            }),
-            Err(wit::TransformError::Permanent(d)) => Err(TransformFailure::Permanent {
-                code: d.code,
-                message: d.message,
-            }),
+            .map_err(|e| Trapped::from_error(&e, &self.limits))
+    }
+
+    /// Runs several rows through the plugin's `transform-batch` in one call (one deadline for
+    /// the whole call). A result list of the wrong length is refused.
+    pub fn transform_batch(&mut self, rows: &[&OutboxRow]) -> Result<Vec<Answer>, Trapped> {
+        let input: Vec<wit::OutboxRow> = rows.iter().map(|row| to_wit_row(row)).collect();
+        let engine = Arc::clone(&self.engine);
+        let _running = engine.enter();
+        self.arm();
+        let answers = self
+            .bindings
+            .sluice_plugin_transformer()
+            .call_transform_batch(&mut self.store, &input)
+            .map_err(|e| Trapped::from_error(&e, &self.limits))?;
+        if answers.len() != rows.len() {
+            return Err(Trapped {
+                reason: format!(
+                    "plugin's transform-batch returned {} results for {} rows",
+                    answers.len(),
+                    rows.len()
+                ),
+                deadline: false,
+            });
         }
+        Ok(answers)
     }
 
     /// Counters the guest reported through `counter-add`.
     pub fn counters(&self) -> &std::collections::HashMap<String, u64> {
         self.store.data().counters()
     }
-
-    fn validate(
-        &self,
-        row: &OutboxRow,
-        m: wit::OutputMessage,
-    ) -> Result<Message, TransformFailure> {
-        if m.topic.is_empty() {
-            return Err(TransformFailure::InvalidOutput(
-                "plugin returned a message with an empty topic".into(),
-            ));
-        }
-        if !self.limits.topic_allowed(&m.topic) {
-            return Err(TransformFailure::InvalidOutput(format!(
-                "plugin routed to topic {:?}, which is not in tenant {}'s allowed_topics",
-                m.topic, row.tenant
-            )));
-        }
-        let size = m.key.as_ref().map_or(0, Vec::len)
-            + m.payload.as_ref().map_or(0, Vec::len)
-            + m.headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
-        if size > self.limits.max_message_bytes {
-            return Err(TransformFailure::InvalidOutput(format!(
-                "plugin returned a {size}-byte message for topic {:?}; max_message_bytes is {}",
-                m.topic, self.limits.max_message_bytes
-            )));
-        }
-        Ok(Message {
-            row: row.id,
-            topic: m.topic,
-            key: m.key,
-            payload: m.payload,
-            headers: stamp_headers(m.headers, row),
-            partition: m.partition,
-        })
-    }
 }
 
-/// Header names the host owns: whatever a plugin sets under these names is replaced.
-pub const TENANT_HEADER: &str = "sluice-tenant";
-pub const OUTBOX_ID_HEADER: &str = "sluice-outbox-id";
+/// The plugin's own answer for one row.
+pub type Answer = Result<Vec<wit::OutputMessage>, wit::TransformError>;
 
-/// Drops any `sluice-tenant` / `sluice-outbox-id` the plugin set and appends the true values,
-/// so consumers can trust them.
-fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(String, Vec<u8>)> {
-    headers.retain(|(k, _)| {
-        !k.eq_ignore_ascii_case(TENANT_HEADER) && !k.eq_ignore_ascii_case(OUTBOX_ID_HEADER)
-    });
-    headers.push((
-        TENANT_HEADER.to_owned(),
-        row.tenant.as_str().as_bytes().to_vec(),
-    ));
-    headers.push((OUTBOX_ID_HEADER.to_owned(), row.id.to_string().into_bytes()));
-    headers
+/// A guest call that trapped; the instance must be discarded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trapped {
+    pub reason: String,
+    /// The call ran into its `call_timeout`.
+    pub deadline: bool,
+}
+
+impl Trapped {
+    fn from_error(error: &wasmtime::Error, limits: &Limits) -> Self {
+        Self {
+            reason: describe_trap(error, limits),
+            deadline: matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)),
+        }
+    }
+
+    /// The row's failure.
+    pub fn into_failure(self) -> TransformFailure {
+        if self.deadline {
+            TransformFailure::DeadlineExceeded(self.reason)
+        } else {
+            TransformFailure::Trapped(self.reason)
+        }
+    }
 }
 
 /// Converts a claimed row to the WIT record.

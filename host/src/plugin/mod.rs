@@ -5,17 +5,22 @@
 //! - [`component`]: loading and linking a `.wasm` file
 //! - [`instance`]: a tenant's Store and the guest calls
 //! - [`limits`]: memory/time limits and the topic allow-list
-//! - [`router`]: tenant → instance routing for the relay
+//! - [`output`]: what the host accepts from a plugin, and the headers it stamps
+//! - [`builtin`]: routing plugins compiled into the host (no WASM)
+//! - [`router`]: tenant → instance routing for the relay, per-batch time budgets
 //! - [`testbench`]: `sluice plugin check|test`
 
 mod bindings;
 pub mod breaker;
+pub mod builtin;
 pub mod component;
 pub mod engine;
 mod host_api;
 pub mod instance;
 pub mod limits;
+pub mod output;
 pub mod router;
+pub mod slot;
 pub mod testbench;
 
 use std::future::Future;
@@ -39,7 +44,8 @@ pub trait RowTransformer: Send + Sync + 'static {
     /// One result per input row, in the same order.
     fn transform(&self, rows: Arc<[OutboxRow]>) -> impl Future<Output = Vec<RowResult>> + Send;
 
-    /// Tenants whose rows should not be claimed right now (circuit breaker open).
+    /// Tenants whose rows should not be claimed right now (circuit breaker open, or a plugin
+    /// call of theirs has been running for a while).
     fn paused_tenants(&self) -> Vec<TenantId> {
         Vec::new()
     }
@@ -63,9 +69,16 @@ pub enum TransformFailure {
     Retryable { code: String, message: String },
     #[error("plugin error (permanent) {code}: {message}")]
     Permanent { code: String, message: String },
-    /// Trap, deadline or memory cap; the instance was discarded.
+    /// Trap or memory cap; the instance was discarded.
     #[error("{0}")]
     Trapped(String),
+    /// The call ran into its `call_timeout`; the instance was discarded and the tenant paused.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// Not run in this batch: the tenant's plugin used up the batch's time budget, or was busy
+    /// in another batch. The row is put back untouched (no attempt counted).
+    #[error("deferred: {0}")]
+    Deferred(String),
     /// The plugin returned something the host refuses to publish.
     #[error("invalid plugin output: {0}")]
     InvalidOutput(String),

@@ -1,103 +1,22 @@
-//! Routes each row to its tenant's plugin instance and runs the guest calls off the async
+//! Routes each row to its tenant's plugin slot and runs the plugin calls off the async
 //! reactor. One Store per tenant: tenants never share an instance, even when they share a file.
+//! Slots are in [`super::slot`]; this module owns the tenant → slot map, start-up and hot
+//! reload.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-use super::breaker::{CircuitBreaker, Gate, Transition};
 
 use super::component::LoadedPlugin;
 use super::engine::PluginEngine;
-use super::instance::TenantInstance;
 use super::limits::Limits;
+use super::slot::{
+    PluginCode, Runner, SlotStatus, TenantSlot, TenantTemplate, lock, lock_unless_stalled,
+};
 use super::{PluginError, RowResult, RowTransformer, TransformFailure};
-use crate::config::{Config, config_pairs, plugin_cache_dir};
+use crate::config::{Config, PluginSource, config_pairs, plugin_cache_dir};
 use crate::outbox::{OutboxRow, TenantId};
-
-/// Everything needed to (re)create a tenant's instance.
-struct TenantTemplate {
-    plugin: Arc<LoadedPlugin>,
-    config: Vec<(String, String)>,
-    limits: Limits,
-}
-
-/// A tenant's instance slot; `None` after a trap until the next row needs it.
-struct TenantSlot {
-    tenant: TenantId,
-    template: Arc<TenantTemplate>,
-    instance: Option<TenantInstance>,
-    /// Shared with the router so the claim can skip paused tenants without waiting for this
-    /// slot's lock (held while a guest call runs).
-    breaker: Arc<Mutex<CircuitBreaker>>,
-}
-
-impl TenantSlot {
-    fn new(
-        tenant: TenantId,
-        template: Arc<TenantTemplate>,
-        instance: Option<TenantInstance>,
-    ) -> Self {
-        let limits = &template.limits;
-        let breaker = CircuitBreaker::new(limits.breaker_failures, limits.breaker_cooldown);
-        Self {
-            tenant,
-            template,
-            instance,
-            breaker: Arc::new(Mutex::new(breaker)),
-        }
-    }
-
-    /// Runs a row unless the tenant is paused, and feeds the outcome to the breaker.
-    fn transform(&mut self, row: &OutboxRow) -> RowResult {
-        let now = Instant::now();
-        if let Gate::Paused(until) = lock(&self.breaker).gate(now) {
-            return Err(TransformFailure::Paused {
-                tenant: self.tenant.clone(),
-                remaining: until - now,
-            });
-        }
-        let result = self.run(row);
-        let mut breaker = lock(&self.breaker);
-        let transition = match &result {
-            Ok(_) => breaker.record_success(),
-            Err(_) => breaker.record_failure(Instant::now()),
-        };
-        match transition {
-            Transition::Opened => tracing::error!(
-                tenant = %self.tenant,
-                cooldown = ?self.template.limits.breaker_cooldown,
-                "circuit breaker opened: tenant paused after repeated plugin failures"
-            ),
-            Transition::Closed => {
-                tracing::warn!(tenant = %self.tenant, "circuit breaker closed: tenant resumed")
-            }
-            Transition::None => {}
-        }
-        result
-    }
-
-    fn run(&mut self, row: &OutboxRow) -> RowResult {
-        if self.instance.is_none() {
-            let t = &self.template;
-            let instance = TenantInstance::create(&t.plugin, &self.tenant, &t.config, &t.limits)
-                .map_err(|e| TransformFailure::Unavailable(e.to_string()))?;
-            self.instance = Some(instance);
-        }
-        let Some(instance) = self.instance.as_mut() else {
-            return Err(TransformFailure::Unavailable("instance missing".into()));
-        };
-        let result = instance.transform(row);
-        if let Err(TransformFailure::Trapped(reason)) = &result {
-            // The Store is poisoned after a trap: discard it, re-create on the next row.
-            tracing::warn!(tenant = %self.tenant, row = %row.id, error.type = "trap", %reason,
-                "plugin trapped; discarding the tenant's instance");
-            self.instance = None;
-        }
-        result
-    }
-}
 
 type SharedSlot = Arc<Mutex<TenantSlot>>;
 
@@ -110,7 +29,8 @@ pub struct PluginRouter {
     cache_dir: Option<PathBuf>,
     /// What each plugin file looked like when it was loaded, to notice replacements.
     files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
-    breakers: Mutex<HashMap<TenantId, Arc<Mutex<CircuitBreaker>>>>,
+    /// Each slot's status, readable while the slot's lock is held by a running call.
+    statuses: Mutex<HashMap<TenantId, Arc<SlotStatus>>>,
 }
 
 impl PluginRouter {
@@ -121,9 +41,13 @@ impl PluginRouter {
         let engine = PluginEngine::new()?;
         let cache_dir = plugin_cache_dir(config.plugins.cache_dir.as_deref());
         let mut files: HashMap<PathBuf, Arc<LoadedPlugin>> = HashMap::new();
-        let mut load = |path: &PathBuf| -> Result<Arc<LoadedPlugin>, PluginError> {
+        let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
+            let path = match source {
+                PluginSource::Builtin(name) => return Ok(PluginCode::Builtin(name.clone())),
+                PluginSource::Wasm(path) => path,
+            };
             if let Some(p) = files.get(path) {
-                return Ok(Arc::clone(p));
+                return Ok(PluginCode::Wasm(Arc::clone(p)));
             }
             let plugin = Arc::new(LoadedPlugin::load_cached(
                 &engine,
@@ -131,7 +55,7 @@ impl PluginRouter {
                 cache_dir.as_deref(),
             )?);
             files.insert(path.clone(), Arc::clone(&plugin));
-            Ok(plugin)
+            Ok(PluginCode::Wasm(plugin))
         };
         let limits_err = |key: String| {
             move |message: String| PluginError::Config {
@@ -143,7 +67,10 @@ impl PluginRouter {
         let default_spec = config.plugins.default.as_ref();
         let default = match default_spec {
             Some(spec) => Some(Arc::new(TenantTemplate {
-                plugin: load(&spec.path)?,
+                code: load(&spec.source().ok_or_else(|| PluginError::Config {
+                    key: "plugins.default".into(),
+                    message: "needs `path` or `builtin`".into(),
+                })?)?,
                 config: config_pairs(&spec.config),
                 limits: Limits::resolve(&spec.limits())
                     .map_err(limits_err("plugins.default".into()))?,
@@ -154,15 +81,14 @@ impl PluginRouter {
         let mut slots = HashMap::new();
         for (name, tenant) in &config.tenants {
             let default_limits = default_spec.map(|s| s.limits()).unwrap_or_default();
-            let path = match (&tenant.path, default_spec) {
-                (Some(p), _) => p,
-                (None, Some(spec)) => &spec.path,
-                (None, None) => {
-                    return Err(PluginError::Config {
-                        key: format!("tenants.{name}.path"),
-                        message: "missing and no [plugins.default]".into(),
-                    });
-                }
+            let Some(source) = tenant
+                .source()
+                .or_else(|| default_spec.and_then(|s| s.source()))
+            else {
+                return Err(PluginError::Config {
+                    key: format!("tenants.{name}.path"),
+                    message: "missing and no [plugins.default]".into(),
+                });
             };
             let empty = BTreeMap::new();
             let table = tenant
@@ -171,7 +97,7 @@ impl PluginRouter {
                 .or(default_spec.map(|s| &s.config))
                 .unwrap_or(&empty);
             let template = Arc::new(TenantTemplate {
-                plugin: load(path)?,
+                code: load(&source)?,
                 config: config_pairs(table),
                 limits: Limits::resolve(&tenant.limits().or(&default_limits))
                     .map_err(limits_err(format!("tenants.{name}")))?,
@@ -185,9 +111,9 @@ impl PluginRouter {
                 slots.insert(id.clone(), new_slot(id, Arc::clone(template))?);
             }
         }
-        let breakers = slots
+        let statuses = slots
             .iter()
-            .map(|(id, slot): (&TenantId, &TenantSlot)| (id.clone(), Arc::clone(&slot.breaker)))
+            .map(|(id, slot): (&TenantId, &TenantSlot)| (id.clone(), Arc::clone(&slot.status)))
             .collect();
         let slots = slots
             .into_iter()
@@ -200,7 +126,7 @@ impl PluginRouter {
         Ok(Self {
             default: Mutex::new(default),
             slots: Mutex::new(slots),
-            breakers: Mutex::new(breakers),
+            statuses: Mutex::new(statuses),
             engine,
             cache_dir,
             files: Mutex::new(files),
@@ -216,7 +142,7 @@ impl PluginRouter {
         // created lazily by its first row.
         let template = Arc::clone(lock(&self.default).as_ref()?);
         let slot = TenantSlot::new(tenant.clone(), template, None);
-        lock(&self.breakers).insert(tenant.clone(), Arc::clone(&slot.breaker));
+        lock(&self.statuses).insert(tenant.clone(), Arc::clone(&slot.status));
         let slot = Arc::new(Mutex::new(slot));
         slots.insert(tenant.clone(), Arc::clone(&slot));
         Some(slot)
@@ -245,6 +171,10 @@ impl FileStamp {
 }
 
 impl PluginRouter {
+    fn status(&self, tenant: &TenantId) -> Option<Arc<SlotStatus>> {
+        lock(&self.statuses).get(tenant).cloned()
+    }
+
     /// Reloads plugin files that changed on disk (all of them with `force`, as on SIGHUP).
     /// A new version is compiled and instantiated and configured for every tenant using it
     /// before anything is swapped; if any step fails the old version keeps running and the
@@ -282,7 +212,7 @@ impl PluginRouter {
         )?);
         let renewed = |old: &TenantTemplate| {
             Arc::new(TenantTemplate {
-                plugin: Arc::clone(&plugin),
+                code: PluginCode::Wasm(Arc::clone(&plugin)),
                 config: old.config.clone(),
                 limits: old.limits.clone(),
             })
@@ -292,22 +222,19 @@ impl PluginRouter {
         let mut prepared = Vec::new();
         for slot in &slots {
             let guard = lock(slot);
-            if guard.template.plugin.path() != path {
+            if guard.template.path() != Some(path) {
                 continue;
             }
             let template = renewed(&guard.template);
-            let instance =
-                TenantInstance::create(&plugin, &guard.tenant, &template.config, &template.limits)?;
-            prepared.push((Arc::clone(slot), template, instance));
+            let runner = Runner::create(&template, &guard.tenant)?;
+            prepared.push((Arc::clone(slot), template, runner));
         }
         let count = prepared.len();
-        for (slot, template, instance) in prepared {
-            let mut guard = lock(&slot);
-            guard.template = template;
-            guard.instance = Some(instance);
+        for (slot, template, runner) in prepared {
+            lock(&slot).replace(template, runner);
         }
         let mut default = lock(&self.default);
-        if let Some(old) = default.as_ref().filter(|t| t.plugin.path() == path) {
+        if let Some(old) = default.as_ref().filter(|t| t.path() == Some(path)) {
             *default = Some(renewed(old));
         }
         Ok(count)
@@ -315,27 +242,16 @@ impl PluginRouter {
 }
 
 fn new_slot(tenant: TenantId, template: Arc<TenantTemplate>) -> Result<TenantSlot, PluginError> {
-    let instance = TenantInstance::create(
-        &template.plugin,
-        &tenant,
-        &template.config,
-        &template.limits,
-    )?;
-    Ok(TenantSlot::new(tenant, template, Some(instance)))
-}
-
-/// A poisoned lock only means another thread panicked mid-call; the slot data is still
-/// consistent (at worst an instance that will trap again and be replaced).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    let runner = Runner::create(&template, &tenant)?;
+    Ok(TenantSlot::new(tenant, template, Some(runner)))
 }
 
 impl RowTransformer for PluginRouter {
     fn paused_tenants(&self) -> Vec<TenantId> {
         let now = Instant::now();
-        lock(&self.breakers)
+        lock(&self.statuses)
             .iter()
-            .filter(|(_, b)| matches!(lock(b).gate(now), Gate::Paused(_)))
+            .filter(|(_, status)| status.unavailable(now))
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -356,13 +272,25 @@ impl RowTransformer for PluginRouter {
             };
             let indices = group.clone();
             let rows = Arc::clone(&rows);
+            let status = self.status(&tenant);
             // Guest calls are synchronous CPU work: keep them off the reactor threads.
             let task = tokio::task::spawn_blocking(move || {
-                let mut slot = lock(&slot);
-                group
-                    .into_iter()
-                    .map(|index| slot.transform(&rows[index]))
-                    .collect::<Vec<_>>()
+                let group: Vec<&OutboxRow> = group.iter().map(|&i| &rows[i]).collect();
+                match status
+                    .as_deref()
+                    .map_or_else(|| Some(lock(&slot)), |s| lock_unless_stalled(&slot, s))
+                {
+                    Some(mut slot) => slot.run_group(&group),
+                    None => group
+                        .iter()
+                        .map(|_| {
+                            Err(TransformFailure::Deferred(
+                                "the tenant's plugin is busy with a slow call in another batch"
+                                    .into(),
+                            ))
+                        })
+                        .collect(),
+                }
             });
             tasks.push((indices, task));
         }

@@ -12,7 +12,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::bindings::types::PluginInfo;
-use super::{Limits, LoadedPlugin, PluginEngine, PluginError, TenantInstance, TransformFailure};
+use super::{
+    Limits, LoadedPlugin, PluginEngine, PluginError, TenantInstance, TransformFailure, output,
+};
 use crate::config::plugin_cache_dir;
 use crate::message::Message;
 use crate::outbox::{OutboxId, OutboxRow, TenantId};
@@ -111,7 +113,11 @@ pub fn run(
         let Some(inst) = instance.as_mut() else {
             continue;
         };
-        match inst.transform(&row) {
+        let result = inst
+            .transform(&row)
+            .map_err(|trapped| trapped.into_failure())
+            .and_then(|answer| output::accept(&limits, &row, answer));
+        match result {
             Ok(messages) if messages.is_empty() => {
                 writeln!(out, "{}", json!({ "row": row.id.0, "filtered": true }))?;
             }
@@ -123,7 +129,10 @@ pub fn run(
             }
             Err(failure) => {
                 summary.failed_rows += 1;
-                if matches!(failure, TransformFailure::Trapped(_)) {
+                if matches!(
+                    failure,
+                    TransformFailure::Trapped(_) | TransformFailure::DeadlineExceeded(_)
+                ) {
                     instance = None;
                 }
                 writeln!(
@@ -141,11 +150,12 @@ fn kind(failure: &TransformFailure) -> &'static str {
     match failure {
         TransformFailure::Retryable { .. } => "retryable",
         TransformFailure::Permanent { .. } => "permanent",
-        TransformFailure::Trapped(_) => "trap",
+        TransformFailure::Trapped(_) | TransformFailure::DeadlineExceeded(_) => "trap",
         TransformFailure::InvalidOutput(_) => "invalid-output",
         TransformFailure::NoPlugin(_)
         | TransformFailure::Unavailable(_)
-        | TransformFailure::Paused { .. } => "unavailable",
+        | TransformFailure::Paused { .. }
+        | TransformFailure::Deferred(_) => "unavailable",
     }
 }
 

@@ -1,12 +1,18 @@
 //! The relay loop: claim → transform → publish → mark, until shutdown.
 //!
-//! A batch's rows stay locked by its open transaction from the claim until the commit that
-//! marks them, so concurrent relays never publish the same row twice in normal operation. A
-//! crash after the broker acknowledged but before the commit re-publishes the batch later:
-//! delivery is at-least-once.
+//! A process runs `relay.workers` of these loops at once, so one batch is claimed and
+//! transformed while another waits for its acknowledgements or its commit; when to poll is
+//! decided by the shared [`pacer::Pacer`]. A batch's rows stay locked by its open transaction
+//! from the claim until the commit that marks them, so concurrent workers and relays never
+//! publish the same row twice in normal operation. A crash after the broker acknowledged but
+//! before the commit re-publishes the batch later: delivery is at-least-once.
+
+mod dead_letter;
+pub mod pacer;
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::message::Message;
@@ -17,6 +23,7 @@ use crate::plugin::{RowTransformer, TransformFailure};
 use crate::retry::RetryPolicy;
 use crate::shutdown::Shutdown;
 use crate::sink::{Sink, SinkError};
+use pacer::{Fill, Pacer};
 
 /// First pause after a database error; doubled per consecutive error up to
 /// [`STORE_ERROR_MAX_PAUSE`], so an outage does not turn into a hot loop.
@@ -27,6 +34,11 @@ const STORE_ERROR_MAX_PAUSE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
     pub batch_size: usize,
+    /// Concurrent batch loops.
+    pub workers: usize,
+    /// Wait after a partial batch, and the first back-off step after an empty poll.
+    pub min_poll_interval: Duration,
+    /// Longest wait between polls of an empty outbox.
     pub poll_interval: Duration,
     pub retry: RetryPolicy,
     /// Topic receiving a copy of every row that goes dead, if any.
@@ -54,6 +66,38 @@ pub struct RelayStats {
     pub messages: u64,
 }
 
+/// Live counters, shared by the workers and readable while the relay runs (progress).
+#[derive(Debug, Default)]
+pub struct Counters {
+    batches: AtomicU64,
+    rows_sent: AtomicU64,
+    rows_failed: AtomicU64,
+    rows_dead: AtomicU64,
+    messages: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, report: &BatchReport) {
+        let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
+        add(&self.batches, usize::from(report.claimed > 0));
+        add(&self.rows_sent, report.sent);
+        add(&self.rows_failed, report.failed);
+        add(&self.rows_dead, report.dead);
+        add(&self.messages, report.messages);
+    }
+
+    pub fn snapshot(&self) -> RelayStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RelayStats {
+            batches: get(&self.batches),
+            rows_sent: get(&self.rows_sent),
+            rows_failed: get(&self.rows_failed),
+            rows_dead: get(&self.rows_dead),
+            messages: get(&self.messages),
+        }
+    }
+}
+
 /// What one batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BatchReport {
@@ -61,9 +105,18 @@ pub struct BatchReport {
     pub sent: usize,
     pub failed: usize,
     pub dead: usize,
+    /// Rows put back untouched (their tenant's plugin was slow or busy): claimed again later.
+    pub deferred: usize,
     pub messages: usize,
     /// First failure of the batch, for the log.
     pub first_error: Option<String>,
+}
+
+/// Whether the loops run until stopped, or until nothing is due (`sluice drain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Continuous,
+    Drain,
 }
 
 /// The relay: a store, a transformer and a sink, wired by the loop.
@@ -72,15 +125,23 @@ pub struct Relay<S, T, K> {
     transformer: T,
     sink: K,
     settings: RelaySettings,
+    pacer: Arc<Pacer>,
+    counters: Arc<Counters>,
 }
 
 impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     pub fn new(store: S, transformer: T, sink: K, settings: RelaySettings) -> Self {
+        let pacer = Arc::new(Pacer::new(
+            settings.min_poll_interval,
+            settings.poll_interval,
+        ));
         Self {
             store,
             transformer,
             sink,
             settings,
+            pacer,
+            counters: Arc::default(),
         }
     }
 
@@ -88,10 +149,46 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         &self.sink
     }
 
-    /// Relays batches until `shutdown` fires. The batch in hand may finish within
-    /// `shutdown_timeout`; after that it is dropped, which rolls it back.
-    pub async fn run(&self, mut shutdown: Shutdown) -> RelayStats {
-        let mut stats = RelayStats::default();
+    /// The poll clock; [`Pacer::wake`] makes an idle relay poll at once (LISTEN/NOTIFY).
+    pub fn pacer(&self) -> Arc<Pacer> {
+        Arc::clone(&self.pacer)
+    }
+
+    /// The live counters (for progress reports).
+    pub fn counters(&self) -> Arc<Counters> {
+        Arc::clone(&self.counters)
+    }
+
+    /// Relays batches with `relay.workers` loops until `shutdown` fires. Each loop's batch in
+    /// hand may finish within `shutdown_timeout`; after that it is dropped, which rolls it
+    /// back.
+    pub async fn run(self: &Arc<Self>, shutdown: Shutdown) -> RelayStats {
+        self.run_workers(shutdown, Mode::Continuous).await
+    }
+
+    /// Relays until a claim finds nothing due (or `shutdown` fires): `sluice drain`.
+    pub async fn drain(self: &Arc<Self>, shutdown: Shutdown) -> RelayStats {
+        self.run_workers(shutdown, Mode::Drain).await
+    }
+
+    async fn run_workers(self: &Arc<Self>, shutdown: Shutdown, mode: Mode) -> RelayStats {
+        let workers: Vec<_> = (0..self.settings.workers.max(1))
+            .map(|_| {
+                let relay = Arc::clone(self);
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move { relay.worker(shutdown, mode).await })
+            })
+            .collect();
+        for worker in workers {
+            if let Err(e) = worker.await {
+                tracing::error!(error = %e, "relay worker failed");
+            }
+        }
+        self.counters.snapshot()
+    }
+
+    /// One batch loop.
+    async fn worker(&self, mut shutdown: Shutdown, mode: Mode) {
         let mut store_errors: u32 = 0;
         while !shutdown.is_shutdown() {
             let batch = self.run_batch();
@@ -108,39 +205,50 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                     break;
                 }
             };
-            let wait = match outcome {
+            match outcome {
                 Ok(report) => {
                     store_errors = 0;
-                    stats.batches += u64::from(report.claimed > 0);
-                    stats.rows_sent += report.sent as u64;
-                    stats.rows_failed += report.failed as u64;
-                    stats.rows_dead += report.dead as u64;
-                    stats.messages += report.messages as u64;
+                    self.counters.add(&report);
                     log_report(&report);
-                    // Anything claimed means there may be more: poll again at once. Only an
-                    // empty poll waits.
-                    (report.claimed == 0).then_some(self.settings.poll_interval)
+                    let fill = if report.claimed == 0 {
+                        Fill::Empty
+                    } else if report.claimed >= self.settings.batch_size {
+                        Fill::Full
+                    } else {
+                        Fill::Partial
+                    };
+                    match mode {
+                        Mode::Drain if fill == Fill::Empty => break,
+                        Mode::Drain => {}
+                        Mode::Continuous => {
+                            self.pacer.record(fill);
+                            if fill != Fill::Full {
+                                self.pacer.wait_turn(&mut shutdown).await;
+                            }
+                        }
+                    }
                 }
                 Err(e) => {
                     store_errors = store_errors.saturating_add(1);
                     let pause = store_error_pause(store_errors);
                     tracing::error!(error = %e, retry_in = ?pause, "batch failed; rolled back");
-                    Some(pause)
-                }
-            };
-            if let Some(wait) = wait {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.recv() => {}
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.recv() => {}
+                    }
                 }
             }
         }
-        stats
     }
 
     /// Claims, transforms, publishes and marks one batch.
     pub async fn run_batch(&self) -> Result<BatchReport, StoreError> {
         let paused = self.transformer.paused_tenants();
+        // After an empty poll, look before claiming: one autocommit statement instead of a
+        // transaction, which keeps an idle relay's load at one query per poll.
+        if self.pacer.idle() && !self.store.has_due(&paused).await? {
+            return Ok(BatchReport::default());
+        }
         let claim = self.store.claim(self.settings.batch_size, &paused).await?;
         if claim.is_empty() {
             claim.batch.abandon().await?;
@@ -156,6 +264,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         let results = self.transformer.transform(Arc::clone(&rows)).await;
 
         let mut failed = rejected;
+        let mut deferred = 0;
         // Rows that failed here, by index into `rows`, so dead ones can be dead-lettered.
         let mut failed_rows: Vec<usize> = Vec::new();
         let mut messages: Vec<Message> = Vec::new();
@@ -168,6 +277,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                     messages.extend(out);
                     transformed.push((index, start..messages.len()));
                 }
+                // Put back untouched: neither marked nor rescheduled, claimable again at once.
+                Err(TransformFailure::Deferred(_)) => deferred += 1,
                 Err(failure) => {
                     let permanent = matches!(failure, TransformFailure::Permanent { .. });
                     let mut row_failure =
@@ -213,12 +324,15 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 }
             }
         }
-        self.dead_letter(&rows, &failed_rows, &mut failed).await;
+        if let Some(topic) = &self.settings.dead_letter_topic {
+            dead_letter::publish(&self.sink, topic, &rows, &failed_rows, &mut failed).await;
+        }
 
         let report = BatchReport {
             claimed,
             sent: sent.len(),
             failed: failed.len(),
+            deferred,
             dead: failed
                 .iter()
                 .filter(|f| f.disposition == Disposition::Dead)
@@ -244,79 +358,6 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         } else {
             self.sink.publish(messages).await
         }
-    }
-
-    /// Publishes a copy of every row that goes dead in this batch to the dead-letter topic.
-    /// The row is dead either way; a failed copy is noted in its `last_error`.
-    async fn dead_letter(
-        &self,
-        rows: &[OutboxRow],
-        failed_rows: &[usize],
-        failed: &mut [RowFailure],
-    ) {
-        let Some(topic) = &self.settings.dead_letter_topic else {
-            return;
-        };
-        let offset = failed.len() - failed_rows.len();
-        let dead: Vec<(usize, usize)> = failed_rows
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| failed[offset + i].disposition == Disposition::Dead)
-            .map(|(i, row)| (offset + i, *row))
-            .collect();
-        if dead.is_empty() {
-            return;
-        }
-        let copies: Vec<Message> = dead
-            .iter()
-            .map(|(f, r)| dead_letter_message(topic, &rows[*r], &failed[*f].error))
-            .collect();
-        let results = self.sink.publish(&copies).await;
-        for ((f, _), result) in dead.iter().zip(results) {
-            if let Err(e) = result {
-                tracing::error!(row = %failed[*f].id, error = %e, "dead-letter copy not published");
-                failed[*f]
-                    .error
-                    .push_str(&format!(" (dead-letter copy not published: {e})"));
-            }
-        }
-    }
-}
-
-/// The dead-letter copy of a row: its payload untouched, keyed by aggregate id, with the row's
-/// headers and Sluice's `sluice-*` headers explaining why it died.
-fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> Message {
-    let mut headers = row.headers.clone();
-    headers.extend([
-        ("sluice-error".to_owned(), error.as_bytes().to_vec()),
-        (
-            "sluice-attempts".to_owned(),
-            (row.attempts + 1).to_string().into_bytes(),
-        ),
-        (
-            "sluice-outbox-id".to_owned(),
-            row.id.to_string().into_bytes(),
-        ),
-        (
-            "sluice-tenant".to_owned(),
-            row.tenant.as_str().as_bytes().to_vec(),
-        ),
-        (
-            "sluice-aggregate-type".to_owned(),
-            row.aggregate_type.as_bytes().to_vec(),
-        ),
-        (
-            "sluice-event-type".to_owned(),
-            row.event_type.as_bytes().to_vec(),
-        ),
-    ]);
-    Message {
-        row: row.id,
-        topic: topic.to_owned(),
-        key: Some(row.aggregate_id.as_bytes().to_vec()),
-        payload: Some(row.payload.clone()),
-        headers,
-        partition: None,
     }
 }
 

@@ -1,0 +1,216 @@
+//! The command line: which scenario to run and with what sizes, resolved into [`Settings`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+/// Where `bench/run` and the tests keep their database.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1:5432/test";
+/// Tansu as started by `scripts/services.sh`.
+pub const DEFAULT_KAFKA: &str = "127.0.0.1:9092";
+
+const FULL_ROWS: u64 = 200_000;
+const QUICK_ROWS: u64 = 20_000;
+const FULL_NAIVE_ROWS: u64 = 10_000;
+const QUICK_NAIVE_ROWS: u64 = 2_000;
+const FULL_DURATION: Duration = Duration::from_secs(60);
+const QUICK_DURATION: Duration = Duration::from_secs(10);
+const FULL_NOTIFY_COST_DURATION: Duration = Duration::from_secs(10);
+const QUICK_NOTIFY_COST_DURATION: Duration = Duration::from_secs(5);
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-bench",
+    about = "Benchmarks of the sluice relay against real PostgreSQL and Kafka (see bench/run)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub options: Options,
+}
+
+#[derive(Subcommand, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Every scenario below in sequence, then a Markdown table of all figures.
+    All,
+    /// SQL-only ceiling: claim + decode + DELETE on W connections, no Kafka, no plugin.
+    SqlCeiling,
+    /// A naive one-message-at-a-time relay written in this crate, for scale.
+    Naive,
+    /// `sluice run` with the built-in route-by-aggregate router on the --rows backlog.
+    DrainNative,
+    /// `sluice run` with the WASM reference plugin on the --rows backlog.
+    DrainWasm,
+    /// Commit → Kafka latency at 1,000 rows/s, polling only and with NOTIFY.
+    Latency,
+    /// Database transactions/s and CPU % of a relay on an empty outbox.
+    Idle,
+    /// A good tenant's drain rate alone and next to a tenant whose plugin spins forever.
+    Noisy,
+    /// Start-up time with 50 WASM tenants, empty and filled compile cache.
+    Startup,
+    /// Insert rate of single-row transactions without and with the NOTIFY trigger.
+    NotifyCost,
+}
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// PostgreSQL URL of the benchmark database.
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_DATABASE_URL",
+        hide_env_values = true,
+        default_value = DEFAULT_DATABASE_URL
+    )]
+    database_url: String,
+    /// Kafka bootstrap servers.
+    #[arg(long, global = true, env = "SLUICE_BENCH_KAFKA", default_value = DEFAULT_KAFKA)]
+    kafka: String,
+    /// Backlog size of sql-ceiling, drain-* and noisy [default: 200000, --quick 20000].
+    #[arg(long, global = true)]
+    rows: Option<u64>,
+    /// Measuring window of latency and idle [default: 60s, --quick 10s].
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Concurrent connections of sql-ceiling (the relay's default relay.workers).
+    #[arg(long, global = true, default_value_t = 2)]
+    workers: usize,
+    /// The sluice binary [default: `sluice` next to this executable].
+    #[arg(long, global = true)]
+    sluice: Option<PathBuf>,
+    /// The WASM reference plugin [default:
+    /// <repo>/plugins/target/wasm32-wasip2/release/route_by_aggregate.wasm].
+    #[arg(long, global = true)]
+    plugin: Option<PathBuf>,
+    /// Smaller sizes for a smoke test: 20,000 rows, 10 s windows.
+    #[arg(long, global = true)]
+    quick: bool,
+    /// Also write the Markdown results table to this file.
+    #[arg(long, global = true)]
+    out: Option<PathBuf>,
+}
+
+/// Everything a scenario needs to know, with defaults filled in.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database_url: String,
+    pub kafka: String,
+    /// Backlog of sql-ceiling, drain-* and (good rows of) noisy.
+    pub rows: u64,
+    /// Backlog of the naive relay.
+    pub naive_rows: u64,
+    /// Window of latency and idle.
+    pub duration: Duration,
+    /// Insert phase of notify-cost, per variant.
+    pub notify_cost_duration: Duration,
+    /// Connections of sql-ceiling.
+    pub workers: usize,
+    /// The `sluice` binary (absolute).
+    pub sluice: PathBuf,
+    /// The WASM reference plugin (not checked until a scenario needs it).
+    pub plugin: PathBuf,
+    /// `tests/plugins/hostile`, used by noisy (not checked until needed).
+    pub hostile_plugin: PathBuf,
+    pub quick: bool,
+    pub out: Option<PathBuf>,
+}
+
+impl Options {
+    /// Fills in defaults and checks what every scenario needs (the sluice binary).
+    pub fn resolve(self) -> anyhow::Result<Settings> {
+        if self.workers == 0 {
+            bail!("--workers must be at least 1");
+        }
+        let rows = self
+            .rows
+            .unwrap_or(if self.quick { QUICK_ROWS } else { FULL_ROWS });
+        if rows == 0 {
+            bail!("--rows must be at least 1");
+        }
+        let duration = self.duration.unwrap_or(if self.quick {
+            QUICK_DURATION
+        } else {
+            FULL_DURATION
+        });
+        if duration.is_zero() {
+            bail!("--duration must be longer than 0");
+        }
+        let sluice = match self.sluice {
+            Some(path) => path,
+            None => std::env::current_exe()
+                .context("cannot find this executable's path to locate `sluice` next to it")?
+                .with_file_name("sluice"),
+        };
+        let sluice = existing_file(
+            &sluice,
+            "the sluice binary (build it with `cargo build --release -p sluice`, or pass --sluice)",
+        )?;
+        let root = repo_root();
+        Ok(Settings {
+            database_url: self.database_url,
+            kafka: self.kafka,
+            rows,
+            naive_rows: if self.quick {
+                QUICK_NAIVE_ROWS
+            } else {
+                FULL_NAIVE_ROWS
+            },
+            duration,
+            notify_cost_duration: if self.quick {
+                QUICK_NOTIFY_COST_DURATION
+            } else {
+                FULL_NOTIFY_COST_DURATION
+            },
+            workers: self.workers,
+            sluice,
+            plugin: self.plugin.unwrap_or_else(|| root.join(REFERENCE_PLUGIN)),
+            hostile_plugin: root.join(HOSTILE_PLUGIN),
+            quick: self.quick,
+            out: self.out,
+        })
+    }
+}
+
+const REFERENCE_PLUGIN: &str = "plugins/target/wasm32-wasip2/release/route_by_aggregate.wasm";
+const HOSTILE_PLUGIN: &str = "tests/plugins/target/wasm32-wasip2/release/test_hostile.wasm";
+
+impl Settings {
+    /// The WASM reference plugin as an absolute path, or an error saying how to build it.
+    pub fn reference_plugin(&self) -> anyhow::Result<PathBuf> {
+        existing_file(
+            &self.plugin,
+            "the reference plugin (build it with `cd plugins && cargo build --release --target wasm32-wasip2`, or pass --plugin)",
+        )
+    }
+
+    /// The hostile test plugin as an absolute path, or an error saying how to build it.
+    pub fn hostile_plugin(&self) -> anyhow::Result<PathBuf> {
+        existing_file(
+            &self.hostile_plugin,
+            "the hostile test plugin (build it with `cd tests/plugins && cargo build --release --target wasm32-wasip2`)",
+        )
+    }
+}
+
+/// The repository root: the parent of this crate's directory.
+fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| manifest.to_path_buf())
+}
+
+/// `path` made absolute (relay configs live in temporary directories, so relative paths would
+/// resolve against the wrong place), or an error naming `what` is missing.
+fn existing_file(path: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    if !path.is_file() {
+        bail!("{what}: {} does not exist", path.display());
+    }
+    std::fs::canonicalize(path)
+        .with_context(|| format!("{what}: cannot resolve {}", path.display()))
+}

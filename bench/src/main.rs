@@ -1,0 +1,88 @@
+//! `sluice-bench`: the benchmark harness of Sluice. It drives the real `sluice` binary (release
+//! build) against a real PostgreSQL and a real Kafka-protocol broker, measures it from the
+//! outside (row counts in the outbox, messages in Kafka, `/proc` of the relay process) and
+//! prints every figure with its unit, then a Markdown table of all of them plus the machine.
+//!
+//! # Running
+//!
+//! ```sh
+//! bench/run                     # everything: services, plugins, release builds, then `all`
+//! bench/run --quick             # smoke test: 20,000-row backlogs, 10 s windows (~2 min)
+//! bench/run --out results.md    # also write the Markdown table to a file
+//! target/release/sluice-bench latency --duration 30s   # one scenario (services already up)
+//! ```
+//!
+//! Full sizes (200,000-row backlogs, 60 s windows) should take about 6 minutes on 2 cores. Defaults:
+//! database `postgres://root@127.0.0.1:5432/test` (`--database-url` or `SLUICE_DATABASE_URL`),
+//! broker `127.0.0.1:9092` (`--kafka` or `SLUICE_BENCH_KAFKA`), the `sluice` binary next to
+//! this executable (`--sluice`), the reference plugin built in `plugins/` (`--plugin`).
+//!
+//! # Scenarios (in the order `all` runs them)
+//!
+//! Each one migrates its own outbox table with `sluice migrate`, creates its own topics
+//! (3 partitions), fills the table with 256-byte JSON rows (two aggregate types, 1,000 ids) and
+//! drops the table at the end. Relays run as child processes with `RUST_LOG=warn`.
+//!
+//! - `sql-ceiling` — the database's own limit for Sluice's SQL: `--workers` connections each
+//!   looping claim (500 rows, `FOR UPDATE SKIP LOCKED`) → decode → `DELETE` → `COMMIT` over the
+//!   `--rows` backlog. No Kafka, no plugin. rows/s.
+//! - `naive` — an honest seed-style relay inside this crate: one loop, one transaction per 500
+//!   rows, each message sent and awaited one at a time, one `UPDATE` per row; 10,000 rows.
+//!   rows/s.
+//! - `drain-native`, `drain-wasm` — `sluice run` with the built-in router resp. the WASM
+//!   reference plugin draining the `--rows` backlog: rows/s, relay CPU seconds per 1,000 rows,
+//!   peak RSS. `all` then prints the ratios drain-wasm / sql-ceiling (target ≥ 0.75),
+//!   / naive (≥ 30) and / drain-native (≥ 0.95).
+//! - `latency` — twice, polling only (`latency-poll`) and with a NOTIFY trigger and
+//!   `notify_channel` (`latency-notify`): 1,000 rows/s (10 per transaction every 10 ms) for
+//!   `--duration` into an idle relay; per row, commit → producer timestamp (a lower bound of the
+//!   acknowledgement) and commit → consumer receipt (an upper bound), p50/p95/p99/max in ms.
+//!   Targets p50 ≤ 10 ms, p99 ≤ 50 ms.
+//! - `idle` — an idle relay on an empty outbox in its own database for `--duration`:
+//!   transactions/s it causes there (target ≤ 1) and its CPU %.
+//! - `noisy` — tenant isolation: a well-behaved tenant's drain rate alone and with 200 rows of a
+//!   tenant whose plugin spins forever; ratio target ≥ 0.9.
+//! - `startup` — 50 tenants with the WASM plugin: time to "relay started" with an empty
+//!   compile cache and again with the cache filled.
+//! - `notify-cost` — what the NOTIFY trigger costs writers: single-row insert transactions/s of
+//!   8 connections without and with the trigger.
+
+mod claim;
+mod cli;
+mod db;
+mod drain_watch;
+mod kafka;
+mod machine;
+mod names;
+mod outbox;
+mod procstat;
+mod relay;
+mod relay_config;
+mod report;
+mod scenarios;
+mod stats;
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let outcome = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|runtime| runtime.block_on(scenarios::run(cli)));
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: at least one scenario failed (see the table above)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The `sluice.toml` a scenario runs its relay with.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Which plugin routes a table's rows.
+#[derive(Debug, Clone)]
+pub enum Plugin {
+    /// A `.wasm` component (absolute path).
+    Wasm(PathBuf),
+    /// A router compiled into the host (`builtin = "…"`).
+    Builtin(&'static str),
+}
+
+/// A `[tenants.<name>]` entry.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    /// Absolute path of the `.wasm` component.
+    pub path: PathBuf,
+    /// `config = { … }` pairs.
+    pub config: Vec<(String, String)>,
+}
+
+/// A relay configuration; unset keys keep Sluice's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct RelayConfig {
+    pub database_url: String,
+    pub table: String,
+    pub kafka: String,
+    /// `[relay]` keys with their values as TOML, e.g. `("notify_channel", "\"x\"")`.
+    pub relay: Vec<(String, String)>,
+    /// `[plugins] cache_dir`.
+    pub cache_dir: Option<PathBuf>,
+    /// `[plugins.default]`, with `config = { topic_prefix = … }`.
+    pub default_plugin: Option<(Plugin, String)>,
+    pub tenants: Vec<Tenant>,
+}
+
+impl RelayConfig {
+    /// The TOML text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail; the results are ignored.
+        let _ = writeln!(
+            out,
+            "[database]\nurl = {}\ntable = {}\n",
+            toml_string(&self.database_url),
+            toml_string(&self.table)
+        );
+        let _ = writeln!(out, "[relay]");
+        for (key, value) in &self.relay {
+            let _ = writeln!(out, "{key} = {value}");
+        }
+        let _ = writeln!(
+            out,
+            "\n[kafka]\n\"bootstrap.servers\" = {}\n",
+            toml_string(&self.kafka)
+        );
+        if let Some(dir) = &self.cache_dir {
+            let _ = writeln!(
+                out,
+                "[plugins]\ncache_dir = {}\n",
+                toml_string(&dir.to_string_lossy())
+            );
+        }
+        if let Some((plugin, prefix)) = &self.default_plugin {
+            let source = match plugin {
+                Plugin::Wasm(path) => format!("path = {}", toml_string(&path.to_string_lossy())),
+                Plugin::Builtin(name) => format!("builtin = {}", toml_string(name)),
+            };
+            let _ = writeln!(
+                out,
+                "[plugins.default]\n{source}\nconfig = {{ topic_prefix = {} }}\n",
+                toml_string(prefix)
+            );
+        }
+        for tenant in &self.tenants {
+            let config: Vec<String> = tenant
+                .config
+                .iter()
+                .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "[tenants.{}]\npath = {}\nconfig = {{ {} }}\n",
+                toml_string(&tenant.name),
+                toml_string(&tenant.path.to_string_lossy()),
+                config.join(", ")
+            );
+        }
+        out
+    }
+}
+
+/// `s` as a TOML basic string.
+pub fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_escaped() {
+        assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(toml_string("x\u{1}"), r#""x\u0001""#);
+    }
+
+    #[test]
+    fn a_full_config_renders() {
+        let config = RelayConfig {
+            database_url: "postgres://h/db".into(),
+            table: "t".into(),
+            kafka: "k:9092".into(),
+            relay: vec![("notify_channel".into(), toml_string("ch"))],
+            cache_dir: Some(PathBuf::from("/tmp/c")),
+            default_plugin: Some((Plugin::Builtin("route-by-aggregate"), "p.".into())),
+            tenants: vec![Tenant {
+                name: "spinner".into(),
+                path: PathBuf::from("/x.wasm"),
+                config: vec![("mode".into(), "loop".into())],
+            }],
+        };
+        let text = config.render();
+        for expected in [
+            "[database]\nurl = \"postgres://h/db\"\ntable = \"t\"\n",
+            "[relay]\nnotify_channel = \"ch\"\n",
+            "\"bootstrap.servers\" = \"k:9092\"",
+            "[plugins]\ncache_dir = \"/tmp/c\"",
+            "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { topic_prefix = \"p.\" }",
+            "[tenants.\"spinner\"]\npath = \"/x.wasm\"\nconfig = { \"mode\" = \"loop\" }",
+        ] {
+            assert!(text.contains(expected), "{expected:?} not in\n{text}");
+        }
+    }
+}

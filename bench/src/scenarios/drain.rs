@@ -1,0 +1,99 @@
+//! `drain-native` and `drain-wasm`: one `sluice run` (default settings) draining the `--rows`
+//! backlog, with the router built into the host resp. the WASM reference plugin. Reports
+//! rows/s, the relay's CPU seconds per 1,000 rows and its peak RSS.
+//!
+//! Rows/s and CPU cover the same window: from the first row leaving the table to the last
+//! (see [`crate::drain_watch`]), so plugin compilation at start-up is not counted.
+
+use super::THROUGHPUT;
+use crate::cli::Settings;
+use crate::drain_watch::{DrainWatch, Rows};
+use crate::outbox::OutboxTable;
+use crate::procstat::cpu_seconds;
+use crate::relay::RelayProcess;
+use crate::relay_config::{Plugin, RelayConfig};
+use crate::report::Figure;
+use crate::{db, kafka, names};
+
+/// The router under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// `builtin = "route-by-aggregate"`.
+    Native,
+    /// The reference plugin's `.wasm`.
+    Wasm,
+}
+
+impl Routing {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Native => "drain-native",
+            Self::Wasm => "drain-wasm",
+        }
+    }
+
+    fn stem(self) -> &'static str {
+        match self {
+            Self::Native => "drain_native",
+            Self::Wasm => "drain_wasm",
+        }
+    }
+
+    fn plugin(self, settings: &Settings) -> anyhow::Result<Plugin> {
+        Ok(match self {
+            Self::Native => Plugin::Builtin("route-by-aggregate"),
+            Self::Wasm => Plugin::Wasm(settings.reference_plugin()?),
+        })
+    }
+}
+
+pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Figure>> {
+    let plugin = routing.plugin(settings)?;
+    let pool = db::pool(&settings.database_url).await?;
+    let table = OutboxTable::create(settings, &pool, routing.stem(), None).await?;
+    let measured = measure(settings, routing, plugin, &table).await;
+    table.drop_table().await;
+    measured
+}
+
+async fn measure(
+    settings: &Settings,
+    routing: Routing,
+    plugin: Plugin,
+    table: &OutboxTable,
+) -> anyhow::Result<Vec<Figure>> {
+    let prefix = names::topic_prefix(routing.stem());
+    kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
+    table.fill(settings.rows, None).await?;
+    let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
+    let config = RelayConfig {
+        database_url: settings.database_url.clone(),
+        table: table.name().to_owned(),
+        kafka: settings.kafka.clone(),
+        default_plugin: Some((plugin, prefix)),
+        ..RelayConfig::default()
+    };
+    let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
+    let drained = watch.run(&mut relay).await?;
+    let stopped = relay.stop().await?;
+
+    let label = routing.label();
+    let cpu = cpu_seconds(
+        stopped
+            .last
+            .cpu_ticks
+            .saturating_sub(drained.start.cpu_ticks),
+    );
+    Ok(vec![
+        Figure::new(label, THROUGHPUT, drained.rows_per_second(), "rows/s"),
+        Figure::new(
+            label,
+            "relay CPU per 1,000 rows",
+            cpu / drained.rows as f64 * 1000.0,
+            "CPU s",
+        ),
+        Figure::new(label, "relay peak RSS", stopped.last.peak_rss_mib(), "MiB"),
+        Figure::new(label, "rows in window", drained.rows as f64, "rows"),
+        Figure::new(label, "drain time", drained.elapsed.as_secs_f64(), "s"),
+    ])
+}

@@ -1,0 +1,123 @@
+//! The scenarios, the order `all` runs them in, and the end of a run (table, `--out`).
+
+mod drain;
+mod idle;
+mod latency;
+mod naive;
+mod noisy;
+mod notify_cost;
+mod ratios;
+mod sql_ceiling;
+mod startup;
+
+use anyhow::Context;
+
+use crate::cli::{Cli, Command, Settings};
+use crate::machine::Machine;
+use crate::report::{Figure, Report};
+
+/// Name of the rows/s figure of sql-ceiling, naive and the drains (the ratios look it up).
+const THROUGHPUT: &str = "throughput";
+
+/// One measured step; `latency` is two steps, `all` adds the ratios after the drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    SqlCeiling,
+    Naive,
+    DrainNative,
+    DrainWasm,
+    Ratios,
+    LatencyPoll,
+    LatencyNotify,
+    Idle,
+    Noisy,
+    Startup,
+    NotifyCost,
+}
+
+impl Step {
+    /// The scenario label in the output.
+    fn label(self) -> &'static str {
+        match self {
+            Self::SqlCeiling => sql_ceiling::NAME,
+            Self::Naive => naive::NAME,
+            Self::DrainNative => drain::Routing::Native.label(),
+            Self::DrainWasm => drain::Routing::Wasm.label(),
+            Self::Ratios => ratios::NAME,
+            Self::LatencyPoll => latency::Wakeup::Poll.label(),
+            Self::LatencyNotify => latency::Wakeup::Notify.label(),
+            Self::Idle => idle::NAME,
+            Self::Noisy => noisy::NAME,
+            Self::Startup => startup::NAME,
+            Self::NotifyCost => notify_cost::NAME,
+        }
+    }
+
+    async fn run(self, settings: &Settings, report: &Report) -> anyhow::Result<Vec<Figure>> {
+        match self {
+            Self::SqlCeiling => sql_ceiling::run(settings).await,
+            Self::Naive => naive::run(settings).await,
+            Self::DrainNative => drain::run(settings, drain::Routing::Native).await,
+            Self::DrainWasm => drain::run(settings, drain::Routing::Wasm).await,
+            Self::Ratios => ratios::figures(report),
+            Self::LatencyPoll => latency::run(settings, latency::Wakeup::Poll).await,
+            Self::LatencyNotify => latency::run(settings, latency::Wakeup::Notify).await,
+            Self::Idle => idle::run(settings).await,
+            Self::Noisy => noisy::run(settings).await,
+            Self::Startup => startup::run(settings).await,
+            Self::NotifyCost => notify_cost::run(settings).await,
+        }
+    }
+}
+
+/// What a command runs, in order.
+fn steps(command: Command) -> Vec<Step> {
+    match command {
+        Command::All => vec![
+            Step::SqlCeiling,
+            Step::Naive,
+            Step::DrainNative,
+            Step::DrainWasm,
+            Step::Ratios,
+            Step::LatencyPoll,
+            Step::LatencyNotify,
+            Step::Idle,
+            Step::Noisy,
+            Step::Startup,
+            Step::NotifyCost,
+        ],
+        Command::SqlCeiling => vec![Step::SqlCeiling],
+        Command::Naive => vec![Step::Naive],
+        Command::DrainNative => vec![Step::DrainNative],
+        Command::DrainWasm => vec![Step::DrainWasm],
+        Command::Latency => vec![Step::LatencyPoll, Step::LatencyNotify],
+        Command::Idle => vec![Step::Idle],
+        Command::Noisy => vec![Step::Noisy],
+        Command::Startup => vec![Step::Startup],
+        Command::NotifyCost => vec![Step::NotifyCost],
+    }
+}
+
+/// Runs the command's steps, printing each result as it finishes, then the Markdown table
+/// (also to `--out`). A failed step is reported and the next one runs; returns whether all
+/// steps ran.
+pub async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let settings = cli.options.resolve()?;
+    let mut report = Report::default();
+    for step in steps(cli.command) {
+        eprintln!("==> {}", step.label());
+        match step.run(&settings, &report).await {
+            Ok(figures) => report.add(figures),
+            Err(e) => report.fail(step.label(), &e),
+        }
+    }
+    let machine = Machine::detect(&settings.database_url).await;
+    let table = report.markdown(&machine, &settings);
+    println!("\n{table}");
+    if let Some(out) = &settings.out {
+        std::fs::write(out, &table)
+            .with_context(|| format!("cannot write the results to {}", out.display()))?;
+        eprintln!("==> results written to {}", out.display());
+    }
+    Ok(report.all_ran())
+}

@@ -1,0 +1,87 @@
+//! `noisy`: tenant isolation. A well-behaved tenant (rows without tenant, the WASM reference
+//! plugin) drains `--rows` rows, once alone and once with 200 rows of tenant `spinner` spread
+//! evenly through the table, whose plugin (`tests/plugins/hostile`, mode `loop`) spins forever;
+//! default `call_timeout` and circuit breaker. Only the good tenant's rows are timed. Target:
+//! with spinner / alone ≥ 0.9.
+
+use crate::cli::Settings;
+use crate::drain_watch::{DrainWatch, Rows};
+use crate::outbox::{OtherTenant, OutboxTable};
+use crate::relay::RelayProcess;
+use crate::relay_config::{Plugin, RelayConfig, Tenant};
+use crate::report::Figure;
+use crate::{db, kafka, names};
+
+pub const NAME: &str = "noisy";
+
+const SPINNER: &str = "spinner";
+const SPINNER_ROWS: u64 = 200;
+const TARGET_RATIO: f64 = 0.9;
+
+pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+    let plugin = settings.reference_plugin()?;
+    let hostile = settings.hostile_plugin()?;
+    let pool = db::pool(&settings.database_url).await?;
+    let table = OutboxTable::create(settings, &pool, "noisy", None).await?;
+    let measured = measure(settings, &table, plugin, hostile).await;
+    table.drop_table().await;
+    measured
+}
+
+async fn measure(
+    settings: &Settings,
+    table: &OutboxTable,
+    plugin: std::path::PathBuf,
+    hostile: std::path::PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
+    let prefix = names::topic_prefix("noisy");
+    kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
+    let config = RelayConfig {
+        database_url: settings.database_url.clone(),
+        table: table.name().to_owned(),
+        kafka: settings.kafka.clone(),
+        default_plugin: Some((Plugin::Wasm(plugin), prefix.clone())),
+        tenants: vec![Tenant {
+            name: SPINNER.to_owned(),
+            path: hostile,
+            config: vec![
+                ("mode".to_owned(), "loop".to_owned()),
+                ("topic_prefix".to_owned(), prefix),
+            ],
+        }],
+        ..RelayConfig::default()
+    };
+
+    eprintln!("    good tenant alone");
+    let alone = good_rate(settings, table, &config, None).await?;
+    table.truncate().await?;
+    eprintln!("    good tenant with {SPINNER_ROWS} spinning rows");
+    let spinner = OtherTenant {
+        name: SPINNER,
+        rows: SPINNER_ROWS,
+    };
+    let noisy = good_rate(settings, table, &config, Some(spinner)).await?;
+    Ok(vec![
+        Figure::new(NAME, "good rows", settings.rows as f64, "rows"),
+        Figure::new(NAME, "spinning rows", SPINNER_ROWS as f64, "rows"),
+        Figure::new(NAME, "good tenant alone", alone, "rows/s"),
+        Figure::new(NAME, "good tenant with spinner", noisy, "rows/s"),
+        Figure::new(NAME, "with spinner / alone", noisy / alone, "×").at_least(TARGET_RATIO),
+    ])
+}
+
+/// Fills the table (good rows plus `other`'s), runs a relay until the good rows are gone and
+/// returns their rows/s.
+async fn good_rate(
+    settings: &Settings,
+    table: &OutboxTable,
+    config: &RelayConfig,
+    other: Option<OtherTenant<'_>>,
+) -> anyhow::Result<f64> {
+    table.fill(settings.rows, other).await?;
+    let watch = DrainWatch::prepare(&settings.database_url, table, Rows::NoTenant).await?;
+    let mut relay = RelayProcess::start(&settings.sluice, config, "warn")?;
+    let drained = watch.run(&mut relay).await?;
+    relay.stop().await?;
+    Ok(drained.rows_per_second())
+}

@@ -1,0 +1,88 @@
+//! Retention: in `mark = "published_at"` mode sent rows stay in the table as an audit trail;
+//! the pruner deletes those older than `relay.retention`, in bounded chunks so it never holds
+//! long locks or builds a huge transaction. Dead rows are never pruned (they are not sent):
+//! they stay until replayed or purged with `sluice dead purge`.
+
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::PgPool;
+
+use super::{StoreError, TableName};
+use crate::shutdown::Shutdown;
+
+/// Rows deleted per statement: small enough for a short transaction and little WAL at once.
+pub const CHUNK: i64 = 1_000;
+/// Pause between two full chunks, leaving the database to the relay in between.
+const CHUNK_PAUSE: Duration = Duration::from_millis(50);
+/// Advisory-lock key (with the table's oid): one pruner per table at a time, however many
+/// relays run.
+const PRUNE_LOCK_KEY: i32 = 0x736c_7570; // "slup"
+
+/// Deletes sent rows older than `retention`, chunk by chunk, until none are left or another
+/// process is pruning the same table. Returns how many rows it deleted.
+pub async fn prune_once(
+    pool: &PgPool,
+    table: &TableName,
+    retention: Duration,
+) -> Result<u64, StoreError> {
+    // Oldest ids first: the primary key walks the oldest rows, which are the sent ones, and
+    // stops after a chunk; no extra index on published_at is needed.
+    let sql = format!(
+        "WITH locked AS (SELECT pg_try_advisory_xact_lock($3, to_regclass($4)::oid::int) AS ok)
+         DELETE FROM {table}
+          WHERE id IN (SELECT id FROM {table}, locked
+                        WHERE locked.ok
+                          AND published_at < now() - $1 * interval '1 millisecond'
+                        ORDER BY id LIMIT $2)"
+    );
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let mut total = 0;
+    loop {
+        let deleted = sqlx::query(AssertSqlSafe(sql.as_str()))
+            .bind(retention_ms)
+            .bind(CHUNK)
+            .bind(PRUNE_LOCK_KEY)
+            .bind(table.to_string())
+            .execute(pool)
+            .await?
+            .rows_affected();
+        total += deleted;
+        if deleted < CHUNK as u64 {
+            return Ok(total);
+        }
+        tokio::time::sleep(CHUNK_PAUSE).await;
+    }
+}
+
+/// Prunes every `interval` until shutdown. Errors are logged and retried next time.
+pub fn spawn_pruner(
+    pool: PgPool,
+    table: TableName,
+    retention: Duration,
+    interval: Duration,
+    mut shutdown: Shutdown,
+) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.recv() => return,
+            }
+            let run = prune_once(&pool, &table, retention);
+            let result = tokio::select! {
+                r = run => r,
+                _ = shutdown.recv() => return,
+            };
+            match result {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(table = %table, rows = n, ?retention, "pruned sent rows past relay.retention")
+                }
+                Err(e) => {
+                    tracing::warn!(table = %table, error = %e, "pruning sent rows failed; trying again later")
+                }
+            }
+        }
+    });
+}
