@@ -86,6 +86,11 @@ pub struct Options {
     /// <repo>/plugins/target/wasm32-wasip2/release/route_by_aggregate.wasm].
     #[arg(long, global = true)]
     plugin: Option<PathBuf>,
+    /// Extra `[relay]` setting for the relays of drain-*, latency and noisy, as TOML
+    /// (repeatable), e.g. `--relay workers=4 --relay batch_size=1000`: for trying settings
+    /// side by side; the documented results use the defaults.
+    #[arg(long = "relay", global = true, value_name = "KEY=VALUE", value_parser = parse_setting)]
+    relay: Vec<(String, String)>,
     /// Smaller sizes for a smoke test: 20,000 rows, 10 s windows.
     #[arg(long, global = true)]
     quick: bool,
@@ -117,6 +122,15 @@ pub struct Settings {
     pub hostile_plugin: PathBuf,
     pub quick: bool,
     pub out: Option<PathBuf>,
+    /// `--relay` settings, added to the scenarios' `[relay]`.
+    pub relay: Vec<(String, String)>,
+}
+
+fn parse_setting(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 impl Options {
@@ -166,6 +180,7 @@ impl Options {
                 FULL_NOTIFY_COST_DURATION
             },
             workers: self.workers,
+            relay: self.relay,
             sluice,
             plugin: self.plugin.unwrap_or_else(|| root.join(REFERENCE_PLUGIN)),
             hostile_plugin: root.join(HOSTILE_PLUGIN),

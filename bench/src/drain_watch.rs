@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Postgres};
 
 use crate::db;
 use crate::outbox::OutboxTable;
-use crate::procstat::ProcSample;
+use crate::procstat::{ProcSample, SystemSample};
 use crate::relay::RelayProcess;
 
 /// Width of the id range watched for the first rows to leave.
@@ -55,6 +55,8 @@ pub struct Drained {
     pub elapsed: Duration,
     /// The relay's `/proc` reading at the start of the window.
     pub start: ProcSample,
+    /// The database's, the broker's and the machine's CPU over the window.
+    pub system: (SystemSample, SystemSample),
 }
 
 impl Drained {
@@ -126,6 +128,7 @@ impl DrainWatch {
             tokio::time::sleep(POLL).await;
         };
         let start = relay.sample()?;
+        let system_start = SystemSample::now();
         let remaining = self.total - (self.head_total - head_left);
         let rows = u64::try_from(remaining).context("negative row count")?;
         let limit = DRAIN_TIMEOUT_BASE + Duration::from_millis(rows);
@@ -136,6 +139,7 @@ impl DrainWatch {
                     rows,
                     elapsed: started.elapsed(),
                     start,
+                    system: (system_start, SystemSample::now()),
                 });
             }
             if started.elapsed() > limit {

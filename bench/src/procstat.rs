@@ -38,6 +38,84 @@ pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
     })
 }
 
+/// CPU time of everything else that a drain keeps busy: the database server, the broker, and
+/// the machine as a whole (where the time goes when a target is missed).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemSample {
+    /// Every `postgres` process (server and backends), in clock ticks.
+    pub postgres_ticks: u64,
+    /// Every `tansu` process, in clock ticks.
+    pub tansu_ticks: u64,
+    /// All CPUs: busy and total ticks from `/proc/stat`.
+    pub machine_busy: u64,
+    pub machine_total: u64,
+}
+
+impl SystemSample {
+    pub fn now() -> Self {
+        let (machine_busy, machine_total) = machine_ticks().unwrap_or((0, 0));
+        Self {
+            postgres_ticks: ticks_of_command("postgres"),
+            tansu_ticks: ticks_of_command("tansu"),
+            machine_busy,
+            machine_total,
+        }
+    }
+
+    /// (postgres CPU s, tansu CPU s, machine busy %) from `self` to `later`.
+    pub fn until(&self, later: &Self) -> (f64, f64, f64) {
+        let busy = later.machine_busy.saturating_sub(self.machine_busy) as f64;
+        let total = later.machine_total.saturating_sub(self.machine_total) as f64;
+        (
+            cpu_seconds(later.postgres_ticks.saturating_sub(self.postgres_ticks)),
+            cpu_seconds(later.tansu_ticks.saturating_sub(self.tansu_ticks)),
+            if total > 0.0 {
+                busy / total * 100.0
+            } else {
+                0.0
+            },
+        )
+    }
+}
+
+/// utime + stime of every process whose command name is `comm` (processes that exit between
+/// two samples drop out, so this is a lower bound).
+fn ticks_of_command(comm: &str) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            stat.split_once('(')
+                .and_then(|(_, rest)| rest.rsplit_once(')'))
+                .is_some_and(|(name, _)| name == comm)
+        })
+        .filter_map(|stat| cpu_ticks(&stat).ok())
+        .sum()
+}
+
+/// (busy, total) ticks of all CPUs from the first line of `/proc/stat`.
+fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let values: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal …
+    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    let total: u64 = values.iter().take(8).sum();
+    Ok((total.saturating_sub(idle), total))
+}
+
 /// CPU seconds of `ticks` clock ticks.
 pub fn cpu_seconds(ticks: u64) -> f64 {
     ticks as f64 / clock_ticks_per_second() as f64

@@ -149,28 +149,52 @@ async fn circuit_breaker_pauses_a_failing_tenant_and_resumes_it_by_itself() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_row_that_traps_fails_alone_among_its_own_tenants_rows() {
+async fn a_row_that_traps_in_a_batch_call_fails_alone_among_its_own_tenants_rows() {
     let s = Scenario::new("onetrap", &["order", "customer"]).await;
-    // 100 rows of one tenant in one batch, aggregate ids agg-0 … agg-49: the plugin traps on
-    // agg-7 only (rows 7 and 57).
+    // One batch of 121 rows of one tenant. The first 64 run row by row (a new instance's
+    // probation), the rest go to transform-batch, where the plugin traps on aggregate "bad":
+    // that call is retried row by row and only the bad row fails.
     s.table.insert_rows(100, Some("picky")).await;
+    let bad = format!(
+        "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('picky', 'order', 'bad', 'OrderCreated', '{{}}')",
+        s.table.name
+    );
+    sqlx::query(sqlx::AssertSqlSafe(bad))
+        .execute(&s.table.pool)
+        .await
+        .unwrap();
+    s.table.insert_rows(20, Some("picky")).await;
     let tenant = s.tenant(
         "picky",
         "test_trap",
         &format!(
-            "only_aggregate_id = \"agg-7\", topic_prefix = \"{}\"",
+            "only_aggregate_id = \"bad\", topic_prefix = \"{}\"",
             s.prefix
         ),
-    ) + "circuit_breaker_failures = 1000\n";
+    );
     let config = s.config("batch_size = 500\n[relay.retry]\nmax_attempts = 1", &tenant);
-    s.relay_until(&config, || async { s.table.count().await == 2 })
+    let exit = s
+        .relay_until(&config, || async { s.table.count().await == 1 })
         .await;
-    for (_, attempts, error) in s.table.unsent_rows().await {
-        assert_eq!(attempts, 1);
-        assert!(error.unwrap_or_default().contains("trapped"));
-    }
-    let got = s.consume(98, Duration::from_secs(1));
-    assert_eq!(count_by_id(&got).len(), 98);
-    assert!(got.iter().all(|m| m.key_str() != "agg-7"));
+    assert!(
+        exit.log
+            .contains("transform-batch failed; calling this tenant's plugin row by row"),
+        "{}",
+        exit.log
+    );
+    let unsent = s.table.unsent_rows().await;
+    assert_eq!(unsent.len(), 1);
+    assert_eq!(unsent[0].1, 1, "one attempt");
+    assert!(
+        unsent[0]
+            .2
+            .as_deref()
+            .unwrap_or_default()
+            .contains("trapped")
+    );
+    let got = s.consume(120, Duration::from_secs(1));
+    assert_eq!(count_by_id(&got).len(), 120);
+    assert!(got.iter().all(|m| m.key_str() != "bad"));
     s.finish().await;
 }

@@ -111,18 +111,11 @@ pub async fn purge(
                         ORDER BY id LIMIT $3)"
     );
     let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-    let mut total = 0;
-    loop {
-        let deleted = sqlx::query(AssertSqlSafe(sql.as_str()))
-            .bind(older_ms)
-            .bind(tenant)
+    let tenant = tenant.map(str::to_owned);
+    super::prune::delete_in_chunks(pool, &sql, |q| {
+        q.bind(older_ms)
+            .bind(tenant.clone())
             .bind(super::prune::CHUNK)
-            .execute(pool)
-            .await?
-            .rows_affected();
-        total += deleted;
-        if deleted < super::prune::CHUNK as u64 {
-            return Ok(total);
-        }
-    }
+    })
+    .await
 }

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use sqlx::AssertSqlSafe;
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgArguments, PgPool};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Postgres};
 
 use super::{StoreError, TableName};
 use crate::shutdown::Shutdown;
@@ -37,13 +38,29 @@ pub async fn prune_once(
                         ORDER BY id LIMIT $2)"
     );
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    let mut total = 0;
-    loop {
-        let deleted = sqlx::query(AssertSqlSafe(sql.as_str()))
-            .bind(retention_ms)
+    let table_name = table.to_string();
+    delete_in_chunks(pool, &sql, |q| {
+        q.bind(retention_ms)
             .bind(CHUNK)
             .bind(PRUNE_LOCK_KEY)
-            .bind(table.to_string())
+            .bind(table_name.clone())
+    })
+    .await
+}
+
+type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
+
+/// Runs the `DELETE` in `sql` (which deletes at most [`CHUNK`] rows; `bind` supplies its
+/// parameters) until a chunk comes back short, pausing between chunks; returns the rows
+/// deleted.
+pub(crate) async fn delete_in_chunks(
+    pool: &PgPool,
+    sql: &str,
+    bind: impl Fn(PgQuery<'_>) -> PgQuery<'_>,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let deleted = bind(sqlx::query(AssertSqlSafe(sql)))
             .execute(pool)
             .await?
             .rows_affected();

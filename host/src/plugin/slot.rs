@@ -25,6 +25,10 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 pub const STALL_AFTER: Duration = Duration::from_millis(20);
 /// How often a batch checks whether a busy tenant's lock is free.
 const LOCK_POLL: Duration = Duration::from_micros(200);
+/// Successful single-row calls after which an instance's rows go to `transform-batch`: a
+/// plugin proves itself row by row first, so a broken one (a spinning plugin, say) fails on
+/// one row and one `call_timeout`, not on a whole chunk first.
+const BATCH_CALLS_AFTER: u32 = 64;
 
 /// A tenant's transform logic as configured: everything needed to (re)create its runner.
 pub struct TenantTemplate {
@@ -134,9 +138,29 @@ pub struct TenantSlot {
     pub template: Arc<TenantTemplate>,
     runner: Option<Runner>,
     pub status: Arc<SlotStatus>,
-    /// Cleared when `transform-batch` trapped or ran out of time: this runner's plugin is
-    /// then called row by row, which isolates the offending row.
-    batch_calls: bool,
+    /// Whether rows go to `transform-batch`: after [`BATCH_CALLS_AFTER`] successful rows in a
+    /// row, until a `transform-batch` call traps or runs out of time (then the plugin is called
+    /// row by row for good, which isolates the offending row).
+    batch_calls: BatchCalls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatchCalls {
+    /// Row by row; this many successes in a row so far.
+    Probation(u32),
+    On,
+    Off,
+}
+
+impl BatchCalls {
+    fn after_row(self, ok: bool) -> Self {
+        match self {
+            Self::Probation(n) if ok && n + 1 >= BATCH_CALLS_AFTER => Self::On,
+            Self::Probation(n) if ok => Self::Probation(n + 1),
+            Self::Probation(_) => Self::Probation(0),
+            other => other,
+        }
+    }
 }
 
 impl TenantSlot {
@@ -147,7 +171,7 @@ impl TenantSlot {
             template,
             runner,
             status,
-            batch_calls: true,
+            batch_calls: BatchCalls::Probation(0),
         }
     }
 
@@ -155,7 +179,7 @@ impl TenantSlot {
     pub fn replace(&mut self, template: Arc<TenantTemplate>, runner: Runner) {
         self.template = template;
         self.runner = Some(runner);
-        self.batch_calls = true;
+        self.batch_calls = BatchCalls::Probation(0);
     }
 
     /// Runs a batch's rows of this tenant (in id order). Rows left when the tenant's time
@@ -192,7 +216,7 @@ impl TenantSlot {
             }
             let rest = &rows[results.len()..];
             let chunk = batch_chunk(rest);
-            if self.batch_calls && chunk > 1 && self.runs_wasm() {
+            if self.batch_calls == BatchCalls::On && chunk > 1 && self.runs_wasm() {
                 if let Some(batch) = self.run_batch_call(&rest[..chunk]) {
                     results.extend(batch);
                 }
@@ -201,6 +225,7 @@ impl TenantSlot {
             }
             let result = self.run_one(rest[0]);
             self.record(&result);
+            self.batch_calls = self.batch_calls.after_row(result.is_ok());
             results.push(result);
         }
         results
@@ -252,7 +277,7 @@ impl TenantSlot {
                 answers
             }
             Ok(Runner::Native(_)) => {
-                self.batch_calls = false;
+                self.batch_calls = BatchCalls::Off;
                 return None;
             }
             Err(failure) => {
@@ -282,7 +307,7 @@ impl TenantSlot {
                     reason = %trapped.reason,
                     "plugin's transform-batch failed; calling this tenant's plugin row by row");
                 self.runner = None;
-                self.batch_calls = false;
+                self.batch_calls = BatchCalls::Off;
                 None
             }
         }
@@ -392,6 +417,18 @@ mod tests {
         let huge = [row(10 * 1024 * 1024)];
         let refs: Vec<&OutboxRow> = huge.iter().collect();
         assert_eq!(batch_chunk(&refs), 1, "one row always fits");
+    }
+
+    #[test]
+    fn batch_calls_start_after_a_run_of_successes_and_failures_restart_the_count() {
+        let mut b = BatchCalls::Probation(0);
+        for _ in 0..BATCH_CALLS_AFTER - 1 {
+            b = b.after_row(true);
+        }
+        assert_eq!(b.after_row(false), BatchCalls::Probation(0));
+        assert_eq!(b.after_row(true), BatchCalls::On);
+        assert_eq!(BatchCalls::On.after_row(false), BatchCalls::On);
+        assert_eq!(BatchCalls::Off.after_row(true), BatchCalls::Off);
     }
 
     #[test]
