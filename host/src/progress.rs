@@ -24,10 +24,11 @@ pub async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdown) {
     if std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} rows  {per_sec}  ETA {eta}  elapsed {elapsed}",
+            "{bar:40} {human_pos}/{human_len} rows  {msg}  ETA {eta}  elapsed {elapsed}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
+        let start = Instant::now();
         loop {
             let n = handled();
             // Rows inserted while draining are drained too: grow the total with them.
@@ -35,6 +36,7 @@ pub async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdown) {
                 bar.set_length(n);
             }
             bar.set_position(n);
+            bar.set_message(format!("{} rows/s", rate(n, start.elapsed()).round()));
             tokio::select! {
                 _ = tokio::time::sleep(DRAW_EVERY) => {}
                 _ = done.recv() => break,
@@ -54,8 +56,13 @@ pub async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdown) {
     }
 }
 
+/// Rows per second over `elapsed`.
+fn rate(done: u64, elapsed: Duration) -> f64 {
+    done as f64 / elapsed.as_secs_f64().max(1e-3)
+}
+
 fn log_line(done: u64, total: u64, elapsed: Duration) {
-    let rate = done as f64 / elapsed.as_secs_f64().max(1e-3);
+    let rate = rate(done, elapsed);
     let left = total.saturating_sub(done);
     let eta = if rate > 0.0 {
         humantime::format_duration(Duration::from_secs((left as f64 / rate).ceil() as u64))
