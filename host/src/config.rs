@@ -115,7 +115,7 @@ pub struct Config {
     pub plugins: PluginsConfig,
     /// Per-tenant plugin settings, keyed by the value of the row's `tenant` column.
     #[serde(default)]
-    pub tenants: BTreeMap<String, TenantConfig>,
+    pub tenants: BTreeMap<String, PluginSpec>,
 }
 
 /// `[database]`
@@ -316,7 +316,9 @@ pub struct PluginsConfig {
     pub default: Option<PluginSpec>,
 }
 
-/// A plugin file, its configuration and its sandbox limits.
+/// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
+/// a `path` or `builtin`) and `[tenants.<name>]` (where every key left out is taken from
+/// `[plugins.default]`, the plugin and its `config` included).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
@@ -329,36 +331,8 @@ pub struct PluginSpec {
     pub builtin: Option<String>,
     /// Passed to the plugin's `configure` as string pairs.
     #[serde(default)]
-    pub config: BTreeMap<String, toml::Value>,
-    // Sandbox limits (inlined: serde cannot combine `flatten` with `deny_unknown_fields`).
-    #[serde(default)]
-    pub memory_mb: Option<u64>,
-    #[serde(default, with = "humantime_serde")]
-    pub call_timeout: Option<Duration>,
-    /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
-    #[serde(default)]
-    pub allowed_topics: Option<Vec<String>>,
-    #[serde(default)]
-    pub max_outputs_per_row: Option<usize>,
-    #[serde(default)]
-    pub max_message_bytes: Option<usize>,
-    #[serde(default)]
-    pub circuit_breaker_failures: Option<u32>,
-    #[serde(default, with = "humantime_serde")]
-    pub circuit_breaker_cooldown: Option<Duration>,
-}
-
-/// `[tenants.<name>]`: like a plugin spec, but the path may be omitted to use the default
-/// plugin's file with this tenant's own config and limits.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantConfig {
-    #[serde(default)]
-    pub path: Option<PathBuf>,
-    #[serde(default)]
-    pub builtin: Option<String>,
-    #[serde(default)]
     pub config: Option<BTreeMap<String, toml::Value>>,
+    // Sandbox limits (inlined: serde cannot combine `flatten` with `deny_unknown_fields`).
     #[serde(default)]
     pub memory_mb: Option<u64>,
     #[serde(default, with = "humantime_serde")]
@@ -398,36 +372,14 @@ pub enum PluginSource {
     Builtin(String),
 }
 
-/// `path` or `builtin`, whichever is set (validation ensures not both).
-fn source_of(path: &Option<PathBuf>, builtin: &Option<String>) -> Option<PluginSource> {
-    match (path, builtin) {
-        (Some(p), _) => Some(PluginSource::Wasm(p.clone())),
-        (None, Some(b)) => Some(PluginSource::Builtin(b.clone())),
-        (None, None) => None,
-    }
-}
-
 impl PluginSpec {
+    /// `path` or `builtin`, whichever is set (validation ensures not both).
     pub fn source(&self) -> Option<PluginSource> {
-        source_of(&self.path, &self.builtin)
-    }
-
-    pub fn limits(&self) -> LimitsSpec {
-        LimitsSpec {
-            memory_mb: self.memory_mb,
-            call_timeout: self.call_timeout,
-            allowed_topics: self.allowed_topics.clone(),
-            max_outputs_per_row: self.max_outputs_per_row,
-            max_message_bytes: self.max_message_bytes,
-            circuit_breaker_failures: self.circuit_breaker_failures,
-            circuit_breaker_cooldown: self.circuit_breaker_cooldown,
+        match (&self.path, &self.builtin) {
+            (Some(p), _) => Some(PluginSource::Wasm(p.clone())),
+            (None, Some(b)) => Some(PluginSource::Builtin(b.clone())),
+            (None, None) => None,
         }
-    }
-}
-
-impl TenantConfig {
-    pub fn source(&self) -> Option<PluginSource> {
-        source_of(&self.path, &self.builtin)
     }
 
     pub fn limits(&self) -> LimitsSpec {
@@ -582,8 +534,10 @@ impl Config {
         if let Some(default) = &self.plugins.default {
             validate_source(&default.path, &default.builtin, true)
                 .map_err(|m| invalid("plugins.default", m))?;
-            validate_config_table(&default.config)
-                .map_err(|(k, m)| invalid(&format!("plugins.default.config.{k}"), m))?;
+            if let Some(config) = &default.config {
+                validate_config_table(config)
+                    .map_err(|(k, m)| invalid(&format!("plugins.default.config.{k}"), m))?;
+            }
             validate_limits(&default.limits())
                 .map_err(|(k, m)| invalid(&format!("plugins.default.{k}"), m))?;
         }

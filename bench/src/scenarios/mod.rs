@@ -19,6 +19,20 @@ use crate::report::{Figure, Report};
 /// Name of the rows/s figure of sql-ceiling, naive and the drains (the ratios look it up).
 const THROUGHPUT: &str = "throughput";
 
+/// Throughput, rows and time of a scenario that moved `rows` rows in `elapsed`.
+fn rate_figures(scenario: &str, rows: u64, elapsed: std::time::Duration) -> Vec<Figure> {
+    vec![
+        Figure::new(
+            scenario,
+            THROUGHPUT,
+            rows as f64 / elapsed.as_secs_f64(),
+            "rows/s",
+        ),
+        Figure::new(scenario, "rows", rows as f64, "rows"),
+        Figure::new(scenario, "time", elapsed.as_secs_f64(), "s"),
+    ]
+}
+
 /// One measured step; `latency` is two steps, `all` adds the ratios after the drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {

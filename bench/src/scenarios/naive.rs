@@ -12,7 +12,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Postgres};
 
-use super::THROUGHPUT;
+use super::rate_figures;
 use crate::claim::{BATCH_SIZE, ClaimedRow, claim_sql};
 use crate::cli::Settings;
 use crate::outbox::OutboxTable;
@@ -34,16 +34,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let measured = measure(settings, &table).await;
     table.drop_table().await;
     let (rows, elapsed) = measured?;
-    Ok(vec![
-        Figure::new(
-            NAME,
-            THROUGHPUT,
-            rows as f64 / elapsed.as_secs_f64(),
-            "rows/s",
-        ),
-        Figure::new(NAME, "rows", rows as f64, "rows"),
-        Figure::new(NAME, "time", elapsed.as_secs_f64(), "s"),
-    ])
+    Ok(rate_figures(NAME, rows, elapsed))
 }
 
 /// Fills the table and relays it; returns rows published and the time from the first claim

@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Postgres};
 
-use super::THROUGHPUT;
+use super::rate_figures;
 use crate::claim::{BATCH_SIZE, ClaimedRow, claim_sql};
 use crate::cli::Settings;
 use crate::db;
@@ -25,17 +25,14 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let measured = measure(settings, &table).await;
     table.drop_table().await;
     let (rows, elapsed) = measured?;
-    Ok(vec![
-        Figure::new(
-            NAME,
-            THROUGHPUT,
-            rows as f64 / elapsed.as_secs_f64(),
-            "rows/s",
-        ),
-        Figure::new(NAME, "rows", rows as f64, "rows"),
-        Figure::new(NAME, "time", elapsed.as_secs_f64(), "s"),
-        Figure::new(NAME, "connections", settings.workers as f64, "connections"),
-    ])
+    let mut figures = rate_figures(NAME, rows, elapsed);
+    figures.push(Figure::new(
+        NAME,
+        "connections",
+        settings.workers as f64,
+        "connections",
+    ));
+    Ok(figures)
 }
 
 /// Fills the table, then drains it with the workers; returns rows deleted and the time taken.

@@ -71,7 +71,7 @@ impl PluginRouter {
                     key: "plugins.default".into(),
                     message: "needs `path` or `builtin`".into(),
                 })?)?,
-                config: config_pairs(&spec.config),
+                config: config_pairs(&spec.config.clone().unwrap_or_default()),
                 limits: Limits::resolve(&spec.limits())
                     .map_err(limits_err("plugins.default".into()))?,
             })),
@@ -94,7 +94,7 @@ impl PluginRouter {
             let table = tenant
                 .config
                 .as_ref()
-                .or(default_spec.map(|s| &s.config))
+                .or(default_spec.and_then(|s| s.config.as_ref()))
                 .unwrap_or(&empty);
             let template = Arc::new(TenantTemplate {
                 code: load(&source)?,
