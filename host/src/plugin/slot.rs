@@ -247,7 +247,8 @@ impl TenantSlot {
     }
 
     fn run_one(&mut self, row: &OutboxRow) -> RowResult {
-        let limits = self.template.limits.clone();
+        // An Arc clone, not a copy of the limits (allow-list included) per row.
+        let template = Arc::clone(&self.template);
         let status = Arc::clone(&self.status);
         let answer = match self.ensure_runner()? {
             Runner::Native(builtin) => builtin.transform(row),
@@ -261,7 +262,7 @@ impl TenantSlot {
                 }
             }
         };
-        output::accept(&limits, row, answer)
+        output::accept(&template.limits, row, answer)
     }
 
     /// One `transform-batch` call for `rows`; `None` when it trapped (the instance is
