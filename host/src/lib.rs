@@ -18,6 +18,7 @@ pub mod relay;
 pub mod retry;
 pub mod shutdown;
 pub mod sink;
+pub mod text;
 
 pub use config::Config;
 pub use relay::{Relay, RelaySettings, RelayStats};

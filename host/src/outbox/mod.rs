@@ -22,13 +22,39 @@ pub use table::{TableName, TableNameError};
 
 pub use crate::retry::Disposition;
 
-/// Primary key of an outbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct OutboxId(pub i64);
+/// Primary key of an outbox row, as the database holds it: an integer of any width (`int2`,
+/// `int4`, `int8`, serial or identity), or anything else (a `uuid`, a ULID in `text`) carried
+/// as its text form. Sluice never invents an id: the store decodes the key it claimed and
+/// marks exactly those keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OutboxId {
+    Int(i64),
+    /// The key's text form; the store casts it back to the column's type in SQL.
+    Text(std::sync::Arc<str>),
+}
+
+impl From<i64> for OutboxId {
+    fn from(id: i64) -> Self {
+        Self::Int(id)
+    }
+}
 
 impl std::fmt::Display for OutboxId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        match self {
+            Self::Int(id) => id.fmt(f),
+            Self::Text(id) => f.write_str(id),
+        }
+    }
+}
+
+impl serde::Serialize for OutboxId {
+    /// A JSON number for integer keys, a string otherwise.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Int(id) => s.serialize_i64(*id),
+            Self::Text(id) => s.serialize_str(id),
+        }
     }
 }
 

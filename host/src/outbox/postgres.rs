@@ -330,22 +330,22 @@ impl OutboxStore for PgOutbox {
 }
 
 fn decode_row(row: &PgRow) -> Result<OutboxRow, RowFailure> {
-    let id = OutboxId(row.try_get("id").map_err(|e| RowFailure {
-        id: OutboxId(0),
+    let id = OutboxId::Int(row.try_get("id").map_err(|e| RowFailure {
+        id: OutboxId::Int(0),
         error: e.to_string(),
         disposition: Disposition::Dead,
     })?);
     // A row that cannot be decoded will not decode on retry either: dead-letter it with the
     // reason, to be fixed and replayed.
     let fail = |error: String| RowFailure {
-        id,
+        id: id.clone(),
         error,
         disposition: Disposition::Dead,
     };
     let column_err = |e: sqlx::Error| fail(format!("cannot decode row: {e}"));
     let headers_text: String = row.try_get("headers").map_err(column_err)?;
     Ok(OutboxRow {
-        id,
+        id: id.clone(),
         tenant: TenantId::from_column(row.try_get("tenant").map_err(column_err)?),
         aggregate_type: row.try_get("aggregate_type").map_err(column_err)?,
         aggregate_id: row.try_get("aggregate_id").map_err(column_err)?,
@@ -389,7 +389,7 @@ pub struct PgBatch {
 impl ClaimedBatch for PgBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
         if !outcome.sent.is_empty() {
-            let ids: Vec<i64> = outcome.sent.iter().map(|id| id.0).collect();
+            let ids = int_keys(outcome.sent.iter())?;
             let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.mark_sql)))
                 .bind(&ids)
                 .execute(&mut *self.tx)
@@ -398,7 +398,7 @@ impl ClaimedBatch for PgBatch {
             check_count(ids.len(), affected)?;
         }
         if !outcome.failed.is_empty() {
-            let ids: Vec<i64> = outcome.failed.iter().map(|f| f.id.0).collect();
+            let ids = int_keys(outcome.failed.iter().map(|f| &f.id))?;
             let errors: Vec<String> = outcome
                 .failed
                 .iter()
@@ -438,6 +438,19 @@ impl ClaimedBatch for PgBatch {
         self.tx.rollback().await?;
         Ok(())
     }
+}
+
+/// The integer keys of `ids` (this store claims only `int8` keys).
+fn int_keys<'a>(ids: impl Iterator<Item = &'a OutboxId>) -> Result<Vec<i64>, StoreError> {
+    ids.map(|id| match id {
+        OutboxId::Int(id) => Ok(*id),
+        OutboxId::Text(text) => Err(StoreError::Schema {
+            table: String::new(),
+            column: "id".into(),
+            found: format!("non-integer key {text:?}"),
+        }),
+    })
+    .collect()
 }
 
 fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {

@@ -86,7 +86,7 @@ mod tests {
 
     fn row() -> OutboxRow {
         OutboxRow {
-            id: OutboxId(7),
+            id: OutboxId::Int(7),
             tenant: TenantId("default".into()),
             aggregate_type: "order".into(),
             aggregate_id: "o-1".into(),

@@ -49,6 +49,15 @@ pub trait RowTransformer: Send + Sync + 'static {
     fn paused_tenants(&self) -> Vec<TenantId> {
         Vec::new()
     }
+
+    /// Feeds what publishing did with one tenant's rows of a batch back into that tenant's
+    /// health (its circuit breaker): `delivered` rows had every message acknowledged;
+    /// `refused` rows had a message refused for a reason of the tenant's own making (routed to
+    /// a topic the broker lacks, too large for the broker). Broker outages are not reported:
+    /// they are nobody's fault and must not pause tenants.
+    fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
+        let _ = (tenant, delivered, refused);
+    }
 }
 
 impl<T: RowTransformer> RowTransformer for Arc<T> {
@@ -58,6 +67,10 @@ impl<T: RowTransformer> RowTransformer for Arc<T> {
 
     fn paused_tenants(&self) -> Vec<TenantId> {
         T::paused_tenants(self)
+    }
+
+    fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
+        T::record_publish(self, tenant, delivered, refused)
     }
 }
 

@@ -70,7 +70,7 @@ fn accept_message(
         )));
     }
     Ok(Message {
-        row: row.id,
+        row: row.id.clone(),
         topic: m.topic,
         key: m.key,
         payload: m.payload,
@@ -101,7 +101,7 @@ mod tests {
 
     fn row() -> OutboxRow {
         OutboxRow {
-            id: OutboxId(3),
+            id: OutboxId::Int(3),
             tenant: TenantId("acme".into()),
             aggregate_type: "order".into(),
             aggregate_id: "o".into(),

@@ -395,7 +395,7 @@ mod tests {
 
     fn row(payload: usize) -> OutboxRow {
         OutboxRow {
-            id: OutboxId(1),
+            id: OutboxId::Int(1),
             tenant: TenantId("t".into()),
             aggregate_type: "a".into(),
             aggregate_id: "b".into(),

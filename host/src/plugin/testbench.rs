@@ -119,7 +119,7 @@ pub fn run(
             .and_then(|answer| output::accept(&limits, &row, answer));
         match result {
             Ok(messages) if messages.is_empty() => {
-                writeln!(out, "{}", json!({ "row": row.id.0, "filtered": true }))?;
+                writeln!(out, "{}", json!({ "row": row.id, "filtered": true }))?;
             }
             Ok(messages) => {
                 summary.messages += messages.len();
@@ -138,7 +138,7 @@ pub fn run(
                 writeln!(
                     out,
                     "{}",
-                    json!({ "row": row.id.0, "error": failure.to_string(), "kind": kind(&failure) })
+                    json!({ "row": row.id, "error": failure.to_string(), "kind": kind(&failure) })
                 )?;
             }
         }
@@ -187,7 +187,7 @@ fn parse_row(line: &str, line_no: usize) -> Result<OutboxRow, String> {
         })
         .collect::<Result<_, _>>()?;
     Ok(OutboxRow {
-        id: OutboxId(input.id.unwrap_or(line_no as i64)),
+        id: OutboxId::Int(input.id.unwrap_or(line_no as i64)),
         tenant: TenantId::from_column(input.tenant),
         aggregate_type: input.aggregate_type,
         aggregate_id: input.aggregate_id,
@@ -209,7 +209,7 @@ fn bytes_json(bytes: &[u8]) -> Value {
 
 fn message_json(m: &Message) -> Value {
     json!({
-        "row": m.row.0,
+        "row": m.row,
         "topic": m.topic,
         "partition": m.partition,
         "key": m.key.as_deref().map(bytes_json),
@@ -230,7 +230,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(row.payload, br#"{"a":1}"#);
-        assert_eq!(row.id, OutboxId(3));
+        assert_eq!(row.id, OutboxId::Int(3));
         assert_eq!(row.tenant.as_str(), "default");
     }
 

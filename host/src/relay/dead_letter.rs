@@ -68,7 +68,7 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> Message {
         ),
     ]);
     Message {
-        row: row.id,
+        row: row.id.clone(),
         topic: topic.to_owned(),
         key: Some(row.aggregate_id.as_bytes().to_vec()),
         payload: Some(row.payload.clone()),

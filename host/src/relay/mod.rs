@@ -307,7 +307,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 None => Some(&missing),
             };
             match error {
-                None => sent.push(rows[index].id),
+                None => sent.push(rows[index].id.clone()),
                 Some(e) => {
                     let mut failure = self.failure(&rows[index], e.to_string(), false);
                     if matches!(
@@ -346,7 +346,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
 
     fn failure(&self, row: &OutboxRow, error: String, permanent: bool) -> RowFailure {
         RowFailure {
-            id: row.id,
+            id: row.id.clone(),
             error,
             disposition: self.settings.retry.after_failure(row.attempts, permanent),
         }

@@ -1,0 +1,77 @@
+//! Making text that came from outside Sluice — a plugin's error message or topic name, a row's
+//! column — safe to store in the database and to write to logs and terminals.
+//!
+//! PostgreSQL refuses a NUL byte in `text`; a terminal interprets escape sequences; a log
+//! collector chokes on multi-megabyte lines. Every guest-influenced string goes through
+//! [`bounded`] before it is stored or logged.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+/// Longest guest-influenced text kept in a log line or an error message, in bytes.
+pub const MAX_LOGGED: usize = 1_024;
+/// Longest text stored in `last_error`, in bytes.
+pub const MAX_STORED: usize = 2_000;
+
+/// `text` with control characters (NUL, escapes, C1 controls; tab and newline become a
+/// space) written as `\u{…}` escapes, cut to at most `max` bytes (plus a trailing `…` and the
+/// number of bytes left out). Borrowed when nothing needed changing.
+pub fn bounded(text: &str, max: usize) -> Cow<'_, str> {
+    let clean = text.len() <= max && !text.chars().any(needs_escape);
+    if clean {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len().min(max) + 16);
+    let mut consumed = 0;
+    for c in text.chars() {
+        let before = out.len();
+        match c {
+            '\t' | '\n' | '\r' => out.push(' '),
+            c if needs_escape(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+        if out.len() > max {
+            out.truncate(before);
+            break;
+        }
+        consumed += c.len_utf8();
+    }
+    if consumed < text.len() {
+        let _ = write!(out, "… ({} more bytes)", text.len() - consumed);
+    }
+    Cow::Owned(out)
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_short_text_is_borrowed() {
+        assert!(matches!(bounded("order 42 failed", 100), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn nul_and_escape_sequences_are_escaped() {
+        let t = bounded("bad\0row \u{1b}[31mred", 100);
+        assert_eq!(t, "bad\\u{0}row \\u{1b}[31mred");
+        assert!(!t.contains('\0'));
+        assert_eq!(bounded("a\nb\tc", 100), "a b c");
+    }
+
+    #[test]
+    fn long_text_is_cut_on_a_char_boundary_and_says_how_much() {
+        let s = "é".repeat(1000);
+        let t = bounded(&s, 11);
+        assert!(t.starts_with("ééééé…"), "{t}");
+        assert!(t.ends_with("(1990 more bytes)"), "{t}");
+        let nuls = "\0".repeat(10_000);
+        assert!(bounded(&nuls, 100).len() < 140);
+    }
+}
