@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::outbox::TableName;
+use crate::outbox::{ColumnMap, ColumnName, TableName, TableSpec, TenantColumn};
 
 /// Environment variable that overrides `database.url`, so secrets can stay out of the file.
 pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
@@ -128,10 +128,86 @@ pub struct DatabaseConfig {
     /// Outbox table name, optionally schema-qualified (`schema.table`).
     #[serde(default = "default_table")]
     pub table: String,
+    /// `[database.columns]`: which column holds what, for a table the application created
+    /// with its own names (e.g. Debezium's).
+    #[serde(default)]
+    pub columns: ColumnsConfig,
 }
 
 fn default_table() -> String {
     "outbox".to_owned()
+}
+
+/// `[database.columns]`: the table's column for each of Sluice's roles; each key left out is
+/// the role's own name (`tenant`: used when the table has it; `""` for none).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnsConfig {
+    pub id: Option<String>,
+    pub tenant: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub payload: Option<String>,
+    pub headers: Option<String>,
+    pub created_at: Option<String>,
+    /// The column rows are claimed in: default the id if it is an integer, else `sluice_seq`.
+    pub order: Option<String>,
+}
+
+/// A `[database]` key whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct DatabaseKeyError {
+    pub key: String,
+    pub message: String,
+}
+
+impl DatabaseConfig {
+    /// The outbox table with its column mapping, validated (names are identifiers, no column
+    /// mapped twice or onto a bookkeeping column).
+    pub fn table_spec(&self) -> Result<TableSpec, DatabaseKeyError> {
+        let name = TableName::parse(&self.table).map_err(|e| DatabaseKeyError {
+            key: "database.table".into(),
+            message: e.to_string(),
+        })?;
+        let c = &self.columns;
+        let column = |key: &str, value: &Option<String>, default: ColumnName| match value {
+            None => Ok(default),
+            Some(name) => ColumnName::parse(name).map_err(|e| DatabaseKeyError {
+                key: format!("database.columns.{key}"),
+                message: e.to_string(),
+            }),
+        };
+        let defaults = ColumnMap::default();
+        let tenant = match c.tenant.as_deref() {
+            None => defaults.tenant.clone(),
+            Some("") => TenantColumn::None,
+            Some(_) => TenantColumn::Named(column("tenant", &c.tenant, defaults.id.clone())?),
+        };
+        let order = match &c.order {
+            None => None,
+            Some(_) => Some(column("order", &c.order, defaults.id.clone())?),
+        };
+        let columns = ColumnMap {
+            id: column("id", &c.id, defaults.id)?,
+            tenant,
+            aggregate_type: column("aggregate_type", &c.aggregate_type, defaults.aggregate_type)?,
+            aggregate_id: column("aggregate_id", &c.aggregate_id, defaults.aggregate_id)?,
+            event_type: column("event_type", &c.event_type, defaults.event_type)?,
+            payload: column("payload", &c.payload, defaults.payload)?,
+            headers: column("headers", &c.headers, defaults.headers)?,
+            created_at: column("created_at", &c.created_at, defaults.created_at)?,
+            order,
+        };
+        columns
+            .validate()
+            .map_err(|(key, message)| DatabaseKeyError {
+                key: format!("database.columns.{key}"),
+                message,
+            })?;
+        Ok(TableSpec { name, columns })
+    }
 }
 
 /// How a row is marked once all of its messages were acknowledged.
@@ -480,8 +556,9 @@ impl Config {
             }
             Some(_) => {}
         }
-        TableName::parse(&self.database.table)
-            .map_err(|e| invalid("database.table", e.to_string()))?;
+        self.database
+            .table_spec()
+            .map_err(|e| invalid(&e.key, e.message))?;
         if self.relay.batch_size == 0 || self.relay.batch_size > 100_000 {
             return Err(invalid(
                 "relay.batch_size",
@@ -760,6 +837,48 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("database.table"), "{err}");
+    }
+
+    #[test]
+    fn column_mapping_defaults_to_sluice_names_and_takes_debezium_names() {
+        let c = parse("[database]\nurl = \"x\"\n").unwrap();
+        let spec = c.database.table_spec().unwrap();
+        assert_eq!(spec.columns, ColumnMap::default());
+
+        let c = parse(
+            "[database]\nurl = \"x\"\ntable = \"outboxevent\"\n[database.columns]\n\
+             aggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\n\
+             event_type = \"type\"\ntenant = \"\"\norder = \"seq\"\n",
+        )
+        .unwrap();
+        let spec = c.database.table_spec().unwrap();
+        assert_eq!(spec.name.to_string(), "\"outboxevent\"");
+        assert_eq!(spec.columns.aggregate_type.as_str(), "aggregatetype");
+        assert_eq!(spec.columns.event_type.as_str(), "type");
+        assert_eq!(spec.columns.tenant, TenantColumn::None);
+        assert_eq!(
+            spec.columns.order.as_ref().map(ColumnName::as_str),
+            Some("seq")
+        );
+        assert_eq!(spec.columns.id.as_str(), "id");
+    }
+
+    #[test]
+    fn bad_column_mappings_name_their_key() {
+        for (bad, key) in [
+            ("payload = \"pay load\"", "database.columns.payload"),
+            ("tenant = \"x;y\"", "database.columns.tenant"),
+            (
+                "event_type = \"aggregate_type\"",
+                "database.columns.event_type",
+            ),
+            ("headers = \"last_error\"", "database.columns.headers"),
+            ("typ = \"type\"", "typ"),
+        ] {
+            let text = format!("[database]\nurl = \"x\"\n[database.columns]\n{bad}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 
     #[test]

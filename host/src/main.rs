@@ -12,10 +12,11 @@ use tracing_subscriber::EnvFilter;
 
 use sluice::config::{Config, DATABASE_URL_ENV, MarkMode, Retention, validate_channel};
 use sluice::outbox::dead::ReplaySelection;
-use sluice::outbox::{self, PgOutbox, StoreOptions, TableName, notify, prune};
+use sluice::outbox::{self, PgOutbox, StoreOptions, TableName, TableSpec, notify, prune};
 use sluice::plugin::{PluginRouter, testbench};
 use sluice::retry::RetryPolicy;
 use sluice::sink::{KafkaSink, Sink};
+use sluice::text::{MAX_LOGGED, bounded};
 use sluice::{Relay, RelaySettings, RelayStats, progress, shutdown};
 
 /// How often plugin files are checked for replacement.
@@ -37,14 +38,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create or upgrade the outbox table and its index (idempotent).
+    /// Create the outbox table, or upgrade and check one the application created (idempotent).
     Migrate {
-        /// PostgreSQL URL, e.g. postgres://127.0.0.1:5432/app
-        #[arg(long, env = DATABASE_URL_ENV)]
-        database_url: String,
-        /// Outbox table name (`table` or `schema.table`).
-        #[arg(long, default_value = "outbox")]
-        table: String,
+        /// The database, the table and its `[database.columns]`: from a config file, or
+        /// `--database-url URL [--table outbox]` for Sluice's own column names.
+        #[command(flatten)]
+        target: TableTarget,
         /// Also install a statement-level trigger that NOTIFYs on every insert (costs
         /// inserting transactions a database-wide lock at commit; see docs/operations.md).
         #[arg(long, conflicts_with = "drop_notify_trigger")]
@@ -84,29 +83,38 @@ enum Command {
 /// Which outbox table: from a config file, or from a URL and table name.
 #[derive(clap::Args)]
 struct TableTarget {
-    /// Take database.url and database.table from this config file.
-    #[arg(long, short, global = true, conflicts_with = "database_url")]
+    /// Take database.url (or SLUICE_DATABASE_URL), database.table and [database.columns] from
+    /// this config file.
+    #[arg(long, short, global = true)]
     config: Option<PathBuf>,
-    #[arg(long, env = DATABASE_URL_ENV, global = true)]
+    /// PostgreSQL URL, e.g. postgres://127.0.0.1:5432/app [env: SLUICE_DATABASE_URL]
+    #[arg(long, global = true, conflicts_with = "config")]
     database_url: Option<String>,
-    #[arg(long, global = true, default_value = "outbox")]
-    table: String,
+    /// Outbox table name (`table` or `schema.table`), with Sluice's own column names
+    /// [default: outbox]
+    #[arg(long, global = true, conflicts_with = "config")]
+    table: Option<String>,
 }
 
 impl TableTarget {
-    fn resolve(&self) -> anyhow::Result<(String, TableName)> {
+    // SLUICE_DATABASE_URL is read here rather than by clap, so that it does not count as a
+    // `--database-url` conflicting with `--config` (whose URL it overrides, as for `run`).
+    fn resolve(&self) -> anyhow::Result<(String, TableSpec)> {
         if let Some(path) = &self.config {
             let config = Config::load(path)?;
-            let table = TableName::parse(&config.database.table)?;
-            return Ok((config.database_url().to_owned(), table));
+            let spec = config.database.table_spec()?;
+            return Ok((config.database_url().to_owned(), spec));
         }
-        let Some(url) = &self.database_url else {
+        let Some(url) = self
+            .database_url
+            .clone()
+            .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
+        else {
             bail!("give --config FILE or --database-url URL (or set {DATABASE_URL_ENV})");
         };
-        Ok((
-            url.clone(),
-            TableName::parse(&self.table).context("--table")?,
-        ))
+        let table =
+            TableName::parse(self.table.as_deref().unwrap_or("outbox")).context("--table")?;
+        Ok((url, TableSpec::new(table)))
     }
 }
 
@@ -122,8 +130,9 @@ enum DeadCommand {
     },
     /// Make dead rows due again, with attempts reset to 0.
     Replay {
+        /// The row's id (an integer, or e.g. a uuid for such tables).
         #[arg(long, conflicts_with_all = ["tenant", "all"])]
-        id: Option<i64>,
+        id: Option<String>,
         #[arg(long, conflicts_with = "all")]
         tenant: Option<String>,
         #[arg(long)]
@@ -192,8 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let ok = |()| ExitCode::SUCCESS;
     match cli.command {
         Command::Migrate {
-            database_url,
-            table,
+            target,
             notify_trigger,
             notify_channel,
             drop_notify_trigger,
@@ -203,9 +211,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 (false, true) => TriggerChange::Drop,
                 (false, false) => TriggerChange::Keep,
             };
-            runtime()?
-                .block_on(migrate(&database_url, &table, trigger))
-                .map(ok)
+            runtime()?.block_on(migrate(&target, trigger)).map(ok)
         }
         Command::Run { config } => {
             let config = Config::load(&config)?;
@@ -237,8 +243,9 @@ enum TriggerChange {
     Drop,
 }
 
-async fn migrate(url: &str, table: &str, trigger: TriggerChange) -> anyhow::Result<()> {
-    let table = TableName::parse(table).context("--table")?;
+async fn migrate(target: &TableTarget, trigger: TriggerChange) -> anyhow::Result<()> {
+    let (url, spec) = target.resolve()?;
+    let url = url.as_str();
     if let TriggerChange::Install(channel) = &trigger {
         validate_channel(channel)
             .map_err(anyhow::Error::msg)
@@ -247,8 +254,9 @@ async fn migrate(url: &str, table: &str, trigger: TriggerChange) -> anyhow::Resu
     let pool = outbox::connect(url, 1)
         .await
         .with_context(|| format!("cannot connect to the database at {}", redact(url)))?;
-    outbox::migrate(&pool, &table).await?;
-    println!("outbox table {table} is ready");
+    let layout = outbox::migrate(&pool, &spec).await?;
+    let table = spec.name;
+    println!("outbox table {table} is ready ({})", layout.summary());
     match trigger {
         TriggerChange::Keep => {}
         TriggerChange::Install(channel) => {
@@ -270,7 +278,7 @@ type PgRelay = Relay<PgOutbox, Arc<PluginRouter>, KafkaSink>;
 
 /// Connects the database and the producer and wires the relay (shared by `run` and `drain`).
 async fn assemble(config: &Config, router: Arc<PluginRouter>) -> anyhow::Result<Arc<PgRelay>> {
-    let table = TableName::parse(&config.database.table).context("database.table")?;
+    let table = config.database.table_spec()?;
     let url = config.database_url();
     // One connection per worker's open batch, plus one for probes and maintenance.
     let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);
@@ -344,7 +352,7 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
     if let (MarkMode::PublishedAt, Retention::Keep(retention)) =
         (config.relay.mark, config.relay.retention)
     {
-        let table = TableName::parse(&config.database.table).context("database.table")?;
+        let table = config.database.table_spec()?;
         let pool = outbox::connect(config.database_url(), 1).await?;
         prune::spawn_pruner(
             pool,
@@ -403,7 +411,7 @@ async fn drain(config: Config, router: PluginRouter) -> anyhow::Result<ExitCode>
 
 /// A second handle on the outbox for counting rows (the relay owns its own).
 async fn relay_backlog(config: &Config) -> anyhow::Result<PgOutbox> {
-    let table = TableName::parse(&config.database.table).context("database.table")?;
+    let table = config.database.table_spec()?;
     let pool = outbox::connect(config.database_url(), 1).await?;
     Ok(PgOutbox::new(pool, table, StoreOptions::default()).await?)
 }
@@ -485,6 +493,8 @@ async fn dead(target: TableTarget, command: DeadCommand) -> anyhow::Result<()> {
     match command {
         DeadCommand::List { tenant, limit } => {
             let rows = outbox::dead::list(&pool, &table, tenant.as_deref(), limit).await?;
+            // The columns are the application's text: printed escaped and bounded.
+            let safe = |text: &str| bounded(text, MAX_LOGGED).into_owned();
             let mut out = std::io::stdout().lock();
             writeln!(
                 out,
@@ -494,17 +504,14 @@ async fn dead(target: TableTarget, command: DeadCommand) -> anyhow::Result<()> {
                 writeln!(
                     out,
                     "{}\t{}\t{}/{}\t{}\t{}\t{}\t{}",
-                    r.id,
-                    r.tenant.as_deref().unwrap_or("default"),
-                    r.aggregate_type,
-                    r.aggregate_id,
-                    r.event_type,
+                    safe(&r.id.to_string()),
+                    safe(r.tenant.as_deref().unwrap_or("default")),
+                    safe(&r.aggregate_type),
+                    safe(&r.aggregate_id),
+                    safe(&r.event_type),
                     r.attempts,
                     r.dead_at.to_rfc3339(),
-                    r.last_error
-                        .as_deref()
-                        .unwrap_or_default()
-                        .replace(['\n', '\t'], " "),
+                    safe(r.last_error.as_deref().unwrap_or_default()),
                 )?;
             }
             eprintln!("{} dead rows", rows.len());

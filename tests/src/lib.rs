@@ -570,3 +570,75 @@ impl Scenario {
         self.table.drop_table().await;
     }
 }
+
+/// Runs `sluice` with `args` followed by `--config FILE`, where FILE holds `config`.
+pub fn sluice_with_config(args: &[&str], config: &str) -> Output {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, config).expect("write config");
+    let path = path.display().to_string();
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--config", path.as_str()]);
+    sluice(&all)
+}
+
+impl OutboxTable {
+    /// A table the application created itself, with plain SQL (`{t}` in `create_sql` stands for
+    /// the quoted table name), not by `sluice migrate`.
+    pub async fn create_with_sql(stem: &str, create_sql: &str) -> Self {
+        let name = unique(stem);
+        let pool = pool().await;
+        let sql = create_sql.replace("{t}", &format!("\"{name}\""));
+        sqlx::query(AssertSqlSafe(sql.clone()))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        Self { name, pool }
+    }
+
+    /// Runs `sql` (`{t}` stands for the quoted table name) in one transaction.
+    pub async fn execute(&self, sql: &str) {
+        let sql = sql.replace("{t}", &format!("\"{}\"", self.name));
+        sqlx::raw_sql(AssertSqlSafe(sql.clone()))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Rows of a query returning text columns (`{t}` stands for the quoted table name).
+    pub async fn text_rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        use sqlx::Row;
+        let sql = sql.replace("{t}", &format!("\"{}\"", self.name));
+        let rows = sqlx::query(AssertSqlSafe(sql.clone()))
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|i| row.try_get::<Option<String>, _>(i).expect("text column"))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Scenario {
+    /// A scenario over a table the test created (e.g. [`OutboxTable::create_with_sql`]), with
+    /// topics `<table>.<suffix>`.
+    pub async fn with_table(table: OutboxTable, topic_suffixes: &[&str]) -> Self {
+        let prefix = format!("{}.", table.name);
+        let topics: Vec<String> = topic_suffixes
+            .iter()
+            .map(|s| format!("{prefix}{s}"))
+            .collect();
+        create_topics(&kafka_bootstrap(), &topics)
+            .await
+            .expect("create topics");
+        Self {
+            table,
+            prefix,
+            topics,
+        }
+    }
+}

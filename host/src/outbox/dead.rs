@@ -5,12 +5,13 @@ use sqlx::postgres::PgPool;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{StoreError, TableName};
+use super::schema::{self, KeyKind, Layout};
+use super::{OutboxId, StoreError, TableSpec};
 
 /// A dead-lettered row, as `sluice dead list` shows it.
 #[derive(Debug, Clone)]
 pub struct DeadRow {
-    pub id: i64,
+    pub id: OutboxId,
     pub tenant: Option<String>,
     pub aggregate_type: String,
     pub aggregate_id: String,
@@ -23,43 +24,65 @@ pub struct DeadRow {
 /// Which dead rows to replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplaySelection {
-    Id(i64),
+    /// One row, by its id as text (an integer or, say, a uuid: checked against the table).
+    Id(String),
     Tenant(String),
     All,
 }
 
-/// Dead rows, oldest first, optionally of one tenant (`default` matches NULL tenants).
+/// Dead rows, oldest first (in claim order), optionally of one tenant (`default` matches
+/// rows without a tenant).
 pub async fn list(
     pool: &PgPool,
-    table: &TableName,
+    spec: &TableSpec,
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, StoreError> {
+    let layout = schema::inspect(pool, spec).await?;
     let sql = format!(
-        "SELECT id, tenant::text AS tenant, aggregate_type::text AS aggregate_type,
-                aggregate_id::text AS aggregate_id, event_type::text AS event_type,
-                attempts, dead_at, last_error
-           FROM {table}
-          WHERE dead_at IS NOT NULL
-            AND ($1::text IS NULL OR COALESCE(tenant::text, 'default') = $1)
-          ORDER BY id
-          LIMIT $2"
+        "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
+                o.{ai}::text AS aggregate_id, o.{et}::text AS event_type,
+                o.attempts, o.dead_at, o.last_error
+           FROM {table} AS o
+          WHERE o.dead_at IS NOT NULL
+            AND ($1::text IS NULL OR {tenant_name} = $1)
+          ORDER BY {order_by}
+          LIMIT $2",
+        id = layout.id_expr("o"),
+        tenant = layout.tenant_expr("o"),
+        tenant_name = layout.tenant_name_expr("o"),
+        at = layout.aggregate_type,
+        ai = layout.aggregate_id,
+        et = layout.event_type,
+        table = layout.table,
+        order_by = layout.order_by("o"),
     );
     let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(tenant)
         .bind(limit)
         .fetch_all(pool)
         .await?;
-    Ok(rows.iter().map(dead_row).collect::<Result<_, _>>()?)
+    Ok(rows
+        .iter()
+        .map(|row| dead_row(row, &layout))
+        .collect::<Result<_, _>>()?)
 }
 
-fn dead_row(row: &PgRow) -> Result<DeadRow, sqlx::Error> {
+fn dead_row(row: &PgRow, layout: &Layout) -> Result<DeadRow, sqlx::Error> {
+    let id = match layout.key {
+        KeyKind::Int => OutboxId::Int(row.try_get("id")?),
+        KeyKind::Text { .. } => OutboxId::Text(row.try_get::<String, _>("id")?.into()),
+    };
+    // A NULL string column (the reason such a row went dead) is shown empty.
+    let text = |name: &str| -> Result<String, sqlx::Error> {
+        Ok(row.try_get::<Option<String>, _>(name)?.unwrap_or_default())
+    };
     Ok(DeadRow {
-        id: row.try_get("id")?,
+        id,
         tenant: row.try_get("tenant")?,
-        aggregate_type: row.try_get("aggregate_type")?,
-        aggregate_id: row.try_get("aggregate_id")?,
-        event_type: row.try_get("event_type")?,
+        aggregate_type: text("aggregate_type")?,
+        aggregate_id: text("aggregate_id")?,
+        event_type: text("event_type")?,
         attempts: row.try_get("attempts")?,
         dead_at: row.try_get("dead_at")?,
         last_error: row.try_get("last_error")?,
@@ -70,20 +93,25 @@ fn dead_row(row: &PgRow) -> Result<DeadRow, sqlx::Error> {
 /// `last_error` is kept so the history of the row stays visible until it is delivered.
 pub async fn replay(
     pool: &PgPool,
-    table: &TableName,
+    spec: &TableSpec,
     selection: &ReplaySelection,
 ) -> Result<u64, StoreError> {
+    let layout = schema::inspect(pool, spec).await?;
     let (id, tenant) = match selection {
-        ReplaySelection::Id(id) => (Some(*id), None),
+        ReplaySelection::Id(id) => (Some(checked_id(&layout, id)?), None),
         ReplaySelection::Tenant(t) => (None, Some(t.as_str())),
         ReplaySelection::All => (None, None),
     };
     let sql = format!(
-        "UPDATE {table}
+        "UPDATE {table} AS o
             SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
-          WHERE dead_at IS NOT NULL AND published_at IS NULL
-            AND ($1::int8 IS NULL OR id = $1)
-            AND ($2::text IS NULL OR COALESCE(tenant::text, 'default') = $2)"
+          WHERE o.dead_at IS NOT NULL AND o.published_at IS NULL
+            AND ($1::text IS NULL OR o.{id} = $1::text::{cast})
+            AND ($2::text IS NULL OR {tenant_name} = $2)",
+        table = layout.table,
+        id = layout.id,
+        cast = layout.key_cast(),
+        tenant_name = layout.tenant_name_expr("o"),
     );
     Ok(sqlx::query(AssertSqlSafe(sql))
         .bind(id)
@@ -93,22 +121,41 @@ pub async fn replay(
         .rows_affected())
 }
 
+/// `id` if it can be one of the table's ids (so a typo is an error, not "0 rows"); uuids and
+/// other text keys are checked by PostgreSQL's cast.
+fn checked_id(layout: &Layout, id: &str) -> Result<String, StoreError> {
+    match layout.key {
+        KeyKind::Int if id.trim().parse::<i64>().is_err() => Err(StoreError::InvalidId {
+            table: layout.table.to_string(),
+            id: id.to_owned(),
+            expected: "an integer",
+        }),
+        KeyKind::Int => Ok(id.trim().to_owned()),
+        KeyKind::Text { .. } => Ok(id.to_owned()),
+    }
+}
+
 /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in
 /// chunks of [`super::prune::CHUNK`]; returns how many. Their content is gone for good:
 /// `sluice dead list` them first, or dead-letter them to a topic.
 pub async fn purge(
     pool: &PgPool,
-    table: &TableName,
+    spec: &TableSpec,
     older_than: std::time::Duration,
     tenant: Option<&str>,
 ) -> Result<u64, StoreError> {
+    let layout = schema::inspect(pool, spec).await?;
     let sql = format!(
         "DELETE FROM {table}
-          WHERE id IN (SELECT id FROM {table}
-                        WHERE dead_at IS NOT NULL AND published_at IS NULL
-                          AND dead_at <= now() - $1 * interval '1 millisecond'
-                          AND ($2::text IS NULL OR COALESCE(tenant::text, 'default') = $2)
-                        ORDER BY id LIMIT $3)"
+          WHERE {id} IN (SELECT o.{id} FROM {table} AS o
+                          WHERE o.dead_at IS NOT NULL AND o.published_at IS NULL
+                            AND o.dead_at <= now() - $1 * interval '1 millisecond'
+                            AND ($2::text IS NULL OR {tenant_name} = $2)
+                          ORDER BY {order_by} LIMIT $3)",
+        table = layout.table,
+        id = layout.id,
+        tenant_name = layout.tenant_name_expr("o"),
+        order_by = layout.order_by("o"),
     );
     let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let tenant = tenant.map(str::to_owned);

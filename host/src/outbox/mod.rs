@@ -5,19 +5,23 @@
 //! other relays off its rows until [`ClaimedBatch::complete`] commits (or the batch is dropped,
 //! which rolls back).
 
+mod columns;
 pub mod dead;
 pub mod notify;
 mod postgres;
 pub mod prune;
+pub mod schema;
 mod table;
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
-pub use postgres::{
-    Backlog, PayloadKind, PgBatch, PgOutbox, StoreOptions, connect, connect_options, migrate,
+pub use columns::{
+    ColumnMap, ColumnName, ColumnNameError, DEFAULT_ORDER_COLUMN, TableSpec, TenantColumn,
 };
+pub use postgres::{Backlog, PgBatch, PgOutbox, StoreOptions, connect, connect_options, migrate};
+pub use schema::{KeyKind, Layout, PayloadKind, SchemaError};
 pub use table::{TableName, TableNameError};
 
 pub use crate::retry::Disposition;
@@ -127,11 +131,25 @@ pub enum StoreError {
          (another process changed the claimed rows)"
     )]
     MarkMismatch { expected: u64, affected: u64 },
-    #[error("outbox table {table} has no column {column}, or its type {found} is not supported")]
-    Schema {
+    /// The table lacks a column Sluice needs, or has one of a type it cannot use.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// A claimed row's id could not be read, so the row cannot be named (the schema check
+    /// rules this out unless the table changes under a running relay).
+    #[error(
+        "outbox table {table}: a claimed row's id column {column} could not be read: {message}"
+    )]
+    Key {
         table: String,
         column: String,
-        found: String,
+        message: String,
+    },
+    /// An id given by a person (`sluice dead replay --id`) is not one of this table's ids.
+    #[error("{id:?} is not an id of outbox table {table} ({expected})")]
+    InvalidId {
+        table: String,
+        id: String,
+        expected: &'static str,
     },
 }
 

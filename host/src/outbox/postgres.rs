@@ -1,4 +1,8 @@
 //! PostgreSQL outbox: the migration, the claim query, marking and rescheduling.
+//!
+//! Every statement is built once from the checked [`Layout`] of the table, so whatever the
+//! application's column names and types, the Rust side sees one shape: `int8` or `text` keys,
+//! `text` strings, `bytea` payloads, `timestamptz` times (see [`super::schema`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,51 +10,25 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
+use super::columns::{ColumnName, TableSpec, TenantColumn};
+use super::schema::{self, FoundColumn, KeyKind, Layout};
 use super::{
     BatchOutcome, Claim, ClaimedBatch, Disposition, Headers, OutboxId, OutboxRow, OutboxStore,
-    RowFailure, StoreError, TableName, TenantId,
+    RowFailure, StoreError, TenantId,
 };
 use crate::config::{AfterDead, MarkMode, Ordering};
+use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
 
-/// `last_error` is for humans; keep a runaway error message from bloating the table.
-const MAX_ERROR_LEN: usize = 2_000;
 /// How long to wait for a connection before reporting the database as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
 pub const APPLICATION_NAME: &str = "sluice";
 /// Advisory-lock key serialising concurrent `sluice migrate` runs ("sluice" in ASCII).
 const MIGRATE_LOCK_KEY: i64 = 0x736c_7569_6365;
-
-/// How the `payload` column is stored, which decides how it is turned into bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PayloadKind {
-    /// `jsonb` or `json`: the JSON text, UTF-8.
-    Json,
-    /// `bytea`: the raw bytes.
-    Bytes,
-    /// `text`/`varchar`: UTF-8.
-    Text,
-}
-
-impl PayloadKind {
-    fn from_type_name(name: &str) -> Option<Self> {
-        match name {
-            "jsonb" | "json" => Some(Self::Json),
-            "bytea" => Some(Self::Bytes),
-            "text" | "character varying" => Some(Self::Text),
-            _ => None,
-        }
-    }
-
-    /// SQL expression yielding the payload as `bytea`.
-    fn select_expr(self) -> &'static str {
-        match self {
-            Self::Json => "convert_to(o.payload::text, 'UTF8')",
-            Self::Bytes => "o.payload",
-            Self::Text => "convert_to(o.payload, 'UTF8')",
-        }
-    }
-}
+/// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
+/// trigger of the application's): plain ASCII, so recording the failure cannot fail on text.
+const UNSTORABLE_ERROR: &str =
+    "the error text could not be stored (the database refused it); see the relay's log";
 
 /// How the store claims and marks rows (from `[relay]`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -63,8 +41,10 @@ pub struct StoreOptions {
 /// In key order, a row is claimable only when no earlier row of its key is still unsent:
 /// not in another relay's open batch (its lock keeps it unsent until that commit), not
 /// waiting for a retry, and — unless dead rows are skipped — not dead. So at most one row per
-/// key is ever in flight, and a failing row holds back its own key only.
-fn key_order_filter(table: &TableName, ordering: Ordering, after_dead: AfterDead) -> String {
+/// key is ever in flight, and a failing row holds back its own key only. "Earlier" is the
+/// claim order ([`Layout::before`]): a total order, so of two unsent rows of a key exactly one
+/// is first.
+fn key_order_filter(layout: &Layout, ordering: Ordering, after_dead: AfterDead) -> String {
     match ordering {
         Ordering::None => String::new(),
         Ordering::Key => {
@@ -72,22 +52,34 @@ fn key_order_filter(table: &TableName, ordering: Ordering, after_dead: AfterDead
                 AfterDead::Skip => "AND p.dead_at IS NULL",
                 AfterDead::Block => "",
             };
+            let tenant = match &layout.tenant {
+                Some(t) => format!("AND p.{t} IS NOT DISTINCT FROM o.{t}"),
+                None => String::new(),
+            };
             format!(
                 "AND NOT EXISTS (
                     SELECT 1 FROM {table} AS p
-                     WHERE p.aggregate_type = o.aggregate_type
-                       AND p.aggregate_id = o.aggregate_id
-                       AND p.tenant IS NOT DISTINCT FROM o.tenant
-                       AND p.id < o.id
-                       AND p.published_at IS NULL {dead})"
+                     WHERE p.{at} = o.{at}
+                       AND p.{ai} = o.{ai}
+                       {tenant}
+                       AND {before}
+                       AND p.published_at IS NULL {dead})",
+                table = layout.table,
+                at = layout.aggregate_type,
+                ai = layout.aggregate_id,
+                before = layout.before("p", "o"),
             )
         }
     }
 }
 
-/// Creates (or upgrades) the outbox table and its partial index on unsent rows. Idempotent,
-/// and safe to run from several processes at once.
-pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError> {
+/// Creates the outbox table, or upgrades one the application created: adds Sluice's
+/// bookkeeping columns, `headers` and `created_at` when missing (all without rewriting the
+/// table), the order column when the id is not an integer (this one fills every existing
+/// row, which rewrites the table once), and the partial indexes on unsent rows. Then checks
+/// the table as `sluice run` would; a table Sluice cannot use is refused with every problem
+/// and left unchanged. Idempotent, and safe to run from several processes at once.
+pub async fn migrate(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
     let mut tx = pool.begin().await?;
     // "column already exists, skipping" notices are expected on every re-run; keep them quiet.
     sqlx::query("SET LOCAL client_min_messages = warning")
@@ -97,55 +89,122 @@ pub async fn migrate(pool: &PgPool, table: &TableName) -> Result<(), StoreError>
         .bind(MIGRATE_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
-    let statements = [
+    sqlx::query(AssertSqlSafe(create_table_sql(spec)))
+        .execute(&mut *tx)
+        .await?;
+    let found = schema::read_columns(&mut *tx, &spec.name).await?;
+    sqlx::query(AssertSqlSafe(add_columns_sql(spec, &found)))
+        .execute(&mut *tx)
+        .await?;
+    let found = schema::read_columns(&mut *tx, &spec.name).await?;
+    // Refused: `tx` is dropped, which rolls everything above back.
+    let layout = schema::check(spec, &found)?;
+    for sql in index_sql(&layout) {
+        sqlx::query(AssertSqlSafe(sql)).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(layout)
+}
+
+/// `CREATE TABLE IF NOT EXISTS` with the mapped column names and Sluice's types.
+fn create_table_sql(spec: &TableSpec) -> String {
+    let c = &spec.columns;
+    let tenant = match &c.tenant {
+        TenantColumn::IfPresent(t) | TenantColumn::Named(t) => format!("{t} text,"),
+        TenantColumn::None => String::new(),
+    };
+    let order = match &c.order {
+        Some(order) if *order != c.id => {
+            format!("{order} bigint GENERATED BY DEFAULT AS IDENTITY,")
+        }
+        _ => String::new(),
+    };
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+            {id}            bigserial PRIMARY KEY,
+            {tenant}
+            {at}            text        NOT NULL,
+            {ai}            text        NOT NULL,
+            {et}            text        NOT NULL,
+            {payload}       jsonb,
+            {headers}       jsonb       NOT NULL DEFAULT '{{}}',
+            {created_at}    timestamptz NOT NULL DEFAULT now(),
+            {order}
+            published_at    timestamptz,
+            attempts        integer     NOT NULL DEFAULT 0,
+            next_attempt_at timestamptz,
+            last_error      text,
+            dead_at         timestamptz
+        )",
+        table = spec.name,
+        id = c.id,
+        at = c.aggregate_type,
+        ai = c.aggregate_id,
+        et = c.event_type,
+        payload = c.payload,
+        headers = c.headers,
+        created_at = c.created_at,
+    )
+}
+
+/// Adds what an application's own table lacks. Constant (or `now()`) defaults are stored in
+/// the catalog, so these columns cost no rewrite; only a new order column does (each existing
+/// row gets its number, in the table's physical order).
+fn add_columns_sql(spec: &TableSpec, found: &[FoundColumn]) -> String {
+    let c = &spec.columns;
+    let mut adds = vec![
         format!(
-            "CREATE TABLE IF NOT EXISTS {table} (
-                id              bigserial PRIMARY KEY,
-                tenant          text,
-                aggregate_type  text        NOT NULL,
-                aggregate_id    text        NOT NULL,
-                event_type      text        NOT NULL,
-                payload         jsonb,
-                headers         jsonb       NOT NULL DEFAULT '{{}}',
-                created_at      timestamptz NOT NULL DEFAULT now(),
-                published_at    timestamptz,
-                attempts        integer     NOT NULL DEFAULT 0,
-                next_attempt_at timestamptz,
-                last_error      text,
-                dead_at         timestamptz
-            )"
+            "ADD COLUMN IF NOT EXISTS {} jsonb NOT NULL DEFAULT '{{}}'",
+            c.headers
         ),
-        // An application may have created the table with only its own columns: add Sluice's
-        // bookkeeping columns to it.
         format!(
-            "ALTER TABLE {table}
-                ADD COLUMN IF NOT EXISTS headers         jsonb       NOT NULL DEFAULT '{{}}',
-                ADD COLUMN IF NOT EXISTS created_at      timestamptz NOT NULL DEFAULT now(),
-                ADD COLUMN IF NOT EXISTS published_at    timestamptz,
-                ADD COLUMN IF NOT EXISTS attempts        integer     NOT NULL DEFAULT 0,
-                ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz,
-                ADD COLUMN IF NOT EXISTS last_error      text,
-                ADD COLUMN IF NOT EXISTS dead_at         timestamptz"
+            "ADD COLUMN IF NOT EXISTS {} timestamptz NOT NULL DEFAULT now()",
+            c.created_at
         ),
+        "ADD COLUMN IF NOT EXISTS published_at    timestamptz".to_owned(),
+        "ADD COLUMN IF NOT EXISTS attempts        integer NOT NULL DEFAULT 0".to_owned(),
+        "ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz".to_owned(),
+        "ADD COLUMN IF NOT EXISTS last_error      text".to_owned(),
+        "ADD COLUMN IF NOT EXISTS dead_at         timestamptz".to_owned(),
+    ];
+    // Only when missing: `ADD COLUMN IF NOT EXISTS … IDENTITY` would still create a sequence.
+    if let Some(order) = schema::order_column_to_add(spec, found) {
+        adds.push(format!(
+            "ADD COLUMN {order} bigint GENERATED BY DEFAULT AS IDENTITY"
+        ));
+    }
+    format!("ALTER TABLE {}\n    {}", spec.name, adds.join(",\n    "))
+}
+
+/// The partial indexes on unsent rows: one in claim order (keeps the claim cheap however many
+/// sent rows `published_at` mode retains), one per key for `ordering = "key"`. Tables ordered
+/// by a column named `id` keep the index names of earlier versions.
+fn index_sql(layout: &Layout) -> [String; 2] {
+    let table = &layout.table;
+    let order_columns = if layout.ordered_by_id() {
+        layout.id.to_string()
+    } else {
+        format!("{}, {}", layout.order, layout.id)
+    };
+    let suffix = match layout.order.as_str() {
+        "id" => String::new(),
+        other => format!("_{other}"),
+    };
+    [
         format!(
-            "CREATE INDEX IF NOT EXISTS \"{}_unsent_idx\" ON {table} (id)
+            "CREATE INDEX IF NOT EXISTS \"{name}_unsent{suffix}_idx\" ON {table} ({order_columns})
                 WHERE published_at IS NULL AND dead_at IS NULL",
-            table.table()
+            name = table.table()
         ),
         // For `ordering = "key"`: finding an earlier unsent row of the same key.
         format!(
-            "CREATE INDEX IF NOT EXISTS \"{}_unsent_key_idx\" ON {table}
-                (aggregate_type, aggregate_id, id) WHERE published_at IS NULL",
-            table.table()
+            "CREATE INDEX IF NOT EXISTS \"{name}_unsent_key{suffix}_idx\" ON {table}
+                ({at}, {ai}, {order_columns}) WHERE published_at IS NULL",
+            name = table.table(),
+            at = layout.aggregate_type,
+            ai = layout.aggregate_id,
         ),
-    ];
-    for sql in &statements {
-        sqlx::query(AssertSqlSafe(sql.as_str()))
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
+    ]
 }
 
 /// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
@@ -173,7 +232,9 @@ pub async fn connect(url: &str, connections: u32) -> Result<PgPool, sqlx::Error>
 pub struct PgOutbox {
     pool: PgPool,
     mark: MarkMode,
-    // Built once from a validated table name (see `TableName`), hence `AssertSqlSafe`.
+    layout: Arc<Layout>,
+    // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
+    // `AssertSqlSafe`.
     claim_sql: Arc<str>,
     due_sql: Arc<str>,
     backlog_sql: Arc<str>,
@@ -182,74 +243,35 @@ pub struct PgOutbox {
 }
 
 impl PgOutbox {
-    /// Inspects the table (it must exist, with a supported `payload` type) and prepares the
-    /// statements.
+    /// Checks the table (every column Sluice reads or writes must exist with a usable type;
+    /// otherwise the refusal lists every problem) and prepares the statements.
     pub async fn new(
         pool: PgPool,
-        table: TableName,
+        spec: TableSpec,
         options: StoreOptions,
     ) -> Result<Self, StoreError> {
-        let kind = payload_kind(&pool, &table).await?;
-        let mark = options.mark;
-        // Unsent, not dead, due, not of a paused tenant ($1), and — in key order — not behind
-        // an earlier unsent row of its key.
-        let due = format!(
-            "o.published_at IS NULL AND o.dead_at IS NULL
-                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-                AND NOT (COALESCE(o.tenant::text, 'default') = ANY($1::text[]))
-                {key_order}",
-            key_order = key_order_filter(&table, options.ordering, options.after_dead),
-        );
-        let claim_sql = format!(
-            "SELECT o.id, o.tenant::text AS tenant, o.aggregate_type::text AS aggregate_type,
-                    o.aggregate_id::text AS aggregate_id, o.event_type::text AS event_type,
-                    {payload} AS payload, COALESCE(o.headers::text, '{{}}') AS headers,
-                    o.created_at, o.attempts
-               FROM {table} AS o
-              WHERE {due}
-              ORDER BY o.id
-              LIMIT $2
-                FOR UPDATE OF o SKIP LOCKED",
-            payload = kind.select_expr(),
-        );
-        let due_sql = format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})");
-        let mark_sql = match mark {
-            MarkMode::Delete => format!("DELETE FROM {table} WHERE id = ANY($1)"),
-            MarkMode::PublishedAt => {
-                format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1)")
-            }
-        };
-        let reschedule_sql = format!(
-            "UPDATE {table} AS o
-                SET attempts = o.attempts + f.counted::int,
-                    last_error = f.error,
-                    next_attempt_at = CASE WHEN f.dead THEN NULL
-                                      ELSE now() + f.delay_ms * interval '1 millisecond' END,
-                    dead_at = CASE WHEN f.dead THEN now() END
-               FROM unnest($1::int8[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
-                    AS f(id, error, delay_ms, dead, counted)
-              WHERE o.id = f.id"
-        );
+        let layout = schema::inspect(&pool, &spec).await?;
+        tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
+        let statements = Statements::new(&layout, options);
         Ok(Self {
             pool,
-            mark,
-            claim_sql: claim_sql.into(),
-            due_sql: due_sql.into(),
-            backlog_sql: format!(
-                "SELECT count(*) FILTER (WHERE dead_at IS NULL
-                                           AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
-                        count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
-                        count(*) FILTER (WHERE dead_at IS NOT NULL)
-                   FROM {table} WHERE published_at IS NULL"
-            )
-            .into(),
-            mark_sql: mark_sql.into(),
-            reschedule_sql: reschedule_sql.into(),
+            mark: options.mark,
+            layout: Arc::new(layout),
+            claim_sql: statements.claim.into(),
+            due_sql: statements.due.into(),
+            backlog_sql: statements.backlog.into(),
+            mark_sql: statements.mark.into(),
+            reschedule_sql: statements.reschedule.into(),
         })
     }
 
     pub fn mark_mode(&self) -> MarkMode {
         self.mark
+    }
+
+    /// The checked table this store relays from.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Unsent rows by state: what `sluice drain` has to do, and what it left.
@@ -262,6 +284,86 @@ impl PgOutbox {
     }
 }
 
+/// The store's statements for one table and `[relay]` setting.
+struct Statements {
+    claim: String,
+    due: String,
+    backlog: String,
+    mark: String,
+    reschedule: String,
+}
+
+impl Statements {
+    fn new(layout: &Layout, options: StoreOptions) -> Self {
+        let table = &layout.table;
+        // Unsent, not dead, due, not of a paused tenant ($1), and — in key order — not behind
+        // an earlier unsent row of its key.
+        let due = format!(
+            "o.published_at IS NULL AND o.dead_at IS NULL
+                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                AND NOT ({tenant} = ANY($1::text[]))
+                {key_order}",
+            tenant = layout.tenant_name_expr("o"),
+            key_order = key_order_filter(layout, options.ordering, options.after_dead),
+        );
+        let claim = format!(
+            "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
+                    o.{ai}::text AS aggregate_id, o.{et}::text AS event_type,
+                    {payload} AS payload, COALESCE(o.{headers}::text, '{{}}') AS headers,
+                    {created_at} AS created_at, o.attempts
+               FROM {table} AS o
+              WHERE {due}
+              ORDER BY {order_by}
+              LIMIT $2
+                FOR UPDATE OF o SKIP LOCKED",
+            id = layout.id_expr("o"),
+            tenant = layout.tenant_expr("o"),
+            at = layout.aggregate_type,
+            ai = layout.aggregate_id,
+            et = layout.event_type,
+            payload = layout.payload_expr("o"),
+            headers = layout.headers,
+            created_at = layout.created_at_expr("o"),
+            order_by = layout.order_by("o"),
+        );
+        let keys = layout.key_array("$1");
+        let mark = match options.mark {
+            MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", layout.id),
+            MarkMode::PublishedAt => format!(
+                "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
+                layout.id
+            ),
+        };
+        let reschedule = format!(
+            "UPDATE {table} AS o
+                SET attempts = o.attempts + f.counted::int,
+                    last_error = f.error,
+                    next_attempt_at = CASE WHEN f.dead THEN NULL
+                                      ELSE now() + f.delay_ms * interval '1 millisecond' END,
+                    dead_at = CASE WHEN f.dead THEN now() END
+               FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
+                    AS f(id, error, delay_ms, dead, counted)
+              WHERE o.{id} = f.id::{cast}",
+            id = layout.id,
+            cast = layout.key_cast(),
+        );
+        let backlog = format!(
+            "SELECT count(*) FILTER (WHERE dead_at IS NULL
+                                       AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
+                    count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
+                    count(*) FILTER (WHERE dead_at IS NOT NULL)
+               FROM {table} WHERE published_at IS NULL"
+        );
+        Self {
+            due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})"),
+            claim,
+            backlog,
+            mark,
+            reschedule,
+        }
+    }
+}
+
 /// Unsent rows of the outbox, by state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
@@ -270,23 +372,6 @@ pub struct Backlog {
     /// Waiting for a retry (`next_attempt_at` in the future).
     pub waiting: i64,
     pub dead: i64,
-}
-
-async fn payload_kind(pool: &PgPool, table: &TableName) -> Result<PayloadKind, StoreError> {
-    let found: Option<String> = sqlx::query_scalar(
-        "SELECT format_type(a.atttypid, NULL)
-           FROM pg_attribute a
-          WHERE a.attrelid = to_regclass($1) AND a.attname = 'payload' AND NOT a.attisdropped",
-    )
-    .bind(table.to_string())
-    .fetch_optional(pool)
-    .await?;
-    let found = found.unwrap_or_else(|| "(missing; run `sluice migrate`)".to_owned());
-    PayloadKind::from_type_name(&found).ok_or_else(|| StoreError::Schema {
-        table: table.to_string(),
-        column: "payload".into(),
-        found,
-    })
 }
 
 impl OutboxStore for PgOutbox {
@@ -312,7 +397,7 @@ impl OutboxStore for PgOutbox {
         let mut rows = Vec::with_capacity(raw.len());
         let mut rejected = Vec::new();
         for row in &raw {
-            match decode_row(row) {
+            match decode_row(row, &self.layout)? {
                 Ok(r) => rows.push(r),
                 Err(failure) => rejected.push(failure),
             }
@@ -329,34 +414,62 @@ impl OutboxStore for PgOutbox {
     }
 }
 
-fn decode_row(row: &PgRow) -> Result<OutboxRow, RowFailure> {
-    let id = OutboxId::Int(row.try_get("id").map_err(|e| RowFailure {
-        id: OutboxId::Int(0),
-        error: e.to_string(),
-        disposition: Disposition::Dead,
-    })?);
-    // A row that cannot be decoded will not decode on retry either: dead-letter it with the
-    // reason, to be fixed and replayed.
-    let fail = |error: String| RowFailure {
-        id: id.clone(),
-        error,
-        disposition: Disposition::Dead,
+/// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
+/// own id, dead-lettered with the reason (retrying cannot help until someone fixes the row).
+/// Only an unreadable id is an error of the whole claim: without it the row cannot be named.
+/// (The schema check makes that impossible — the id is `NOT NULL` and cast to `int8` or
+/// `text` in SQL — unless the table is altered under a running relay.)
+fn decode_row(row: &PgRow, layout: &Layout) -> Result<Result<OutboxRow, RowFailure>, StoreError> {
+    let id = match layout.key {
+        KeyKind::Int => row.try_get::<i64, _>("id").map(OutboxId::Int),
+        KeyKind::Text { .. } => row
+            .try_get::<String, _>("id")
+            .map(|id| OutboxId::Text(id.into())),
+    }
+    .map_err(|e| StoreError::Key {
+        table: layout.table.to_string(),
+        column: layout.id.to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(
+        decode_columns(row, layout, id.clone()).map_err(|error| RowFailure {
+            id,
+            error,
+            disposition: Disposition::Dead,
+        }),
+    )
+}
+
+fn decode_columns(row: &PgRow, layout: &Layout, id: OutboxId) -> Result<OutboxRow, String> {
+    let cannot =
+        |column: &ColumnName, e: sqlx::Error| format!("cannot decode column {column}: {e}");
+    let text = |alias: &str, column: &ColumnName| match row.try_get::<Option<String>, _>(alias) {
+        Ok(Some(value)) => Ok(value),
+        Ok(None) => Err(format!("column {column} is NULL")),
+        Err(e) => Err(cannot(column, e)),
     };
-    let column_err = |e: sqlx::Error| fail(format!("cannot decode row: {e}"));
-    let headers_text: String = row.try_get("headers").map_err(column_err)?;
+    let tenant = match &layout.tenant {
+        Some(column) => row.try_get("tenant").map_err(|e| cannot(column, e))?,
+        None => None,
+    };
+    let headers = text("headers", &layout.headers)?;
     Ok(OutboxRow {
-        id: id.clone(),
-        tenant: TenantId::from_column(row.try_get("tenant").map_err(column_err)?),
-        aggregate_type: row.try_get("aggregate_type").map_err(column_err)?,
-        aggregate_id: row.try_get("aggregate_id").map_err(column_err)?,
-        event_type: row.try_get("event_type").map_err(column_err)?,
+        id,
+        tenant: TenantId::from_column(tenant),
+        aggregate_type: text("aggregate_type", &layout.aggregate_type)?,
+        aggregate_id: text("aggregate_id", &layout.aggregate_id)?,
+        event_type: text("event_type", &layout.event_type)?,
         payload: row
             .try_get::<Option<Vec<u8>>, _>("payload")
-            .map_err(column_err)?
+            .map_err(|e| cannot(&layout.payload, e))?
             .unwrap_or_default(),
-        headers: parse_headers(&headers_text).map_err(fail)?,
-        created_at: row.try_get("created_at").map_err(column_err)?,
-        attempts: row.try_get("attempts").map_err(column_err)?,
+        headers: parse_headers(&headers)?,
+        created_at: row
+            .try_get("created_at")
+            .map_err(|e| cannot(&layout.created_at, e))?,
+        attempts: row
+            .try_get("attempts")
+            .map_err(|e| format!("cannot decode column attempts: {e}"))?,
     })
 }
 
@@ -379,6 +492,11 @@ pub(crate) fn parse_headers(text: &str) -> Result<Headers, String> {
         .collect()
 }
 
+/// Ids as the `text[]` parameter the statements cast to the id column's type.
+pub(crate) fn key_params<'a>(ids: impl Iterator<Item = &'a OutboxId>) -> Vec<String> {
+    ids.map(OutboxId::to_string).collect()
+}
+
 /// A claimed batch: the open transaction holding the row locks.
 pub struct PgBatch {
     tx: Transaction<'static, Postgres>,
@@ -389,7 +507,7 @@ pub struct PgBatch {
 impl ClaimedBatch for PgBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
         if !outcome.sent.is_empty() {
-            let ids = int_keys(outcome.sent.iter())?;
+            let ids = key_params(outcome.sent.iter());
             let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.mark_sql)))
                 .bind(&ids)
                 .execute(&mut *self.tx)
@@ -398,36 +516,8 @@ impl ClaimedBatch for PgBatch {
             check_count(ids.len(), affected)?;
         }
         if !outcome.failed.is_empty() {
-            let ids = int_keys(outcome.failed.iter().map(|f| &f.id))?;
-            let errors: Vec<String> = outcome
-                .failed
-                .iter()
-                .map(|f| truncate(&f.error, MAX_ERROR_LEN))
-                .collect();
-            let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-            let mut delays = Vec::with_capacity(ids.len());
-            let mut dead = Vec::with_capacity(ids.len());
-            let mut counted = Vec::with_capacity(ids.len());
-            for f in &outcome.failed {
-                let (delay, is_dead, counts) = match f.disposition {
-                    Disposition::Retry(d) => (millis(d), false, true),
-                    Disposition::Dead => (0, true, true),
-                    Disposition::Wait(d) => (millis(d), false, false),
-                };
-                delays.push(delay);
-                dead.push(is_dead);
-                counted.push(counts);
-            }
-            let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
-                .bind(&ids)
-                .bind(&errors)
-                .bind(&delays)
-                .bind(&dead)
-                .bind(&counted)
-                .execute(&mut *self.tx)
-                .await?
-                .rows_affected();
-            check_count(ids.len(), affected)?;
+            let affected = self.reschedule(&outcome.failed).await?;
+            check_count(outcome.failed.len(), affected)?;
         }
         // A mismatch above returns early and drops `tx`, which rolls back.
         self.tx.commit().await?;
@@ -440,17 +530,67 @@ impl ClaimedBatch for PgBatch {
     }
 }
 
-/// The integer keys of `ids` (this store claims only `int8` keys).
-fn int_keys<'a>(ids: impl Iterator<Item = &'a OutboxId>) -> Result<Vec<i64>, StoreError> {
-    ids.map(|id| match id {
-        OutboxId::Int(id) => Ok(*id),
-        OutboxId::Text(text) => Err(StoreError::Schema {
-            table: String::new(),
-            column: "id".into(),
-            found: format!("non-integer key {text:?}"),
-        }),
-    })
-    .collect()
+impl PgBatch {
+    /// Reschedules or dead-letters `failed`, recording each error made safe to store
+    /// ([`bounded`]: no NUL or other control characters, at most [`MAX_STORED`] bytes). Runs
+    /// inside a savepoint: should the database still refuse the texts (a constraint or trigger
+    /// of the application's), the failures are recorded with [`UNSTORABLE_ERROR`] instead, so
+    /// the commit of a batch whose messages were already published cannot fail on text.
+    async fn reschedule(&mut self, failed: &[RowFailure]) -> Result<u64, StoreError> {
+        let errors: Vec<String> = failed
+            .iter()
+            .map(|f| bounded(&f.error, MAX_STORED).into_owned())
+            .collect();
+        sqlx::query("SAVEPOINT sluice_reschedule")
+            .execute(&mut *self.tx)
+            .await?;
+        match self.run_reschedule(failed, &errors).await {
+            Ok(affected) => Ok(affected),
+            Err(refused) => {
+                tracing::warn!(
+                    error = %bounded(&refused.to_string(), MAX_LOGGED),
+                    rows = failed.len(),
+                    "the database refused the failed rows' error texts; recording a fixed text instead"
+                );
+                sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
+                    .execute(&mut *self.tx)
+                    .await?;
+                let fixed = vec![UNSTORABLE_ERROR.to_owned(); failed.len()];
+                self.run_reschedule(failed, &fixed).await
+            }
+        }
+    }
+
+    async fn run_reschedule(
+        &mut self,
+        failed: &[RowFailure],
+        errors: &[String],
+    ) -> Result<u64, StoreError> {
+        let ids = key_params(failed.iter().map(|f| &f.id));
+        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let mut delays = Vec::with_capacity(ids.len());
+        let mut dead = Vec::with_capacity(ids.len());
+        let mut counted = Vec::with_capacity(ids.len());
+        for f in failed {
+            let (delay, is_dead, counts) = match f.disposition {
+                Disposition::Retry(d) => (millis(d), false, true),
+                Disposition::Dead => (0, true, true),
+                Disposition::Wait(d) => (millis(d), false, false),
+            };
+            delays.push(delay);
+            dead.push(is_dead);
+            counted.push(counts);
+        }
+        Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
+            .bind(&ids)
+            .bind(errors)
+            .bind(&delays)
+            .bind(&dead)
+            .bind(&counted)
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected())
+    }
 }
 
 fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
@@ -462,20 +602,12 @@ fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::columns::ColumnMap;
+    use crate::outbox::schema::TimeKind;
+    use crate::outbox::{PayloadKind, TableName};
 
     #[test]
     fn headers_object_of_strings_becomes_ordered_pairs() {
@@ -493,25 +625,186 @@ mod tests {
         assert!(parse_headers("[1]").is_err());
     }
 
-    #[test]
-    fn payload_types_map_to_kinds() {
-        assert_eq!(
-            PayloadKind::from_type_name("jsonb"),
-            Some(PayloadKind::Json)
-        );
-        assert_eq!(
-            PayloadKind::from_type_name("bytea"),
-            Some(PayloadKind::Bytes)
-        );
-        assert_eq!(PayloadKind::from_type_name("text"), Some(PayloadKind::Text));
-        assert_eq!(PayloadKind::from_type_name("integer"), None);
+    fn col(name: &str) -> ColumnName {
+        ColumnName::parse(name).unwrap()
+    }
+
+    /// Debezium's default table (uuid id, no tenant) after `sluice migrate`.
+    fn debezium_layout() -> Layout {
+        Layout {
+            table: TableName::parse("outboxevent").unwrap(),
+            id: col("id"),
+            key: KeyKind::Text {
+                cast: "uuid".into(),
+            },
+            tenant: None,
+            aggregate_type: col("aggregatetype"),
+            aggregate_id: col("aggregateid"),
+            event_type: col("type"),
+            payload: col("payload"),
+            payload_kind: PayloadKind::Json,
+            headers: col("headers"),
+            created_at: col("created_at"),
+            created_at_kind: TimeKind::WithZone,
+            order: col("sluice_seq"),
+        }
+    }
+
+    fn sluice_layout() -> Layout {
+        Layout {
+            table: TableName::parse("outbox").unwrap(),
+            id: col("id"),
+            key: KeyKind::Int,
+            tenant: Some(col("tenant")),
+            aggregate_type: col("aggregate_type"),
+            aggregate_id: col("aggregate_id"),
+            event_type: col("event_type"),
+            payload: col("payload"),
+            payload_kind: PayloadKind::Json,
+            headers: col("headers"),
+            created_at: col("created_at"),
+            created_at_kind: TimeKind::WithZone,
+            order: col("id"),
+        }
+    }
+
+    fn squash(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
     }
 
     #[test]
-    fn long_errors_are_truncated_on_a_char_boundary() {
-        let s = "é".repeat(10);
-        let t = truncate(&s, 5);
-        assert!(t.ends_with('…'));
-        assert!(t.len() <= 5 + '…'.len_utf8());
+    fn uuid_keys_are_cast_back_to_uuid_when_marking_and_rescheduling() {
+        let s = Statements::new(&debezium_layout(), StoreOptions::default());
+        assert_eq!(
+            squash(&s.mark),
+            "DELETE FROM \"outboxevent\" WHERE \"id\" = ANY($1::text[]::uuid[])"
+        );
+        assert!(
+            squash(&s.reschedule).ends_with("WHERE o.\"id\" = f.id::uuid"),
+            "{}",
+            s.reschedule
+        );
+        let claim = squash(&s.claim);
+        assert!(claim.starts_with("SELECT o.\"id\"::text AS id, NULL::text AS tenant, o.\"aggregatetype\"::text AS aggregate_type"), "{claim}");
+        assert!(
+            claim.contains("ORDER BY o.\"sluice_seq\", o.\"id\" LIMIT $2"),
+            "{claim}"
+        );
+        assert!(
+            claim.contains("AND NOT ('default'::text = ANY($1::text[]))"),
+            "{claim}"
+        );
+    }
+
+    #[test]
+    fn integer_keys_keep_the_primary_key_usable() {
+        let options = StoreOptions {
+            mark: MarkMode::PublishedAt,
+            ..StoreOptions::default()
+        };
+        let s = Statements::new(&sluice_layout(), options);
+        assert_eq!(
+            squash(&s.mark),
+            "UPDATE \"outbox\" SET published_at = now() WHERE \"id\" = ANY($1::text[]::int8[])"
+        );
+        let claim = squash(&s.claim);
+        assert!(
+            claim.starts_with("SELECT o.\"id\"::int8 AS id, o.\"tenant\"::text AS tenant"),
+            "{claim}"
+        );
+        assert!(claim.contains("ORDER BY o.\"id\" LIMIT $2"), "{claim}");
+    }
+
+    #[test]
+    fn key_order_with_uuid_ids_compares_the_order_column_then_the_id() {
+        let filter = squash(&key_order_filter(
+            &debezium_layout(),
+            Ordering::Key,
+            AfterDead::Skip,
+        ));
+        assert!(filter.contains("p.\"aggregatetype\" = o.\"aggregatetype\" AND p.\"aggregateid\" = o.\"aggregateid\""), "{filter}");
+        assert!(
+            filter.contains("AND (p.\"sluice_seq\", p.\"id\") < (o.\"sluice_seq\", o.\"id\")"),
+            "{filter}"
+        );
+        // No tenant column: the key is (aggregate type, aggregate id) alone.
+        assert!(!filter.contains("DISTINCT"), "{filter}");
+        let with_tenant = squash(&key_order_filter(
+            &sluice_layout(),
+            Ordering::Key,
+            AfterDead::Block,
+        ));
+        assert!(
+            with_tenant.contains(
+                "AND p.\"tenant\" IS NOT DISTINCT FROM o.\"tenant\" AND p.\"id\" < o.\"id\""
+            ),
+            "{with_tenant}"
+        );
+        assert!(!with_tenant.contains("dead_at"), "{with_tenant}");
+    }
+
+    #[test]
+    fn indexes_follow_the_order_column_and_keep_the_old_names_for_id() {
+        let [unsent, key] = index_sql(&sluice_layout());
+        assert!(
+            squash(&unsent).starts_with(
+                "CREATE INDEX IF NOT EXISTS \"outbox_unsent_idx\" ON \"outbox\" (\"id\")"
+            ),
+            "{unsent}"
+        );
+        assert!(squash(&key).contains("\"outbox_unsent_key_idx\" ON \"outbox\" (\"aggregate_type\", \"aggregate_id\", \"id\")"), "{key}");
+        let [unsent, key] = index_sql(&debezium_layout());
+        assert!(
+            squash(&unsent).contains(
+                "\"outboxevent_unsent_sluice_seq_idx\" ON \"outboxevent\" (\"sluice_seq\", \"id\")"
+            ),
+            "{unsent}"
+        );
+        assert!(
+            squash(&key).contains("(\"aggregatetype\", \"aggregateid\", \"sluice_seq\", \"id\")"),
+            "{key}"
+        );
+    }
+
+    #[test]
+    fn migrate_creates_the_mapped_names_and_adds_what_an_application_table_lacks() {
+        let spec = TableSpec {
+            name: TableName::parse("outboxevent").unwrap(),
+            columns: ColumnMap {
+                aggregate_type: col("aggregatetype"),
+                tenant: TenantColumn::None,
+                ..ColumnMap::default()
+            },
+        };
+        let create = squash(&create_table_sql(&spec));
+        assert!(
+            create.contains("\"aggregatetype\" text NOT NULL"),
+            "{create}"
+        );
+        assert!(!create.contains("tenant"), "{create}");
+        let uuid_id = FoundColumn {
+            name: "id".into(),
+            shown: "uuid".into(),
+            base: "uuid".into(),
+            bounded: false,
+            not_null: true,
+            unique: true,
+        };
+        let alter = squash(&add_columns_sql(&spec, std::slice::from_ref(&uuid_id)));
+        assert!(
+            alter.contains("ADD COLUMN \"sluice_seq\" bigint GENERATED BY DEFAULT AS IDENTITY"),
+            "{alter}"
+        );
+        assert!(
+            alter.contains("ADD COLUMN IF NOT EXISTS \"headers\" jsonb NOT NULL DEFAULT '{}'"),
+            "{alter}"
+        );
+        let int_id = FoundColumn {
+            shown: "integer".into(),
+            base: "integer".into(),
+            ..uuid_id
+        };
+        let alter = add_columns_sql(&spec, &[int_id]);
+        assert!(!alter.contains("sluice_seq"), "{alter}");
     }
 }

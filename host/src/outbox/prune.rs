@@ -9,7 +9,7 @@ use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Postgres};
 
-use super::{StoreError, TableName};
+use super::{StoreError, TableSpec};
 use crate::shutdown::Shutdown;
 
 /// Rows deleted per statement: small enough for a short transaction and little WAL at once.
@@ -24,18 +24,20 @@ const PRUNE_LOCK_KEY: i32 = 0x736c_7570; // "slup"
 /// process is pruning the same table. Returns how many rows it deleted.
 pub async fn prune_once(
     pool: &PgPool,
-    table: &TableName,
+    spec: &TableSpec,
     retention: Duration,
 ) -> Result<u64, StoreError> {
-    // Oldest ids first: the primary key walks the oldest rows, which are the sent ones, and
-    // stops after a chunk; no extra index on published_at is needed.
+    // In id order: the primary key walks the rows (for integer ids the oldest, which are the
+    // sent ones, first) and stops after a chunk; no extra index on published_at is needed.
+    let table = &spec.name;
     let sql = format!(
         "WITH locked AS (SELECT pg_try_advisory_xact_lock($3, to_regclass($4)::oid::int) AS ok)
          DELETE FROM {table}
-          WHERE id IN (SELECT id FROM {table}, locked
-                        WHERE locked.ok
-                          AND published_at < now() - $1 * interval '1 millisecond'
-                        ORDER BY id LIMIT $2)"
+          WHERE {id} IN (SELECT {id} FROM {table}, locked
+                          WHERE locked.ok
+                            AND published_at < now() - $1 * interval '1 millisecond'
+                          ORDER BY {id} LIMIT $2)",
+        id = spec.columns.id,
     );
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let table_name = table.to_string();
@@ -75,7 +77,7 @@ pub(crate) async fn delete_in_chunks(
 /// Prunes every `interval` until shutdown. Errors are logged and retried next time.
 pub fn spawn_pruner(
     pool: PgPool,
-    table: TableName,
+    spec: TableSpec,
     retention: Duration,
     interval: Duration,
     mut shutdown: Shutdown,
@@ -86,7 +88,7 @@ pub fn spawn_pruner(
                 _ = tokio::time::sleep(interval) => {}
                 _ = shutdown.recv() => return,
             }
-            let run = prune_once(&pool, &table, retention);
+            let run = prune_once(&pool, &spec, retention);
             let result = tokio::select! {
                 r = run => r,
                 _ = shutdown.recv() => return,
@@ -94,10 +96,10 @@ pub fn spawn_pruner(
             match result {
                 Ok(0) => {}
                 Ok(n) => {
-                    tracing::info!(table = %table, rows = n, ?retention, "pruned sent rows past relay.retention")
+                    tracing::info!(table = %spec.name, rows = n, ?retention, "pruned sent rows past relay.retention")
                 }
                 Err(e) => {
-                    tracing::warn!(table = %table, error = %e, "pruning sent rows failed; trying again later")
+                    tracing::warn!(table = %spec.name, error = %e, "pruning sent rows failed; trying again later")
                 }
             }
         }

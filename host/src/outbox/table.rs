@@ -59,7 +59,7 @@ impl TableName {
     }
 }
 
-fn validate_identifier(part: &str) -> Result<(), &'static str> {
+pub(super) fn validate_identifier(part: &str) -> Result<(), &'static str> {
     if part.is_empty() {
         return Err("identifier is empty");
     }
