@@ -239,7 +239,7 @@ const DEBEZIUM_TABLE: &str = "CREATE TABLE {t} (
     PRIMARY KEY (id)
 )";
 
-/// The `[database.columns]` of the "Coming from Debezium" section of docs/configuration.md.
+/// The `[database.columns]` of docs/debezium.md.
 const DEBEZIUM_COLUMNS: &str = "[database.columns]
 aggregate_type = \"aggregatetype\"
 aggregate_id = \"aggregateid\"
@@ -250,7 +250,30 @@ event_type = \"type\"
 async fn a_debezium_outbox_table_relays_with_the_column_mapping_like_the_event_router() {
     let table = OutboxTable::create_with_sql("debezium", DEBEZIUM_TABLE).await;
     let s = Scenario::with_table(table, &["Order", "Customer"]).await;
-    let config = s.config("", DEBEZIUM_COLUMNS);
+    // docs/debezium.md's configuration, with this test's table, broker and topic prefix.
+    let config = format!(
+        r#"
+[database]
+url = "{db}"
+table = "{table}"
+
+{DEBEZIUM_COLUMNS}
+[relay]
+poll_interval = "100ms"
+
+[kafka]
+"bootstrap.servers" = "{bootstrap}"
+"partitioner" = "murmur2_random"
+
+[plugins.default]
+builtin = "route-by-aggregate"
+config = {{ topic_prefix = "{prefix}" }}
+"#,
+        db = database_url(),
+        table = s.table.name,
+        bootstrap = kafka_bootstrap(),
+        prefix = s.prefix,
+    );
     let out = sluice_with_config(&["migrate"], &config);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
