@@ -174,7 +174,7 @@ pub trait OutboxStore: Send + Sync + 'static {
 /// The result of a claim: the rows, and the batch handle that holds their locks.
 pub struct Claim<B> {
     pub batch: B,
-    /// Rows decoded successfully, in id order.
+    /// Rows decoded successfully, in claim order (see [`Layout::order_by`]).
     pub rows: Vec<OutboxRow>,
     /// Rows whose columns could not be decoded (e.g. malformed `headers`); they are
     /// dead-lettered (retrying cannot help until someone fixes the row), never published.

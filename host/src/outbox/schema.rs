@@ -241,7 +241,7 @@ pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaEr
             matches!(
                 c.base.as_str(),
                 "jsonb" | "json" | "text" | "character varying"
-            ) && !c.bounded
+            )
         },
     );
     let created_at = checker.require(
