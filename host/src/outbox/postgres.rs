@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::{
     BatchOutcome, Claim, ClaimedBatch, Disposition, Headers, OutboxId, OutboxRow, OutboxStore,
-    RowFailure, StoreError, TableName, TenantId,
+    RowFailure, Settlement, StoreError, TableName, TenantId,
 };
 use crate::config::{AfterDead, MarkMode, Ordering};
 
@@ -179,6 +179,8 @@ pub struct PgOutbox {
     backlog_sql: Arc<str>,
     mark_sql: Arc<str>,
     reschedule_sql: Arc<str>,
+    /// For [`OutboxStore::settle`].
+    table: TableName,
 }
 
 impl PgOutbox {
@@ -245,6 +247,7 @@ impl PgOutbox {
             .into(),
             mark_sql: mark_sql.into(),
             reschedule_sql: reschedule_sql.into(),
+            table,
         })
     }
 
@@ -326,6 +329,204 @@ impl OutboxStore for PgOutbox {
             rows,
             rejected,
         })
+    }
+
+    async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+        settle::settle(self, outcome).await
+    }
+}
+
+/// [`OutboxStore::settle`]: recording a batch's outcome in a fresh transaction after its
+/// commit failed. All rows in one statement each (mark, reschedule) inside a savepoint; if
+/// the database refuses that, row by row, each in its own savepoint, so one row it refuses
+/// cannot keep the others from being recorded. Rare path: plain SQL built per call.
+mod settle {
+    use std::collections::HashSet;
+
+    use sqlx::{Acquire, AssertSqlSafe, PgConnection};
+
+    use super::{PgOutbox, int_keys};
+    use crate::outbox::{BatchOutcome, Disposition, OutboxId, RowFailure, Settlement, StoreError};
+    use crate::text::{MAX_STORED, bounded};
+
+    /// A statement that changed nothing about a row it was given.
+    const UNCHANGED: &str = "the statement changed no row (a trigger or rule suppressed it)";
+
+    pub(super) async fn settle(
+        store: &PgOutbox,
+        outcome: &BatchOutcome,
+    ) -> Result<Settlement, StoreError> {
+        let mut settlement = Settlement::default();
+        let wanted = int_keys(
+            outcome
+                .sent
+                .iter()
+                .chain(outcome.failed.iter().map(|f| &f.id)),
+        )?;
+        if wanted.is_empty() {
+            return Ok(settlement);
+        }
+        let lock_sql = format!(
+            "SELECT id FROM {} WHERE id = ANY($1::int8[])
+                AND published_at IS NULL AND dead_at IS NULL
+                FOR UPDATE SKIP LOCKED",
+            store.table
+        );
+        let mark_sql = format!("{} RETURNING id", store.mark_sql);
+        let reschedule_sql = format!("{} RETURNING o.id", store.reschedule_sql);
+
+        let mut tx = store.pool.begin().await?;
+        let locked: HashSet<i64> = sqlx::query_scalar::<_, i64>(AssertSqlSafe(lock_sql))
+            .bind(&wanted)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+        settlement.skipped = wanted
+            .iter()
+            .filter(|id| !locked.contains(id))
+            .map(|id| OutboxId::Int(*id))
+            .collect();
+        let sent: Vec<i64> = int_keys(outcome.sent.iter())?
+            .into_iter()
+            .filter(|id| locked.contains(id))
+            .collect();
+        let failed: Vec<(i64, &RowFailure)> = outcome
+            .failed
+            .iter()
+            .filter_map(|f| match f.id {
+                OutboxId::Int(id) if locked.contains(&id) => Some((id, f)),
+                _ => None,
+            })
+            .collect();
+
+        let mut all = Acquire::begin(&mut tx).await?;
+        let together = async {
+            let marked = mark(&mut all, &mark_sql, &sent).await?;
+            let rescheduled = reschedule(&mut all, &reschedule_sql, &failed).await?;
+            Ok::<_, sqlx::Error>((marked, rescheduled))
+        }
+        .await;
+        match together {
+            Ok((marked, rescheduled)) => {
+                all.commit().await?;
+                sort(&mut settlement, &sent, &marked, Target::Marked);
+                let ids: Vec<i64> = failed.iter().map(|(id, _)| *id).collect();
+                sort(&mut settlement, &ids, &rescheduled, Target::Rescheduled);
+            }
+            Err(e) => {
+                all.rollback().await?;
+                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
+                for id in sent {
+                    let mut one = Acquire::begin(&mut tx).await?;
+                    let done = mark(&mut one, &mark_sql, &[id]).await;
+                    settle_one(&mut settlement, id, done, one, Target::Marked).await?;
+                }
+                for (id, failure) in failed {
+                    let mut one = Acquire::begin(&mut tx).await?;
+                    let done = reschedule(&mut one, &reschedule_sql, &[(id, failure)]).await;
+                    settle_one(&mut settlement, id, done, one, Target::Rescheduled).await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(settlement)
+    }
+
+    #[derive(Clone, Copy)]
+    enum Target {
+        Marked,
+        Rescheduled,
+    }
+
+    /// Files the `given` rows under `target` when the statement returned them, as refused
+    /// otherwise.
+    fn sort(settlement: &mut Settlement, given: &[i64], changed: &[i64], target: Target) {
+        let changed: HashSet<i64> = changed.iter().copied().collect();
+        for id in given {
+            if changed.contains(id) {
+                let list = match target {
+                    Target::Marked => &mut settlement.marked,
+                    Target::Rescheduled => &mut settlement.rescheduled,
+                };
+                list.push(OutboxId::Int(*id));
+            } else {
+                settlement
+                    .refused
+                    .push((OutboxId::Int(*id), UNCHANGED.to_owned()));
+            }
+        }
+    }
+
+    /// Keeps one row's change (releasing its savepoint) or undoes it and files it as refused.
+    async fn settle_one(
+        settlement: &mut Settlement,
+        id: i64,
+        done: Result<Vec<i64>, sqlx::Error>,
+        savepoint: sqlx::Transaction<'_, sqlx::Postgres>,
+        target: Target,
+    ) -> Result<(), StoreError> {
+        match done {
+            Ok(changed) => {
+                savepoint.commit().await?;
+                sort(settlement, &[id], &changed, target);
+            }
+            Err(e) => {
+                savepoint.rollback().await?;
+                settlement.refused.push((OutboxId::Int(id), e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn mark(
+        conn: &mut PgConnection,
+        sql: &str,
+        ids: &[i64],
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .bind(ids)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn reschedule(
+        conn: &mut PgConnection,
+        sql: &str,
+        failed: &[(i64, &RowFailure)],
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        if failed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let millis = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let mut ids = Vec::with_capacity(failed.len());
+        let mut errors = Vec::with_capacity(failed.len());
+        let mut delays = Vec::with_capacity(failed.len());
+        let mut dead = Vec::with_capacity(failed.len());
+        let mut counted = Vec::with_capacity(failed.len());
+        for (id, f) in failed {
+            let (delay, is_dead, counts) = match f.disposition {
+                Disposition::Retry(d) => (millis(d), false, true),
+                Disposition::Dead => (0, true, true),
+                Disposition::Wait(d) => (millis(d), false, false),
+            };
+            ids.push(*id);
+            errors.push(bounded(&f.error, MAX_STORED).into_owned());
+            delays.push(delay);
+            dead.push(is_dead);
+            counted.push(counts);
+        }
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .bind(&ids)
+            .bind(&errors)
+            .bind(&delays)
+            .bind(&dead)
+            .bind(&counted)
+            .fetch_all(conn)
+            .await
     }
 }
 
