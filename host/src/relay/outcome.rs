@@ -246,3 +246,65 @@ fn publish_failure(row: &OutboxRow, error: &SinkError, retry: &RetryPolicy) -> F
         refused: fault == PublishFault::Refused,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::RetryConfig;
+
+    fn row(id: i64) -> OutboxRow {
+        OutboxRow {
+            id: OutboxId::Int(id),
+            tenant: TenantId("t".into()),
+            aggregate_type: "order".into(),
+            aggregate_id: id.to_string(),
+            event_type: "E".into(),
+            payload: Vec::new(),
+            headers: Vec::new(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    fn message(id: i64) -> Message {
+        Message {
+            row: OutboxId::Int(id),
+            topic: "x".into(),
+            key: None,
+            payload: None,
+            headers: Vec::new(),
+            partition: None,
+        }
+    }
+
+    #[test]
+    fn a_delivery_report_the_sink_did_not_return_fails_the_row_as_the_brokers_fault() {
+        let retry = RetryPolicy::new(&RetryConfig::default());
+        let rows = [row(1), row(2)];
+        let mut outcomes = Outcomes::build(
+            &rows,
+            vec![Ok(vec![message(1)]), Ok(vec![message(2), message(2)])],
+            &retry,
+        )
+        .unwrap();
+        assert_eq!(outcomes.messages().len(), 3);
+
+        // Two reports for three messages: row 2's second message has none.
+        outcomes.apply_reports(vec![Ok(()), Ok(())], &retry);
+
+        assert_eq!(outcomes.rows[0].fate, Fate::Sent { messages: 1 });
+        match &outcomes.rows[1].fate {
+            Fate::Failed(f) => {
+                assert_eq!(f.disposition, Disposition::Wait(Duration::from_secs(1)));
+                assert!(f.error.contains("no delivery report"), "{}", f.error);
+                assert!(!f.refused);
+            }
+            other => panic!("row 2 should have failed: {other:?}"),
+        }
+        let stored = outcomes.store_outcome(&[]);
+        assert_eq!(stored.sent, vec![OutboxId::Int(1)]);
+        assert_eq!(stored.failed.len(), 1);
+    }
+}
