@@ -268,6 +268,8 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     pub ordering: Ordering,
     pub ordering_after_dead: AfterDead,
+    /// Accept a `[kafka]` `acks` weaker than `all` (a warning is logged at start-up).
+    pub allow_weak_acks: bool,
     pub retry: RetryConfig,
 }
 
@@ -374,6 +376,7 @@ impl Default for RelayConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             ordering: Ordering::default(),
             ordering_after_dead: AfterDead::default(),
+            allow_weak_acks: false,
             retry: RetryConfig::default(),
         }
     }
@@ -608,6 +611,19 @@ impl Config {
             kafka_value_string(value)
                 .map_err(|m| invalid(&format!("kafka.\"{key}\""), m.to_owned()))?;
         }
+        if let Some((key, value)) = self.weak_acks()
+            && !self.relay.allow_weak_acks
+        {
+            return Err(invalid(
+                &format!("kafka.\"{key}\""),
+                format!(
+                    "{value:?} lets the broker acknowledge a message before every in-sync \
+                     replica has it, and Sluice marks a row sent on that acknowledgement, so a \
+                     broker failure can lose the row's messages; use \"all\" (the default), or \
+                     set relay.allow_weak_acks = true to accept that"
+                ),
+            ));
+        }
         if let Some(default) = &self.plugins.default {
             validate_source(&default.path, &default.builtin, true)
                 .map_err(|m| invalid("plugins.default", m))?;
@@ -643,6 +659,18 @@ impl Config {
     /// The database URL (validated to be present by [`Config::load`]).
     pub fn database_url(&self) -> &str {
         self.database.url.as_deref().unwrap_or_default()
+    }
+
+    /// The `[kafka]` acknowledgement setting, `acks` or its alias `request.required.acks`,
+    /// when it is weaker than `all` (`-1`): key and value.
+    pub fn weak_acks(&self) -> Option<(&str, String)> {
+        ["acks", "request.required.acks"]
+            .into_iter()
+            .find_map(|key| {
+                let value = kafka_value_string(self.kafka.get(key)?).ok()?;
+                let strong = value.trim().eq_ignore_ascii_case("all") || value.trim() == "-1";
+                (!strong).then_some((key, value))
+            })
     }
 
     /// The librdkafka properties as strings.
@@ -919,6 +947,33 @@ mod tests {
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(key), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn acks_weaker_than_all_are_refused_unless_allowed() {
+        for strong in ["\"all\"", "\"ALL\"", "-1", "\"-1\""] {
+            for key in ["acks", "request.required.acks"] {
+                let text = format!("[database]\nurl = \"x\"\n[kafka]\n\"{key}\" = {strong}\n");
+                assert!(parse(&text).is_ok(), "{key} = {strong}");
+            }
+        }
+        for weak in ["1", "0", "\"1\"", "2"] {
+            for key in ["acks", "request.required.acks"] {
+                let text = format!("[database]\nurl = \"x\"\n[kafka]\n\"{key}\" = {weak}\n");
+                let err = parse(&text).unwrap_err().to_string();
+                assert!(
+                    err.contains(&format!("kafka.\"{key}\"")) && err.contains("allow_weak_acks"),
+                    "{key} = {weak}: {err}"
+                );
+                let allowed = format!(
+                    "[database]\nurl = \"x\"\n[relay]\nallow_weak_acks = true\n[kafka]\n\"{key}\" = {weak}\n"
+                );
+                let c = parse(&allowed).unwrap();
+                assert_eq!(c.weak_acks().map(|(k, _)| k), Some(key));
+            }
+        }
+        let c = parse("[database]\nurl = \"x\"\n").unwrap();
+        assert_eq!(c.weak_acks(), None, "Sluice's default is acks=all");
     }
 
     #[test]

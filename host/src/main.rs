@@ -24,6 +24,9 @@ const PLUGIN_WATCH_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest the producer may take to deliver what is still queued at shutdown (capped by
 /// `relay.shutdown_timeout`).
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
+/// How long exiting waits for blocking work still running: a plugin compile abandoned by a
+/// stop during start-up, a metadata request. Neither holds anything that needs finishing.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Parser)]
 #[command(
@@ -215,14 +218,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Run { config } => {
             let config = Config::load(&config)?;
-            // Plugins first: a broken plugin file is reported without touching the database.
-            let router = PluginRouter::from_config(&config)?;
-            runtime()?.block_on(relay(config, router)).map(ok)
+            with_runtime(|rt| rt.block_on(relay(config)))?.map(ok)
         }
         Command::Drain { config } => {
             let config = Config::load(&config)?;
-            let router = PluginRouter::from_config(&config)?;
-            runtime()?.block_on(drain(config, router))
+            with_runtime(|rt| rt.block_on(drain(config)))?
         }
         Command::Plugin { command } => plugin(command).map(ok),
         Command::Dead { target, command } => runtime()?.block_on(dead(target, command)).map(ok),
@@ -234,6 +234,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")
+}
+
+/// Runs `f` on a new runtime, then shuts the runtime down without waiting more than
+/// [`EXIT_GRACE`] for blocking work that is still running.
+fn with_runtime<R>(f: impl FnOnce(&tokio::runtime::Runtime) -> R) -> anyhow::Result<R> {
+    let rt = runtime()?;
+    let result = f(&rt);
+    rt.shutdown_timeout(EXIT_GRACE);
+    Ok(result)
 }
 
 /// What `sluice migrate` does with the NOTIFY trigger.
@@ -291,7 +300,15 @@ async fn assemble(config: &Config, router: Arc<PluginRouter>) -> anyhow::Result<
         after_dead: config.relay.ordering_after_dead,
     };
     let store = PgOutbox::new(pool, table, options).await?;
-    let sink = KafkaSink::new(&config.kafka_properties())?;
+    if let Some((key, value)) = config.weak_acks() {
+        tracing::warn!(key, value = %value,
+            "kafka acks weaker than \"all\" (allowed by relay.allow_weak_acks): a broker failure can lose messages of rows already marked sent");
+    }
+    let properties = config.kafka_properties();
+    // Creating a producer starts librdkafka's threads: blocking work.
+    let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&properties))
+        .await
+        .context("creating the kafka producer")??;
     let settings = RelaySettings {
         batch_size: config.relay.batch_size,
         workers: config.relay.workers,
@@ -304,24 +321,58 @@ async fn assemble(config: &Config, router: Arc<PluginRouter>) -> anyhow::Result<
     Ok(Arc::new(Relay::new(store, router, sink, settings)))
 }
 
-/// Triggers `stop` on SIGINT/SIGTERM.
-fn stop_on_signal(trigger: shutdown::ShutdownTrigger, what: &'static str) {
+/// Loads the plugins, then connects the database and the producer. Returns `None` when a stop
+/// was requested meanwhile: start-up is abandoned before anything was claimed.
+async fn start(
+    config: &Config,
+    stop: &mut shutdown::Shutdown,
+) -> anyhow::Result<Option<(Arc<PluginRouter>, Arc<PgRelay>)>> {
+    let starting = async {
+        // Plugins first: a broken plugin file is reported without touching the database.
+        // Compiling and instantiating are blocking work.
+        let plugins = config.clone();
+        let router = tokio::task::spawn_blocking(move || PluginRouter::from_config(&plugins))
+            .await
+            .context("loading plugins")??;
+        let router = Arc::new(router);
+        let relay = assemble(config, Arc::clone(&router)).await?;
+        Ok::<_, anyhow::Error>((router, relay))
+    };
+    tokio::select! {
+        started = starting => started.map(Some),
+        _ = stop.recv() => Ok(None),
+    }
+}
+
+/// Installs the SIGINT/SIGTERM handlers now, and triggers `stop` when one arrives.
+fn stop_on_signal(trigger: shutdown::ShutdownTrigger, what: &'static str) -> anyhow::Result<()> {
+    let mut signals =
+        shutdown::Signals::install().context("cannot listen for SIGTERM and SIGINT")?;
     tokio::spawn(async move {
-        match shutdown::signal().await {
-            Ok(name) => tracing::info!(signal = name, "stopping after the batch in hand ({what})"),
-            Err(e) => tracing::error!(error = %e, "cannot listen for signals; stopping"),
-        }
+        let name = signals.recv().await;
+        tracing::info!(signal = name, "stopping after the batch in hand ({what})");
         trigger.trigger();
     });
+    Ok(())
 }
 
 /// Flushes the producer at exit. Everything queued belongs to a batch that was either
 /// committed (and so acknowledged) or rolled back (and will be published again): a failed
-/// flush loses nothing.
-fn flush(relay: &PgRelay, config: &Config) {
+/// flush loses nothing. Flushing blocks, and so does dropping the producer (the last handle of
+/// `relay`): both happen on a blocking thread.
+async fn flush(relay: Arc<PgRelay>, config: &Config) {
     let flush_for = SHUTDOWN_FLUSH.min(config.relay.shutdown_timeout);
-    if let Err(e) = relay.sink().flush(flush_for) {
-        tracing::warn!(error = %e, "producer still had undelivered messages at exit; their rows stay unsent");
+    let flushed = tokio::task::spawn_blocking(move || {
+        let flushed = relay.sink().flush(flush_for);
+        drop(relay);
+        flushed
+    })
+    .await;
+    match flushed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e,
+            "producer still had undelivered messages at exit; their rows stay unsent"),
+        Err(e) => tracing::warn!(error = %e, "flushing the producer failed"),
     }
 }
 
@@ -331,15 +382,22 @@ fn log_stats(stats: &RelayStats, what: &str) {
         rows_sent = stats.rows_sent,
         rows_failed = stats.rows_failed,
         rows_dead = stats.rows_dead,
+        rows_unsettled = stats.rows_unsettled,
         messages = stats.messages,
         "{what}"
     );
 }
 
-async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
-    let router = Arc::new(router);
-    let relay = assemble(&config, Arc::clone(&router)).await?;
-    let (trigger, stop) = shutdown::channel();
+async fn relay(config: Config) -> anyhow::Result<()> {
+    // Signals are handled from here on: a stop during start-up exits 0 like any other.
+    let (trigger, mut stop) = shutdown::channel();
+    stop_on_signal(trigger, "relay")?;
+    tracing::info!(table = %config.database.table,
+        "starting up: loading plugins, connecting to the database and the broker");
+    let Some((router, relay)) = start(&config, &mut stop).await? else {
+        tracing::info!("stop requested during start-up; exiting without relaying");
+        return Ok(());
+    };
     spawn_plugin_watcher(Arc::clone(&router));
     if let Some(channel) = &config.relay.notify_channel {
         notify::spawn_listener(
@@ -362,7 +420,6 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
             stop.clone(),
         );
     }
-    stop_on_signal(trigger, "relay");
     tracing::info!(
         table = %config.database.table,
         batch_size = config.relay.batch_size,
@@ -370,18 +427,23 @@ async fn relay(config: Config, router: PluginRouter) -> anyhow::Result<()> {
         notify_channel = config.relay.notify_channel.as_deref().unwrap_or("(none)"),
         "relay started"
     );
-    let stats = relay.run(stop).await;
-    flush(&relay, &config);
+    let ran = relay.run(stop).await;
+    let stats = relay.counters().snapshot();
+    flush(relay, &config).await;
     log_stats(&stats, "relay stopped");
+    // A supervisor must restart a relay whose workers died: exit non-zero.
+    ran.context("the relay stopped without being asked to")?;
     Ok(())
 }
 
-async fn drain(config: Config, router: PluginRouter) -> anyhow::Result<ExitCode> {
-    let relay = assemble(&config, Arc::new(router)).await?;
+async fn drain(config: Config) -> anyhow::Result<ExitCode> {
+    let (trigger, mut stop) = shutdown::channel();
+    stop_on_signal(trigger, "drain")?;
+    let Some((_router, relay)) = start(&config, &mut stop).await? else {
+        bail!("drain interrupted during start-up; nothing was relayed");
+    };
     let store_view = relay_backlog(&config).await?;
     let before = store_view.backlog().await?;
-    let (trigger, stop) = shutdown::channel();
-    stop_on_signal(trigger, "drain");
     tracing::info!(table = %config.database.table, due = before.due, "draining");
     let (progress_done, progress_stop) = shutdown::channel();
     let progress = tokio::spawn(progress::report(
@@ -389,20 +451,22 @@ async fn drain(config: Config, router: PluginRouter) -> anyhow::Result<ExitCode>
         u64::try_from(before.due).unwrap_or(0),
         progress_stop,
     ));
-    let stats = relay.drain(stop.clone()).await;
+    let drained = relay.drain(stop.clone()).await;
     progress_done.trigger();
     let _ = progress.await;
-    flush(&relay, &config);
+    let stats = relay.counters().snapshot();
+    flush(relay, &config).await;
     let after = store_view.backlog().await?;
     log_stats(&stats, "drain finished");
     eprintln!(
         "drained: {} rows sent, {} failed ({} dead); left unsent: {} due, {} waiting for a retry, {} dead",
         stats.rows_sent, stats.rows_failed, stats.rows_dead, after.due, after.waiting, after.dead
     );
+    drained.context("the drain stopped on a failure")?;
     if stop.is_shutdown() {
         bail!("drain interrupted; {} rows are still due", after.due);
     }
-    Ok(if stats.rows_failed > 0 {
+    Ok(if stats.rows_failed > 0 || stats.rows_unsettled > 0 {
         ExitCode::from(DRAIN_ROWS_FAILED)
     } else {
         ExitCode::SUCCESS

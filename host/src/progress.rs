@@ -19,7 +19,7 @@ const DRAW_EVERY: Duration = Duration::from_millis(200);
 pub async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdown) {
     let handled = || {
         let s = counters.snapshot();
-        s.rows_sent + s.rows_failed
+        s.rows_sent + s.rows_failed + s.rows_unsettled
     };
     if std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());

@@ -9,8 +9,8 @@ pub struct Shutdown {
     rx: watch::Receiver<bool>,
 }
 
-/// Requests the stop.
-#[derive(Debug)]
+/// Requests the stop. Clones trigger the same stop.
+#[derive(Debug, Clone)]
 pub struct ShutdownTrigger {
     tx: watch::Sender<bool>,
 }
@@ -39,15 +39,32 @@ impl Shutdown {
     }
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub async fn signal() -> std::io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGINT and SIGTERM, listened for from the moment [`Signals::install`] returns: from then
+/// on they no longer end the process by their default action, so a stop requested during
+/// start-up is seen and handled like any other.
+#[derive(Debug)]
+pub struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (must be called inside the tokio runtime).
+    pub fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Waits for the next SIGTERM or SIGINT; returns its name.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 #[cfg(test)]

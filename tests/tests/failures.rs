@@ -122,8 +122,10 @@ async fn terminated_database_backends_mid_batch_lose_no_row() {
         exit.log
     );
     assert!(terminated > 0, "no backend was terminated");
+    // A connection cut during a claim fails the batch; one cut during the commit gets the
+    // published batch's outcome settled on a fresh connection.
     assert!(
-        exit.log.contains("batch failed"),
+        exit.log.contains("batch failed") || exit.log.contains("batch commit failed"),
         "the relay saw its connection die"
     );
 

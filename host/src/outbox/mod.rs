@@ -169,6 +169,30 @@ pub trait OutboxStore: Send + Sync + 'static {
         limit: usize,
         paused: &[TenantId],
     ) -> impl Future<Output = Result<Claim<Self::Batch>, StoreError>> + Send;
+
+    /// Records `outcome` in a fresh transaction after [`ClaimedBatch::complete`] failed (its
+    /// transaction rolled back, but the batch's messages may already be published): re-locks
+    /// exactly the rows of `outcome` that are still unsent, skipping rows locked by another
+    /// relay (`FOR UPDATE SKIP LOCKED`), marks or reschedules each row it got, and commits.
+    /// A row the database refuses to change (a trigger raising, a constraint) is reported in
+    /// [`Settlement::refused`] and does not keep the other rows from being recorded.
+    fn settle(
+        &self,
+        outcome: &BatchOutcome,
+    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send;
+}
+
+/// What [`OutboxStore::settle`] recorded.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Settlement {
+    /// Rows marked sent.
+    pub marked: Vec<OutboxId>,
+    /// Rows rescheduled or dead-lettered.
+    pub rescheduled: Vec<OutboxId>,
+    /// Rows not touched: locked by another relay, or no longer unsent.
+    pub skipped: Vec<OutboxId>,
+    /// Rows the database refused to change, with its error.
+    pub refused: Vec<(OutboxId, String)>,
 }
 
 /// The result of a claim: the rows, and the batch handle that holds their locks.

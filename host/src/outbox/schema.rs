@@ -439,6 +439,20 @@ impl Layout {
         }
     }
 
+    /// The id as `text`, spelled as [`super::OutboxId`]'s `Display` spells the claimed key
+    /// (`alias` may be empty for statements without a table alias).
+    pub fn id_text_expr(&self, alias: &str) -> String {
+        let column = if alias.is_empty() {
+            self.id.to_string()
+        } else {
+            format!("{alias}.{}", self.id)
+        };
+        match self.key {
+            KeyKind::Int => format!("{column}::int8::text"),
+            KeyKind::Text { .. } => format!("{column}::text"),
+        }
+    }
+
     /// The tenant as `text`, NULL for the default tenant.
     pub fn tenant_expr(&self, alias: &str) -> String {
         match &self.tenant {

@@ -1,42 +1,42 @@
 //! Dead-letter copies: when rows go dead, a copy of each is published to
 //! `relay.retry.dead_letter_topic` with headers saying why.
 
+use super::outcome::{Failure, Fate, Outcomes};
 use crate::message::Message;
-use crate::outbox::{Disposition, OutboxRow, RowFailure};
+use crate::outbox::{Disposition, OutboxRow};
 use crate::sink::Sink;
 
-/// Publishes a copy of every row of `failed_rows` (indices into `rows`, matching the tail of
-/// `failed`) that goes dead. The row is dead either way; a failed copy is noted in its
-/// `last_error`.
-pub async fn publish<K: Sink>(
-    sink: &K,
-    topic: &str,
-    rows: &[OutboxRow],
-    failed_rows: &[usize],
-    failed: &mut [RowFailure],
-) {
-    let offset = failed.len() - failed_rows.len();
-    let dead: Vec<(usize, usize)> = failed_rows
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| failed[offset + i].disposition == Disposition::Dead)
-        .map(|(i, row)| (offset + i, *row))
-        .collect();
-    if dead.is_empty() {
+/// Publishes a copy of every row of `outcomes` that goes dead. The row is dead either way; a
+/// copy that was not published is noted in its `last_error`.
+pub async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outcomes<'_>) {
+    // Each copy is paired with the failure it reports on as it is made.
+    let (copies, failures): (Vec<Message>, Vec<&mut Failure>) = outcomes
+        .rows_mut()
+        .iter_mut()
+        .filter_map(|o| {
+            let row = o.row;
+            match &mut o.fate {
+                Fate::Failed(f) if f.disposition == Disposition::Dead => {
+                    Some((dead_letter_message(topic, row, &f.error), f))
+                }
+                _ => None,
+            }
+        })
+        .unzip();
+    if copies.is_empty() {
         return;
     }
-    let copies: Vec<Message> = dead
-        .iter()
-        .map(|(f, r)| dead_letter_message(topic, &rows[*r], &failed[*f].error))
-        .collect();
     let results = sink.publish(&copies).await;
-    for ((f, _), result) in dead.iter().zip(results) {
-        if let Err(e) = result {
-            tracing::error!(row = %failed[*f].id, error = %e, "dead-letter copy not published");
-            failed[*f]
-                .error
-                .push_str(&format!(" (dead-letter copy not published: {e})"));
-        }
+    for (index, failure) in failures.into_iter().enumerate() {
+        let error = match results.get(index) {
+            Some(Ok(())) => continue,
+            Some(Err(e)) => e.to_string(),
+            None => "sink returned no delivery report".to_owned(),
+        };
+        tracing::error!(row = %copies[index].row, error = %error, "dead-letter copy not published");
+        failure
+            .error
+            .push_str(&format!(" (dead-letter copy not published: {error})"));
     }
 }
 

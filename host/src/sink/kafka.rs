@@ -1,10 +1,13 @@
 //! Kafka sink on rdkafka's `FutureProducer`: every message of a batch is enqueued before any
-//! delivery report is awaited.
+//! delivery report is awaited. Messages to topics the broker lacks fail at once (see
+//! [`super::topics`]). librdkafka calls that block — metadata requests, creating and
+//! destroying a producer, flushing — run on tokio's blocking threads, never on the reactor.
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use futures::future::join_all;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -12,7 +15,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
-use super::{Sink, SinkError};
+use super::topics::{Known, TopicCache};
+use super::{PublishFault, Sink, SinkError};
 use crate::message::Message;
 
 /// Sluice's producer defaults; any `[kafka]` property overrides them.
@@ -30,6 +34,12 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
 
 /// How long `send` may wait for room in librdkafka's local queue before failing the message.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(10);
+/// How long a metadata request about a topic not seen before may take. A healthy broker
+/// answers in milliseconds; when it does not answer, the messages are sent anyway and the
+/// batch waits for their reports as it would have without the check.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+/// Metadata requests in flight at once for one batch (each holds a blocking thread).
+const METADATA_REQUESTS: usize = 8;
 
 /// The client configuration Sluice uses: defaults, then the user's properties.
 pub fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfig {
@@ -45,12 +55,19 @@ pub fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfi
 
 /// Publishes to Kafka. Re-creates its producer after a fatal (idempotence) error.
 pub struct KafkaSink {
+    inner: Arc<Inner>,
+}
+
+/// The sink's state, shared with the blocking tasks that work on the producer.
+struct Inner {
     config: ClientConfig,
     producer: Mutex<FutureProducer>,
+    topics: TopicCache,
 }
 
 impl KafkaSink {
     /// Creates the producer; invalid or unknown librdkafka properties are reported here.
+    /// Creating a producer starts librdkafka's threads: call it off the async reactor.
     pub fn new(properties: &BTreeMap<String, String>) -> Result<Self, SinkError> {
         if !properties.contains_key("bootstrap.servers") {
             return Err(SinkError::Config(
@@ -60,31 +77,121 @@ impl KafkaSink {
         let config = kafka_client_config(properties);
         let producer = create(&config)?;
         Ok(Self {
-            config,
-            producer: Mutex::new(producer),
+            inner: Arc::new(Inner {
+                config,
+                producer: Mutex::new(producer),
+                topics: TopicCache::default(),
+            }),
         })
     }
 
-    fn producer(&self) -> FutureProducer {
-        self.producer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// An idempotent producer that hit a fatal error, or was fenced by the broker (seen after
-    /// a broker outage), refuses every later send; replace it.
-    fn replace_if_broken(&self, producer: &FutureProducer, fenced: bool) {
-        let fatal = producer.client().fatal_error();
-        if fatal.is_some() || fenced {
-            tracing::error!(?fatal, fenced, "kafka producer is unusable; re-creating it");
-            match create(&self.config) {
-                Ok(new) => {
-                    *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = new;
+    /// The topics of `messages` that the broker lacks, asking it about topics not seen yet.
+    async fn missing_topics<'m>(
+        &self,
+        producer: &FutureProducer,
+        messages: &'m [Message],
+    ) -> HashSet<&'m str> {
+        let now = Instant::now();
+        let mut known: HashMap<&str, Known> = HashMap::new();
+        for m in messages {
+            known
+                .entry(m.topic.as_str())
+                .or_insert_with(|| self.inner.topics.lookup(&m.topic, now));
+        }
+        let unknown: Vec<String> = known
+            .iter()
+            .filter(|(_, k)| **k == Known::Unknown)
+            .map(|(t, _)| (*t).to_owned())
+            .collect();
+        let answers: Vec<(String, Known)> = futures::stream::iter(unknown)
+            .map(|topic| {
+                let producer = producer.clone();
+                async move {
+                    let asked = {
+                        let topic = topic.clone();
+                        tokio::task::spawn_blocking(move || ask_broker(&producer, &topic))
+                    };
+                    (topic, asked.await.unwrap_or(Known::Unknown))
                 }
-                Err(e) => tracing::error!(error = %e, "cannot re-create kafka producer"),
+            })
+            .buffer_unordered(METADATA_REQUESTS)
+            .collect()
+            .await;
+        for (topic, answer) in answers {
+            match answer {
+                Known::Present => self.inner.topics.found(&topic),
+                Known::Missing => {
+                    self.inner.topics.missing(&topic, Instant::now());
+                    if let Some(k) = known.get_mut(topic.as_str()) {
+                        *k = Known::Missing;
+                    }
+                }
+                Known::Unknown => {}
             }
         }
+        known
+            .into_iter()
+            .filter(|(_, k)| *k == Known::Missing)
+            .map(|(t, _)| t)
+            .collect()
+    }
+
+    /// Replaces a producer that can no longer send. Creating the new producer and dropping
+    /// the old one (which flushes and joins librdkafka's threads) block, so both happen on
+    /// blocking threads; the next batch already gets the new producer.
+    async fn replace_broken(&self, broken: FutureProducer) {
+        let inner = Arc::clone(&self.inner);
+        match tokio::task::spawn_blocking(move || inner.replace(broken)).await {
+            Ok(retired) => drop_off_reactor(retired),
+            Err(e) => tracing::error!(error = %e, "re-creating the kafka producer failed"),
+        }
+    }
+}
+
+impl Inner {
+    fn current(&self) -> std::sync::MutexGuard<'_, FutureProducer> {
+        self.producer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_current(&self, producer: &FutureProducer) -> bool {
+        same_producer(&self.current(), producer)
+    }
+
+    /// Swaps in a new producer for `broken`, unless another batch did so already. Returns
+    /// the producers to drop. Blocks.
+    fn replace(&self, broken: FutureProducer) -> Vec<FutureProducer> {
+        if !self.is_current(&broken) {
+            return vec![broken];
+        }
+        let fatal = broken.client().fatal_error();
+        tracing::error!(?fatal, "kafka producer is unusable; re-creating it");
+        match create(&self.config) {
+            Ok(new) => {
+                let mut current = self.current();
+                if same_producer(&current, &broken) {
+                    let old = std::mem::replace(&mut *current, new);
+                    vec![old, broken]
+                } else {
+                    vec![new, broken]
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot re-create kafka producer");
+                vec![broken]
+            }
+        }
+    }
+}
+
+fn same_producer(a: &FutureProducer, b: &FutureProducer) -> bool {
+    std::ptr::eq(a.client().native_ptr(), b.client().native_ptr())
+}
+
+/// Drops producers on a blocking thread: the last handle of a producer flushes and joins
+/// librdkafka's threads when dropped.
+fn drop_off_reactor(producers: Vec<FutureProducer>) {
+    if !producers.is_empty() {
+        tokio::task::spawn_blocking(move || drop(producers));
     }
 }
 
@@ -94,88 +201,176 @@ fn create(config: &ClientConfig) -> Result<FutureProducer, SinkError> {
         .map_err(|e| SinkError::Config(e.to_string()))
 }
 
+/// Asks the broker whether it has `topic`. Blocks up to [`METADATA_TIMEOUT`]. A broker that
+/// does not answer, or answers with another error (e.g. a leader election), leaves the
+/// question open: the message is sent and its delivery report tells.
+fn ask_broker(producer: &FutureProducer, topic: &str) -> Known {
+    match producer
+        .client()
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+    {
+        Ok(metadata) => match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) => match t.error().map(RDKafkaErrorCode::from) {
+                None => Known::Present,
+                Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Known::Missing,
+                Some(_) => Known::Unknown,
+            },
+            None => Known::Unknown,
+        },
+        Err(e) => {
+            tracing::debug!(topic, error = %e, "topic metadata request failed");
+            Known::Unknown
+        }
+    }
+}
+
+/// The failure of a message to a topic the broker lacks.
+fn missing_topic(topic: &str) -> SinkError {
+    SinkError::Publish {
+        topic: topic.to_owned(),
+        message: "the broker has no such topic (UnknownTopicOrPartition in its metadata); \
+                  create the topic, the row is retried"
+            .to_owned(),
+        fault: PublishFault::Refused,
+    }
+}
+
+fn record(m: &Message) -> FutureRecord<'_, [u8], [u8]> {
+    let headers = m.headers.iter().fold(
+        OwnedHeaders::new_with_capacity(m.headers.len()),
+        |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value.as_slice()),
+            })
+        },
+    );
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&m.topic).headers(headers);
+    if let Some(key) = &m.key {
+        record = record.key(key.as_slice());
+    }
+    if let Some(payload) = &m.payload {
+        record = record.payload(payload.as_slice());
+    }
+    if let Some(partition) = m.partition {
+        record = record.partition(partition);
+    }
+    record
+}
+
 impl Sink for KafkaSink {
     async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
-        let producer = self.producer();
+        let producer = self.inner.current().clone();
+        let missing = self.missing_topics(&producer, messages).await;
         // `join_all` polls every send future before awaiting any: all messages are in
         // flight together, and librdkafka batches them per partition.
         let sends = messages.iter().map(|m| {
-            let headers = m.headers.iter().fold(
-                OwnedHeaders::new_with_capacity(m.headers.len()),
-                |h, (key, value)| {
-                    h.insert(Header {
-                        key,
-                        value: Some(value.as_slice()),
-                    })
-                },
-            );
-            let mut record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(&m.topic).headers(headers);
-            if let Some(key) = &m.key {
-                record = record.key(key.as_slice());
+            let producer = &producer;
+            let missing = missing.contains(m.topic.as_str());
+            async move {
+                if missing {
+                    return Err(None);
+                }
+                producer
+                    .send(record(m), Timeout::After(QUEUE_FULL_WAIT))
+                    .await
+                    .map(|_| ())
+                    .map_err(|(e, _)| Some(e))
             }
-            if let Some(payload) = &m.payload {
-                record = record.payload(payload.as_slice());
-            }
-            if let Some(partition) = m.partition {
-                record = record.partition(partition);
-            }
-            producer.send(record, Timeout::After(QUEUE_FULL_WAIT))
         });
         let reports = join_all(sends).await;
         let mut fenced = false;
         let results = reports
             .into_iter()
             .zip(messages)
-            .map(|(report, m)| {
-                report.map(|_| ()).map_err(|(e, _)| {
+            .map(|(report, m)| match report {
+                Ok(()) => {
+                    self.inner.topics.found(&m.topic);
+                    Ok(())
+                }
+                Err(None) => Err(missing_topic(&m.topic)),
+                Err(Some(e)) => {
                     let code = e.rdkafka_error_code();
                     fenced |= code.is_some_and(producer_is_broken);
-                    SinkError::Publish {
+                    if code.is_some_and(is_unknown_topic) {
+                        self.inner.topics.forget(&m.topic);
+                    }
+                    Err(SinkError::Publish {
                         topic: m.topic.clone(),
                         message: e.to_string(),
-                        transient: is_transient(&e),
-                    }
-                })
+                        fault: fault_of(&e),
+                    })
+                }
             })
             .collect();
-        self.replace_if_broken(&producer, fenced);
+        if fenced || producer.client().fatal_error().is_some() {
+            self.replace_broken(producer).await;
+        } else if !self.inner.is_current(&producer) {
+            // Replaced by another batch meanwhile: this may be the last handle.
+            drop_off_reactor(vec![producer]);
+        }
         results
     }
 
     fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
-        self.producer()
+        let producer = self.inner.current().clone();
+        producer
             .flush(Timeout::After(timeout))
             .map_err(|e| SinkError::Flush(e.to_string()))
     }
 }
 
+/// Whose fault a failed send is (see [`PublishFault`]).
+fn fault_of(error: &KafkaError) -> PublishFault {
+    match error.rdkafka_error_code() {
+        Some(code) if is_unavailable(code) => PublishFault::Unavailable,
+        Some(code) if is_refused(code) => PublishFault::Refused,
+        _ => PublishFault::Failed,
+    }
+}
+
 /// Errors of the broker or the connection rather than of the message: retrying the row later
 /// is all there is to do, and the failure must not count against it.
-fn is_transient(error: &KafkaError) -> bool {
+fn is_unavailable(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode::*;
     matches!(
-        error.rdkafka_error_code(),
-        Some(
-            MessageTimedOut
-                | AllBrokersDown
-                | BrokerTransportFailure
-                | OperationTimedOut
-                | QueueFull
-                | Retry
-                | LeaderNotAvailable
-                | NotLeaderForPartition
-                | RequestTimedOut
-                | NetworkException
-                | NotEnoughReplicas
-                | NotEnoughReplicasAfterAppend
-                | KafkaStorageError
-                | Fatal
-                | OutOfOrderSequenceNumber
-                | InvalidProducerEpoch
-                | UnknownProducerId
-                | ProducerFenced
+        code,
+        MessageTimedOut
+            | AllBrokersDown
+            | BrokerTransportFailure
+            | OperationTimedOut
+            | QueueFull
+            | Retry
+            | LeaderNotAvailable
+            | NotLeaderForPartition
+            | RequestTimedOut
+            | NetworkException
+            | NotEnoughReplicas
+            | NotEnoughReplicasAfterAppend
+            | KafkaStorageError
+            | Fatal
+            | OutOfOrderSequenceNumber
+            | InvalidProducerEpoch
+            | UnknownProducerId
+            | ProducerFenced
+    )
+}
+
+/// Refusals of the message for a reason of its sender's making: where the plugin routed it,
+/// or what it put in it.
+fn is_refused(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode::*;
+    is_unknown_topic(code)
+        || matches!(
+            code,
+            UnknownPartition | MessageSizeTooLarge | TopicAuthorizationFailed | InvalidTopic
         )
+}
+
+fn is_unknown_topic(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition
     )
 }
 
@@ -206,12 +401,16 @@ mod tests {
     }
 
     #[test]
-    fn broker_failures_are_transient_and_message_failures_are_not() {
-        let err = |code| KafkaError::MessageProduction(code);
-        assert!(is_transient(&err(RDKafkaErrorCode::MessageTimedOut)));
-        assert!(is_transient(&err(RDKafkaErrorCode::ProducerFenced)));
-        assert!(!is_transient(&err(RDKafkaErrorCode::MessageSizeTooLarge)));
-        assert!(!is_transient(&err(RDKafkaErrorCode::UnknownTopic)));
+    fn failures_are_the_brokers_the_senders_or_the_messages() {
+        let fault = |code| fault_of(&KafkaError::MessageProduction(code));
+        use PublishFault::*;
+        assert_eq!(fault(RDKafkaErrorCode::MessageTimedOut), Unavailable);
+        assert_eq!(fault(RDKafkaErrorCode::ProducerFenced), Unavailable);
+        assert_eq!(fault(RDKafkaErrorCode::UnknownTopic), Refused);
+        assert_eq!(fault(RDKafkaErrorCode::UnknownTopicOrPartition), Refused);
+        assert_eq!(fault(RDKafkaErrorCode::MessageSizeTooLarge), Refused);
+        assert_eq!(fault(RDKafkaErrorCode::TopicAuthorizationFailed), Refused);
+        assert_eq!(fault(RDKafkaErrorCode::InvalidRecord), Failed);
         assert!(producer_is_broken(RDKafkaErrorCode::ProducerFenced));
         assert!(!producer_is_broken(RDKafkaErrorCode::MessageTimedOut));
     }
@@ -229,5 +428,51 @@ mod tests {
         props.insert("no.such.property".to_owned(), "1".to_owned());
         let err = KafkaSink::new(&props).err().unwrap();
         assert!(err.to_string().contains("no.such.property"), "{err}");
+    }
+
+    fn message(topic: &str) -> Message {
+        Message {
+            row: crate::outbox::OutboxId::Int(1),
+            topic: topic.to_owned(),
+            key: None,
+            payload: Some(b"{}".to_vec()),
+            headers: Vec::new(),
+            partition: None,
+        }
+    }
+
+    /// With a mock cluster (librdkafka's in-process broker): a message to a topic the broker
+    /// lacks fails at once, as the tenant's fault, and does not hold up the others.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_message_to_a_missing_topic_fails_at_once_and_the_others_are_delivered() {
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        mock.create_topic("present", 1, 1).unwrap();
+        let mut props = BTreeMap::new();
+        props.insert("bootstrap.servers".to_owned(), mock.bootstrap_servers());
+        // The mock broker would create the topic when asked about it.
+        props.insert("allow.auto.create.topics".to_owned(), "false".to_owned());
+        let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&props))
+            .await
+            .unwrap()
+            .unwrap();
+        let started = Instant::now();
+        let results = sink
+            .publish(&[message("present"), message("ghost"), message("present")])
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not held for the metadata propagation wait: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(results[0], Ok(()));
+        assert_eq!(results[2], Ok(()));
+        let err = results[1].as_ref().unwrap_err();
+        assert_eq!(err.fault(), Some(PublishFault::Refused));
+        assert!(err.to_string().contains("ghost"), "{err}");
+
+        // Created later: found once the missing entry is due for a re-check.
+        mock.create_topic("ghost", 1, 1).unwrap();
+        sink.inner.topics.forget("ghost");
+        assert_eq!(sink.publish(&[message("ghost")]).await, vec![Ok(())]);
     }
 }
