@@ -9,7 +9,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::outbox::{ColumnMap, ColumnName, TableName, TableSpec, TenantColumn};
+use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
+use crate::relay::{
+    DEFAULT_BATCH_SIZE, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
+};
+use crate::store::{
+    AfterDead, ColumnsSettings, MarkMode, Ordering, SpecError, StoreOptions, TableSpec,
+    validate_channel,
+};
 
 /// Environment variable that overrides `database.url`, so secrets can stay out of the file.
 pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
@@ -33,33 +41,11 @@ pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
     }
 }
 
-/// Rows claimed per transaction. Large enough to amortise the claim/mark round trips, small
-/// enough that a batch's transaction stays short.
-pub const DEFAULT_BATCH_SIZE: usize = 500;
-/// Longest wait between polls of an empty outbox: the idle load is one cheap query per
-/// interval, and a row inserted into an idle outbox (without NOTIFY) waits at most this long.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// Wait after a poll that found some rows but not a full batch, and the first step of the
-/// back-off after an empty poll. Measured (docs/benchmarks.md): 5 ms keeps the insert →
-/// publish latency at 1,000 rows/s well under 10 ms at p50 while an idle relay backs off to
-/// `poll_interval` within about 2.5 s.
-pub const DEFAULT_MIN_POLL_INTERVAL: Duration = Duration::from_millis(5);
-/// Concurrent batches per process: while one batch waits for its acknowledgements or its
-/// commit, the next is already being claimed and transformed. Two fill both cores of a small
-/// machine; more mostly adds row-lock and connection overhead (docs/benchmarks.md).
-pub const DEFAULT_WORKERS: usize = 2;
-/// In `mark = "published_at"` mode, sent rows older than this are deleted by the pruner.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-/// How often the pruner looks for sent rows past `relay.retention`.
-pub const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 /// Wall-clock budget for one plugin call (and one instantiation). A Rust `transform` takes
 /// microseconds; this only stops runaway guests.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
 pub const DEFAULT_MEMORY_MB: u64 = 128;
-/// How long the batch in hand may take after SIGTERM before it is rolled back; covers the
-/// producer's default `message.timeout.ms` of 30 s.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages one row may produce; more fails the row (a runaway fan-out must not flood Kafka).
 pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
 /// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
@@ -69,18 +55,6 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// How long a tripped tenant stays paused before one row is tried again.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
-/// First retry delay of a failed row.
-pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
-/// Longest retry delay: a row keeps being retried at least this often until it is dead.
-pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(300);
-/// Growth of the retry delay per attempt.
-pub const DEFAULT_RETRY_MULTIPLIER: f64 = 2.0;
-/// Each delay is moved by up to ±20 % at random so rows that failed together do not retry in
-/// lock-step.
-pub const DEFAULT_RETRY_JITTER: f64 = 0.2;
-/// Attempts before a row is dead-lettered; with the defaults the last one comes about
-/// 8.5 minutes after the first failure.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 
 /// Problems loading or validating a configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -92,12 +66,28 @@ pub enum ConfigError {
     },
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("invalid config file {path}: {key}: {message}")]
+    /// Every problem found, not just the first.
+    #[error("invalid config file {path}: {}", list(.problems))]
     Invalid {
         path: PathBuf,
-        key: String,
-        message: String,
+        problems: Vec<Problem>,
     },
+}
+
+/// One thing wrong with a configuration: the key and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct Problem {
+    pub key: String,
+    pub message: String,
+}
+
+/// One problem inline, several one per line.
+fn list(problems: &[Problem]) -> String {
+    match problems {
+        [one] => one.to_string(),
+        many => many.iter().map(|p| format!("\n  - {p}")).collect(),
+    }
 }
 
 /// The whole configuration file.
@@ -131,117 +121,19 @@ pub struct DatabaseConfig {
     /// `[database.columns]`: which column holds what, for a table the application created
     /// with its own names (e.g. Debezium's).
     #[serde(default)]
-    pub columns: ColumnsConfig,
+    pub columns: ColumnsSettings,
 }
 
 fn default_table() -> String {
     "outbox".to_owned()
 }
 
-/// `[database.columns]`: the table's column for each of Sluice's roles; each key left out is
-/// the role's own name (`tenant`: used when the table has it; `""` for none).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ColumnsConfig {
-    pub id: Option<String>,
-    pub tenant: Option<String>,
-    pub aggregate_type: Option<String>,
-    pub aggregate_id: Option<String>,
-    pub event_type: Option<String>,
-    pub payload: Option<String>,
-    pub headers: Option<String>,
-    pub created_at: Option<String>,
-    /// The column rows are claimed in: default the id if it is an integer, else `sluice_seq`.
-    pub order: Option<String>,
-}
-
-/// A `[database]` key whose value cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct DatabaseKeyError {
-    pub key: String,
-    pub message: String,
-}
-
 impl DatabaseConfig {
     /// The outbox table with its column mapping, validated (names are identifiers, no column
     /// mapped twice or onto a bookkeeping column).
-    pub fn table_spec(&self) -> Result<TableSpec, DatabaseKeyError> {
-        let name = TableName::parse(&self.table).map_err(|e| DatabaseKeyError {
-            key: "database.table".into(),
-            message: e.to_string(),
-        })?;
-        let c = &self.columns;
-        let column = |key: &str, value: &Option<String>, default: ColumnName| match value {
-            None => Ok(default),
-            Some(name) => ColumnName::parse(name).map_err(|e| DatabaseKeyError {
-                key: format!("database.columns.{key}"),
-                message: e.to_string(),
-            }),
-        };
-        let defaults = ColumnMap::default();
-        let tenant = match c.tenant.as_deref() {
-            None => defaults.tenant.clone(),
-            Some("") => TenantColumn::None,
-            Some(_) => TenantColumn::Named(column("tenant", &c.tenant, defaults.id.clone())?),
-        };
-        let order = match &c.order {
-            None => None,
-            Some(_) => Some(column("order", &c.order, defaults.id.clone())?),
-        };
-        let columns = ColumnMap {
-            id: column("id", &c.id, defaults.id)?,
-            tenant,
-            aggregate_type: column("aggregate_type", &c.aggregate_type, defaults.aggregate_type)?,
-            aggregate_id: column("aggregate_id", &c.aggregate_id, defaults.aggregate_id)?,
-            event_type: column("event_type", &c.event_type, defaults.event_type)?,
-            payload: column("payload", &c.payload, defaults.payload)?,
-            headers: column("headers", &c.headers, defaults.headers)?,
-            created_at: column("created_at", &c.created_at, defaults.created_at)?,
-            order,
-        };
-        columns
-            .validate()
-            .map_err(|(key, message)| DatabaseKeyError {
-                key: format!("database.columns.{key}"),
-                message,
-            })?;
-        Ok(TableSpec { name, columns })
+    pub fn table_spec(&self) -> Result<TableSpec, SpecError> {
+        TableSpec::from_settings(&self.table, &self.columns)
     }
-}
-
-/// How a row is marked once all of its messages were acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum MarkMode {
-    /// `DELETE` the row (fastest; the outbox holds only unsent rows).
-    #[default]
-    Delete,
-    /// `UPDATE … SET published_at = now()` (keeps an audit trail).
-    PublishedAt,
-}
-
-/// Whether rows of one key must be published in id order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Ordering {
-    /// Any order; rows of a key may be in flight together (fastest).
-    #[default]
-    None,
-    /// Rows with the same (tenant, aggregate_type, aggregate_id) are published in id order:
-    /// a row is claimed only once every earlier row of its key was sent.
-    Key,
-}
-
-/// In `ordering = "key"`: whether a dead row still holds back the later rows of its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum AfterDead {
-    /// Later rows of the key proceed once the row is dead.
-    #[default]
-    Skip,
-    /// Later rows wait until the dead row is replayed and sent.
-    Block,
 }
 
 /// `[relay]`; unset keys take their values from [`RelayConfig::default`].
@@ -270,95 +162,30 @@ pub struct RelayConfig {
     pub ordering_after_dead: AfterDead,
     /// Accept a `[kafka]` `acks` weaker than `all` (a warning is logged at start-up).
     pub allow_weak_acks: bool,
-    pub retry: RetryConfig,
+    pub retry: RetrySettings,
 }
 
-/// `[relay.retry]`: what happens to a row whose plugin call or publish failed.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetryConfig {
-    #[serde(with = "humantime_serde")]
-    pub initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub max: Duration,
-    pub multiplier: f64,
-    /// Fraction (0–1) by which each delay is randomly moved up or down.
-    pub jitter: f64,
-    /// Attempts (the first delivery included) before the row is dead.
-    pub max_attempts: u32,
-    /// If set, a copy of every row that goes dead is published here.
-    pub dead_letter_topic: Option<String>,
-}
-
-impl Default for RetryConfig {
-    fn default() -> Self {
-        Self {
-            initial: DEFAULT_RETRY_INITIAL,
-            max: DEFAULT_RETRY_MAX,
-            multiplier: DEFAULT_RETRY_MULTIPLIER,
-            jitter: DEFAULT_RETRY_JITTER,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            dead_letter_topic: None,
+impl RelayConfig {
+    /// The loop's settings.
+    pub fn settings(&self) -> RelaySettings {
+        RelaySettings {
+            batch_size: self.batch_size,
+            workers: self.workers,
+            min_poll_interval: self.min_poll_interval,
+            poll_interval: self.poll_interval,
+            retry: RetryPolicy::new(&self.retry),
+            dead_letter_topic: self.retry.dead_letter_topic.clone(),
+            shutdown_timeout: self.shutdown_timeout,
         }
     }
-}
 
-impl RetryConfig {
-    fn validate(&self) -> Result<(), (&'static str, String)> {
-        if self.initial.is_zero() {
-            return Err(("initial", "must be greater than 0".into()));
+    /// How the store claims and marks rows.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            mark: self.mark,
+            ordering: self.ordering,
+            after_dead: self.ordering_after_dead,
         }
-        if self.max < self.initial {
-            return Err(("max", "must not be shorter than relay.retry.initial".into()));
-        }
-        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
-            return Err((
-                "multiplier",
-                format!("must be at least 1.0, got {}", self.multiplier),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.jitter) {
-            return Err((
-                "jitter",
-                format!("must be between 0 and 1, got {}", self.jitter),
-            ));
-        }
-        if self.max_attempts == 0 {
-            return Err(("max_attempts", "must be at least 1".into()));
-        }
-        if let Some(topic) = &self.dead_letter_topic {
-            crate::plugin::TopicPattern::parse(topic)
-                .ok()
-                .filter(|p| matches!(p, crate::plugin::TopicPattern::Exact(_)))
-                .ok_or((
-                    "dead_letter_topic",
-                    format!("{topic:?} is not a topic name"),
-                ))?;
-        }
-        Ok(())
-    }
-}
-
-/// `relay.retention`: a duration, or `"forever"` to keep sent rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retention {
-    Keep(Duration),
-    Forever,
-}
-
-impl<'de> Deserialize<'de> for Retention {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        if text == "forever" {
-            return Ok(Self::Forever);
-        }
-        humantime::parse_duration(&text)
-            .map(Self::Keep)
-            .map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "{e}: expected a duration such as \"7d\" or \"forever\""
-                ))
-            })
     }
 }
 
@@ -370,14 +197,14 @@ impl Default for RelayConfig {
             poll_interval: DEFAULT_POLL_INTERVAL,
             min_poll_interval: DEFAULT_MIN_POLL_INTERVAL,
             notify_channel: None,
-            retention: Retention::Keep(DEFAULT_RETENTION),
+            retention: Retention::default(),
             prune_interval: DEFAULT_PRUNE_INTERVAL,
             mark: MarkMode::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             ordering: Ordering::default(),
             ordering_after_dead: AfterDead::default(),
             allow_weak_acks: false,
-            retry: RetryConfig::default(),
+            retry: RetrySettings::default(),
         }
     }
 }
@@ -542,79 +369,61 @@ impl Config {
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            path: path.to_owned(),
-            key: key.to_owned(),
-            message,
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                problems,
+            })
+        }
+    }
+
+    /// Everything wrong with this configuration that can be found without a database,
+    /// broker or plugin file: each key's value, and the rules between keys.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut add = |key: &str, message: String| {
+            problems.push(Problem {
+                key: key.to_owned(),
+                message,
+            })
         };
         match &self.database.url {
-            None => {
-                return Err(invalid(
-                    "database.url",
-                    format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
-                ));
-            }
-            Some(url) if url.trim().is_empty() => {
-                return Err(invalid("database.url", "is empty".into()));
-            }
+            None => add(
+                "database.url",
+                format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
+            ),
+            Some(url) if url.trim().is_empty() => add("database.url", "is empty".into()),
             Some(_) => {}
         }
-        self.database
-            .table_spec()
-            .map_err(|e| invalid(&e.key, e.message))?;
-        if self.relay.batch_size == 0 || self.relay.batch_size > 100_000 {
-            return Err(invalid(
-                "relay.batch_size",
-                format!(
-                    "must be between 1 and 100000, got {}",
-                    self.relay.batch_size
-                ),
-            ));
+        if let Err(e) = self.database.table_spec() {
+            add(&e.key, e.message);
         }
-        if self.relay.poll_interval.is_zero() {
-            return Err(invalid(
-                "relay.poll_interval",
-                "must be greater than 0".into(),
-            ));
-        }
-        if self.relay.workers == 0 || self.relay.workers > MAX_WORKERS {
-            return Err(invalid(
-                "relay.workers",
-                format!(
-                    "must be between 1 and {MAX_WORKERS}, got {}",
-                    self.relay.workers
-                ),
-            ));
-        }
-        if self.relay.min_poll_interval.is_zero()
-            || self.relay.min_poll_interval > self.relay.poll_interval
-        {
-            return Err(invalid(
-                "relay.min_poll_interval",
-                "must be greater than 0 and not longer than relay.poll_interval".into(),
-            ));
+        for (key, message) in self.relay.settings().problems() {
+            add(&format!("relay.{key}"), message);
         }
         if self.relay.prune_interval.is_zero() {
-            return Err(invalid(
-                "relay.prune_interval",
-                "must be greater than 0".into(),
-            ));
+            add("relay.prune_interval", "must be greater than 0".into());
         }
-        if let Some(channel) = &self.relay.notify_channel {
-            validate_channel(channel).map_err(|m| invalid("relay.notify_channel", m))?;
+        if let Some(channel) = &self.relay.notify_channel
+            && let Err(message) = validate_channel(channel)
+        {
+            add("relay.notify_channel", message);
         }
-        self.relay
-            .retry
-            .validate()
-            .map_err(|(k, m)| invalid(&format!("relay.retry.{k}"), m))?;
+        for (key, message) in self.relay.retry.problems() {
+            add(&format!("relay.retry.{key}"), message);
+        }
         for (key, value) in &self.kafka {
-            kafka_value_string(value)
-                .map_err(|m| invalid(&format!("kafka.\"{key}\""), m.to_owned()))?;
+            if let Err(message) = kafka_value_string(value) {
+                add(&format!("kafka.\"{key}\""), message.to_owned());
+            }
         }
         if let Some((key, value)) = self.weak_acks()
             && !self.relay.allow_weak_acks
         {
-            return Err(invalid(
+            add(
                 &format!("kafka.\"{key}\""),
                 format!(
                     "{value:?} lets the broker acknowledge a message before every in-sync \
@@ -622,38 +431,44 @@ impl Config {
                      broker failure can lose the row's messages; use \"all\" (the default), or \
                      set relay.allow_weak_acks = true to accept that"
                 ),
-            ));
+            );
         }
         if let Some(default) = &self.plugins.default {
-            validate_source(&default.path, &default.builtin, true)
-                .map_err(|m| invalid("plugins.default", m))?;
-            if let Some(config) = &default.config {
-                validate_config_table(config)
-                    .map_err(|(k, m)| invalid(&format!("plugins.default.config.{k}"), m))?;
+            if let Err(m) = validate_source(&default.path, &default.builtin, true) {
+                add("plugins.default", m);
             }
-            validate_limits(&default.limits())
-                .map_err(|(k, m)| invalid(&format!("plugins.default.{k}"), m))?;
+            if let Some(config) = &default.config
+                && let Err((k, m)) = validate_config_table(config)
+            {
+                add(&format!("plugins.default.config.{k}"), m);
+            }
+            if let Err((k, m)) = validate_limits(&default.limits()) {
+                add(&format!("plugins.default.{k}"), m);
+            }
         }
         for (name, tenant) in &self.tenants {
             if name.is_empty() {
-                return Err(invalid("tenants", "tenant names must not be empty".into()));
+                add("tenants", "tenant names must not be empty".into());
             }
             if tenant.source().is_none() && self.plugins.default.is_none() {
-                return Err(invalid(
+                add(
                     &format!("tenants.{name}.path"),
                     "missing, and there is no [plugins.default] to fall back to".into(),
-                ));
+                );
             }
-            validate_source(&tenant.path, &tenant.builtin, false)
-                .map_err(|m| invalid(&format!("tenants.{name}"), m))?;
-            if let Some(config) = &tenant.config {
-                validate_config_table(config)
-                    .map_err(|(k, m)| invalid(&format!("tenants.{name}.config.{k}"), m))?;
+            if let Err(m) = validate_source(&tenant.path, &tenant.builtin, false) {
+                add(&format!("tenants.{name}"), m);
             }
-            validate_limits(&tenant.limits())
-                .map_err(|(k, m)| invalid(&format!("tenants.{name}.{k}"), m))?;
+            if let Some(config) = &tenant.config
+                && let Err((k, m)) = validate_config_table(config)
+            {
+                add(&format!("tenants.{name}.config.{k}"), m);
+            }
+            if let Err((k, m)) = validate_limits(&tenant.limits()) {
+                add(&format!("tenants.{name}.{k}"), m);
+            }
         }
-        Ok(())
+        problems
     }
 
     /// The database URL (validated to be present by [`Config::load`]).
@@ -661,16 +476,10 @@ impl Config {
         self.database.url.as_deref().unwrap_or_default()
     }
 
-    /// The `[kafka]` acknowledgement setting, `acks` or its alias `request.required.acks`,
-    /// when it is weaker than `all` (`-1`): key and value.
-    pub fn weak_acks(&self) -> Option<(&str, String)> {
-        ["acks", "request.required.acks"]
-            .into_iter()
-            .find_map(|key| {
-                let value = kafka_value_string(self.kafka.get(key)?).ok()?;
-                let strong = value.trim().eq_ignore_ascii_case("all") || value.trim() == "-1";
-                (!strong).then_some((key, value))
-            })
+    /// The `[kafka]` acknowledgement setting when it is weaker than `all`: key and value
+    /// (see [`crate::sink::weak_acks`]).
+    pub fn weak_acks(&self) -> Option<(&'static str, String)> {
+        crate::sink::weak_acks(&self.kafka_properties())
     }
 
     /// The librdkafka properties as strings.
@@ -679,27 +488,6 @@ impl Config {
             .iter()
             .filter_map(|(k, v)| kafka_value_string(v).ok().map(|v| (k.clone(), v)))
             .collect()
-    }
-}
-
-/// Most concurrent batches a process may run (each holds a database connection).
-pub const MAX_WORKERS: usize = 64;
-
-/// A LISTEN/NOTIFY channel name: a plain identifier, since it is interpolated into `LISTEN`
-/// and into the trigger function's body.
-pub fn validate_channel(channel: &str) -> Result<(), String> {
-    let ok = !channel.is_empty()
-        && channel.len() <= 63
-        && !channel.starts_with(|c: char| c.is_ascii_digit())
-        && channel
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid channel name {channel:?}: use 1-63 ASCII letters, digits and '_', not starting with a digit"
-        ))
     }
 }
 
@@ -774,6 +562,9 @@ fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::maintenance::pruner::DEFAULT_RETENTION;
+    use crate::relay::retry::DEFAULT_MAX_ATTEMPTS;
+    use crate::store::{ColumnMap, ColumnName, TenantColumn};
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         let config = Config::parse(text, Path::new("t.toml"))?;

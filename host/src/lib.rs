@@ -1,24 +1,31 @@
 //! Sluice: a polling publisher for the Transactional Outbox pattern.
 //!
-//! Rows are claimed from a PostgreSQL outbox table (`FOR UPDATE SKIP LOCKED`), transformed
-//! and routed by per-tenant WebAssembly plugins, published to Kafka, and marked sent in the
-//! same transaction that claimed them. Delivery is at-least-once; a plugin failure never
-//! publishes an untransformed row.
+//! Rows are claimed from an outbox table (`FOR UPDATE SKIP LOCKED`), transformed and routed
+//! by per-tenant WebAssembly plugins, published to Kafka, and marked sent in the same
+//! transaction that claimed them. Delivery is at-least-once; a plugin failure never publishes
+//! an untransformed row.
 //!
-//! The seams are traits: [`outbox::OutboxStore`] (where rows come from),
-//! [`plugin::RowTransformer`] (what turns rows into messages) and [`sink::Sink`] (where
-//! messages go); [`relay::Relay`] is the loop that joins them.
+//! The seams are traits: [`store::OutboxStore`] (where rows come from, and every SQL
+//! statement), [`plugin::RowTransformer`] (what turns rows into messages) and [`sink::Sink`]
+//! (where messages go); [`relay::Relay`] is the loop that joins them, and [`app`] turns a
+//! [`Config`] into running services. Read `docs/architecture.md` for the map.
 
+pub mod app;
 pub mod config;
-pub mod message;
-pub mod outbox;
+pub mod maintenance;
+pub mod model;
 pub mod plugin;
-pub mod progress;
 pub mod relay;
-pub mod retry;
 pub mod shutdown;
 pub mod sink;
+pub mod store;
 pub mod text;
+
+// Transitional paths for the plugin layer (moved to `model` and `store`).
+pub mod message;
+pub mod outbox {
+    pub use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
+}
 
 pub use config::Config;
 pub use relay::{Relay, RelaySettings, RelayStats};

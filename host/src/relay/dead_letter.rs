@@ -2,15 +2,16 @@
 //! `relay.retry.dead_letter_topic` with headers saying why.
 
 use super::outcome::{Failure, Fate, Outcomes};
-use crate::message::Message;
-use crate::outbox::{Disposition, OutboxRow};
+use crate::model::OutboundMessage;
+use crate::model::OutboxRow;
 use crate::sink::Sink;
+use crate::store::Disposition;
 
 /// Publishes a copy of every row of `outcomes` that goes dead. The row is dead either way; a
 /// copy that was not published is noted in its `last_error`.
 pub async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outcomes<'_>) {
     // Each copy is paired with the failure it reports on as it is made.
-    let (copies, failures): (Vec<Message>, Vec<&mut Failure>) = outcomes
+    let (copies, failures): (Vec<OutboundMessage>, Vec<&mut Failure>) = outcomes
         .rows_mut()
         .iter_mut()
         .filter_map(|o| {
@@ -42,7 +43,7 @@ pub async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outcomes<'_>
 
 /// The dead-letter copy of a row: its payload untouched, keyed by aggregate id, with the row's
 /// headers and Sluice's `sluice-*` headers explaining why it died.
-fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> Message {
+fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMessage {
     let mut headers = row.headers.clone();
     headers.extend([
         ("sluice-error".to_owned(), error.as_bytes().to_vec()),
@@ -67,7 +68,7 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> Message {
             row.event_type.as_bytes().to_vec(),
         ),
     ]);
-    Message {
+    OutboundMessage {
         row: row.id.clone(),
         topic: topic.to_owned(),
         key: Some(row.aggregate_id.as_bytes().to_vec()),

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::outbox::OutboxId;
+use crate::model::OutboxId;
 
 /// Hold after the first refusal.
 pub const FIRST_HOLD: Duration = Duration::from_secs(1);

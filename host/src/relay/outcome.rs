@@ -7,11 +7,12 @@
 use std::collections::BTreeMap;
 
 use super::BatchReport;
-use crate::message::Message;
-use crate::outbox::{BatchOutcome, Disposition, OutboxId, OutboxRow, RowFailure, TenantId};
+use super::retry::RetryPolicy;
+use crate::model::OutboundMessage;
+use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::plugin::{RowResult, TransformFailure};
-use crate::retry::RetryPolicy;
 use crate::sink::{PublishFault, SinkError};
+use crate::store::{BatchOutcome, Disposition, RowFailure};
 
 /// The fate of one row in this batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,7 +62,7 @@ pub struct ResultCountMismatch {
 pub struct Outcomes<'a> {
     rows: Vec<RowOutcome<'a>>,
     /// The messages of the [`Fate::Sent`] rows, row after row in the order of `rows`.
-    messages: Vec<Message>,
+    messages: Vec<OutboundMessage>,
 }
 
 /// What publishing did with one tenant's rows (for its circuit breaker).
@@ -108,7 +109,7 @@ impl<'a> Outcomes<'a> {
     }
 
     /// Everything the plugins produced, to publish in one go.
-    pub fn messages(&self) -> &[Message] {
+    pub fn messages(&self) -> &[OutboundMessage] {
         &self.messages
     }
 
@@ -252,7 +253,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::RetryConfig;
+    use crate::relay::RetrySettings;
 
     fn row(id: i64) -> OutboxRow {
         OutboxRow {
@@ -268,8 +269,8 @@ mod tests {
         }
     }
 
-    fn message(id: i64) -> Message {
-        Message {
+    fn message(id: i64) -> OutboundMessage {
+        OutboundMessage {
             row: OutboxId::Int(id),
             topic: "x".into(),
             key: None,
@@ -281,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_delivery_report_the_sink_did_not_return_fails_the_row_as_the_brokers_fault() {
-        let retry = RetryPolicy::new(&RetryConfig::default());
+        let retry = RetryPolicy::new(&RetrySettings::default());
         let rows = [row(1), row(2)];
         let mut outcomes = Outcomes::build(
             &rows,

@@ -17,7 +17,7 @@ use rdkafka::util::Timeout;
 
 use super::topics::{Known, TopicCache};
 use super::{PublishFault, Sink, SinkError};
-use crate::message::Message;
+use crate::model::OutboundMessage;
 
 /// Sluice's producer defaults; any `[kafka]` property overrides them.
 /// - idempotence + acks=all: no duplicates from producer retries, no loss on leader change.
@@ -51,6 +51,20 @@ pub fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfi
         config.set(k, v);
     }
     config
+}
+
+/// The acknowledgement setting among `properties` — `acks`, or its alias
+/// `request.required.acks` — when it is weaker than `all` (`-1`): key and value. Sluice marks a
+/// row sent on the acknowledgement, so anything weaker can lose messages of rows already
+/// marked.
+pub fn weak_acks(properties: &BTreeMap<String, String>) -> Option<(&'static str, String)> {
+    ["acks", "request.required.acks"]
+        .into_iter()
+        .find_map(|key| {
+            let value = properties.get(key)?;
+            let strong = value.trim().eq_ignore_ascii_case("all") || value.trim() == "-1";
+            (!strong).then(|| (key, value.clone()))
+        })
 }
 
 /// Publishes to Kafka. Re-creates its producer after a fatal (idempotence) error.
@@ -89,7 +103,7 @@ impl KafkaSink {
     async fn missing_topics<'m>(
         &self,
         producer: &FutureProducer,
-        messages: &'m [Message],
+        messages: &'m [OutboundMessage],
     ) -> HashSet<&'m str> {
         let now = Instant::now();
         let mut known: HashMap<&str, Known> = HashMap::new();
@@ -235,7 +249,7 @@ fn missing_topic(topic: &str) -> SinkError {
     }
 }
 
-fn record(m: &Message) -> FutureRecord<'_, [u8], [u8]> {
+fn record(m: &OutboundMessage) -> FutureRecord<'_, [u8], [u8]> {
     let headers = m.headers.iter().fold(
         OwnedHeaders::new_with_capacity(m.headers.len()),
         |h, (key, value)| {
@@ -259,7 +273,7 @@ fn record(m: &Message) -> FutureRecord<'_, [u8], [u8]> {
 }
 
 impl Sink for KafkaSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
         let producer = self.inner.current().clone();
         let missing = self.missing_topics(&producer, messages).await;
         // `join_all` polls every send future before awaiting any: all messages are in
@@ -430,8 +444,8 @@ mod tests {
         assert!(err.to_string().contains("no.such.property"), "{err}");
     }
 
-    fn message(topic: &str) -> Message {
-        Message {
+    fn message(topic: &str) -> OutboundMessage {
+        OutboundMessage {
             row: crate::outbox::OutboxId::Int(1),
             topic: topic.to_owned(),
             key: None,

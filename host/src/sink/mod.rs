@@ -9,9 +9,29 @@ pub mod topics;
 use std::future::Future;
 use std::time::Duration;
 
-pub use kafka::{KafkaSink, kafka_client_config};
+pub use kafka::{KafkaSink, kafka_client_config, weak_acks};
 
-use crate::message::Message;
+use crate::model::OutboundMessage;
+
+/// Longest topic name Kafka accepts.
+const MAX_TOPIC_NAME: usize = 249;
+
+/// Whether `name` can be a Kafka topic: 1–249 ASCII letters, digits, `.`, `_` and `-`, and not
+/// `.` or `..`. Errors say why.
+pub fn check_topic_name(name: &str) -> Result<(), String> {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > MAX_TOPIC_NAME {
+        Err(format!(
+            "{name:?} is not a topic name: 1 to {MAX_TOPIC_NAME} characters"
+        ))
+    } else if name == "." || name == ".." || !name.chars().all(legal) {
+        Err(format!(
+            "{name:?} is not a topic name: only ASCII letters, digits, '.', '_' and '-'"
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// Whose fault a failed publish of one message is, which decides what it costs the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,10 +79,23 @@ pub trait Sink: Send + Sync + 'static {
     /// message, in order; `Ok` only after the broker acknowledged the message.
     fn publish(
         &self,
-        messages: &[Message],
+        messages: &[OutboundMessage],
     ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send;
 
     /// Waits up to `timeout` for messages still queued (called at shutdown). Blocks the
     /// calling thread: call it off the async reactor.
     fn flush(&self, timeout: Duration) -> Result<(), SinkError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_kafkas_rules() {
+        assert!(check_topic_name("outbox.event.order_v2-x").is_ok());
+        for bad in ["", ".", "..", "dlq.*", "a b", "é", &"t".repeat(250)] {
+            assert!(check_topic_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::message::Message;
-use crate::outbox::{
-    BatchOutcome, Claim, ClaimedBatch, Disposition, OutboxId, OutboxRow, OutboxStore, RowFailure,
-    Settlement, StoreError, TenantId,
-};
+use crate::model::OutboundMessage;
+use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::plugin::{RowResult, RowTransformer};
 use crate::sink::{PublishFault, Sink, SinkError};
+use crate::store::{
+    Backlog, BatchOutcome, Claim, ClaimedBatch, DeadRow, Disposition, OutboxStore, ReplaySelection,
+    RowFailure, Settlement, StoreError,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Store
@@ -23,6 +24,8 @@ use crate::sink::{PublishFault, Sink, SinkError};
 pub struct StoredRow {
     pub row: OutboxRow,
     pub sent: bool,
+    /// When it was marked sent (for pruning).
+    pub sent_at: Option<Instant>,
     pub dead: bool,
     pub attempts: i32,
     pub last_error: Option<String>,
@@ -104,6 +107,7 @@ impl MemoryStore {
                 attempts: row.attempts,
                 row,
                 sent: false,
+                sent_at: None,
                 dead: false,
                 last_error: None,
                 due: None,
@@ -242,6 +246,7 @@ impl OutboxStore for MemoryStore {
             match failure {
                 None => {
                     row.sent = true;
+                    row.sent_at = Some(now);
                     settlement.marked.push(id.clone());
                 }
                 Some(f) => {
@@ -251,6 +256,106 @@ impl OutboxStore for MemoryStore {
             }
         }
         Ok(settlement)
+    }
+
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let now = Instant::now();
+        let state = self.state();
+        let unsent = || state.rows.values().filter(|r| !r.sent);
+        Ok(Backlog {
+            due: unsent()
+                .filter(|r| !r.dead && r.due.is_none_or(|d| d <= now))
+                .count() as i64,
+            waiting: unsent()
+                .filter(|r| !r.dead && r.due.is_some_and(|d| d > now))
+                .count() as i64,
+            dead: unsent().filter(|r| r.dead).count() as i64,
+        })
+    }
+
+    async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let before = state.rows.len();
+        state.rows.retain(|_, r| {
+            r.sent_at
+                .is_none_or(|at| now.duration_since(at) < retention)
+        });
+        Ok((before - state.rows.len()) as u64)
+    }
+
+    /// An in-memory table announces nothing: the relay polls.
+    async fn listen(
+        &self,
+        _channel: &str,
+        _wake: &(dyn Fn() + Send + Sync),
+    ) -> Result<std::convert::Infallible, StoreError> {
+        std::future::pending().await
+    }
+
+    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn dead_rows(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        let state = self.state();
+        Ok(state
+            .rows
+            .values()
+            .filter(|r| r.dead && !r.sent && tenant.is_none_or(|t| r.row.tenant.as_str() == t))
+            .take(usize::try_from(limit).unwrap_or(0))
+            .map(|r| DeadRow {
+                id: r.row.id.clone(),
+                tenant: Some(r.row.tenant.as_str().to_owned()),
+                aggregate_type: r.row.aggregate_type.clone(),
+                aggregate_id: r.row.aggregate_id.clone(),
+                event_type: r.row.event_type.clone(),
+                attempts: r.attempts,
+                dead_at: chrono::Utc::now(),
+                last_error: r.last_error.clone(),
+            })
+            .collect())
+    }
+
+    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
+        let mut state = self.state();
+        let mut replayed = 0;
+        for row in state.rows.values_mut().filter(|r| r.dead && !r.sent) {
+            let chosen = match selection {
+                ReplaySelection::Id(id) => row.row.id.to_string() == *id,
+                ReplaySelection::Tenant(t) => row.row.tenant.as_str() == t,
+                ReplaySelection::All => true,
+            };
+            if chosen {
+                row.dead = false;
+                row.attempts = 0;
+                row.due = None;
+                replayed += 1;
+            }
+        }
+        Ok(replayed)
+    }
+
+    /// Dead rows carry no time of death here: every dead row of `tenant` is old enough.
+    async fn purge_dead(
+        &self,
+        _older_than: Duration,
+        tenant: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let mut state = self.state();
+        let before = state.rows.len();
+        state.rows.retain(|_, r| {
+            !(r.dead && !r.sent && tenant.is_none_or(|t| r.row.tenant.as_str() == t))
+        });
+        Ok((before - state.rows.len()) as u64)
     }
 }
 
@@ -301,6 +406,7 @@ impl ClaimedBatch for MemoryBatch {
             for id in &outcome.sent {
                 if let Some(row) = state.rows.get_mut(&int(id)) {
                     row.sent = true;
+                    row.sent_at = Some(now);
                 }
             }
             for f in &outcome.failed {
@@ -360,8 +466,8 @@ impl ScriptedTransformer {
 }
 
 /// A message of `row` to `topic`, its payload the row's.
-pub fn message(row: &OutboxRow, topic: &str) -> Message {
-    Message {
+pub fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
+    OutboundMessage {
         row: row.id.clone(),
         topic: topic.to_owned(),
         key: Some(row.aggregate_id.as_bytes().to_vec()),
@@ -401,11 +507,11 @@ impl RowTransformer for ScriptedTransformer {
 // ---------------------------------------------------------------------------------------------
 // Sink
 
-type Answer = Box<dyn Fn(&Message) -> Result<(), SinkError> + Send + Sync>;
+type Answer = Box<dyn Fn(&OutboundMessage) -> Result<(), SinkError> + Send + Sync>;
 
 /// A sink that records every message it is asked to publish and answers as scripted.
 pub struct RecordingSink {
-    pub published: Mutex<Vec<Message>>,
+    pub published: Mutex<Vec<OutboundMessage>>,
     pub calls: AtomicUsize,
     answer: Answer,
     /// Never report: the batch waits forever.
@@ -419,7 +525,7 @@ impl RecordingSink {
     }
 
     pub fn answering(
-        answer: impl Fn(&Message) -> Result<(), SinkError> + Send + Sync + 'static,
+        answer: impl Fn(&OutboundMessage) -> Result<(), SinkError> + Send + Sync + 'static,
     ) -> Self {
         Self {
             published: Mutex::new(Vec::new()),
@@ -437,7 +543,7 @@ impl RecordingSink {
     }
 
     /// Messages published for row `id` (dead-letter copies included).
-    pub fn for_row(&self, id: i64) -> Vec<Message> {
+    pub fn for_row(&self, id: i64) -> Vec<OutboundMessage> {
         self.published
             .lock()
             .unwrap()
@@ -458,7 +564,7 @@ pub fn publish_error(topic: &str, fault: PublishFault) -> SinkError {
 }
 
 impl Sink for RecordingSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.published
             .lock()

@@ -12,8 +12,9 @@ use fakes::{
 };
 
 use super::*;
-use crate::config::RetryConfig;
+use crate::model::{OutboundMessage, OutboxId, OutboxRow};
 use crate::plugin::TransformFailure;
+use crate::relay::RetrySettings;
 use crate::sink::PublishFault;
 
 type TestRelay = Relay<MemoryStore, Arc<ScriptedTransformer>, RecordingSink>;
@@ -26,12 +27,12 @@ fn settings() -> RelaySettings {
         workers: 1,
         min_poll_interval: Duration::from_millis(1),
         poll_interval: Duration::from_millis(10),
-        retry: RetryPolicy::new(&RetryConfig {
+        retry: RetryPolicy::new(&RetrySettings {
             initial: Duration::from_secs(60),
             max: Duration::from_secs(60),
             jitter: 0.0,
             max_attempts: MAX_ATTEMPTS,
-            ..RetryConfig::default()
+            ..RetrySettings::default()
         }),
         dead_letter_topic: None,
         shutdown_timeout: Duration::from_millis(100),
@@ -181,7 +182,7 @@ async fn every_row_that_goes_dead_gets_its_own_dead_letter_copy() {
     assert_eq!((report.sent, report.failed, report.dead), (1, 3, 2));
     assert!(store.row(1).dead && store.row(4).dead);
     assert!(!store.row(2).dead, "row 2 has attempts left");
-    let copies: Vec<Message> = relay
+    let copies: Vec<OutboundMessage> = relay
         .sink()
         .published
         .lock()

@@ -9,8 +9,8 @@ use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Postgres};
 
-use super::{StoreError, TableSpec};
-use crate::shutdown::Shutdown;
+use super::schema::Layout;
+use crate::store::StoreError;
 
 /// Rows deleted per statement: small enough for a short transaction and little WAL at once.
 pub const CHUNK: i64 = 1_000;
@@ -24,12 +24,12 @@ const PRUNE_LOCK_KEY: i32 = 0x736c_7570; // "slup"
 /// process is pruning the same table. Returns how many rows it deleted.
 pub async fn prune_once(
     pool: &PgPool,
-    spec: &TableSpec,
+    layout: &Layout,
     retention: Duration,
 ) -> Result<u64, StoreError> {
     // In id order: the primary key walks the rows (for integer ids the oldest, which are the
     // sent ones, first) and stops after a chunk; no extra index on published_at is needed.
-    let table = &spec.name;
+    let table = &layout.table;
     let sql = format!(
         "WITH locked AS (SELECT pg_try_advisory_xact_lock($3, to_regclass($4)::oid::int) AS ok)
          DELETE FROM {table}
@@ -37,7 +37,7 @@ pub async fn prune_once(
                           WHERE locked.ok
                             AND published_at < now() - $1 * interval '1 millisecond'
                           ORDER BY {id} LIMIT $2)",
-        id = spec.columns.id,
+        id = layout.id,
     );
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let table_name = table.to_string();
@@ -72,36 +72,4 @@ pub(crate) async fn delete_in_chunks(
         }
         tokio::time::sleep(CHUNK_PAUSE).await;
     }
-}
-
-/// Prunes every `interval` until shutdown. Errors are logged and retried next time.
-pub fn spawn_pruner(
-    pool: PgPool,
-    spec: TableSpec,
-    retention: Duration,
-    interval: Duration,
-    mut shutdown: Shutdown,
-) {
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = shutdown.recv() => return,
-            }
-            let run = prune_once(&pool, &spec, retention);
-            let result = tokio::select! {
-                r = run => r,
-                _ = shutdown.recv() => return,
-            };
-            match result {
-                Ok(0) => {}
-                Ok(n) => {
-                    tracing::info!(table = %spec.name, rows = n, ?retention, "pruned sent rows past relay.retention")
-                }
-                Err(e) => {
-                    tracing::warn!(table = %spec.name, error = %e, "pruning sent rows failed; trying again later")
-                }
-            }
-        }
-    });
 }

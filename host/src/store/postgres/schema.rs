@@ -12,8 +12,8 @@ use std::fmt;
 use sqlx::postgres::PgPool;
 use sqlx::{Executor, Postgres};
 
-use super::columns::{self, ColumnName, TableSpec, TenantColumn};
-use super::{StoreError, TableName};
+use crate::store::columns::{self, ColumnName, TableSpec, TenantColumn};
+use crate::store::{StoreError, TableName};
 
 /// A column as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -542,7 +542,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::columns::ColumnMap;
+    use crate::store::ColumnMap;
 
     fn column(name: &str, shown: &str) -> FoundColumn {
         let base = match shown {

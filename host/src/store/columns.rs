@@ -178,6 +178,77 @@ impl TableSpec {
     }
 }
 
+/// `[database.columns]` as written: the table's column for each of Sluice's roles; each key
+/// left out is the role's own name (`tenant`: used when the table has it; `""` for none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnsSettings {
+    pub id: Option<String>,
+    pub tenant: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub payload: Option<String>,
+    pub headers: Option<String>,
+    pub created_at: Option<String>,
+    /// The column rows are claimed in: default the id if it is an integer, else `sluice_seq`.
+    pub order: Option<String>,
+}
+
+/// A `[database]` key whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct SpecError {
+    pub key: String,
+    pub message: String,
+}
+
+impl TableSpec {
+    /// The outbox table `table` with the column mapping `columns`, validated (names are
+    /// identifiers, no column mapped twice or onto a bookkeeping column); errors name the
+    /// `database.…` key at fault.
+    pub fn from_settings(table: &str, columns: &ColumnsSettings) -> Result<Self, SpecError> {
+        let name = TableName::parse(table).map_err(|e| SpecError {
+            key: "database.table".into(),
+            message: e.to_string(),
+        })?;
+        let c = columns;
+        let column = |key: &str, value: &Option<String>, default: ColumnName| match value {
+            None => Ok(default),
+            Some(name) => ColumnName::parse(name).map_err(|e| SpecError {
+                key: format!("database.columns.{key}"),
+                message: e.to_string(),
+            }),
+        };
+        let defaults = ColumnMap::default();
+        let tenant = match c.tenant.as_deref() {
+            None => defaults.tenant.clone(),
+            Some("") => TenantColumn::None,
+            Some(_) => TenantColumn::Named(column("tenant", &c.tenant, defaults.id.clone())?),
+        };
+        let order = match &c.order {
+            None => None,
+            Some(_) => Some(column("order", &c.order, defaults.id.clone())?),
+        };
+        let columns = ColumnMap {
+            id: column("id", &c.id, defaults.id)?,
+            tenant,
+            aggregate_type: column("aggregate_type", &c.aggregate_type, defaults.aggregate_type)?,
+            aggregate_id: column("aggregate_id", &c.aggregate_id, defaults.aggregate_id)?,
+            event_type: column("event_type", &c.event_type, defaults.event_type)?,
+            payload: column("payload", &c.payload, defaults.payload)?,
+            headers: column("headers", &c.headers, defaults.headers)?,
+            created_at: column("created_at", &c.created_at, defaults.created_at)?,
+            order,
+        };
+        columns.validate().map_err(|(key, message)| SpecError {
+            key: format!("database.columns.{key}"),
+            message,
+        })?;
+        Ok(Self { name, columns })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

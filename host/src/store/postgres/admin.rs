@@ -1,44 +1,23 @@
-//! Dead rows: listing them and making them due again (`sluice dead list|replay`).
+//! Dead rows: listing, replaying and purging them (`sluice dead list|replay|purge`).
 
-use chrono::{DateTime, Utc};
-use sqlx::postgres::PgPool;
-use sqlx::postgres::PgRow;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::schema::{self, KeyKind, Layout};
-use super::{OutboxId, StoreError, TableSpec};
-
-/// A dead-lettered row, as `sluice dead list` shows it.
-#[derive(Debug, Clone)]
-pub struct DeadRow {
-    pub id: OutboxId,
-    pub tenant: Option<String>,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
-    pub attempts: i32,
-    pub dead_at: DateTime<Utc>,
-    pub last_error: Option<String>,
-}
-
-/// Which dead rows to replay.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplaySelection {
-    /// One row, by its id as text (an integer or, say, a uuid: checked against the table).
-    Id(String),
-    Tenant(String),
-    All,
-}
+use super::prune::{CHUNK, delete_in_chunks};
+use super::schema::{KeyKind, Layout};
+use crate::model::OutboxId;
+use crate::store::{DeadRow, ReplaySelection, StoreError};
 
 /// Dead rows, oldest first (in claim order), optionally of one tenant (`default` matches
 /// rows without a tenant).
 pub async fn list(
     pool: &PgPool,
-    spec: &TableSpec,
+    layout: &Layout,
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, StoreError> {
-    let layout = schema::inspect(pool, spec).await?;
     let sql = format!(
         "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
                 o.{ai}::text AS aggregate_id, o.{et}::text AS event_type,
@@ -64,7 +43,7 @@ pub async fn list(
         .await?;
     Ok(rows
         .iter()
-        .map(|row| dead_row(row, &layout))
+        .map(|row| dead_row(row, layout))
         .collect::<Result<_, _>>()?)
 }
 
@@ -93,12 +72,11 @@ fn dead_row(row: &PgRow, layout: &Layout) -> Result<DeadRow, sqlx::Error> {
 /// `last_error` is kept so the history of the row stays visible until it is delivered.
 pub async fn replay(
     pool: &PgPool,
-    spec: &TableSpec,
+    layout: &Layout,
     selection: &ReplaySelection,
 ) -> Result<u64, StoreError> {
-    let layout = schema::inspect(pool, spec).await?;
     let (id, tenant) = match selection {
-        ReplaySelection::Id(id) => (Some(checked_id(&layout, id)?), None),
+        ReplaySelection::Id(id) => (Some(checked_id(layout, id)?), None),
         ReplaySelection::Tenant(t) => (None, Some(t.as_str())),
         ReplaySelection::All => (None, None),
     };
@@ -136,15 +114,14 @@ fn checked_id(layout: &Layout, id: &str) -> Result<String, StoreError> {
 }
 
 /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in
-/// chunks of [`super::prune::CHUNK`]; returns how many. Their content is gone for good:
+/// chunks of [`CHUNK`]; returns how many. Their content is gone for good:
 /// `sluice dead list` them first, or dead-letter them to a topic.
 pub async fn purge(
     pool: &PgPool,
-    spec: &TableSpec,
-    older_than: std::time::Duration,
+    layout: &Layout,
+    older_than: Duration,
     tenant: Option<&str>,
 ) -> Result<u64, StoreError> {
-    let layout = schema::inspect(pool, spec).await?;
     let sql = format!(
         "DELETE FROM {table}
           WHERE {id} IN (SELECT o.{id} FROM {table} AS o
@@ -159,10 +136,8 @@ pub async fn purge(
     );
     let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let tenant = tenant.map(str::to_owned);
-    super::prune::delete_in_chunks(pool, &sql, |q| {
-        q.bind(older_ms)
-            .bind(tenant.clone())
-            .bind(super::prune::CHUNK)
+    delete_in_chunks(pool, &sql, |q| {
+        q.bind(older_ms).bind(tenant.clone()).bind(CHUNK)
     })
     .await
 }

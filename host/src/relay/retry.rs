@@ -3,18 +3,86 @@
 
 use std::time::Duration;
 
-use crate::config::RetryConfig;
+use serde::Deserialize;
 
-/// What happens to a row after a failed attempt.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Disposition {
-    /// Due again this long after the commit.
-    Retry(Duration),
-    /// No more attempts: `dead_at` is set and the row is no longer claimed.
-    Dead,
-    /// Due again this long after the commit, without counting an attempt: the failure was the
-    /// broker's, not the row's.
-    Wait(Duration),
+use crate::sink::check_topic_name;
+use crate::store::Disposition;
+
+/// First retry delay of a failed row.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
+/// Longest retry delay: a row keeps being retried at least this often until it is dead.
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(300);
+/// Growth of the retry delay per attempt.
+pub const DEFAULT_RETRY_MULTIPLIER: f64 = 2.0;
+/// Each delay is moved by up to ±20 % at random so rows that failed together do not retry in
+/// lock-step.
+pub const DEFAULT_RETRY_JITTER: f64 = 0.2;
+/// Attempts before a row is dead-lettered; with the defaults the last one comes about
+/// 8.5 minutes after the first failure.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+/// `[relay.retry]`: what happens to a row whose plugin call or publish failed.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySettings {
+    #[serde(with = "humantime_serde")]
+    pub initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    pub multiplier: f64,
+    /// Fraction (0–1) by which each delay is randomly moved up or down.
+    pub jitter: f64,
+    /// Attempts (the first delivery included) before the row is dead.
+    pub max_attempts: u32,
+    /// If set, a copy of every row that goes dead is published here.
+    pub dead_letter_topic: Option<String>,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        Self {
+            initial: DEFAULT_RETRY_INITIAL,
+            max: DEFAULT_RETRY_MAX,
+            multiplier: DEFAULT_RETRY_MULTIPLIER,
+            jitter: DEFAULT_RETRY_JITTER,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            dead_letter_topic: None,
+        }
+    }
+}
+
+impl RetrySettings {
+    /// Problems with these settings, each as (`relay.retry.` key, what is wrong).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if self.initial.is_zero() {
+            problems.push(("initial", "must be greater than 0".into()));
+        }
+        if self.max < self.initial {
+            problems.push(("max", "must not be shorter than relay.retry.initial".into()));
+        }
+        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
+            problems.push((
+                "multiplier",
+                format!("must be at least 1.0, got {}", self.multiplier),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            problems.push((
+                "jitter",
+                format!("must be between 0 and 1, got {}", self.jitter),
+            ));
+        }
+        if self.max_attempts == 0 {
+            problems.push(("max_attempts", "must be at least 1".into()));
+        }
+        if let Some(topic) = &self.dead_letter_topic
+            && let Err(why) = check_topic_name(topic)
+        {
+            problems.push(("dead_letter_topic", why));
+        }
+        problems
+    }
 }
 
 /// Exponential backoff with jitter, capped, and a maximum number of attempts.
@@ -28,7 +96,7 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    pub fn new(config: &RetryConfig) -> Self {
+    pub fn new(config: &RetrySettings) -> Self {
         Self {
             initial: config.initial,
             max: config.max,
@@ -73,7 +141,7 @@ mod tests {
     use super::*;
 
     fn policy(jitter: f64, max_attempts: u32) -> RetryPolicy {
-        RetryPolicy::new(&RetryConfig {
+        RetryPolicy::new(&RetrySettings {
             initial: Duration::from_secs(1),
             max: Duration::from_secs(60),
             multiplier: 2.0,

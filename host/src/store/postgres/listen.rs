@@ -1,25 +1,37 @@
 //! Optional wake-ups through LISTEN/NOTIFY: the opt-in trigger `sluice migrate
-//! --notify-trigger` installs, and the listener that makes an idle relay poll at once.
+//! --notify-trigger` installs, and listening for it.
 //!
 //! Polling stays the mechanism; a notification only cuts an idle wait short. A lost
 //! connection, a server that never notifies (PgBouncer in transaction mode), or no trigger at
 //! all just means rows wait for the next poll.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::convert::Infallible;
 
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 
-use super::{StoreError, TableName, connect_options};
-use crate::relay::pacer::Pacer;
-use crate::shutdown::Shutdown;
+use crate::store::{StoreError, TableName};
 
 /// Channel `sluice migrate --notify-trigger` notifies unless told otherwise.
 pub const DEFAULT_CHANNEL: &str = "sluice_outbox";
-/// First pause before reconnecting a failed listener; doubled up to [`LISTEN_RETRY_MAX`].
-const LISTEN_RETRY: Duration = Duration::from_secs(1);
-const LISTEN_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// A LISTEN/NOTIFY channel name: a plain identifier, since it is interpolated into `LISTEN`
+/// and into the trigger function's body.
+pub fn validate_channel(channel: &str) -> Result<(), String> {
+    let ok = !channel.is_empty()
+        && channel.len() <= 63
+        && !channel.starts_with(|c: char| c.is_ascii_digit())
+        && channel
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid channel name {channel:?}: use 1-63 ASCII letters, digits and '_', not starting with a digit"
+        ))
+    }
+}
 
 fn function_name(table: &TableName) -> String {
     format!(
@@ -34,8 +46,8 @@ fn trigger_name(table: &TableName) -> String {
 }
 
 /// Installs (or replaces) a statement-level `AFTER INSERT` trigger that sends one NOTIFY on
-/// `channel` per inserting statement. `channel` must be validated
-/// ([`crate::config::validate_channel`]): it is interpolated into the function body.
+/// `channel` per inserting statement. `channel` is checked with [`validate_channel`] first:
+/// it is interpolated into the function body.
 ///
 /// Cost: NOTIFY takes a database-wide lock at commit, which serialises inserting commits
 /// (see docs/benchmarks.md for the figure on this machine).
@@ -44,6 +56,7 @@ pub async fn install_trigger(
     table: &TableName,
     channel: &str,
 ) -> Result<(), StoreError> {
+    validate_channel(channel).map_err(StoreError::Channel)?;
     let function = function_name(table);
     let trigger = trigger_name(table);
     let statements = [
@@ -86,56 +99,34 @@ async fn run_in_transaction(pool: &PgPool, statements: &[String]) -> Result<(), 
     Ok(())
 }
 
-/// Listens on `channel` until shutdown and wakes `pacer` on every notification. Runs on its
-/// own connection; reconnects with back-off and never fails the relay.
-pub fn spawn_listener(url: String, channel: String, pacer: Arc<Pacer>, mut shutdown: Shutdown) {
-    tokio::spawn(async move {
-        let mut retry = LISTEN_RETRY;
-        loop {
-            let result = tokio::select! {
-                r = listen(&url, &channel, &pacer) => r,
-                _ = shutdown.recv() => return,
-            };
-            let Err(e) = result;
-            tracing::warn!(channel, error = %e, retry_in = ?retry,
-                "LISTEN failed; relying on polling until it works again");
-            // Notifications may have been missed while the connection was down.
-            pacer.wake();
-            tokio::select! {
-                _ = tokio::time::sleep(retry) => {}
-                _ = shutdown.recv() => return,
-            }
-            retry = (retry * 2).min(LISTEN_RETRY_MAX);
-        }
-    });
-}
-
-/// Listens until an error; returns only with it.
-async fn listen(
-    url: &str,
+/// Listens on `channel` on a connection of its own and calls `wake` for every notification,
+/// once when listening starts (rows inserted before LISTEN took effect were not announced)
+/// and once after the connection was lost and re-established. Returns only with an error.
+pub async fn listen(
+    options: &PgConnectOptions,
     channel: &str,
-    pacer: &Pacer,
-) -> Result<std::convert::Infallible, sqlx::Error> {
+    wake: &(dyn Fn() + Send + Sync),
+) -> Result<Infallible, StoreError> {
+    validate_channel(channel).map_err(StoreError::Channel)?;
     // A pool of one, used by the listener to reconnect.
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .max_lifetime(None)
         .idle_timeout(None)
-        .connect_with(connect_options(url)?)
+        .connect_with(options.clone())
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(channel).await?;
     tracing::info!(channel, "listening for notifications");
-    // Rows inserted before LISTEN took effect were not announced.
-    pacer.wake();
+    wake();
     loop {
         match listener.try_recv().await? {
-            Some(_) => pacer.wake(),
+            Some(_) => wake(),
             // The connection was lost and is re-established on the next call; anything sent
             // meanwhile was missed, so poll once.
             None => {
                 tracing::warn!(channel, "LISTEN connection lost; reconnecting");
-                pacer.wake();
+                wake();
             }
         }
     }

@@ -1,0 +1,84 @@
+//! The commands an operator runs against a table: `sluice migrate` and `sluice dead …`.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use crate::config::{Config, DATABASE_URL_ENV};
+use crate::store::{self, OutboxStore, Store, StoreOptions, TableName, TableSpec};
+
+/// Which outbox table a command works on: from a config file (`database.url` or
+/// `SLUICE_DATABASE_URL`, `database.table`, `[database.columns]`), or from a URL and a table
+/// name with Sluice's own column names.
+pub enum Target<'a> {
+    Config(&'a Path),
+    Url {
+        url: Option<String>,
+        table: Option<&'a str>,
+    },
+}
+
+impl Target<'_> {
+    /// The database URL and the table.
+    pub fn resolve(&self) -> anyhow::Result<(String, TableSpec)> {
+        match self {
+            Self::Config(path) => {
+                let config = Config::load(path)?;
+                let spec = config.database.table_spec()?;
+                Ok((config.database_url().to_owned(), spec))
+            }
+            Self::Url { url, table } => {
+                // SLUICE_DATABASE_URL is read here rather than by the argument parser, so that
+                // it does not conflict with `--config` (whose URL it overrides, as for `run`).
+                let Some(url) = url.clone().or_else(|| std::env::var(DATABASE_URL_ENV).ok()) else {
+                    bail!("give --config FILE or --database-url URL (or set {DATABASE_URL_ENV})");
+                };
+                let table = TableName::parse(table.unwrap_or("outbox")).context("--table")?;
+                Ok((url, TableSpec::new(table)))
+            }
+        }
+    }
+
+    /// Opens the table for admin work (one connection; the table is checked first).
+    pub async fn open(&self) -> anyhow::Result<Store> {
+        let (url, spec) = self.resolve()?;
+        Ok(store::open(&url, &spec, StoreOptions::default(), 1).await?)
+    }
+}
+
+/// What `sluice migrate` does with the NOTIFY trigger.
+pub enum TriggerChange {
+    Keep,
+    Install(String),
+    Drop,
+}
+
+/// What `sluice migrate` did.
+pub struct Migrated {
+    pub table: TableName,
+    /// One line about the table as Sluice will use it.
+    pub summary: String,
+}
+
+/// Creates or upgrades the table and checks it, then installs or drops the NOTIFY trigger.
+pub async fn migrate(target: &Target<'_>, trigger: &TriggerChange) -> anyhow::Result<Migrated> {
+    let (url, spec) = target.resolve()?;
+    if let TriggerChange::Install(channel) = trigger {
+        store::validate_channel(channel)
+            .map_err(anyhow::Error::msg)
+            .context("--notify-channel")?;
+    }
+    let summary = store::migrate(&url, &spec).await?;
+    if !matches!(trigger, TriggerChange::Keep) {
+        let opened = store::open(&url, &spec, StoreOptions::default(), 1).await?;
+        match trigger {
+            TriggerChange::Install(channel) => opened.install_notify_trigger(channel).await?,
+            TriggerChange::Drop => opened.drop_notify_trigger().await?,
+            TriggerChange::Keep => {}
+        }
+    }
+    Ok(Migrated {
+        table: spec.name,
+        summary,
+    })
+}

@@ -1,0 +1,97 @@
+//! Wiring one relay from a [`Config`]: the plugins, the store, the Kafka sink, the loop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::plugin::PluginRouter;
+use crate::relay::Relay;
+use crate::shutdown::Shutdown;
+use crate::sink::KafkaSink;
+use crate::store::{self, Store};
+
+/// How long start-up keeps trying a database that is not reachable yet (restarting, a
+/// connection cut while the table is checked) before giving up.
+const DATABASE_START_PATIENCE: Duration = Duration::from_secs(30);
+/// First pause between two start-up attempts; doubled up to 5 s.
+const DATABASE_RETRY: Duration = Duration::from_millis(250);
+
+/// The relay `sluice run` and `sluice drain` drive.
+pub type AppRelay = Relay<Arc<Store>, Arc<PluginRouter>, KafkaSink>;
+
+/// A relay's parts, ready to run.
+pub struct Parts {
+    pub router: Arc<PluginRouter>,
+    pub store: Arc<Store>,
+    pub relay: Arc<AppRelay>,
+}
+
+/// Loads the plugins, then connects the database and the producer. Returns `None` when
+/// `stop` fired meanwhile: start-up is abandoned before anything was claimed.
+pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Option<Parts>> {
+    let starting = async {
+        // Plugins first: a broken plugin file is reported without touching the database.
+        // Compiling and instantiating are blocking work.
+        let plugins = config.clone();
+        let router = tokio::task::spawn_blocking(move || PluginRouter::from_config(&plugins))
+            .await
+            .context("loading plugins")??;
+        let router = Arc::new(router);
+        // One connection per worker's open batch, plus one for probes and maintenance.
+        let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);
+        let store = open_store(config, connections).await?;
+        let store = Arc::new(store);
+        if let Some((key, value)) = config.weak_acks() {
+            tracing::warn!(key, value = %value,
+                "kafka acks weaker than \"all\" (allowed by relay.allow_weak_acks): a broker failure can lose messages of rows already marked sent");
+        }
+        let properties = config.kafka_properties();
+        // Creating a producer starts librdkafka's threads: blocking work.
+        let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&properties))
+            .await
+            .context("creating the kafka producer")??;
+        let relay = Relay::new(
+            Arc::clone(&store),
+            Arc::clone(&router),
+            sink,
+            config.relay.settings(),
+        );
+        Ok::<_, anyhow::Error>(Parts {
+            router,
+            store,
+            relay: Arc::new(relay),
+        })
+    };
+    tokio::select! {
+        started = starting => started.map(Some),
+        _ = stop.recv() => Ok(None),
+    }
+}
+
+/// Opens the store, trying again on connection errors for up to
+/// [`DATABASE_START_PATIENCE`]; a table Sluice cannot use fails at once.
+async fn open_store(config: &Config, connections: u32) -> anyhow::Result<Store> {
+    let spec = config.database.table_spec()?;
+    let started = Instant::now();
+    let mut pause = DATABASE_RETRY;
+    loop {
+        match store::open(
+            config.database_url(),
+            &spec,
+            config.relay.store_options(),
+            connections,
+        )
+        .await
+        {
+            Ok(store) => return Ok(store),
+            Err(e) if e.is_transient() && started.elapsed() < DATABASE_START_PATIENCE => {
+                tracing::warn!(error = %e, retry_in = ?pause, "database not reachable yet; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! The plugin watcher service: reloads replaced plugin files (checked every
+//! [`WATCH_INTERVAL`]) and every plugin file on SIGHUP, until shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::plugin::PluginRouter;
+use crate::shutdown::Shutdown;
+
+/// How often plugin files are checked for replacement.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+pub async fn run(router: Arc<PluginRouter>, mut shutdown: Shutdown) {
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; plugin files are still watched");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    loop {
+        let force = tokio::select! {
+            _ = tick.tick() => false,
+            Some(()) = async {
+                match hangup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => true,
+            _ = shutdown.recv() => return,
+        };
+        if force {
+            tracing::info!("SIGHUP: reloading plugins");
+        }
+        let router = Arc::clone(&router);
+        // Compiling and instantiating are blocking work.
+        let _ = tokio::task::spawn_blocking(move || router.reload(force)).await;
+    }
+}

@@ -1,0 +1,151 @@
+//! `sluice run` (relay until stopped) and `sluice drain` (relay what is due, then exit).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::assemble::{AppRelay, Parts, assemble};
+use super::plugin_watch;
+use super::progress;
+use super::services::Services;
+use crate::config::Config;
+use crate::maintenance::{pruner, wakeups};
+use crate::relay::RelayStats;
+use crate::shutdown::{self, Shutdown};
+use crate::sink::Sink;
+use crate::store::{Backlog, MarkMode, OutboxStore};
+
+/// Longest the producer may take to deliver what is still queued at shutdown (capped by
+/// `relay.shutdown_timeout`).
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
+
+/// Relays until `stop` fires, with the background services the config asks for (plugin
+/// watcher; LISTEN wake-ups with `relay.notify_channel`; the pruner in `published_at` mode).
+/// A stop during start-up ends it without relaying. An error means the relay stopped without
+/// being asked to: a supervisor should restart it.
+pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
+    tracing::info!(table = %config.database.table,
+        "starting up: loading plugins, connecting to the database and the broker");
+    let Some(parts) = assemble(&config, &mut stop).await? else {
+        tracing::info!("stop requested during start-up; exiting without relaying");
+        return Ok(());
+    };
+    let Parts {
+        router,
+        store,
+        relay,
+    } = parts;
+    let mut services = Services::default();
+    services.start("plugin watcher", |stop| plugin_watch::run(router, stop));
+    if let Some(channel) = config.relay.notify_channel.clone() {
+        let store = Arc::clone(&store);
+        let pacer = relay.pacer();
+        services.start("wake-ups", move |stop| async move {
+            wakeups::run(&*store, &channel, &move || pacer.wake(), stop).await
+        });
+    }
+    if let (MarkMode::PublishedAt, pruner::Retention::Keep(retention)) =
+        (config.relay.mark, config.relay.retention)
+    {
+        let store = Arc::clone(&store);
+        let interval = config.relay.prune_interval;
+        services.start("pruner", move |stop| async move {
+            pruner::run(&*store, retention, interval, stop).await
+        });
+    }
+    tracing::info!(
+        table = %config.database.table,
+        batch_size = config.relay.batch_size,
+        workers = config.relay.workers,
+        notify_channel = config.relay.notify_channel.as_deref().unwrap_or("(none)"),
+        "relay started"
+    );
+    let ran = relay.run(stop).await;
+    services.stop_and_join().await;
+    let stats = relay.counters().snapshot();
+    flush(relay, &config).await;
+    log_stats(&stats, "relay stopped");
+    ran.context("the relay stopped without being asked to")?;
+    Ok(())
+}
+
+/// What `sluice drain` did, and what it left.
+#[derive(Debug, Clone)]
+pub struct DrainReport {
+    pub stats: RelayStats,
+    pub before: Backlog,
+    pub after: Backlog,
+}
+
+impl DrainReport {
+    /// Whether every row that was due got delivered (none failed, none left unrecorded).
+    pub fn all_delivered(&self) -> bool {
+        self.stats.rows_failed == 0 && self.stats.rows_unsettled == 0
+    }
+}
+
+/// Relays every row that is due now, then returns; shows progress while it runs. A stop
+/// (during start-up or while draining) is an error: the rows left are still due.
+pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainReport> {
+    let Some(parts) = assemble(&config, &mut stop).await? else {
+        bail!("drain interrupted during start-up; nothing was relayed");
+    };
+    let Parts { store, relay, .. } = parts;
+    let before = store.backlog().await?;
+    tracing::info!(table = %config.database.table, due = before.due, "draining");
+    let (progress_done, progress_stop) = shutdown::channel();
+    let progress = tokio::spawn(progress::report(
+        relay.counters(),
+        u64::try_from(before.due).unwrap_or(0),
+        progress_stop,
+    ));
+    let drained = relay.drain(stop.clone()).await;
+    progress_done.trigger();
+    let _ = progress.await;
+    let stats = relay.counters().snapshot();
+    flush(relay, &config).await;
+    let after = store.backlog().await?;
+    log_stats(&stats, "drain finished");
+    drained.context("the drain stopped on a failure")?;
+    if stop.is_shutdown() {
+        bail!("drain interrupted; {} rows are still due", after.due);
+    }
+    Ok(DrainReport {
+        stats,
+        before,
+        after,
+    })
+}
+
+/// Flushes the producer at exit. Everything queued belongs to a batch that was either
+/// committed (and so acknowledged) or rolled back (and will be published again): a failed
+/// flush loses nothing. Flushing blocks, and so does dropping the producer (the last handle of
+/// `relay`): both happen on a blocking thread.
+async fn flush(relay: Arc<AppRelay>, config: &Config) {
+    let flush_for = SHUTDOWN_FLUSH.min(config.relay.shutdown_timeout);
+    let flushed = tokio::task::spawn_blocking(move || {
+        let flushed = relay.sink().flush(flush_for);
+        drop(relay);
+        flushed
+    })
+    .await;
+    match flushed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e,
+            "producer still had undelivered messages at exit; their rows stay unsent"),
+        Err(e) => tracing::warn!(error = %e, "flushing the producer failed"),
+    }
+}
+
+fn log_stats(stats: &RelayStats, what: &str) {
+    tracing::info!(
+        batches = stats.batches,
+        rows_sent = stats.rows_sent,
+        rows_failed = stats.rows_failed,
+        rows_dead = stats.rows_dead,
+        rows_unsettled = stats.rows_unsettled,
+        messages = stats.messages,
+        "{what}"
+    );
+}

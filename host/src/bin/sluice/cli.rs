@@ -1,0 +1,146 @@
+//! The command line's shape: every command, argument and its help text.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use sluice::app::admin::Target;
+use sluice::store::DEFAULT_CHANNEL;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Transactional outbox relay: PostgreSQL → WebAssembly plugin → Kafka"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create the outbox table, or upgrade and check one the application created (idempotent).
+    Migrate {
+        /// The database, the table and its `[database.columns]`: from a config file, or
+        /// `--database-url URL [--table outbox]` for Sluice's own column names.
+        #[command(flatten)]
+        target: TableTarget,
+        /// Also install a statement-level trigger that NOTIFYs on every insert (costs
+        /// inserting transactions a database-wide lock at commit; see docs/operations.md).
+        #[arg(long, conflicts_with = "drop_notify_trigger")]
+        notify_trigger: bool,
+        /// Channel the trigger notifies (set `relay.notify_channel` to the same name).
+        #[arg(long, default_value = DEFAULT_CHANNEL)]
+        notify_channel: String,
+        /// Remove the NOTIFY trigger installed by --notify-trigger.
+        #[arg(long)]
+        drop_notify_trigger: bool,
+    },
+    /// Relay outbox rows to Kafka until SIGINT/SIGTERM.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Relay every row that is due now, then exit: 0 when all were delivered, 2 when some
+    /// failed (rescheduled or dead), 1 on error. Shows progress on a terminal.
+    Drain {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Inspect or try out a plugin without a database or broker.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+    /// List or replay dead-lettered rows.
+    Dead {
+        #[command(flatten)]
+        target: TableTarget,
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+}
+
+/// Which outbox table: from a config file, or from a URL and table name.
+#[derive(clap::Args)]
+pub struct TableTarget {
+    /// Take database.url (or SLUICE_DATABASE_URL), database.table and [database.columns] from
+    /// this config file.
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// PostgreSQL URL, e.g. postgres://127.0.0.1:5432/app [env: SLUICE_DATABASE_URL]
+    #[arg(long, global = true, conflicts_with = "config")]
+    pub database_url: Option<String>,
+    /// Outbox table name (`table` or `schema.table`), with Sluice's own column names
+    /// [default: outbox]
+    #[arg(long, global = true, conflicts_with = "config")]
+    pub table: Option<String>,
+}
+
+impl TableTarget {
+    pub fn target(&self) -> Target<'_> {
+        match &self.config {
+            Some(path) => Target::Config(path),
+            None => Target::Url {
+                url: self.database_url.clone(),
+                table: self.table.as_deref(),
+            },
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum DeadCommand {
+    /// Print dead rows, oldest first.
+    List {
+        /// Only rows of this tenant (`default` for rows without tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Make dead rows due again, with attempts reset to 0.
+    Replay {
+        /// The row's id (an integer, or e.g. a uuid for such tables).
+        #[arg(long, conflicts_with_all = ["tenant", "all"])]
+        id: Option<String>,
+        #[arg(long, conflicts_with = "all")]
+        tenant: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete dead rows for good (in chunks), e.g. `--older-than 30d`.
+    Purge {
+        /// Only rows dead for at least this long ("0s" for all).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Only rows of this tenant (`default` for rows without tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PluginCommand {
+    /// Validate a component against the sluice:plugin world and print its info().
+    Check { file: PathBuf },
+    /// Run rows (JSON lines with the outbox columns) through a plugin and print the messages.
+    Test {
+        file: PathBuf,
+        /// JSON-lines file of rows, or `-` for standard input.
+        #[arg(long)]
+        input: PathBuf,
+        /// Plugin config entry passed to `configure` (repeatable).
+        #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_pair)]
+        config: Vec<(String, String)>,
+    },
+}
+
+pub fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}

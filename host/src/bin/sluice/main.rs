@@ -1,0 +1,213 @@
+//! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print.
+
+mod cli;
+
+use std::io::{BufReader, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Command, DeadCommand, PluginCommand};
+use sluice::app::admin::{self, TriggerChange};
+use sluice::config::Config;
+use sluice::plugin::testbench;
+use sluice::shutdown::{self, Signals};
+use sluice::store::{OutboxStore, ReplaySelection};
+use sluice::text::{MAX_LOGGED, bounded};
+
+/// How long exiting waits for blocking work still running: a plugin compile abandoned by a
+/// stop during start-up, a metadata request. Neither holds anything that needs finishing.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// Exit status of `sluice drain` when it finished but some rows failed.
+const DRAIN_ROWS_FAILED: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not for log files and collectors.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let ok = |()| ExitCode::SUCCESS;
+    match cli.command {
+        Command::Migrate {
+            target,
+            notify_trigger,
+            notify_channel,
+            drop_notify_trigger,
+        } => {
+            let trigger = match (notify_trigger, drop_notify_trigger) {
+                (true, _) => TriggerChange::Install(notify_channel),
+                (false, true) => TriggerChange::Drop,
+                (false, false) => TriggerChange::Keep,
+            };
+            let migrated = on_runtime(admin::migrate(&target.target(), &trigger))?;
+            print_migrated(&migrated, &trigger);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { config } => {
+            let config = Config::load(&config)?;
+            on_runtime(async { sluice::app::run(config, stop_on_signal("relay")?).await }).map(ok)
+        }
+        Command::Drain { config } => {
+            let config = Config::load(&config)?;
+            let report =
+                on_runtime(async { sluice::app::drain(config, stop_on_signal("drain")?).await })?;
+            let (s, after) = (&report.stats, &report.after);
+            eprintln!(
+                "drained: {} rows sent, {} failed ({} dead); left unsent: {} due, {} waiting for a retry, {} dead",
+                s.rows_sent, s.rows_failed, s.rows_dead, after.due, after.waiting, after.dead
+            );
+            Ok(match report.all_delivered() {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::from(DRAIN_ROWS_FAILED),
+            })
+        }
+        Command::Plugin { command } => plugin(command).map(ok),
+        Command::Dead { target, command } => on_runtime(dead(target.target(), command)).map(ok),
+    }
+}
+
+/// Runs `work` on a new runtime, then shuts the runtime down without waiting more than
+/// [`EXIT_GRACE`] for blocking work that is still running.
+fn on_runtime<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = rt.block_on(work);
+    rt.shutdown_timeout(EXIT_GRACE);
+    result
+}
+
+/// Installs the SIGINT/SIGTERM handlers now (a stop during start-up counts too) and returns
+/// the stop they trigger.
+fn stop_on_signal(what: &'static str) -> anyhow::Result<shutdown::Shutdown> {
+    let mut signals = Signals::install().context("cannot listen for SIGTERM and SIGINT")?;
+    let (trigger, stop) = shutdown::channel();
+    tokio::spawn(async move {
+        let name = signals.recv().await;
+        tracing::info!(signal = name, "stopping after the batch in hand ({what})");
+        trigger.trigger();
+    });
+    Ok(stop)
+}
+
+fn print_migrated(migrated: &admin::Migrated, trigger: &TriggerChange) {
+    let table = &migrated.table;
+    println!("outbox table {table} is ready ({})", migrated.summary);
+    match trigger {
+        TriggerChange::Keep => {}
+        TriggerChange::Install(channel) => println!(
+            "NOTIFY trigger installed: every insert into {table} notifies channel {channel:?} \
+             (set relay.notify_channel = \"{channel}\")"
+        ),
+        TriggerChange::Drop => println!("NOTIFY trigger of {table} removed"),
+    }
+}
+
+fn plugin(command: PluginCommand) -> anyhow::Result<()> {
+    match command {
+        PluginCommand::Check { file } => {
+            let info = testbench::check(&file)?;
+            println!(
+                "{}: OK (exports sluice:plugin/transformer@0.1.0)",
+                file.display()
+            );
+            println!("name:    {}", info.name);
+            println!("version: {}", info.version);
+            if let Some(schema) = info.config_schema {
+                println!("config schema: {schema}");
+            }
+            Ok(())
+        }
+        PluginCommand::Test {
+            file,
+            input,
+            config,
+        } => {
+            let stdout = std::io::stdout();
+            let summary = if input.as_os_str() == "-" {
+                testbench::run(&file, &config, std::io::stdin().lock(), stdout.lock())?
+            } else {
+                let f = std::fs::File::open(&input)
+                    .with_context(|| format!("cannot open --input {}", input.display()))?;
+                testbench::run(&file, &config, BufReader::new(f), stdout.lock())?
+            };
+            std::io::stdout().flush()?;
+            eprintln!(
+                "{} rows, {} messages, {} failed rows, {} invalid lines",
+                summary.rows, summary.messages, summary.failed_rows, summary.invalid_lines
+            );
+            if summary.invalid_lines > 0 {
+                bail!("{} input lines were not valid rows", summary.invalid_lines);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn dead(target: admin::Target<'_>, command: DeadCommand) -> anyhow::Result<()> {
+    let store = target.open().await?;
+    match command {
+        DeadCommand::List { tenant, limit } => {
+            let rows = store.dead_rows(tenant.as_deref(), limit).await?;
+            // The columns are the application's text: printed escaped and bounded.
+            let safe = |text: &str| bounded(text, MAX_LOGGED).into_owned();
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "id\ttenant\taggregate\tevent_type\tattempts\tdead_at\tlast_error"
+            )?;
+            for r in &rows {
+                writeln!(
+                    out,
+                    "{}\t{}\t{}/{}\t{}\t{}\t{}\t{}",
+                    safe(&r.id.to_string()),
+                    safe(r.tenant.as_deref().unwrap_or("default")),
+                    safe(&r.aggregate_type),
+                    safe(&r.aggregate_id),
+                    safe(&r.event_type),
+                    r.attempts,
+                    r.dead_at.to_rfc3339(),
+                    safe(r.last_error.as_deref().unwrap_or_default()),
+                )?;
+            }
+            eprintln!("{} dead rows", rows.len());
+        }
+        DeadCommand::Replay { id, tenant, all } => {
+            let selection = match (id, tenant, all) {
+                (Some(id), _, _) => ReplaySelection::Id(id),
+                (None, Some(t), _) => ReplaySelection::Tenant(t),
+                (None, None, true) => ReplaySelection::All,
+                (None, None, false) => bail!("give --id ID, --tenant T or --all"),
+            };
+            let n = store.replay_dead(&selection).await?;
+            println!("{n} dead rows are due again");
+        }
+        DeadCommand::Purge { older_than, tenant } => {
+            let n = store.purge_dead(older_than, tenant.as_deref()).await?;
+            println!("{n} dead rows purged");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! The store seam: every SQL statement Sluice issues goes through [`OutboxStore`].
+//!
+//! The relay claims a [`ClaimedBatch`] and hands it back with a [`BatchOutcome`]; a batch owns
+//! an open transaction whose row locks keep other relays off its rows until
+//! [`ClaimedBatch::complete`] commits (or the batch is dropped, which rolls back). The same
+//! trait serves the maintenance services (pruning, LISTEN wake-ups) and the admin commands
+//! (`sluice dead …`), so callers never know which database they talk to.
+//!
+//! [`open`] and [`migrate`] pick the driver from the URL: `postgres://` (and `postgresql://`)
+//! → [`postgres`]. A second database is a second driver module and a variant of [`Store`],
+//! not a change to callers.
+
+mod columns;
+mod driver;
+mod postgres;
+mod settings;
+mod table;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+pub use columns::{
+    ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, SpecError,
+    TableSpec, TenantColumn,
+};
+pub use driver::{Store, StoreBatch, migrate, open, redact};
+pub use postgres::{DEFAULT_CHANNEL, validate_channel};
+pub use settings::{AfterDead, MarkMode, Ordering, StoreOptions};
+pub use table::{TableName, TableNameError};
+
+use crate::model::{OutboxId, OutboxRow, TenantId};
+
+/// What happens to a row after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Disposition {
+    /// Due again this long after the commit.
+    Retry(Duration),
+    /// No more attempts: `dead_at` is set and the row is no longer claimed.
+    Dead,
+    /// Due again this long after the commit, without counting an attempt: the failure was the
+    /// broker's, not the row's.
+    Wait(Duration),
+}
+
+/// A row that could not be delivered this time, why, and what happens to it next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowFailure {
+    pub id: OutboxId,
+    pub error: String,
+    pub disposition: Disposition,
+}
+
+/// What happened to a claimed batch, as the relay hands it back to the store.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    /// Rows whose every message was acknowledged (or that produced none): mark them sent.
+    pub sent: Vec<OutboxId>,
+    /// Rows to reschedule or dead-letter, with the error recorded.
+    pub failed: Vec<RowFailure>,
+}
+
+/// Errors of the outbox store. Callers branch on them: a [`StoreError::MarkMismatch`] means the
+/// batch was rolled back and will be re-claimed (and re-published) later.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The database could not be reached at start-up (the URL is shown without its password).
+    #[error("cannot connect to the database at {url}: {source}")]
+    Connect { url: String, source: sqlx::Error },
+    /// The URL names no database Sluice can relay from.
+    #[error("database url {url}: {message}")]
+    Url { url: String, message: String },
+    #[error(
+        "marking rows affected {affected} rows, expected {expected}; batch rolled back \
+         (another process changed the claimed rows)"
+    )]
+    MarkMismatch { expected: u64, affected: u64 },
+    /// The table lacks a column Sluice needs, or has one of a type it cannot use.
+    #[error(transparent)]
+    Schema(#[from] postgres::SchemaError),
+    /// A claimed row's id could not be read, so the row cannot be named (the schema check
+    /// rules this out unless the table changes under a running relay).
+    #[error(
+        "outbox table {table}: a claimed row's id column {column} could not be read: {message}"
+    )]
+    Key {
+        table: String,
+        column: String,
+        message: String,
+    },
+    /// An id given by a person (`sluice dead replay --id`) is not one of this table's ids.
+    #[error("{id:?} is not an id of outbox table {table} ({expected})")]
+    InvalidId {
+        table: String,
+        id: String,
+        expected: &'static str,
+    },
+    /// A LISTEN/NOTIFY channel name that cannot be used.
+    #[error("{0}")]
+    Channel(String),
+}
+
+impl StoreError {
+    /// Whether the error is the connection's, not the statement's or the table's: the
+    /// database restarting, a terminated backend, a network failure. Trying again may work.
+    pub fn is_transient(&self) -> bool {
+        let sql = match self {
+            Self::Database(e) | Self::Connect { source: e, .. } => e,
+            _ => return false,
+        };
+        match sql {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            // SQLSTATE classes 08 (connection exception) and 57 (operator intervention:
+            // admin shutdown, terminated backend, database starting up).
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+            _ => false,
+        }
+    }
+}
+
+/// Where outbox rows come from, and everything else Sluice asks of the database.
+/// Implementations: the drivers behind [`Store`].
+pub trait OutboxStore: Send + Sync + 'static {
+    type Batch: ClaimedBatch;
+
+    // --- the relay loop ---
+
+    /// Whether any row is due (as [`OutboxStore::claim`] would see it, ignoring locks), in
+    /// one cheap statement without a transaction: what an idle relay asks before claiming.
+    fn has_due(&self, paused: &[TenantId])
+    -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others and
+    /// rows of the `paused` tenants. The returned batch holds the transaction open.
+    fn claim(
+        &self,
+        limit: usize,
+        paused: &[TenantId],
+    ) -> impl Future<Output = Result<Claim<Self::Batch>, StoreError>> + Send;
+
+    /// Records `outcome` in a fresh transaction after [`ClaimedBatch::complete`] failed (its
+    /// transaction rolled back, but the batch's messages may already be published): re-locks
+    /// exactly the rows of `outcome` that are still unsent, skipping rows locked by another
+    /// relay (`FOR UPDATE SKIP LOCKED`), marks or reschedules each row it got, and commits.
+    /// A row the database refuses to change (a trigger raising, a constraint) is reported in
+    /// [`Settlement::refused`] and does not keep the other rows from being recorded.
+    fn settle(
+        &self,
+        outcome: &BatchOutcome,
+    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send;
+
+    // --- observation ---
+
+    /// Unsent rows by state: what `sluice drain` has to do, and what it left.
+    fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send;
+
+    // --- maintenance ---
+
+    /// Deletes sent rows (`mark = "published_at"`) older than `retention`, in bounded chunks,
+    /// unless another process is pruning the same table; returns how many it deleted.
+    fn prune_sent(
+        &self,
+        retention: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Listens for notifications on `channel` and calls `wake` for each one (and once when
+    /// listening starts or resumes, since notifications sent meanwhile were missed). Returns
+    /// only with an error; the caller reconnects.
+    fn listen(
+        &self,
+        channel: &str,
+        wake: &(dyn Fn() + Send + Sync),
+    ) -> impl Future<Output = Result<Infallible, StoreError>> + Send;
+
+    /// Installs (or replaces) the trigger that notifies `channel` on every inserting
+    /// statement (`sluice migrate --notify-trigger`).
+    fn install_notify_trigger(
+        &self,
+        channel: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Removes the trigger installed by [`OutboxStore::install_notify_trigger`], if present.
+    fn drop_notify_trigger(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    // --- dead rows (`sluice dead …`) ---
+
+    /// Dead rows in claim order, optionally of one tenant (`default` matches rows without a
+    /// tenant), at most `limit`.
+    fn dead_rows(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<DeadRow>, StoreError>> + Send;
+
+    /// Makes the selected dead rows due again with a fresh attempt count; returns how many.
+    fn replay_dead(
+        &self,
+        selection: &ReplaySelection,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in
+    /// bounded chunks; returns how many.
+    fn purge_dead(
+        &self,
+        older_than: Duration,
+        tenant: Option<&str>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// What [`OutboxStore::settle`] recorded.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Settlement {
+    /// Rows marked sent.
+    pub marked: Vec<OutboxId>,
+    /// Rows rescheduled or dead-lettered.
+    pub rescheduled: Vec<OutboxId>,
+    /// Rows not touched: locked by another relay, or no longer unsent.
+    pub skipped: Vec<OutboxId>,
+    /// Rows the database refused to change, with its error.
+    pub refused: Vec<(OutboxId, String)>,
+}
+
+/// The result of a claim: the rows, and the batch handle that holds their locks.
+pub struct Claim<B> {
+    pub batch: B,
+    /// Rows decoded successfully, in claim order.
+    pub rows: Vec<OutboxRow>,
+    /// Rows whose columns could not be decoded (e.g. malformed `headers`); they are
+    /// dead-lettered (retrying cannot help until someone fixes the row), never published.
+    pub rejected: Vec<RowFailure>,
+}
+
+impl<B> Claim<B> {
+    /// Rows claimed, decoded or not.
+    pub fn len(&self) -> usize {
+        self.rows.len() + self.rejected.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The open transaction that locks a claimed set of rows.
+pub trait ClaimedBatch: Send {
+    /// Marks `outcome.sent`, reschedules or dead-letters `outcome.failed`, checks the
+    /// affected-row counts and commits. On a count mismatch it rolls back and returns
+    /// [`StoreError::MarkMismatch`].
+    fn complete(self, outcome: BatchOutcome)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Rolls back: every row becomes claimable again, unchanged.
+    fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// Unsent rows of the outbox, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Claimable now (not counting locks and paused tenants).
+    pub due: i64,
+    /// Waiting for a retry (`next_attempt_at` in the future).
+    pub waiting: i64,
+    pub dead: i64,
+}
+
+/// A dead-lettered row, as `sluice dead list` shows it.
+#[derive(Debug, Clone)]
+pub struct DeadRow {
+    pub id: OutboxId,
+    pub tenant: Option<String>,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub attempts: i32,
+    pub dead_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+}
+
+/// Which dead rows to replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplaySelection {
+    /// One row, by its id as text (an integer or, say, a uuid: checked against the table).
+    Id(String),
+    Tenant(String),
+    All,
+}
+
+/// A shared store (the relay and the maintenance services use one pool).
+impl<S: OutboxStore> OutboxStore for std::sync::Arc<S> {
+    type Batch = S::Batch;
+
+    fn has_due(
+        &self,
+        paused: &[TenantId],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::has_due(self, paused)
+    }
+
+    fn claim(
+        &self,
+        limit: usize,
+        paused: &[TenantId],
+    ) -> impl Future<Output = Result<Claim<Self::Batch>, StoreError>> + Send {
+        S::claim(self, limit, paused)
+    }
+
+    fn settle(
+        &self,
+        outcome: &BatchOutcome,
+    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
+        S::settle(self, outcome)
+    }
+
+    fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send {
+        S::backlog(self)
+    }
+
+    fn prune_sent(
+        &self,
+        retention: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        S::prune_sent(self, retention)
+    }
+
+    fn listen(
+        &self,
+        channel: &str,
+        wake: &(dyn Fn() + Send + Sync),
+    ) -> impl Future<Output = Result<Infallible, StoreError>> + Send {
+        S::listen(self, channel, wake)
+    }
+
+    fn install_notify_trigger(
+        &self,
+        channel: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::install_notify_trigger(self, channel)
+    }
+
+    fn drop_notify_trigger(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::drop_notify_trigger(self)
+    }
+
+    fn dead_rows(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<DeadRow>, StoreError>> + Send {
+        S::dead_rows(self, tenant, limit)
+    }
+
+    fn replay_dead(
+        &self,
+        selection: &ReplaySelection,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        S::replay_dead(self, selection)
+    }
+
+    fn purge_dead(
+        &self,
+        older_than: Duration,
+        tenant: Option<&str>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        S::purge_dead(self, older_than, tenant)
+    }
+}

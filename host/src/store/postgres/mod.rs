@@ -1,0 +1,215 @@
+//! The PostgreSQL driver: [`PgStore`] implements [`OutboxStore`] over a connection pool.
+//!
+//! Every statement is built once from the checked [`Layout`] of the table, so whatever the
+//! application's column names and types, the Rust side sees one shape: `int8` or `text` keys,
+//! `text` strings, `bytea` payloads, `timestamptz` times (see [`schema`]).
+//!
+//! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
+//! - [`migrate`]: creating or upgrading the table and its indexes
+//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule, backlog)
+//! - [`rows`]: decoding claimed rows
+//! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
+//! - [`settle`]: recording an outcome after a failed commit
+//! - [`admin`], [`prune`], [`listen`]: dead rows, retention, LISTEN/NOTIFY
+
+mod admin;
+mod batch;
+mod listen;
+mod migrate;
+mod prune;
+mod rows;
+mod schema;
+mod settle;
+mod sql;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+pub use batch::PgBatch;
+pub use listen::{DEFAULT_CHANNEL, validate_channel};
+pub use schema::{Layout, SchemaError};
+
+use super::{
+    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
+    StoreOptions, TableSpec,
+};
+use crate::model::TenantId;
+use sql::Statements;
+
+/// How long to wait for a connection before reporting the database as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
+pub const APPLICATION_NAME: &str = "sluice";
+
+/// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
+/// (so operators can find the connections in `pg_stat_activity`).
+fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    Ok(if options.get_application_name().is_none() {
+        options.application_name(APPLICATION_NAME)
+    } else {
+        options
+    })
+}
+
+/// Connects a pool of at most `connections`.
+async fn connect(url: &str, connections: u32) -> Result<PgPool, StoreError> {
+    let connect_error = |source| StoreError::Connect {
+        url: super::redact(url),
+        source,
+    };
+    let options = connect_options(url).map_err(connect_error)?;
+    PgPoolOptions::new()
+        .max_connections(connections.max(1))
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(connect_error)
+}
+
+/// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
+/// description of what Sluice will relay from.
+pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+    let pool = connect(url, 1).await?;
+    let layout = migrate::migrate(&pool, spec).await?;
+    Ok(layout.summary())
+}
+
+/// The PostgreSQL [`OutboxStore`].
+pub struct PgStore {
+    pool: PgPool,
+    options: PgConnectOptions,
+    layout: Arc<Layout>,
+    // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
+    // `AssertSqlSafe`.
+    statements: Statements,
+}
+
+impl PgStore {
+    /// Connects a pool of at most `connections`, checks the table (every column Sluice reads
+    /// or writes must exist with a usable type; otherwise the refusal lists every problem) and
+    /// prepares the statements.
+    pub async fn open(
+        url: &str,
+        spec: &TableSpec,
+        options: StoreOptions,
+        connections: u32,
+    ) -> Result<Self, StoreError> {
+        let pool = connect(url, connections).await?;
+        let layout = schema::inspect(&pool, spec).await?;
+        tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
+        let statements = Statements::new(&layout, options);
+        Ok(Self {
+            pool,
+            options: connect_options(url)?,
+            layout: Arc::new(layout),
+            statements,
+        })
+    }
+
+    /// The checked table this store relays from.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+impl OutboxStore for PgStore {
+    type Batch = PgBatch;
+
+    async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
+        let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
+        Ok(
+            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
+                .bind(&paused)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
+        let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
+            .bind(&paused)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut rows = Vec::with_capacity(raw.len());
+        let mut rejected = Vec::new();
+        for row in &raw {
+            match rows::decode_row(row, &self.layout)? {
+                Ok(r) => rows.push(r),
+                Err(failure) => rejected.push(failure),
+            }
+        }
+        Ok(Claim {
+            batch: PgBatch::new(
+                tx,
+                Arc::clone(&self.statements.mark),
+                Arc::clone(&self.statements.reschedule),
+            ),
+            rows,
+            rejected,
+        })
+    }
+
+    async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+        settle::settle(self, outcome).await
+    }
+
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let (due, waiting, dead): (i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog { due, waiting, dead })
+    }
+
+    async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
+        prune::prune_once(&self.pool, &self.layout, retention).await
+    }
+
+    async fn listen(
+        &self,
+        channel: &str,
+        wake: &(dyn Fn() + Send + Sync),
+    ) -> Result<Infallible, StoreError> {
+        listen::listen(&self.options, channel, wake).await
+    }
+
+    async fn install_notify_trigger(&self, channel: &str) -> Result<(), StoreError> {
+        listen::install_trigger(&self.pool, &self.layout.table, channel).await
+    }
+
+    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
+        listen::drop_trigger(&self.pool, &self.layout.table).await
+    }
+
+    async fn dead_rows(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        admin::list(&self.pool, &self.layout, tenant, limit).await
+    }
+
+    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
+        admin::replay(&self.pool, &self.layout, selection).await
+    }
+
+    async fn purge_dead(
+        &self,
+        older_than: Duration,
+        tenant: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        admin::purge(&self.pool, &self.layout, older_than, tenant).await
+    }
+}
+
+#[cfg(test)]
+mod test_layouts;

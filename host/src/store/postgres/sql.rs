@@ -1,0 +1,199 @@
+//! The relay's statements, built from the checked [`Layout`]: the claim, the due probe, marking,
+//! rescheduling and the backlog count.
+
+use std::sync::Arc;
+
+use super::schema::Layout;
+use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
+
+/// In key order, a row is claimable only when no earlier row of its key is still unsent:
+/// not in another relay's open batch (its lock keeps it unsent until that commit), not
+/// waiting for a retry, and — unless dead rows are skipped — not dead. So at most one row per
+/// key is ever in flight, and a failing row holds back its own key only. "Earlier" is the
+/// claim order ([`Layout::before`]): a total order, so of two unsent rows of a key exactly one
+/// is first.
+fn key_order_filter(layout: &Layout, ordering: Ordering, after_dead: AfterDead) -> String {
+    match ordering {
+        Ordering::None => String::new(),
+        Ordering::Key => {
+            let dead = match after_dead {
+                AfterDead::Skip => "AND p.dead_at IS NULL",
+                AfterDead::Block => "",
+            };
+            let tenant = match &layout.tenant {
+                Some(t) => format!("AND p.{t} IS NOT DISTINCT FROM o.{t}"),
+                None => String::new(),
+            };
+            format!(
+                "AND NOT EXISTS (
+                    SELECT 1 FROM {table} AS p
+                     WHERE p.{at} = o.{at}
+                       AND p.{ai} = o.{ai}
+                       {tenant}
+                       AND {before}
+                       AND p.published_at IS NULL {dead})",
+                table = layout.table,
+                at = layout.aggregate_type,
+                ai = layout.aggregate_id,
+                before = layout.before("p", "o"),
+            )
+        }
+    }
+}
+
+/// The store's statements for one table and `[relay]` setting, built once at start-up.
+pub struct Statements {
+    pub claim: Arc<str>,
+    pub due: Arc<str>,
+    pub backlog: Arc<str>,
+    pub mark: Arc<str>,
+    pub reschedule: Arc<str>,
+}
+
+impl Statements {
+    pub fn new(layout: &Layout, options: StoreOptions) -> Self {
+        let table = &layout.table;
+        // Unsent, not dead, due, not of a paused tenant ($1), and — in key order — not behind
+        // an earlier unsent row of its key.
+        let due = format!(
+            "o.published_at IS NULL AND o.dead_at IS NULL
+                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                AND NOT ({tenant} = ANY($1::text[]))
+                {key_order}",
+            tenant = layout.tenant_name_expr("o"),
+            key_order = key_order_filter(layout, options.ordering, options.after_dead),
+        );
+        let claim = format!(
+            "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
+                    o.{ai}::text AS aggregate_id, o.{et}::text AS event_type,
+                    {payload} AS payload, COALESCE(o.{headers}::text, '{{}}') AS headers,
+                    {created_at} AS created_at, o.attempts
+               FROM {table} AS o
+              WHERE {due}
+              ORDER BY {order_by}
+              LIMIT $2
+                FOR UPDATE OF o SKIP LOCKED",
+            id = layout.id_expr("o"),
+            tenant = layout.tenant_expr("o"),
+            at = layout.aggregate_type,
+            ai = layout.aggregate_id,
+            et = layout.event_type,
+            payload = layout.payload_expr("o"),
+            headers = layout.headers,
+            created_at = layout.created_at_expr("o"),
+            order_by = layout.order_by("o"),
+        );
+        let keys = layout.key_array("$1");
+        let mark = match options.mark {
+            MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", layout.id),
+            MarkMode::PublishedAt => format!(
+                "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
+                layout.id
+            ),
+        };
+        let reschedule = format!(
+            "UPDATE {table} AS o
+                SET attempts = o.attempts + f.counted::int,
+                    last_error = f.error,
+                    next_attempt_at = CASE WHEN f.dead THEN NULL
+                                      ELSE now() + f.delay_ms * interval '1 millisecond' END,
+                    dead_at = CASE WHEN f.dead THEN now() END
+               FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
+                    AS f(id, error, delay_ms, dead, counted)
+              WHERE o.{id} = f.id::{cast}",
+            id = layout.id,
+            cast = layout.key_cast(),
+        );
+        let backlog = format!(
+            "SELECT count(*) FILTER (WHERE dead_at IS NULL
+                                       AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
+                    count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
+                    count(*) FILTER (WHERE dead_at IS NOT NULL)
+               FROM {table} WHERE published_at IS NULL"
+        );
+        Self {
+            due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
+            claim: claim.into(),
+            backlog: backlog.into(),
+            mark: mark.into(),
+            reschedule: reschedule.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_layouts::{debezium_layout, sluice_layout, squash};
+    use super::*;
+
+    #[test]
+    fn uuid_keys_are_cast_back_to_uuid_when_marking_and_rescheduling() {
+        let s = Statements::new(&debezium_layout(), StoreOptions::default());
+        assert_eq!(
+            squash(&s.mark),
+            "DELETE FROM \"outboxevent\" WHERE \"id\" = ANY($1::text[]::uuid[])"
+        );
+        assert!(
+            squash(&s.reschedule).ends_with("WHERE o.\"id\" = f.id::uuid"),
+            "{}",
+            s.reschedule
+        );
+        let claim = squash(&s.claim);
+        assert!(claim.starts_with("SELECT o.\"id\"::text AS id, NULL::text AS tenant, o.\"aggregatetype\"::text AS aggregate_type"), "{claim}");
+        assert!(
+            claim.contains("ORDER BY o.\"sluice_seq\", o.\"id\" LIMIT $2"),
+            "{claim}"
+        );
+        assert!(
+            claim.contains("AND NOT ('default'::text = ANY($1::text[]))"),
+            "{claim}"
+        );
+    }
+
+    #[test]
+    fn integer_keys_keep_the_primary_key_usable() {
+        let options = StoreOptions {
+            mark: MarkMode::PublishedAt,
+            ..StoreOptions::default()
+        };
+        let s = Statements::new(&sluice_layout(), options);
+        assert_eq!(
+            squash(&s.mark),
+            "UPDATE \"outbox\" SET published_at = now() WHERE \"id\" = ANY($1::text[]::int8[])"
+        );
+        let claim = squash(&s.claim);
+        assert!(
+            claim.starts_with("SELECT o.\"id\"::int8 AS id, o.\"tenant\"::text AS tenant"),
+            "{claim}"
+        );
+        assert!(claim.contains("ORDER BY o.\"id\" LIMIT $2"), "{claim}");
+    }
+
+    #[test]
+    fn key_order_with_uuid_ids_compares_the_order_column_then_the_id() {
+        let filter = squash(&key_order_filter(
+            &debezium_layout(),
+            Ordering::Key,
+            AfterDead::Skip,
+        ));
+        assert!(filter.contains("p.\"aggregatetype\" = o.\"aggregatetype\" AND p.\"aggregateid\" = o.\"aggregateid\""), "{filter}");
+        assert!(
+            filter.contains("AND (p.\"sluice_seq\", p.\"id\") < (o.\"sluice_seq\", o.\"id\")"),
+            "{filter}"
+        );
+        // No tenant column: the key is (aggregate type, aggregate id) alone.
+        assert!(!filter.contains("DISTINCT"), "{filter}");
+        let with_tenant = squash(&key_order_filter(
+            &sluice_layout(),
+            Ordering::Key,
+            AfterDead::Block,
+        ));
+        assert!(
+            with_tenant.contains(
+                "AND p.\"tenant\" IS NOT DISTINCT FROM o.\"tenant\" AND p.\"id\" < o.\"id\""
+            ),
+            "{with_tenant}"
+        );
+        assert!(!with_tenant.contains("dead_at"), "{with_tenant}");
+    }
+}
