@@ -3,16 +3,19 @@
 # installs the pinned guest toolchains for Python and JavaScript plugins from the package
 # registries (PyPI, npm) into a per-user cache, once per machine, and puts them on PATH.
 #
-#   ensure_componentize_py   componentize-py $COMPONENTIZE_PY_VERSION in a venv
-#   ensure_componentize_js   jco $JCO_VERSION (QuickJS backend, the supported JS path)
-#   ensure_spidermonkey_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
-#                            preview2-shim dependency (SpiderMonkey; measured, not the default)
+#   ensure_componentize_py   componentize-py $COMPONENTIZE_PY_VERSION in a venv (Python)
+#   ensure_componentize_qjs  componentize-qjs $COMPONENTIZE_QJS_VERSION (JavaScript on QuickJS:
+#                            the supported JS path; it is what `jco componentize --backend
+#                            quickjs` runs, without jco's 140 other packages)
+#   ensure_componentize_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
+#                            preview2-shim dependency (JavaScript on SpiderMonkey: works, but
+#                            bigger and slower; see docs/plugin-languages.md)
 #
 # The pins are the versions docs/plugin-languages.md was tested with; change them together
 # with that file. Installs are keyed by version, so bumping a pin installs beside the old one.
 
 COMPONENTIZE_PY_VERSION="0.25.1"
-JCO_VERSION="1.35.0"
+COMPONENTIZE_QJS_VERSION="0.4.5"
 COMPONENTIZE_JS_VERSION="0.23.0"
 PREVIEW2_SHIM_VERSION="0.25.0"
 
@@ -70,15 +73,17 @@ _ensure_npm_tools() {
     touch "$dir/.complete"
 }
 
-# ensure_componentize_js: afterwards `jco` is on PATH.
-ensure_componentize_js() {
-    local dir="$SLUICE_TOOLCHAINS/jco-$JCO_VERSION"
-    _ensure_npm_tools "$dir" "@bytecodealliance/jco@$JCO_VERSION" || return 1
+# ensure_componentize_qjs: afterwards `componentize-qjs` is on PATH. Its native binding is an
+# exact-version optional dependency, so this one pin fixes everything installed.
+ensure_componentize_qjs() {
+    local dir="$SLUICE_TOOLCHAINS/componentize-qjs-$COMPONENTIZE_QJS_VERSION"
+    _ensure_npm_tools "$dir" "componentize-qjs@$COMPONENTIZE_QJS_VERSION" || return 1
     export PATH="$dir/node_modules/.bin:$PATH"
 }
 
-# ensure_spidermonkey_js: afterwards `componentize-js` is on PATH.
-ensure_spidermonkey_js() {
+# ensure_componentize_js: afterwards `componentize-js` is on PATH. componentize-js 0.23.0
+# imports @bytecodealliance/preview2-shim without declaring it, hence the second pin.
+ensure_componentize_js() {
     local dir="$SLUICE_TOOLCHAINS/componentize-js-$COMPONENTIZE_JS_VERSION"
     _ensure_npm_tools "$dir" \
         "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" \

@@ -6,7 +6,7 @@
 // plugins/route-by-aggregate/src/lib.rs; tests/conformance checks the two give byte-identical
 // output.
 
-import { Message, Plugin, TransformError, exportPlugin } from "./sluice-plugin.js";
+import { Message, Plugin, TransformError, exportPlugin } from "../sdk-js/sluice-plugin.js";
 
 const DEFAULT_TOPIC_PREFIX = "outbox.event.";
 

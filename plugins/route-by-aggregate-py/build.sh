@@ -6,7 +6,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=scripts/plugin-toolchains.sh
 . "$REPO/scripts/plugin-toolchains.sh"
 ensure_componentize_py
-OUT="${1:-$HERE/route_by_aggregate.wasm}"
+OUT="$(realpath -m "${1:-$HERE/route_by_aggregate.wasm}")"
 cd "$HERE"
 componentize-py -d "$REPO/wit" -w plugin componentize app \
     -p "$HERE" -p "$REPO/plugins/sdk-python" -o "$OUT"
