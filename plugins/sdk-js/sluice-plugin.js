@@ -31,7 +31,9 @@
 //   TextEncoder, so the SDK carries its own encoder);
 // - an exception other than TransformError escaping `transform` would trap the instance with
 //   nothing but "wasm `unreachable` instruction executed"; the SDK turns it into a retryable
-//   error with code `uncaught-exception` naming the exception and where it was thrown.
+//   error with code `uncaught-exception` naming the exception and where it was thrown;
+// - `console.log/info/debug/warn/error` write to Sluice's log (QuickJS has no console at all,
+//   and a guest's own stdout/stderr are discarded).
 //
 // WIT values as this runtime sees them: records are objects with camelCase fields
 // (`row.aggregateId`, `row.createdAtMs`), `list<u8>` is a Uint8Array, headers are arrays of
@@ -322,6 +324,17 @@ export const log = {
   info: (text) => host.log("info", String(text)),
   warn: (text) => host.log("warn", String(text)),
   error: (text) => host.log("error", String(text)),
+};
+
+// console.* -> the host's log, at the matching level.
+const consoleToHost = (level) => (...args) => host.log(level, args.map(String).join(" "));
+globalThis.console = {
+  log: consoleToHost("info"),
+  info: consoleToHost("info"),
+  debug: consoleToHost("debug"),
+  trace: consoleToHost("trace"),
+  warn: consoleToHost("warn"),
+  error: consoleToHost("error"),
 };
 
 /** Adds `delta` to a host-side counter called `name`. */

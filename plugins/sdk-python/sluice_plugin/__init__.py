@@ -40,8 +40,12 @@ What the SDK takes care of, so plugin code need not know the runtime's rules:
   stderr the host discards). The SDK turns it into a *retryable* error with code
   ``uncaught-exception`` whose message names the exception and where it was raised; the row is
   retried and then dead-lettered exactly as after a trap, but ``last_error`` says why.
+- ``print()`` and anything written to ``sys.stdout`` / ``sys.stderr`` during a call go to
+  Sluice's log (at info / warn level, one entry per line): the component's own stdout and
+  stderr are discarded by the host.
 """
 
+import sys
 import traceback
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
@@ -256,6 +260,37 @@ def counter_add(name: str, delta: int) -> None:
     host.counter_add(name, delta)
 
 
+class _HostLogWriter:
+    """A text stream that sends each complete line to the host's log."""
+
+    def __init__(self, level: LogLevel):
+        self.level = level
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        while "\n" in self.pending:
+            line, self.pending = self.pending.split("\n", 1)
+            host.log(self.level, line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            host.log(self.level, self.pending)
+            self.pending = ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _send_output_to_host_log() -> None:
+    """Done on the first exported call, not at import: at build time (componentize-py runs
+    the module's top level then) the host is not there, and a call to it fails the build."""
+    if not isinstance(sys.stdout, _HostLogWriter):
+        sys.stdout = _HostLogWriter(LogLevel.INFO)
+        sys.stderr = _HostLogWriter(LogLevel.WARN)
+
+
 def _describe(exc: BaseException) -> str:
     """``KeyError: 'x' (at app.py:12 in transform)``: enough to find the bug."""
     text = f"{type(exc).__name__}: {exc}"
@@ -300,6 +335,7 @@ def export(plugin_class: Type[Plugin]) -> type:
 
     class Transformer(exports.Transformer):
         def info(self) -> PluginInfo:
+            _send_output_to_host_log()
             return PluginInfo(
                 name=plugin_class.NAME,
                 version=plugin_class.VERSION,
@@ -307,12 +343,14 @@ def export(plugin_class: Type[Plugin]) -> type:
             )
 
         def configure(self, config: List[Tuple[str, str]]) -> None:
+            _send_output_to_host_log()
             try:
                 state.plugin = plugin_class.configure(Config(config))
             except Exception as e:  # noqa: BLE001 - the text is configure's error
                 raise Err(str(e) if isinstance(e, ConfigError) else _describe(e))
 
         def transform(self, row: OutboxRow) -> List[Message]:
+            _send_output_to_host_log()
             plugin = state.plugin
             result = (
                 _not_configured() if plugin is None else _row_result(plugin.transform, row)
@@ -322,6 +360,7 @@ def export(plugin_class: Type[Plugin]) -> type:
             return result
 
         def transform_batch(self, rows: List[OutboxRow]):
+            _send_output_to_host_log()
             plugin = state.plugin
             if plugin is None:
                 return [Err(_not_configured().to_wit()) for _ in rows]

@@ -54,6 +54,7 @@ class SdkProbe extends Plugin {
         return [Message.to("f").payload(`${row.id}|${row.tenant}|${row.attempt}|${row.createdAtMs}`)];
       case "host":
         log.info(`row ${row.id} says hello`);
+        console.log(`row ${row.id} prints`);
         counterAdd("probe.rows", 1);
         return [];
       case "sandbox": {

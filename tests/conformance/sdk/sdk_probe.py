@@ -57,6 +57,7 @@ class SdkProbe(Plugin):
             return [message("f", payload=fields)]
         if kind == "host":
             info(f"row {row.id} says hello")
+            print(f"row {row.id} prints")
             counter_add("probe.rows", 1)
             return []
         if kind == "sandbox":

@@ -20,7 +20,9 @@ impl Plugin for Router {
     fn configure(config: Config) -> Result<Self, String> {
         config.allow_only(&["topic_prefix"])?;
         Ok(Self {
-            topic_prefix: config.get_or("topic_prefix", DEFAULT_TOPIC_PREFIX).to_owned(),
+            topic_prefix: config
+                .get_or("topic_prefix", DEFAULT_TOPIC_PREFIX)
+                .to_owned(),
         })
     }
 
