@@ -71,10 +71,14 @@ __all__ = [
     "Plugin",
     "TransformError",
     "counter_add",
+    "debug",
+    "error",
     "export",
     "header",
+    "info",
     "log",
     "message",
+    "warn",
 ]
 
 #: The message type plugins return (``output-message`` of the WIT). Build one with
