@@ -1,0 +1,381 @@
+"""Guest SDK for Sluice plugins written in Python (``sluice:plugin@0.1.0``).
+
+The Python counterpart of the Rust SDK in ``plugins/sdk``: subclass :class:`Plugin`, then bind
+the export name componentize-py looks for::
+
+    from sluice_plugin import Config, OutboxRow, Plugin, TransformError, export, message
+
+    class ToOneTopic(Plugin):
+        NAME = "to-one-topic"
+        VERSION = "0.1.0"
+
+        def __init__(self, topic: str):
+            self.topic = topic
+
+        @classmethod
+        def configure(cls, config: Config) -> "ToOneTopic":
+            config.allow_only(["topic"])
+            return cls(config.require("topic"))
+
+        def transform(self, row: OutboxRow):
+            return [message(self.topic, key=row.aggregate_id, payload=row.payload)]
+
+    Transformer = export(ToOneTopic)
+
+Build with componentize-py 0.25.1 (see docs/plugin-languages.md)::
+
+    componentize-py -d wit -w plugin componentize app -p . -o plugin.wasm
+
+What the SDK takes care of, so plugin code need not know the runtime's rules:
+
+- componentize-py creates a fresh ``Transformer`` object for every exported call, so state set
+  on ``self`` in ``configure`` would be gone in ``transform``. The configured plugin object is
+  kept here, at module level, where every call finds it.
+- Every module this SDK needs is imported below, at module top level: the component has no
+  file system at run time, so an ``import`` first reached inside a call traps. Plugin code must
+  follow the same rule.
+- ``transform-batch`` is implemented by calling ``transform`` per row.
+- An exception other than :class:`TransformError` escaping ``transform`` would trap the
+  instance with nothing but "wasm `unreachable` instruction executed" (the traceback goes to a
+  stderr the host discards). The SDK turns it into a *retryable* error with code
+  ``uncaught-exception`` whose message names the exception and where it was raised; the row is
+  retried and then dead-lettered exactly as after a trap, but ``last_error`` says why.
+- ``print()`` and anything written to ``sys.stdout`` / ``sys.stderr`` during a call go to
+  Sluice's log (at info / warn level, one entry per line): the component's own stdout and
+  stderr are discarded by the host.
+"""
+
+import sys
+import traceback
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
+
+from componentize_py_types import Err, Ok
+from wit_world import exports
+from wit_world.imports import host
+from wit_world.imports.types import (
+    ErrorDetail,
+    LogLevel,
+    OutboxRow,
+    OutputMessage,
+    PluginInfo,
+    TransformError_Permanent,
+    TransformError_Retryable,
+)
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "LogLevel",
+    "Message",
+    "OutboxRow",
+    "Plugin",
+    "TransformError",
+    "counter_add",
+    "debug",
+    "error",
+    "export",
+    "header",
+    "info",
+    "log",
+    "message",
+    "warn",
+]
+
+#: The message type plugins return (``output-message`` of the WIT). Build one with
+#: :func:`message`.
+Message = OutputMessage
+
+Bytes = Union[bytes, bytearray, memoryview, str]
+
+
+def _as_bytes(value: Bytes) -> bytes:
+    """Text is sent as UTF-8; anything bytes-like as its bytes."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return bytes(value)
+
+
+def _quote(text: str) -> str:
+    """Quotes ``text`` the way the Rust SDK's messages do (Rust's ``{:?}``), so the same
+    mistake reads the same in every language."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\0":
+            out.append("\\0")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append("\\u{%x}" % ord(ch))
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def message(
+    topic: str,
+    *,
+    key: Optional[Bytes] = None,
+    payload: Optional[Bytes] = None,
+    headers: Iterable[Tuple[str, Bytes]] = (),
+    partition: Optional[int] = None,
+) -> Message:
+    """A message to ``topic``. ``key``/``payload`` ``None`` mean no key / a tombstone; text is
+    sent as UTF-8. ``partition`` ``None`` leaves the choice to Kafka's partitioner (by key)."""
+    return OutputMessage(
+        topic=topic,
+        key=None if key is None else _as_bytes(key),
+        payload=None if payload is None else _as_bytes(payload),
+        headers=[(name, _as_bytes(value)) for name, value in headers],
+        partition=partition,
+    )
+
+
+def header(row: OutboxRow, name: str) -> Optional[bytes]:
+    """The value of the row's first header called ``name``, or ``None``."""
+    for key, value in row.headers:
+        if key == name:
+            return value
+    return None
+
+
+class TransformError(Exception):
+    """Raise from ``transform`` to fail a row: nothing of it is published.
+
+    ``TransformError.retryable(...)``: the host retries the row with back-off, then
+    dead-letters it. ``TransformError.permanent(...)``: dead-lettered at once.
+    """
+
+    def __init__(self, retryable: bool, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.is_retryable = retryable
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def retryable(cls, code: str, message: str) -> "TransformError":
+        return cls(True, code, message)
+
+    @classmethod
+    def permanent(cls, code: str, message: str) -> "TransformError":
+        return cls(False, code, message)
+
+    def to_wit(self):
+        detail = ErrorDetail(code=self.code, message=self.message)
+        if self.is_retryable:
+            return TransformError_Retryable(detail)
+        return TransformError_Permanent(detail)
+
+
+class ConfigError(ValueError):
+    """A bad ``config`` table; its text becomes ``configure``'s error, which stops
+    ``sluice run`` at start-up."""
+
+
+class Config:
+    """The tenant's ``config`` table from sluice.toml, as string pairs."""
+
+    def __init__(self, pairs: Sequence[Tuple[str, str]]):
+        self.pairs = list(pairs)
+
+    def get(self, key: str) -> Optional[str]:
+        for k, v in self.pairs:
+            if k == key:
+                return v
+        return None
+
+    def get_or(self, key: str, default: str) -> str:
+        value = self.get(key)
+        return default if value is None else value
+
+    def require(self, key: str) -> str:
+        value = self.get(key)
+        if value is None:
+            raise ConfigError(f"missing required config key {_quote(key)}")
+        return value
+
+    def allow_only(self, known: Sequence[str]) -> None:
+        """Refuses keys other than ``known``, so a typo in sluice.toml is reported, not
+        ignored."""
+        for k, _ in self.pairs:
+            if k not in known:
+                raise ConfigError(
+                    f"unknown config key {_quote(k)} (known keys: {', '.join(known)})"
+                )
+
+
+class Plugin:
+    """What a plugin implements. One object is made per tenant instance by
+    :meth:`configure` and used for every row of that tenant."""
+
+    NAME: str = "unnamed"
+    VERSION: str = "0.0.0"
+    #: JSON Schema of the accepted config, shown by ``sluice plugin check``.
+    CONFIG_SCHEMA: Optional[str] = None
+
+    @classmethod
+    def configure(cls, config: Config) -> "Plugin":
+        """Builds the plugin from the tenant's config. Raise :class:`ConfigError` (or any
+        exception) to refuse it; the message stops ``sluice run`` at start-up."""
+        config.allow_only([])
+        return cls()
+
+    def transform(self, row: OutboxRow) -> List[Message]:
+        """Zero messages drop the row, several fan it out. Raise :class:`TransformError` to
+        fail it."""
+        raise NotImplementedError
+
+    def transform_batch(
+        self, rows: List[OutboxRow]
+    ) -> List[Union[List[Message], TransformError]]:
+        """One entry per row, in order: its messages, or the error that failed it. Defaults
+        to :meth:`transform` per row."""
+        return [_row_result(self.transform, row) for row in rows]
+
+
+def log(level: LogLevel, text: str) -> None:
+    """Logs through the host's log, tagged with the tenant; cut at 1 KiB, rate-limited."""
+    host.log(level, text)
+
+
+def debug(text: str) -> None:
+    host.log(LogLevel.DEBUG, text)
+
+
+def info(text: str) -> None:
+    host.log(LogLevel.INFO, text)
+
+
+def warn(text: str) -> None:
+    host.log(LogLevel.WARN, text)
+
+
+def error(text: str) -> None:
+    host.log(LogLevel.ERROR, text)
+
+
+def counter_add(name: str, delta: int) -> None:
+    """Adds ``delta`` to a host-side counter called ``name``."""
+    host.counter_add(name, delta)
+
+
+class _HostLogWriter:
+    """A text stream that sends each complete line to the host's log."""
+
+    def __init__(self, level: LogLevel):
+        self.level = level
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        while "\n" in self.pending:
+            line, self.pending = self.pending.split("\n", 1)
+            host.log(self.level, line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            host.log(self.level, self.pending)
+            self.pending = ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _send_output_to_host_log() -> None:
+    """Done on the first exported call, not at import: at build time (componentize-py runs
+    the module's top level then) the host is not there, and a call to it fails the build."""
+    if not isinstance(sys.stdout, _HostLogWriter):
+        sys.stdout = _HostLogWriter(LogLevel.INFO)
+        sys.stderr = _HostLogWriter(LogLevel.WARN)
+
+
+def _describe(exc: BaseException) -> str:
+    """``KeyError: 'x' (at app.py:12 in transform)``: enough to find the bug."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name})"
+    return text
+
+
+def _uncaught(exc: BaseException) -> TransformError:
+    return TransformError.retryable("uncaught-exception", _describe(exc))
+
+
+def _row_result(
+    transform: Callable[[OutboxRow], List[Message]], row: OutboxRow
+) -> Union[List[Message], TransformError]:
+    try:
+        return list(transform(row))
+    except TransformError as e:
+        return e
+    except Exception as e:  # noqa: BLE001 - see the module docs: a readable error, not a trap
+        return _uncaught(e)
+
+
+def _not_configured() -> TransformError:
+    return TransformError.permanent("not-configured", "configure was not called")
+
+
+class _State:
+    """The configured plugin of this instance, kept at module level (see the module docs)."""
+
+    def __init__(self, plugin_class: Type[Plugin]):
+        self.plugin_class = plugin_class
+        self.plugin: Optional[Plugin] = None
+
+
+def export(plugin_class: Type[Plugin]) -> type:
+    """The class componentize-py exports as ``sluice:plugin/transformer``: assign it to a
+    module-level name ``Transformer`` in the app module."""
+    state = _State(plugin_class)
+
+    class Transformer(exports.Transformer):
+        def info(self) -> PluginInfo:
+            _send_output_to_host_log()
+            return PluginInfo(
+                name=plugin_class.NAME,
+                version=plugin_class.VERSION,
+                config_schema=plugin_class.CONFIG_SCHEMA,
+            )
+
+        def configure(self, config: List[Tuple[str, str]]) -> None:
+            _send_output_to_host_log()
+            try:
+                state.plugin = plugin_class.configure(Config(config))
+            except Exception as e:  # noqa: BLE001 - the text is configure's error
+                raise Err(str(e) if isinstance(e, ConfigError) else _describe(e))
+
+        def transform(self, row: OutboxRow) -> List[Message]:
+            _send_output_to_host_log()
+            plugin = state.plugin
+            result = (
+                _not_configured() if plugin is None else _row_result(plugin.transform, row)
+            )
+            if isinstance(result, TransformError):
+                raise Err(result.to_wit())
+            return result
+
+        def transform_batch(self, rows: List[OutboxRow]):
+            _send_output_to_host_log()
+            plugin = state.plugin
+            if plugin is None:
+                return [Err(_not_configured().to_wit()) for _ in rows]
+            try:
+                results = plugin.transform_batch(rows)
+            except Exception as e:  # noqa: BLE001 - fails each row readably instead of trapping
+                failure = e if isinstance(e, TransformError) else _uncaught(e)
+                return [Err(failure.to_wit()) for _ in rows]
+            return [
+                Err(r.to_wit()) if isinstance(r, TransformError) else Ok(list(r))
+                for r in results
+            ]
+
+    return Transformer

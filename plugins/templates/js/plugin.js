@@ -1,0 +1,43 @@
+// {{name}}: a Sluice plugin. Routes each outbox row to `<topic_prefix><aggregate_type>`
+// (prefix default `events.`), keyed by the aggregate id, with the payload unchanged and the
+// row's headers plus `event-type`. A row without an aggregate type is dead-lettered.
+//
+// Change `transform` to route your rows; keep rows.jsonl/expected.jsonl in step (see
+// README.md). The runtime is QuickJS: no Node.js or browser APIs (no fs, fetch, TextEncoder).
+
+import { Message, Plugin, TransformError, exportPlugin } from "./sluice-plugin.js";
+
+const DEFAULT_TOPIC_PREFIX = "events.";
+
+class Router extends Plugin {
+  static NAME = "{{name}}";
+  static VERSION = "0.1.0";
+
+  constructor(topicPrefix) {
+    super();
+    this.topicPrefix = topicPrefix;
+  }
+
+  static configure(config) {
+    config.allowOnly(["topic_prefix"]);
+    return new Router(config.getOr("topic_prefix", DEFAULT_TOPIC_PREFIX));
+  }
+
+  transform(row) {
+    if (row.aggregateType === "") {
+      throw TransformError.permanent(
+        "empty-aggregate-type",
+        "aggregate_type is empty, so there is no topic to route to",
+      );
+    }
+    return [
+      Message.to(this.topicPrefix + row.aggregateType)
+        .key(row.aggregateId)
+        .payload(row.payload)
+        .headers(row.headers)
+        .header("event-type", row.eventType),
+    ];
+  }
+}
+
+export const transformer = exportPlugin(Router);

@@ -1,0 +1,92 @@
+# shellcheck shell=bash
+# Sourced by scripts/test, tests/conformance/run and the plugin templates' build scripts:
+# installs the pinned guest toolchains for Python and JavaScript plugins from the package
+# registries (PyPI, npm) into a per-user cache, once per machine, and puts them on PATH.
+#
+#   ensure_componentize_py   componentize-py $COMPONENTIZE_PY_VERSION in a venv (Python)
+#   ensure_componentize_qjs  componentize-qjs $COMPONENTIZE_QJS_VERSION (JavaScript on QuickJS:
+#                            the supported JS path; it is what `jco componentize --backend
+#                            quickjs` runs, without jco's 140 other packages)
+#   ensure_componentize_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
+#                            preview2-shim dependency (JavaScript on SpiderMonkey: works, but
+#                            bigger and slower; see docs/plugin-languages.md)
+#
+# The pins are the versions docs/plugin-languages.md was tested with; change them together
+# with that file. Installs are keyed by version, so bumping a pin installs beside the old one.
+
+COMPONENTIZE_PY_VERSION="0.25.1"
+COMPONENTIZE_QJS_VERSION="0.4.5"
+COMPONENTIZE_JS_VERSION="0.23.0"
+PREVIEW2_SHIM_VERSION="0.25.0"
+
+SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
+
+_toolchain_log() { printf '==> %s\n' "$*" >&2; }
+
+# Picks a Python >= 3.10 for the venv (componentize-py's wheels need it; the machine's python3
+# is 3.11).
+_toolchain_python() {
+    local candidate
+    for candidate in python3 python3.13 python3.12 python3.11 python3.10; do
+        if command -v "$candidate" >/dev/null \
+            && "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            command -v "$candidate"
+            return
+        fi
+    done
+    printf 'error: componentize-py needs Python >= 3.10 with the venv module\n' >&2
+    return 1
+}
+
+# ensure_componentize_py: afterwards `componentize-py` is on PATH.
+ensure_componentize_py() {
+    local dir="$SLUICE_TOOLCHAINS/componentize-py-$COMPONENTIZE_PY_VERSION"
+    if [ ! -f "$dir/.complete" ]; then
+        local python
+        python="$(_toolchain_python)" || return 1
+        _toolchain_log "installing componentize-py $COMPONENTIZE_PY_VERSION into $dir (once per machine)"
+        rm -rf "$dir"
+        "$python" -m venv "$dir" || return 1
+        "$dir/bin/pip" install --quiet --disable-pip-version-check \
+            "componentize-py==$COMPONENTIZE_PY_VERSION" || return 1
+        touch "$dir/.complete"
+    fi
+    export PATH="$dir/bin:$PATH"
+}
+
+# _ensure_npm_tools DIR PACKAGE@VERSION...: a private node_modules with exactly these pins.
+_ensure_npm_tools() {
+    local dir="$1"
+    shift
+    if [ -f "$dir/.complete" ]; then
+        return
+    fi
+    command -v npm >/dev/null || {
+        printf 'error: npm (Node.js >= 18) is needed to build JavaScript plugins\n' >&2
+        return 1
+    }
+    _toolchain_log "installing $* into $dir (once per machine)"
+    rm -rf "$dir"
+    mkdir -p "$dir" || return 1
+    printf '{"name":"sluice-toolchain","private":true}\n' >"$dir/package.json"
+    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error --save-exact "$@") || return 1
+    touch "$dir/.complete"
+}
+
+# ensure_componentize_qjs: afterwards `componentize-qjs` is on PATH. Its native binding is an
+# exact-version optional dependency, so this one pin fixes everything installed.
+ensure_componentize_qjs() {
+    local dir="$SLUICE_TOOLCHAINS/componentize-qjs-$COMPONENTIZE_QJS_VERSION"
+    _ensure_npm_tools "$dir" "componentize-qjs@$COMPONENTIZE_QJS_VERSION" || return 1
+    export PATH="$dir/node_modules/.bin:$PATH"
+}
+
+# ensure_componentize_js: afterwards `componentize-js` is on PATH. componentize-js 0.23.0
+# imports @bytecodealliance/preview2-shim without declaring it, hence the second pin.
+ensure_componentize_js() {
+    local dir="$SLUICE_TOOLCHAINS/componentize-js-$COMPONENTIZE_JS_VERSION"
+    _ensure_npm_tools "$dir" \
+        "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" \
+        "@bytecodealliance/preview2-shim@$PREVIEW2_SHIM_VERSION" || return 1
+    export PATH="$dir/node_modules/.bin:$PATH"
+}
