@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::bindings::types::PluginInfo;
+use super::host_api::TenantShared;
 use super::{
     Limits, LoadedPlugin, PluginEngine, PluginError, TenantInstance, TransformFailure, output,
 };
@@ -28,7 +29,8 @@ pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
         plugin_cache_dir(None).as_deref(),
     )?);
     let tenant = TenantId(TenantId::DEFAULT.to_owned());
-    let mut instance = TenantInstance::instantiate(&plugin, &tenant, &Limits::default())?;
+    let shared = TenantShared::new(tenant.clone());
+    let mut instance = TenantInstance::instantiate(&plugin, &shared, &Limits::default())?;
     instance.info().map_err(|message| PluginError::Instantiate {
         path: path.to_owned(),
         tenant,
@@ -87,9 +89,9 @@ pub fn run(
         path,
         plugin_cache_dir(None).as_deref(),
     )?);
-    let tenant = TenantId(TenantId::DEFAULT.to_owned());
+    let shared = TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()));
     let limits = Limits::default();
-    let mut instance = Some(TenantInstance::create(&plugin, &tenant, config, &limits)?);
+    let mut instance = Some(TenantInstance::create(&plugin, &shared, config, &limits)?);
     let mut summary = TestSummary::default();
 
     for (n, line) in input.lines().enumerate() {
@@ -108,7 +110,7 @@ pub fn run(
         };
         summary.rows += 1;
         if instance.is_none() {
-            instance = Some(TenantInstance::create(&plugin, &tenant, config, &limits)?);
+            instance = Some(TenantInstance::create(&plugin, &shared, config, &limits)?);
         }
         let Some(inst) = instance.as_mut() else {
             continue;
