@@ -20,7 +20,9 @@ use crate::config::plugin_cache_dir;
 use crate::message::Message;
 use crate::outbox::{OutboxId, OutboxRow, TenantId};
 
-/// Validates `path` against the world and returns its `info()`.
+/// Validates `path` against the world and returns its `info()` (its text escaped and cut).
+/// Instantiation and `info()` are bounded by the default `call_timeout`, time spent sleeping
+/// in host calls included, so a hostile file cannot hang the command.
 pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
     let engine = PluginEngine::new()?;
     let plugin = Arc::new(LoadedPlugin::load_cached(
@@ -28,13 +30,11 @@ pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
         path,
         plugin_cache_dir(None).as_deref(),
     )?);
-    let tenant = TenantId(TenantId::DEFAULT.to_owned());
-    let shared = TenantShared::new(tenant.clone());
+    let shared = TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()));
     let mut instance = TenantInstance::instantiate(&plugin, &shared, &Limits::default())?;
-    instance.info().map_err(|message| PluginError::Instantiate {
+    instance.info().map_err(|message| PluginError::BadPlugin {
         path: path.to_owned(),
-        tenant,
-        message,
+        message: format!("info() failed: {message}"),
     })
 }
 
@@ -76,7 +76,8 @@ struct InputRow {
 }
 
 /// Runs every row of `input` through the plugin and writes one JSON line per output message,
-/// per filtered row and per error.
+/// per filtered row and per error. Every guest call is bounded by the default limits
+/// (`call_timeout`, `memory_mb`, output sizes), as in `sluice run`.
 pub fn run(
     path: &Path,
     config: &[(String, String)],
