@@ -8,7 +8,7 @@
 //!   where the host stores and logs it;
 //! - `sleep` sleeps an hour in `transform` (through WASI, so in a host call), and
 //!   `sleep-configure` in `configure`; `fail-configure` rejects its config;
-//! - `counters` adds to 100 distinct counters with 1 MiB names per row; `fat` holds 8 MiB of
+//! - `counters` adds to 100 counters with 1 MiB names per row, new names on every row; `fat` holds 8 MiB of
 //!   touched memory from `configure` on; `large` emits one 512 KiB message per row;
 //!   `log-flood` logs 200 lines of 1 MiB, then traps;
 //! - `many-headers` (200,000 empty headers), `nul-header` (`sluice-tenant\0`),
@@ -132,10 +132,13 @@ impl Plugin for Hostile {
                 Ok(vec![self.good(row)])
             }
             "counters" => {
-                let mut name = vec![b'c'; 1 << 20];
+                // 100 names per row, distinct across rows too (the row id is part of them).
+                let mut name = format!("{}-", row.id).into_bytes();
+                let stem = name.len();
+                name.resize(1 << 20, b'c');
                 for i in 0..100u8 {
-                    name[0] = b'a' + i % 26;
-                    name[1] = b'a' + i / 26;
+                    name[stem] = b'a' + i % 26;
+                    name[stem + 1] = b'a' + i / 26;
                     counter_add(std::str::from_utf8(&name).unwrap_or("c"), 1);
                 }
                 Ok(vec![self.good(row)])
