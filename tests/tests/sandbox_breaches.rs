@@ -180,7 +180,11 @@ async fn guest_text_with_nul_bytes_or_megabytes_is_escaped_and_cut_and_the_log_s
         for (attempts, error) in rows {
             assert_eq!(*attempts, 1, "{tenant}");
             assert!(error.contains(needle), "{tenant}: {error}");
-            assert!(error.len() <= 1_400, "{tenant}: {} bytes stored", error.len());
+            assert!(
+                error.len() <= 1_400,
+                "{tenant}: {} bytes stored",
+                error.len()
+            );
             assert!(!error.chars().any(char::is_control), "{tenant}: {error:?}");
         }
     }
@@ -211,7 +215,10 @@ async fn a_plugin_sleeping_in_a_host_call_is_cut_off_at_its_call_timeout() {
         "call_timeout = \"100ms\"\ncircuit_breaker_cooldown = \"200ms\"",
     ) + "[relay.retry]\nmax_attempts = 1\n";
     insert_mixed(&s, &["sleeper"], 3).await;
-    let run = run(&s, &s.config("", &tenants), || async { dead(&s).await == 3 }).await;
+    let run = run(&s, &s.config("", &tenants), || async {
+        dead(&s).await == 3
+    })
+    .await;
     assert_good_tenant_served(&s, &run);
     for (attempts, error) in &unsent_by_tenant(&s).await["sleeper"] {
         assert_eq!(*attempts, 1);
@@ -270,7 +277,11 @@ async fn a_new_plugin_version_that_sleeps_in_configure_holds_up_no_tenant_during
         .matches("new plugin version failed to start for this tenant; it keeps the old version")
         .count();
     assert_eq!(kept, 2, "{}", tail(&exit.log));
-    assert!(exit.log.contains("call_timeout of 200ms"), "{}", tail(&exit.log));
+    assert!(
+        exit.log.contains("call_timeout of 200ms"),
+        "{}",
+        tail(&exit.log)
+    );
     let got = s.consume(60, Duration::from_secs(1));
     assert_eq!(count_by_id(&got).len(), 60);
     s.finish().await;
@@ -310,7 +321,10 @@ fn plugin_check_and_plugin_test_are_bounded_in_wall_clock_time() {
     };
     let sleeping_row = test("sleep");
     let out = String::from_utf8_lossy(&sleeping_row.stdout);
-    assert!(out.contains("call_timeout") && out.contains("\"kind\":\"trap\""), "{out}");
+    assert!(
+        out.contains("call_timeout") && out.contains("\"kind\":\"trap\""),
+        "{out}"
+    );
     let sleeping_configure = test("sleep-configure");
     assert!(!sleeping_configure.status.success());
     assert!(
@@ -372,7 +386,10 @@ async fn instances_of_tenants_without_an_entry_are_capped_and_every_row_still_ar
                 s.prefix
             ),
         )
-        .replace("[plugins.default]", "[plugins]\nmax_unconfigured_instances = 4\n\n[plugins.default]");
+        .replace(
+            "[plugins.default]",
+            "[plugins]\nmax_unconfigured_instances = 4\n\n[plugins.default]",
+        );
     assert!(config.contains("mode = \"fat\""), "{config}");
     let insert = format!(
         "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
@@ -469,7 +486,12 @@ async fn host_headers_cannot_be_dropped_shadowed_or_forged_by_case() {
     for m in &got {
         // The plugin set `id` and three case variants of the host's names; only `id` is kept.
         let names: Vec<&str> = m.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["id", "sluice-tenant", "sluice-outbox-id"], "{:?}", m.headers);
+        assert_eq!(
+            names,
+            ["id", "sluice-tenant", "sluice-outbox-id"],
+            "{:?}",
+            m.headers
+        );
         assert_eq!(m.header("sluice-tenant").as_deref(), Some("caseheader"));
         assert_eq!(m.header("sluice-outbox-id"), m.header("id"));
     }
@@ -533,7 +555,10 @@ async fn tenants_whose_plugin_cannot_start_are_quarantined_and_the_others_run() 
     for tenant in ["rejecting", "sleepy", "garbage"] {
         let rows = &unsent[tenant];
         assert_eq!(rows.len(), 5, "{tenant}");
-        assert!(rows.iter().all(|(attempts, _)| *attempts == 0), "{tenant}: {rows:?}");
+        assert!(
+            rows.iter().all(|(attempts, _)| *attempts == 0),
+            "{tenant}: {rows:?}"
+        );
     }
     assert_eq!(dead(&s).await, 0);
     s.finish().await;
@@ -557,19 +582,20 @@ fn strict_startup_refuses_to_start_when_a_plugin_cannot_start() {
     let out = sluice(&["run", "--config", &path.display().to_string()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("sleepy") && err.contains("call_timeout"), "{err}");
+    assert!(
+        err.contains("sleepy") && err.contains("call_timeout"),
+        "{err}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_default_plugin_quarantines_the_tenants_that_use_it() {
     let s = Scenario::new("breach_default", &["order", "customer", "good"]).await;
-    let config = s
-        .config("", &hostile(&s, "acme", "good", ""))
-        .replace(
-            &format!("config = {{ topic_prefix = \"{}\" }}", s.prefix),
-            "config = { topic_prefx = \"typo.\" }",
-        );
+    let config = s.config("", &hostile(&s, "acme", "good", "")).replace(
+        &format!("config = {{ topic_prefix = \"{}\" }}", s.prefix),
+        "config = { topic_prefx = \"typo.\" }",
+    );
     s.table.insert_rows(5, None).await;
     s.table.insert_rows(5, Some("unlisted")).await;
     s.table.insert_rows(5, Some("acme")).await;
@@ -584,7 +610,11 @@ async fn a_failing_default_plugin_quarantines_the_tenants_that_use_it() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let exit = relay.stop();
     assert!(exit.success, "{}", tail(&exit.log));
-    assert!(exit.log.contains("tenant quarantined"), "{}", tail(&exit.log));
+    assert!(
+        exit.log.contains("tenant quarantined"),
+        "{}",
+        tail(&exit.log)
+    );
     let unsent = unsent_by_tenant(&s).await;
     assert_eq!(unsent.len(), 2, "{unsent:?}");
     for tenant in ["", "unlisted"] {
@@ -612,7 +642,10 @@ async fn a_quarantined_tenant_resumes_when_its_plugin_file_is_fixed() {
     s.table.insert_rows(GOOD_ROWS, None).await;
     let relay = RelayProcess::start(&s.config("", &tenant)).unwrap();
     let good = wait_until(SCENARIO_WAIT, || async {
-        s.table.scalar_i64("SELECT count(*) FROM {t} WHERE tenant IS NULL").await == 0
+        s.table
+            .scalar_i64("SELECT count(*) FROM {t} WHERE tenant IS NULL")
+            .await
+            == 0
     })
     .await;
     assert!(good, "{}", tail(&relay.log()));
@@ -623,7 +656,11 @@ async fn a_quarantined_tenant_resumes_when_its_plugin_file_is_fixed() {
     let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
     assert!(drained, "{}", tail(&relay.log()));
     let exit = relay.stop();
-    assert!(exit.log.contains("tenant left quarantine"), "{}", tail(&exit.log));
+    assert!(
+        exit.log.contains("tenant left quarantine"),
+        "{}",
+        tail(&exit.log)
+    );
     let got = consume(
         &kafka_bootstrap(),
         &[format!("{}good", s.prefix)],
@@ -651,7 +688,11 @@ async fn a_transform_batch_with_too_few_results_fails_the_call_cleanly_and_no_ro
     .await;
     assert_good_tenant_served(&s, &run);
     assert!(
-        run.exit.log.contains("results for") && run.exit.log.contains("calling this tenant's plugin row by row"),
+        run.exit.log.contains("results for")
+            && run
+                .exit
+                .log
+                .contains("calling this tenant's plugin row by row"),
         "{}",
         tail(&run.exit.log)
     );
@@ -684,9 +725,10 @@ async fn malformed_rows_do_not_pause_a_healthy_tenant() {
         .unwrap();
     s.table.insert_rows(GOOD_ROWS, None).await;
     let breaker = "circuit_breaker_failures = 3\ncircuit_breaker_cooldown = \"1h\"";
-    let config = s
-        .config("", "")
-        .replace("[plugins.default]\n", &format!("[plugins.default]\n{breaker}\n"));
+    let config = s.config("", "").replace(
+        "[plugins.default]\n",
+        &format!("[plugins.default]\n{breaker}\n"),
+    );
     let relay = RelayProcess::start(&config).unwrap();
     let t0 = Instant::now();
     let sent = wait_until(SCENARIO_WAIT, || async {
@@ -699,7 +741,11 @@ async fn malformed_rows_do_not_pause_a_healthy_tenant() {
     assert!(sent, "{}", tail(&relay.log()));
     assert!(t0.elapsed() < ON_TIME, "{:?}", t0.elapsed());
     let exit = relay.stop();
-    assert!(!exit.log.contains("circuit breaker opened"), "{}", tail(&exit.log));
+    assert!(
+        !exit.log.contains("circuit breaker opened"),
+        "{}",
+        tail(&exit.log)
+    );
     s.finish().await;
 }
 
@@ -747,9 +793,17 @@ async fn a_reload_that_fails_for_one_tenant_still_switches_the_others_and_resets
     let t0 = Instant::now();
     let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
     assert!(drained, "{}", tail(&relay.log()));
-    assert!(t0.elapsed() < ON_TIME, "paused until reset? {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < ON_TIME,
+        "paused until reset? {:?}",
+        t0.elapsed()
+    );
     let exit = relay.stop();
-    assert!(exit.log.contains("circuit breaker reset"), "{}", tail(&exit.log));
+    assert!(
+        exit.log.contains("circuit breaker reset"),
+        "{}",
+        tail(&exit.log)
+    );
     assert!(
         exit.log.contains("it keeps the old version"),
         "{}",
@@ -764,7 +818,11 @@ async fn a_reload_that_fails_for_one_tenant_still_switches_the_others_and_resets
             .count()
     };
     assert_eq!(by_tenant("lenient", false), 10, "lenient kept v1");
-    assert_eq!(by_tenant("crashing", true), 22, "crashing switched to v2 (fan-out)");
+    assert_eq!(
+        by_tenant("crashing", true),
+        22,
+        "crashing switched to v2 (fan-out)"
+    );
     assert_eq!(by_tenant("crashing", false), 0);
     s.finish().await;
 }

@@ -199,10 +199,18 @@ mod tests {
         let t0 = Instant::now();
         let mut b = CircuitBreaker::new(3, Duration::from_secs(10));
         assert_eq!(b.record_publish(0, 2, t0), Transition::None);
-        assert_eq!(b.record_publish(5, 1, t0), Transition::None, "1 after a delivery");
+        assert_eq!(
+            b.record_publish(5, 1, t0),
+            Transition::None,
+            "1 after a delivery"
+        );
         assert_eq!(b.record_publish(0, 2, t0), Transition::Opened);
         let mut b = CircuitBreaker::new(3, Duration::from_secs(10));
-        assert_eq!(b.record_publish(1, 3, t0), Transition::Opened, "3 in one batch");
+        assert_eq!(
+            b.record_publish(1, 3, t0),
+            Transition::Opened,
+            "3 in one batch"
+        );
     }
 
     #[test]

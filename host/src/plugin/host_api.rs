@@ -159,11 +159,21 @@ impl TenantShared {
         }
         let message = bounded(message, MAX_LOG_LINE);
         match level {
-            LogLevel::Trace => tracing::trace!(target: "sluice::guest", tenant = %tenant, "{message}"),
-            LogLevel::Debug => tracing::debug!(target: "sluice::guest", tenant = %tenant, "{message}"),
-            LogLevel::Info => tracing::info!(target: "sluice::guest", tenant = %tenant, "{message}"),
-            LogLevel::Warn => tracing::warn!(target: "sluice::guest", tenant = %tenant, "{message}"),
-            LogLevel::Error => tracing::error!(target: "sluice::guest", tenant = %tenant, "{message}"),
+            LogLevel::Trace => {
+                tracing::trace!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Debug => {
+                tracing::debug!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Info => {
+                tracing::info!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Warn => {
+                tracing::warn!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Error => {
+                tracing::error!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
         }
     }
 }

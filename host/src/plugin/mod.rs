@@ -19,8 +19,8 @@
 
 mod bindings;
 pub mod breaker;
-mod call;
 pub mod builtin;
+mod call;
 pub mod component;
 pub mod engine;
 mod host_api;

@@ -78,9 +78,7 @@ pub fn message_bytes<'a>(
 pub fn output_bytes(messages: &[Message]) -> usize {
     messages
         .iter()
-        .map(|m| {
-            m.topic.len() + message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers)
-        })
+        .map(|m| m.topic.len() + message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers))
         .sum()
 }
 
@@ -167,7 +165,8 @@ fn check_topic(limits: &Limits, row: &OutboxRow, topic: &str) -> Result<(), Tran
 /// `ſluice-tenant` (long s) and `SLUİCE-TENANT` (dotted capital I) are all host-owned.
 pub fn host_owned(name: &str) -> bool {
     HOST_HEADERS.iter().any(|host| {
-        name.chars().count() == host.len() && name.chars().zip(host.chars()).all(|(c, h)| fold(c) == h)
+        name.chars().count() == host.len()
+            && name.chars().zip(host.chars()).all(|(c, h)| fold(c) == h)
     })
 }
 
@@ -283,13 +282,19 @@ mod tests {
             "sluice-tenant",
             "SLUICE-TENANT",
             "Sluice-Outbox-Id",
-            "\u{17f}luice-tenant",  // ſ, long s: upper case S
-            "SLU\u{130}CE-TENANT",  // İ, capital I with dot: lower case i
+            "\u{17f}luice-tenant",    // ſ, long s: upper case S
+            "SLU\u{130}CE-TENANT",    // İ, capital I with dot: lower case i
             "slu\u{131}ce-outbox-id", // ı, dotless i: upper case I
         ] {
             assert!(host_owned(name), "{name:?}");
         }
-        for name in ["sluice-tenants", "sluice-tenant ", "xsluice-tenant", "sluice_tenant", ""] {
+        for name in [
+            "sluice-tenants",
+            "sluice-tenant ",
+            "xsluice-tenant",
+            "sluice_tenant",
+            "",
+        ] {
             assert!(!host_owned(name), "{name:?}");
         }
         let forged = vec![
@@ -338,7 +343,10 @@ mod tests {
             let err = accept(&Limits::default(), &row(), Ok(vec![message(bad, vec![])]))
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains("not a valid Kafka topic name"), "{bad:?}: {err}");
+            assert!(
+                err.contains("not a valid Kafka topic name"),
+                "{bad:?}: {err}"
+            );
             assert!(!err.chars().any(|c| c.is_control()), "{err:?}");
         }
         let long = "t".repeat(1 << 20);
@@ -347,7 +355,14 @@ mod tests {
             .to_string();
         assert!(err.len() < 2 * MAX_LOGGED, "{} bytes", err.len());
         assert!(err.contains("1048576 bytes"), "{err}");
-        assert!(accept(&Limits::default(), &row(), Ok(vec![message(&"t".repeat(249), vec![])])).is_ok());
+        assert!(
+            accept(
+                &Limits::default(),
+                &row(),
+                Ok(vec![message(&"t".repeat(249), vec![])])
+            )
+            .is_ok()
+        );
     }
 
     #[test]

@@ -60,7 +60,9 @@ impl Quarantine {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<QuarantineState>> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -87,7 +89,10 @@ mod tests {
         let second = q.state().unwrap();
         assert_eq!(second.tries, 2);
         assert_eq!(second.next_try, t0 + FIRST_RETRY * 2);
-        assert_eq!(second.since, first.since, "quarantined since the first failure");
+        assert_eq!(
+            second.since, first.since,
+            "quarantined since the first failure"
+        );
         for _ in 0..20 {
             q.failed("x".into(), t0);
         }

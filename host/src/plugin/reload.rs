@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::PluginError;
 use super::component::LoadedPlugin;
 use super::router::{FileStamp, PluginRouter, SharedSlot, probe_shared};
 use super::slot::{PluginCode, Runner, TenantTemplate, lock};
-use super::PluginError;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// What one file's reload did.
@@ -218,8 +218,7 @@ impl PluginRouter {
         let default = lock(&self.default).clone();
         let mut due: Vec<(Arc<TenantTemplate>, Option<SharedSlot>)> = Vec::new();
         let mut add = |template: Arc<TenantTemplate>, handle: Option<SharedSlot>| {
-            if template.quarantine.due(now) && !due.iter().any(|(t, _)| Arc::ptr_eq(t, &template))
-            {
+            if template.quarantine.due(now) && !due.iter().any(|(t, _)| Arc::ptr_eq(t, &template)) {
                 due.push((template, handle));
             }
         };

@@ -186,16 +186,20 @@ impl PluginRouter {
             slots.map.insert(id, new_handle(slot, true));
         }
         if let Some(template) = &default {
-            let id = TenantId(TenantId::DEFAULT.to_owned());
-            if slots.map.contains_key(&id) {
-                // No tenant runs the default plugin yet: try it now, so a broken one is
-                // reported at start-up rather than on the first row of a new tenant.
-                if let Err(e) = Runner::create(template, &probe_shared()) {
-                    quarantine_or_fail("tenants without their own entry", template, e, strict)?;
+            use std::collections::hash_map::Entry;
+            match slots.map.entry(TenantId(TenantId::DEFAULT.to_owned())) {
+                Entry::Vacant(entry) => {
+                    let slot = start_slot(entry.key().clone(), Arc::clone(template), strict)?;
+                    entry.insert(new_handle(slot, true));
                 }
-            } else {
-                let slot = start_slot(id.clone(), Arc::clone(template), strict)?;
-                slots.map.insert(id, new_handle(slot, true));
+                Entry::Occupied(_) => {
+                    // `[tenants.default]` has its own entry, so no tenant runs the default
+                    // plugin yet: try it now, so a broken one is reported at start-up rather
+                    // than on the first row of a new tenant.
+                    if let Err(e) = Runner::create(template, &probe_shared()) {
+                        quarantine_or_fail("tenants without their own entry", template, e, strict)?;
+                    }
+                }
             }
         }
         let files = files
@@ -257,7 +261,13 @@ impl PluginRouter {
             .map
             .iter()
             .filter(|(id, h)| !h.configured && !batch.contains(id))
-            .map(|(id, h)| (h.last_used.load(Ordering::Relaxed), id.clone(), Arc::clone(h)))
+            .map(|(id, h)| {
+                (
+                    h.last_used.load(Ordering::Relaxed),
+                    id.clone(),
+                    Arc::clone(h),
+                )
+            })
             .collect();
         candidates.sort_by_key(|(tick, _, _)| *tick);
         let now = Instant::now();

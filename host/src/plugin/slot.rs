@@ -430,7 +430,10 @@ impl TenantSlot {
     pub fn run_group(&mut self, rows: &[&OutboxRow]) -> Vec<RowResult> {
         let now = Instant::now();
         if let Some(q) = self.template.quarantine.state() {
-            let remaining = q.next_try.saturating_duration_since(now).min(QUARANTINED_ROW_WAIT);
+            let remaining = q
+                .next_try
+                .saturating_duration_since(now)
+                .min(QUARANTINED_ROW_WAIT);
             return rows
                 .iter()
                 .map(|_| {
@@ -751,13 +754,18 @@ mod tests {
     #[test]
     fn a_quarantined_template_pauses_rows_without_running_them() {
         let template = builtin(Limits::default());
-        template.quarantine.failed("configure failed".into(), Instant::now());
+        template
+            .quarantine
+            .failed("configure failed".into(), Instant::now());
         let mut slot = slot(Arc::clone(&template), None);
         let rows: Vec<OutboxRow> = (0..2).map(|_| row(4)).collect();
         let refs: Vec<&OutboxRow> = rows.iter().collect();
         let results = slot.run_group(&refs);
         for r in &results {
-            let Err(TransformFailure::Paused { reason, remaining, .. }) = r else {
+            let Err(TransformFailure::Paused {
+                reason, remaining, ..
+            }) = r
+            else {
                 panic!("{r:?}");
             };
             assert_eq!(*reason, PauseReason::Quarantined("configure failed".into()));

@@ -28,7 +28,9 @@ pub enum TenantState {
     /// A call of its plugin has been running for a while; other batches skip its rows.
     Stalled,
     /// Its circuit breaker is open for another `remaining`.
-    Paused { remaining: Duration },
+    Paused {
+        remaining: Duration,
+    },
     /// Its plugin cannot start; its rows wait.
     Quarantined {
         reason: String,

@@ -90,8 +90,11 @@ extern "C" fn configure(config: *const u8, len: usize) -> *mut u8 {
     // list<tuple<string, string>>: 16 bytes per entry, the key's (pointer, length) first.
     let entries = unsafe { std::slice::from_raw_parts(config, len * 16) };
     let has_topic_prefix = entries.chunks(16).any(|entry| {
-        let word = |at: usize| u32::from_le_bytes([entry[at], entry[at + 1], entry[at + 2], entry[at + 3]]);
-        let key = unsafe { std::slice::from_raw_parts(word(0) as usize as *const u8, word(4) as usize) };
+        let word = |at: usize| {
+            u32::from_le_bytes([entry[at], entry[at + 1], entry[at + 2], entry[at + 3]])
+        };
+        let key =
+            unsafe { std::slice::from_raw_parts(word(0) as usize as *const u8, word(4) as usize) };
         key == b"topic_prefix"
     });
     if has_topic_prefix {

@@ -159,10 +159,11 @@ impl Plugin for Hostile {
                 }
                 panic!("hostile plugin traps after flooding the log");
             }
-            "many-headers" => Ok(vec![
-                self.good(row)
-                    .headers((0..200_000).map(|_| (String::new(), Vec::new()))),
-            ]),
+            "many-headers" => {
+                Ok(vec![self.good(row).headers(
+                    (0..200_000).map(|_| (String::new(), Vec::new())),
+                )])
+            }
             "nul-header" => Ok(vec![self.good(row).header("sluice-tenant\0", "root")]),
             "case-header" => Ok(vec![
                 self.good(row)
