@@ -459,3 +459,145 @@ impl RowTransformer for PluginRouter {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::OutboxId;
+    use crate::plugin::status::TenantState;
+
+    fn router(toml: &str) -> Result<PluginRouter, PluginError> {
+        let text = format!("[database]\nurl = \"postgres://unused\"\n{toml}");
+        let config = Config::parse(&text, std::path::Path::new("t.toml")).unwrap();
+        PluginRouter::from_config(&config)
+    }
+
+    fn rows(tenants: &[&str]) -> Arc<[OutboxRow]> {
+        tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| OutboxRow {
+                id: OutboxId::Int(i as i64 + 1),
+                tenant: TenantId((*t).to_owned()),
+                aggregate_type: "order".into(),
+                aggregate_id: "o".into(),
+                event_type: "E".into(),
+                payload: b"{}".to_vec(),
+                headers: Vec::new(),
+                created_at: chrono::Utc::now(),
+                attempts: 0,
+            })
+            .collect()
+    }
+
+    const BUILTIN: &str = "[plugins.default]\nbuiltin = \"route-by-aggregate\"\n";
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn refused_publishes_pause_a_tenant_whose_transforms_all_succeed() {
+        let router = router(&format!(
+            "{BUILTIN}circuit_breaker_failures = 3\n[tenants.acme]\n"
+        ))
+        .unwrap();
+        let acme = TenantId("acme".into());
+        for _ in 0..3 {
+            let results = router.transform(rows(&["acme"])).await;
+            assert!(results[0].is_ok());
+            router.record_publish(&acme, 0, 1);
+        }
+        assert!(router.paused_tenants().contains(&acme));
+        let default = TenantId("default".into());
+        assert!(!router.paused_tenants().contains(&default));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_tenant_whose_plugin_cannot_start_is_quarantined_and_reported() {
+        // The builtin refuses unknown config keys in `configure`.
+        let toml = format!("{BUILTIN}[tenants.broken]\nconfig = {{ prefix = \"typo\" }}\n");
+        let router = router(&toml).unwrap();
+        let broken = TenantId("broken".into());
+        assert_eq!(router.paused_tenants(), vec![broken.clone()]);
+        let statuses = router.tenant_statuses();
+        let status = statuses.iter().find(|s| s.tenant == broken).unwrap();
+        let TenantState::Quarantined { reason, tries, .. } = &status.state else {
+            panic!("{status:?}");
+        };
+        assert!(reason.contains("prefix"), "{reason}");
+        assert_eq!(*tries, 1);
+        assert!(!status.instance);
+        // Its rows wait (no attempt); the others run.
+        let results = router.transform(rows(&["broken", "other"])).await;
+        assert!(matches!(
+            &results[0],
+            Err(TransformFailure::Paused {
+                reason: crate::plugin::PauseReason::Quarantined(_),
+                ..
+            })
+        ));
+        assert!(results[1].is_ok());
+
+        let strict = format!("[plugins]\nstrict_startup = true\n{toml}");
+        let err = router_err(&strict);
+        assert!(err.contains("broken") && err.contains("prefix"), "{err}");
+    }
+
+    fn router_err(toml: &str) -> String {
+        match router(toml) {
+            Ok(_) => panic!("started:\n{toml}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failing_default_plugin_quarantines_tenants_first_seen_later() {
+        let toml = "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { nope = 1 }\n\
+                    [tenants.own]\nbuiltin = \"route-by-aggregate\"\nconfig = {}\n";
+        let router = router(toml).unwrap();
+        let results = router
+            .transform(rows(&["own", "default", "newcomer"]))
+            .await;
+        assert!(results[0].is_ok());
+        for r in &results[1..] {
+            assert!(matches!(r, Err(TransformFailure::Paused { .. })), "{r:?}");
+        }
+        let paused = router.paused_tenants();
+        assert!(paused.contains(&TenantId("newcomer".into())), "{paused:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn instances_of_unconfigured_tenants_stay_within_the_cap_and_every_row_gets_its_turn() {
+        let router = router(&format!(
+            "[plugins]\nmax_unconfigured_instances = 2\n{BUILTIN}"
+        ))
+        .unwrap();
+        let tenants: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+        let mut pending: Vec<&str> = tenants.iter().map(String::as_str).collect();
+        // Like the relay: deferred rows come back in the next batch.
+        for _ in 0..20 {
+            if pending.is_empty() {
+                break;
+            }
+            let results = router.transform(rows(&pending)).await;
+            assert!(router.unconfigured_instances().0 <= 2);
+            let mut next = Vec::new();
+            for (tenant, result) in pending.iter().zip(&results) {
+                match result {
+                    Ok(_) => {}
+                    Err(TransformFailure::Deferred(why)) => {
+                        assert!(why.contains("max_unconfigured_instances"), "{why}");
+                        next.push(*tenant);
+                    }
+                    Err(other) => panic!("{other}"),
+                }
+            }
+            pending = next;
+        }
+        assert!(pending.is_empty(), "rows left: {pending:?}");
+        // Idle instances were dropped to make room; their slots too.
+        let unconfigured = router
+            .tenant_statuses()
+            .iter()
+            .filter(|s| !s.configured)
+            .count();
+        assert!(unconfigured <= 3, "{unconfigured}");
+    }
+}
