@@ -51,6 +51,15 @@ pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
 /// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
 /// `message.max.bytes` is 1 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Headers one plugin message may carry (the host's own two come on top). Kafka sets no limit,
+/// but each header costs the producer and every consumer an allocation.
+pub const DEFAULT_MAX_HEADERS_PER_MESSAGE: usize = 100;
+/// Bytes of messages one tenant's plugin may produce in one batch: rows past it wait for the
+/// next batch, so a fan-out-heavy tenant cannot hold the relay's memory for everyone.
+pub const DEFAULT_MAX_BATCH_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+/// Live plugin instances kept for tenant values without a `[tenants.<name>]` entry (rows carry
+/// free-form tenant values); the least recently used idle one is dropped beyond this.
+pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 64;
 /// Consecutive plugin failures after which a tenant is paused.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// How long a tripped tenant stays paused before one row is tried again.
@@ -209,8 +218,9 @@ impl Default for RelayConfig {
     }
 }
 
-/// `[plugins]`: the default plugin and the compile cache.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `[plugins]`: the default plugin, the compile cache and what start-up does with a plugin
+/// that fails.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginsConfig {
     /// Where compiled plugins are cached; `""` disables the cache. Default:
@@ -220,6 +230,28 @@ pub struct PluginsConfig {
     /// Plugin for rows whose tenant has no `[tenants.<name>]` entry (and rows without tenant).
     #[serde(default)]
     pub default: Option<PluginSpec>,
+    /// `true`: refuse to start when any tenant's plugin fails to load, instantiate or
+    /// configure. `false` (default): quarantine that tenant (its rows wait) and run the others.
+    #[serde(default)]
+    pub strict_startup: bool,
+    /// Live instances kept for tenants without their own `[tenants.<name>]` entry.
+    #[serde(default = "default_max_unconfigured_instances")]
+    pub max_unconfigured_instances: usize,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            default: None,
+            strict_startup: false,
+            max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
+        }
+    }
+}
+
+fn default_max_unconfigured_instances() -> usize {
+    DEFAULT_MAX_UNCONFIGURED_INSTANCES
 }
 
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
@@ -251,6 +283,10 @@ pub struct PluginSpec {
     #[serde(default)]
     pub max_message_bytes: Option<usize>,
     #[serde(default)]
+    pub max_headers_per_message: Option<usize>,
+    #[serde(default)]
+    pub max_batch_output_bytes: Option<usize>,
+    #[serde(default)]
     pub circuit_breaker_failures: Option<u32>,
     #[serde(default, with = "humantime_serde")]
     pub circuit_breaker_cooldown: Option<Duration>,
@@ -265,6 +301,8 @@ pub struct LimitsSpec {
     pub allowed_topics: Option<Vec<String>>,
     pub max_outputs_per_row: Option<usize>,
     pub max_message_bytes: Option<usize>,
+    pub max_headers_per_message: Option<usize>,
+    pub max_batch_output_bytes: Option<usize>,
     pub circuit_breaker_failures: Option<u32>,
     pub circuit_breaker_cooldown: Option<Duration>,
 }
@@ -295,6 +333,8 @@ impl PluginSpec {
             allowed_topics: self.allowed_topics.clone(),
             max_outputs_per_row: self.max_outputs_per_row,
             max_message_bytes: self.max_message_bytes,
+            max_headers_per_message: self.max_headers_per_message,
+            max_batch_output_bytes: self.max_batch_output_bytes,
             circuit_breaker_failures: self.circuit_breaker_failures,
             circuit_breaker_cooldown: self.circuit_breaker_cooldown,
         }
@@ -312,6 +352,12 @@ impl LimitsSpec {
                 .or_else(|| fallback.allowed_topics.clone()),
             max_outputs_per_row: self.max_outputs_per_row.or(fallback.max_outputs_per_row),
             max_message_bytes: self.max_message_bytes.or(fallback.max_message_bytes),
+            max_headers_per_message: self
+                .max_headers_per_message
+                .or(fallback.max_headers_per_message),
+            max_batch_output_bytes: self
+                .max_batch_output_bytes
+                .or(fallback.max_batch_output_bytes),
             circuit_breaker_failures: self
                 .circuit_breaker_failures
                 .or(fallback.circuit_breaker_failures),
@@ -433,6 +479,12 @@ impl Config {
                 ),
             );
         }
+        if self.plugins.max_unconfigured_instances == 0 {
+            add(
+                "plugins.max_unconfigured_instances",
+                "must be at least 1".into(),
+            );
+        }
         if let Some(default) = &self.plugins.default {
             if let Err(m) = validate_source(&default.path, &default.builtin, true) {
                 add("plugins.default", m);
@@ -490,6 +542,10 @@ impl Config {
             .collect()
     }
 }
+
+/// Highest `max_headers_per_message` accepted: librdkafka-based consumers handle tens of
+/// thousands, but every header is an allocation on each of them.
+pub const MAX_HEADERS_PER_MESSAGE: usize = 10_000;
 
 fn kafka_value_string(value: &toml::Value) -> Result<String, &'static str> {
     match value {
@@ -551,6 +607,20 @@ fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
     }
     if limits.max_message_bytes == Some(0) {
         return Err(("max_message_bytes".into(), "must be greater than 0".into()));
+    }
+    if let Some(n) = limits.max_headers_per_message
+        && n > MAX_HEADERS_PER_MESSAGE
+    {
+        return Err((
+            "max_headers_per_message".into(),
+            format!("must be at most {MAX_HEADERS_PER_MESSAGE}, got {n}"),
+        ));
+    }
+    if limits.max_batch_output_bytes == Some(0) {
+        return Err((
+            "max_batch_output_bytes".into(),
+            "must be greater than 0".into(),
+        ));
     }
     for pattern in limits.allowed_topics.iter().flatten() {
         crate::plugin::TopicPattern::parse(pattern)
@@ -775,5 +845,46 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("allowed_topics"), "{err}");
+    }
+
+    #[test]
+    fn sandbox_keys_have_defaults_and_are_validated() {
+        let c = parse("[database]\nurl = \"x\"\n").unwrap();
+        assert!(!c.plugins.strict_startup);
+        assert_eq!(
+            c.plugins.max_unconfigured_instances,
+            DEFAULT_MAX_UNCONFIGURED_INSTANCES
+        );
+        let c = parse(
+            "[database]\nurl = \"x\"\n[plugins]\nstrict_startup = true\nmax_unconfigured_instances = 3\n\
+             [plugins.default]\nbuiltin = \"route-by-aggregate\"\nmax_headers_per_message = 7\n\
+             [tenants.acme]\nmax_batch_output_bytes = 1000\n",
+        )
+        .unwrap();
+        assert!(c.plugins.strict_startup);
+        assert_eq!(c.plugins.max_unconfigured_instances, 3);
+        let default = c.plugins.default.as_ref().unwrap().limits();
+        let acme = c.tenants["acme"].limits().or(&default);
+        assert_eq!(acme.max_headers_per_message, Some(7), "inherited");
+        assert_eq!(acme.max_batch_output_bytes, Some(1000));
+        for (bad, key) in [
+            (
+                "[plugins]\nmax_unconfigured_instances = 0",
+                "plugins.max_unconfigured_instances",
+            ),
+            (
+                "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nmax_headers_per_message = 100000",
+                "plugins.default.max_headers_per_message",
+            ),
+            (
+                "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nmax_batch_output_bytes = 0",
+                "plugins.default.max_batch_output_bytes",
+            ),
+        ] {
+            let err = parse(&format!("[database]\nurl = \"x\"\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 }

@@ -389,6 +389,13 @@ impl RelayProcess {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// Peak resident memory of the process so far (`VmHWM` of `/proc/<pid>/status`), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -85,11 +85,13 @@ fn run_must_fail(config: &str) -> String {
     stderr(&out)
 }
 
-/// A config whose default plugin is `plugin` with `plugin_config` (inline table body).
+/// A config whose default plugin is `plugin` with `plugin_config` (inline table body), with
+/// `strict_startup` so a plugin that cannot start stops `sluice run` (without it the tenants
+/// using it are quarantined and the relay runs: see sandbox_breaches.rs).
 fn plugin_config(plugin: &std::path::Path, plugin_config: &str) -> String {
     format!(
         "[database]\nurl = \"{}\"\n[kafka]\n\"bootstrap.servers\" = \"127.0.0.1:9092\"\n\
-         [plugins.default]\npath = \"{}\"\nconfig = {{ {plugin_config} }}\n",
+         [plugins]\nstrict_startup = true\n[plugins.default]\npath = \"{}\"\nconfig = {{ {plugin_config} }}\n",
         database_url(),
         plugin.display()
     )

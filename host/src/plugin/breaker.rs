@@ -1,6 +1,14 @@
-//! Per-tenant circuit breaker: after K consecutive plugin failures the tenant is paused for a
-//! cool-down (its rows are not claimed and not run), then one row is tried again ("half
-//! open"): success closes the breaker, failure re-opens it at once.
+//! Per-tenant circuit breaker: after K consecutive failures of the tenant's plugin instance, or
+//! K consecutive refused publishes of its rows, the tenant is paused for a cool-down (its rows
+//! are not claimed and not run); then rows are tried again ("half open"): a failure re-opens
+//! it at once, a success closes it.
+//!
+//! What counts is the *tenant's* health, not a row's: traps, deadline overruns, memory-cap
+//! hits, `retryable` errors and failed instantiations (instance failures); messages the broker
+//! refused for a reason of the tenant's making, such as a topic it lacks (refused publishes).
+//! A row's own `permanent` error or refused output is neither: five malformed rows must not
+//! pause a healthy tenant. The two counts are kept apart, so a transform that succeeds does
+//! not hide the refused publish that follows it.
 
 use std::time::{Duration, Instant};
 
@@ -24,8 +32,11 @@ pub enum Transition {
 pub struct CircuitBreaker {
     threshold: u32,
     cooldown: Duration,
-    consecutive_failures: u32,
+    instance_failures: u32,
+    refused_publishes: u32,
     open_until: Option<Instant>,
+    /// Opened and not closed since (paused, or half open after the cool-down).
+    tripped: bool,
 }
 
 impl CircuitBreaker {
@@ -33,8 +44,10 @@ impl CircuitBreaker {
         Self {
             threshold: threshold.max(1),
             cooldown,
-            consecutive_failures: 0,
+            instance_failures: 0,
+            refused_publishes: 0,
             open_until: None,
+            tripped: false,
         }
     }
 
@@ -45,35 +58,75 @@ impl CircuitBreaker {
         }
     }
 
+    /// Whether the breaker is open or half open.
+    pub fn tripped(&self) -> bool {
+        self.tripped
+    }
+
+    /// The instance answered (messages, or a row's own error).
     pub fn record_success(&mut self) -> Transition {
-        let was_tripped = self.consecutive_failures >= self.threshold;
-        self.consecutive_failures = 0;
-        self.open_until = None;
-        if was_tripped {
-            Transition::Closed
+        self.instance_failures = 0;
+        self.maybe_close()
+    }
+
+    /// A call that ran into its `call_timeout` opens the breaker at once: each such call
+    /// burns a core (or holds rows) for the whole timeout, so waiting for K of them would let
+    /// one tenant take K × call_timeout from the others every cool-down.
+    pub fn record_deadline(&mut self, now: Instant) -> Transition {
+        self.instance_failures = self.instance_failures.saturating_add(1).max(self.threshold);
+        self.open(now)
+    }
+
+    /// The instance failed (trap, memory cap, `retryable` error, failed instantiation).
+    pub fn record_failure(&mut self, now: Instant) -> Transition {
+        self.instance_failures = self.instance_failures.saturating_add(1);
+        if self.instance_failures >= self.threshold {
+            // Also after a failed half-open try: the count stays at or above the threshold.
+            self.open(now)
         } else {
             Transition::None
         }
     }
 
-    /// A call that ran into its `call_timeout` opens the breaker at once: each such call
-    /// burns a core for the whole timeout, so waiting for K of them would let one tenant take
-    /// K × call_timeout of CPU from the others every cool-down.
-    pub fn record_deadline(&mut self, now: Instant) -> Transition {
-        self.consecutive_failures = self
-            .consecutive_failures
-            .saturating_add(1)
-            .max(self.threshold);
+    /// What publishing did with the tenant's rows of one batch. The order within a batch is
+    /// not known, so refusals are counted as if they came after the deliveries: a batch with
+    /// deliveries restarts the count, its refusals then add to it.
+    pub fn record_publish(&mut self, delivered: usize, refused: usize, now: Instant) -> Transition {
+        if delivered > 0 {
+            self.refused_publishes = 0;
+        }
+        let refused = u32::try_from(refused).unwrap_or(u32::MAX);
+        self.refused_publishes = self.refused_publishes.saturating_add(refused);
+        if self.refused_publishes >= self.threshold {
+            self.open(now)
+        } else if delivered > 0 {
+            self.maybe_close()
+        } else {
+            Transition::None
+        }
+    }
+
+    /// Forgets everything (a new plugin version deserves a fresh start). Returns whether the
+    /// breaker had been tripped.
+    pub fn reset(&mut self) -> bool {
+        let was = self.tripped;
+        *self = Self::new(self.threshold, self.cooldown);
+        was
+    }
+
+    fn open(&mut self, now: Instant) -> Transition {
         self.open_until = Some(now + self.cooldown);
+        self.tripped = true;
         Transition::Opened
     }
 
-    pub fn record_failure(&mut self, now: Instant) -> Transition {
-        self.consecutive_failures = self.consecutive_failures.saturating_add(1);
-        if self.consecutive_failures >= self.threshold {
-            // Also after a failed half-open try: the count stays at or above the threshold.
-            self.open_until = Some(now + self.cooldown);
-            Transition::Opened
+    fn maybe_close(&mut self) -> Transition {
+        let healthy =
+            self.instance_failures < self.threshold && self.refused_publishes < self.threshold;
+        if self.tripped && healthy {
+            self.tripped = false;
+            self.open_until = None;
+            Transition::Closed
         } else {
             Transition::None
         }
@@ -115,6 +168,59 @@ mod tests {
         assert_eq!(b.record_deadline(t0), Transition::Opened);
         assert!(matches!(b.gate(t0), Gate::Paused(_)));
         assert_eq!(b.record_success(), Transition::Closed);
+    }
+
+    #[test]
+    fn refused_publishes_trip_the_breaker_even_when_every_transform_succeeds() {
+        let t0 = Instant::now();
+        let mut b = CircuitBreaker::new(3, Duration::from_secs(10));
+        // One row per batch: transform succeeds, then its publish is refused.
+        for round in 0..3 {
+            assert_eq!(b.record_success(), Transition::None);
+            let expected = if round == 2 {
+                Transition::Opened
+            } else {
+                Transition::None
+            };
+            assert_eq!(b.record_publish(0, 1, t0), expected, "round {round}");
+        }
+        assert!(matches!(b.gate(t0), Gate::Paused(_)));
+        // Half open after the cool-down: a transform success alone does not close it…
+        assert_eq!(b.record_success(), Transition::None);
+        assert!(b.tripped());
+        // …a delivered publish does.
+        let t1 = t0 + Duration::from_secs(11);
+        assert_eq!(b.record_publish(1, 0, t1), Transition::Closed);
+        assert_eq!(b.gate(t1), Gate::Run);
+    }
+
+    #[test]
+    fn deliveries_restart_the_refusal_count() {
+        let t0 = Instant::now();
+        let mut b = CircuitBreaker::new(3, Duration::from_secs(10));
+        assert_eq!(b.record_publish(0, 2, t0), Transition::None);
+        assert_eq!(
+            b.record_publish(5, 1, t0),
+            Transition::None,
+            "1 after a delivery"
+        );
+        assert_eq!(b.record_publish(0, 2, t0), Transition::Opened);
+        let mut b = CircuitBreaker::new(3, Duration::from_secs(10));
+        assert_eq!(
+            b.record_publish(1, 3, t0),
+            Transition::Opened,
+            "3 in one batch"
+        );
+    }
+
+    #[test]
+    fn reset_forgets_an_open_breaker() {
+        let t0 = Instant::now();
+        let mut b = CircuitBreaker::new(1, Duration::from_secs(10));
+        b.record_failure(t0);
+        assert!(b.reset());
+        assert_eq!(b.gate(t0), Gate::Run);
+        assert!(!b.reset());
     }
 
     #[test]

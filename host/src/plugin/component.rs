@@ -12,6 +12,7 @@ use super::PluginError;
 use super::bindings::PluginPre;
 use super::engine::PluginEngine;
 use super::host_api::HostState;
+use crate::text::{MAX_LOGGED, bounded};
 
 /// A compiled, linked plugin file. Cheap to instantiate many times.
 pub struct LoadedPlugin {
@@ -36,9 +37,11 @@ impl LoadedPlugin {
         path: &Path,
         cache_dir: Option<&Path>,
     ) -> Result<Self, PluginError> {
+        // wasmtime's errors quote names from inside the file (imports, exports): escape and
+        // cut them like any other text a plugin author controls.
         let bad = |message: String| PluginError::BadPlugin {
             path: path.to_owned(),
-            message,
+            message: bounded(&message, MAX_LOGGED).into_owned(),
         };
         let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read file: {e}")))?;
         if wasmparser_is_core_module(&bytes) {

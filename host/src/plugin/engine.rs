@@ -51,8 +51,9 @@ impl PluginEngine {
 
         let mut linker = Linker::new(&engine);
         // WASI p2 with an empty context: guests built with std (Python, JS, Rust) import
-        // these at start-up, but get no files, env, args, network or inherited stdio.
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(PluginError::engine)?;
+        // these at start-up, but get no files, env, args, network or inherited stdio. The
+        // async flavour, so a guest waiting in WASI (a sleep) can be cut off at its deadline.
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(PluginError::engine)?;
         Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PluginError::engine)?;
 

@@ -1,21 +1,37 @@
-//! What a guest can call on the host (`sluice:plugin/host`) and the per-Store state behind it.
+//! What a guest can call on the host (`sluice:plugin/host`), the per-Store state behind it, and
+//! the per-tenant state that outlives Stores (log budget, counters).
+//!
+//! A trapped instance is replaced by a fresh Store, so anything a guest could use to consume
+//! host resources — log lines, counter names — is budgeted per tenant ([`TenantShared`]), not
+//! per Store: a trap must not hand the guest a fresh budget.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::sluice::plugin::host;
 use super::bindings::types::LogLevel;
+use super::limits::TenantLimiter;
 use crate::outbox::TenantId;
+use crate::text::bounded;
 
 /// Longest guest log line kept; the rest is cut so a guest cannot flood the logs line by line.
-const MAX_LOG_LINE: usize = 1_024;
+pub const MAX_LOG_LINE: usize = 1_024;
 /// Guest log lines per second a tenant may write on average…
-const LOG_LINES_PER_SEC: f64 = 20.0;
+pub const LOG_LINES_PER_SEC: f64 = 20.0;
 /// …and in one burst. Lines beyond are dropped and counted.
-const LOG_BURST: f64 = 100.0;
+pub const LOG_BURST: f64 = 100.0;
+/// Distinct `counter-add` names kept per tenant, `_overflow` included (what the metrics
+/// export shows per plugin).
+pub const MAX_COUNTER_NAMES: usize = 32;
+/// Longest counter name kept; longer names are added to `_overflow`.
+pub const MAX_COUNTER_NAME: usize = 64;
+/// Where counters past [`MAX_COUNTER_NAMES`], and names that are too long, empty or contain
+/// control characters, are added.
+pub const OVERFLOW_COUNTER: &str = "_overflow";
 
 /// A wall and monotonic clock stuck at zero: guests get no time source (a plugin's output
 /// must depend on the row, not on when it ran; `created-at-ms` carries the row's time).
@@ -42,7 +58,7 @@ impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
 /// Token bucket for guest log lines.
 struct LogBudget {
     tokens: f64,
-    last: std::time::Instant,
+    last: Instant,
     dropped: u64,
 }
 
@@ -50,14 +66,14 @@ impl LogBudget {
     fn new() -> Self {
         Self {
             tokens: LOG_BURST,
-            last: std::time::Instant::now(),
+            last: Instant::now(),
             dropped: 0,
         }
     }
 
     /// Whether a line may be written now.
     fn take(&mut self) -> bool {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         let refill = now.duration_since(self.last).as_secs_f64() * LOG_LINES_PER_SEC;
         self.tokens = (self.tokens + refill).min(LOG_BURST);
         self.last = now;
@@ -71,21 +87,114 @@ impl LogBudget {
     }
 }
 
+/// `counter-add` totals of one tenant, bounded in names and name length.
+#[derive(Debug, Default)]
+struct Counters(BTreeMap<String, u64>);
+
+impl Counters {
+    fn add(&mut self, name: &str, delta: u64) {
+        let key = if !acceptable_counter_name(name) {
+            OVERFLOW_COUNTER
+        } else if self.0.contains_key(name) || self.0.len() < MAX_COUNTER_NAMES - 1 {
+            name
+        } else {
+            // Room is kept for `_overflow` itself.
+            OVERFLOW_COUNTER
+        };
+        match self.0.get_mut(key) {
+            Some(value) => *value = value.saturating_add(delta),
+            None => {
+                self.0.insert(key.to_owned(), delta);
+            }
+        }
+    }
+}
+
+fn acceptable_counter_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_COUNTER_NAME
+        && name != OVERFLOW_COUNTER
+        && !name.chars().any(char::is_control)
+}
+
+/// Host-side state of one tenant that every Store of it shares.
+pub struct TenantShared {
+    tenant: TenantId,
+    log_budget: Mutex<LogBudget>,
+    counters: Mutex<Counters>,
+}
+
+impl TenantShared {
+    pub fn new(tenant: TenantId) -> Arc<Self> {
+        Arc::new(Self {
+            tenant,
+            log_budget: Mutex::new(LogBudget::new()),
+            counters: Mutex::new(Counters::default()),
+        })
+    }
+
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+
+    /// The tenant's `counter-add` totals, by name (at most [`MAX_COUNTER_NAMES`]).
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        lock(&self.counters).0.clone()
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        let dropped_before = {
+            let mut budget = lock(&self.log_budget);
+            let dropped = budget.dropped;
+            if !budget.take() {
+                return;
+            }
+            budget.dropped = 0;
+            dropped
+        };
+        let tenant = bounded(self.tenant.as_str(), MAX_LOG_LINE);
+        if dropped_before > 0 {
+            tracing::warn!(target: "sluice::guest", tenant = %tenant,
+                dropped = dropped_before, "guest log lines dropped (rate limit)");
+        }
+        let message = bounded(message, MAX_LOG_LINE);
+        match level {
+            LogLevel::Trace => {
+                tracing::trace!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Debug => {
+                tracing::debug!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Info => {
+                tracing::info!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Warn => {
+                tracing::warn!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+            LogLevel::Error => {
+                tracing::error!(target: "sluice::guest", tenant = %tenant, "{message}")
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Data of one tenant's Store. Never shared between tenants.
 pub struct HostState {
-    pub(crate) tenant: TenantId,
-    pub(crate) limits: StoreLimits,
+    pub(crate) shared: Arc<TenantShared>,
+    pub(crate) limiter: TenantLimiter,
     wasi: WasiCtx,
     table: ResourceTable,
-    counters: HashMap<String, u64>,
-    log_budget: LogBudget,
 }
 
 impl HostState {
-    pub fn new(tenant: TenantId, limits: StoreLimits) -> Self {
+    pub fn new(shared: Arc<TenantShared>, limiter: TenantLimiter) -> Self {
         Self {
-            tenant,
-            limits,
+            shared,
+            limiter,
             // Empty context: no preopens, env, args or sockets; stdio goes nowhere; clocks
             // frozen at zero.
             wasi: WasiCtx::builder()
@@ -93,14 +202,7 @@ impl HostState {
                 .monotonic_clock(FrozenClock)
                 .build(),
             table: ResourceTable::new(),
-            counters: HashMap::new(),
-            log_budget: LogBudget::new(),
         }
-    }
-
-    /// Counters the guest incremented with `counter-add`, by name.
-    pub fn counters(&self) -> &HashMap<String, u64> {
-        &self.counters
     }
 }
 
@@ -117,37 +219,11 @@ impl super::bindings::types::Host for HostState {}
 
 impl host::Host for HostState {
     fn log(&mut self, level: LogLevel, message: String) {
-        let dropped_before = self.log_budget.dropped;
-        if !self.log_budget.take() {
-            return;
-        }
-        if dropped_before > 0 {
-            tracing::warn!(target: "sluice::guest", tenant = self.tenant.as_str(),
-                dropped = dropped_before, "guest log lines dropped (rate limit)");
-            self.log_budget.dropped = 0;
-        }
-        let mut message = message;
-        if message.len() > MAX_LOG_LINE {
-            let mut end = MAX_LOG_LINE;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
-            message.push('…');
-        }
-        let tenant = self.tenant.as_str();
-        match level {
-            LogLevel::Trace => tracing::trace!(target: "sluice::guest", tenant, "{message}"),
-            LogLevel::Debug => tracing::debug!(target: "sluice::guest", tenant, "{message}"),
-            LogLevel::Info => tracing::info!(target: "sluice::guest", tenant, "{message}"),
-            LogLevel::Warn => tracing::warn!(target: "sluice::guest", tenant, "{message}"),
-            LogLevel::Error => tracing::error!(target: "sluice::guest", tenant, "{message}"),
-        }
+        self.shared.log(level, &message);
     }
 
     fn counter_add(&mut self, name: String, delta: u64) {
-        let value = self.counters.entry(name).or_default();
-        *value = value.saturating_add(delta);
+        lock(&self.shared.counters).add(&name, delta);
     }
 }
 
@@ -162,5 +238,38 @@ mod tests {
         // The burst, plus whatever refilled while the loop ran (microseconds).
         assert!((100..=101).contains(&allowed), "{allowed}");
         assert!(budget.dropped >= 899);
+    }
+
+    #[test]
+    fn the_log_budget_belongs_to_the_tenant_not_the_store() {
+        let shared = TenantShared::new(TenantId("t".into()));
+        // Two Stores of the same tenant, as after a trap.
+        let mut first = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
+        let mut second = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
+        for _ in 0..1_000 {
+            host::Host::log(&mut first, LogLevel::Info, "x".into());
+            host::Host::log(&mut second, LogLevel::Info, "x".into());
+        }
+        let budget = lock(&shared.log_budget);
+        assert!(budget.tokens < 2.0, "one bucket, emptied by both Stores");
+        assert!(budget.dropped >= 1_890, "{}", budget.dropped);
+    }
+
+    #[test]
+    fn counters_are_bounded_in_names_and_length() {
+        let shared = TenantShared::new(TenantId("t".into()));
+        let mut state = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
+        for i in 0..1_000 {
+            host::Host::counter_add(&mut state, format!("name-{i}"), 1);
+        }
+        host::Host::counter_add(&mut state, "x".repeat(1 << 20), 5);
+        host::Host::counter_add(&mut state, "bad\0name".into(), 1);
+        host::Host::counter_add(&mut state, "name-0".into(), 10);
+        let counters = shared.counters();
+        assert_eq!(counters.len(), MAX_COUNTER_NAMES);
+        assert_eq!(counters["name-0"], 11, "known names keep counting");
+        let overflow = (1_000 - (MAX_COUNTER_NAMES as u64 - 1)) + 5 + 1;
+        assert_eq!(counters[OVERFLOW_COUNTER], overflow);
+        assert!(counters.keys().all(|k| k.len() <= MAX_COUNTER_NAME));
     }
 }

@@ -1,19 +1,29 @@
-//! One tenant's live plugin instance: its own Store (memory cap, epoch deadline) and the calls
-//! into the guest. A trapped instance is poisoned; the owner drops it and creates a new one.
+//! One tenant's live plugin instance: its own Store (memory cap, epoch deadline, copy budget)
+//! and the calls into the guest, each bounded in wall-clock time (see [`super::call`]). A
+//! trapped instance is poisoned; the owner drops it and creates a new one.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use wasmtime::{Store, Trap};
 
 use super::bindings::Plugin;
 use super::bindings::types::{self as wit, PluginInfo};
+use super::call::run_until;
 use super::component::LoadedPlugin;
 use super::engine::PluginEngine;
 use super::engine::deadline_ticks;
-use super::host_api::HostState;
-use super::limits::Limits;
+use super::host_api::{HostState, TenantShared};
+use super::limits::{LimitExceeded, Limits};
 use super::{PluginError, TransformFailure};
-use crate::outbox::{OutboxRow, TenantId};
+use crate::outbox::OutboxRow;
+use crate::text::{MAX_LOGGED, bounded};
+
+/// Longest plugin name or version kept from `info()`.
+const MAX_INFO_FIELD: usize = 256;
+/// Longest config schema kept from `info()`.
+const MAX_CONFIG_SCHEMA: usize = 64 * 1024;
 
 /// A configured instance of a plugin for one tenant.
 pub struct TenantInstance {
@@ -27,27 +37,27 @@ impl TenantInstance {
     /// Instantiates `plugin` in a fresh Store for `tenant` and calls `configure(config)`.
     pub fn create(
         plugin: &Arc<LoadedPlugin>,
-        tenant: &TenantId,
+        shared: &Arc<TenantShared>,
         config: &[(String, String)],
         limits: &Limits,
     ) -> Result<Self, PluginError> {
-        let mut instance = Self::instantiate(plugin, tenant, limits)?;
-        let engine = Arc::clone(&instance.engine);
-        let _running = engine.enter();
-        instance.arm();
+        let mut instance = Self::instantiate(plugin, shared, limits)?;
+        let tenant = shared.tenant();
         let configured = instance
-            .bindings
-            .sluice_plugin_transformer()
-            .call_configure(&mut instance.store, config)
-            .map_err(|e| PluginError::Instantiate {
+            .call(|bindings, store| {
+                bindings
+                    .sluice_plugin_transformer()
+                    .call_configure(store, config)
+            })
+            .map_err(|trapped| PluginError::Instantiate {
                 path: plugin.path().to_owned(),
                 tenant: tenant.clone(),
-                message: describe_trap(&e, limits),
+                message: trapped.reason,
             })?;
         configured.map_err(|message| PluginError::Configure {
             path: plugin.path().to_owned(),
             tenant: tenant.clone(),
-            message,
+            message: bounded(&message, MAX_LOGGED).into_owned(),
         })?;
         Ok(instance)
     }
@@ -55,26 +65,27 @@ impl TenantInstance {
     /// Instantiates `plugin` in a fresh Store without configuring it (for `info()`).
     pub fn instantiate(
         plugin: &Arc<LoadedPlugin>,
-        tenant: &TenantId,
+        shared: &Arc<TenantShared>,
         limits: &Limits,
     ) -> Result<Self, PluginError> {
         let _running = plugin.engine().enter();
-        let engine = plugin.engine().engine();
         let mut store = Store::new(
-            engine,
-            HostState::new(tenant.clone(), limits.store_limits()),
+            plugin.engine().engine(),
+            HostState::new(Arc::clone(shared), limits.limiter()),
         );
-        store.limiter(|state| &mut state.limits);
+        store.limiter(|state| &mut state.limiter);
         store.set_epoch_deadline(deadline_ticks(limits.call_timeout));
-        let instance_err = |message: String| PluginError::Instantiate {
+        // What the host may copy out of the guest per call: results and host-call arguments.
+        store.set_hostcall_fuel(limits.copy_budget());
+        let deadline = Instant::now() + limits.call_timeout;
+        let instantiated = run_until(plugin.pre().instantiate_async(&mut store), deadline)
+            .ok_or_else(|| Trapped::wall_clock(limits))
+            .and_then(|r| r.map_err(|e| Trapped::from_error(&e, limits)));
+        let bindings = instantiated.map_err(|trapped| PluginError::Instantiate {
             path: plugin.path().to_owned(),
-            tenant: tenant.clone(),
-            message,
-        };
-        let bindings = plugin
-            .pre()
-            .instantiate(&mut store)
-            .map_err(|e| instance_err(describe_trap(&e, limits)))?;
+            tenant: shared.tenant().clone(),
+            message: trapped.reason,
+        })?;
         Ok(Self {
             store,
             bindings,
@@ -83,21 +94,40 @@ impl TenantInstance {
         })
     }
 
-    /// Sets a fresh deadline before each call into the guest.
-    fn arm(&mut self) {
-        self.store
-            .set_epoch_deadline(deadline_ticks(self.limits.call_timeout));
+    /// Calls into the guest: a fresh epoch deadline (for guest code) and wall-clock deadline
+    /// (for time spent waiting in host functions), both `call_timeout`.
+    fn call<'a, F, T>(
+        &'a mut self,
+        f: impl FnOnce(&'a Plugin, &'a mut Store<HostState>) -> F,
+    ) -> Result<T, Trapped>
+    where
+        F: Future<Output = wasmtime::Result<T>> + 'a,
+    {
+        let _running = self.engine.enter();
+        // Deadlines count from the moment they are armed, so arm after entering.
+        let timeout = self.limits.call_timeout;
+        self.store.set_epoch_deadline(deadline_ticks(timeout));
+        let deadline = Instant::now() + timeout;
+        let limits = &self.limits;
+        match run_until(f(&self.bindings, &mut self.store), deadline) {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(e)) => Err(Trapped::from_error(&e, limits)),
+            None => Err(Trapped::wall_clock(limits)),
+        }
     }
 
-    /// The plugin's `info()`.
+    /// The plugin's `info()`, with its text made safe to print.
     pub fn info(&mut self) -> Result<PluginInfo, String> {
-        let engine = Arc::clone(&self.engine);
-        let _running = engine.enter();
-        self.arm();
-        self.bindings
-            .sluice_plugin_transformer()
-            .call_info(&mut self.store)
-            .map_err(|e| describe_trap(&e, &self.limits))
+        let info = self
+            .call(|bindings, store| bindings.sluice_plugin_transformer().call_info(store))
+            .map_err(|trapped| trapped.reason)?;
+        Ok(PluginInfo {
+            name: bounded(&info.name, MAX_INFO_FIELD).into_owned(),
+            version: bounded(&info.version, MAX_INFO_FIELD).into_owned(),
+            config_schema: info
+                .config_schema
+                .map(|s| bounded(&s, MAX_CONFIG_SCHEMA).into_owned()),
+        })
     }
 
     /// Runs one row through the plugin. `Err` means the call trapped and this instance is
@@ -105,27 +135,22 @@ impl TenantInstance {
     /// be checked with [`super::output::accept`].
     pub fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
         let input = to_wit_row(row);
-        let engine = Arc::clone(&self.engine);
-        let _running = engine.enter();
-        self.arm();
-        self.bindings
-            .sluice_plugin_transformer()
-            .call_transform(&mut self.store, &input)
-            .map_err(|e| Trapped::from_error(&e, &self.limits))
+        self.call(|bindings, store| {
+            bindings
+                .sluice_plugin_transformer()
+                .call_transform(store, &input)
+        })
     }
 
     /// Runs several rows through the plugin's `transform-batch` in one call (one deadline for
     /// the whole call). A result list of the wrong length is refused.
     pub fn transform_batch(&mut self, rows: &[&OutboxRow]) -> Result<Vec<Answer>, Trapped> {
         let input: Vec<wit::OutboxRow> = rows.iter().map(|row| to_wit_row(row)).collect();
-        let engine = Arc::clone(&self.engine);
-        let _running = engine.enter();
-        self.arm();
-        let answers = self
-            .bindings
-            .sluice_plugin_transformer()
-            .call_transform_batch(&mut self.store, &input)
-            .map_err(|e| Trapped::from_error(&e, &self.limits))?;
+        let answers = self.call(|bindings, store| {
+            bindings
+                .sluice_plugin_transformer()
+                .call_transform_batch(store, &input)
+        })?;
         if answers.len() != rows.len() {
             return Err(Trapped {
                 reason: format!(
@@ -139,9 +164,9 @@ impl TenantInstance {
         Ok(answers)
     }
 
-    /// Counters the guest reported through `counter-add`.
-    pub fn counters(&self) -> &std::collections::HashMap<String, u64> {
-        self.store.data().counters()
+    /// Linear memory the instance uses now, in bytes.
+    pub fn memory_used(&self) -> usize {
+        self.store.data().limiter.memory_used()
     }
 }
 
@@ -151,6 +176,7 @@ pub type Answer = Result<Vec<wit::OutputMessage>, wit::TransformError>;
 /// A guest call that trapped; the instance must be discarded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trapped {
+    /// Why, bounded and free of control characters.
     pub reason: String,
     /// The call ran into its `call_timeout`.
     pub deadline: bool,
@@ -161,6 +187,17 @@ impl Trapped {
         Self {
             reason: describe_trap(error, limits),
             deadline: matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)),
+        }
+    }
+
+    /// The call waited in a host function (a WASI sleep, say) until its deadline passed.
+    fn wall_clock(limits: &Limits) -> Self {
+        Self {
+            reason: format!(
+                "plugin exceeded its call_timeout of {} (waiting in a host call such as a sleep)",
+                humantime::format_duration(limits.call_timeout)
+            ),
+            deadline: true,
         }
     }
 
@@ -189,23 +226,28 @@ pub fn to_wit_row(row: &OutboxRow) -> wit::OutboxRow {
     }
 }
 
-/// Human-readable reason for a failed guest call: deadline, memory cap or other trap.
+/// wasmtime's text when a call's results (or a host call's arguments) needed more copying
+/// than the hostcall fuel allows.
+const FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
+/// Human-readable reason for a failed guest call: deadline, memory cap, copy budget or other
+/// trap. Bounded: the trap text carries guest-chosen function names in its backtrace.
 fn describe_trap(error: &wasmtime::Error, limits: &Limits) -> String {
-    match error.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => format!(
+    if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
+        return format!(
             "plugin exceeded its call_timeout of {}",
             humantime::format_duration(limits.call_timeout)
-        ),
-        _ => {
-            let text = format!("{error:#}");
-            if text.contains("forcing trap when growing memory") {
-                format!(
-                    "plugin exceeded its memory limit of {} MiB: {text}",
-                    limits.memory_bytes / (1024 * 1024)
-                )
-            } else {
-                format!("plugin trapped: {text}")
-            }
-        }
+        );
     }
+    if let Some(limit) = error.downcast_ref::<LimitExceeded>() {
+        return limit.to_string();
+    }
+    let text = format!("{error:#}");
+    if text.contains(FUEL_EXHAUSTED) {
+        return format!(
+            "plugin returned more than {} bytes from one call (twice its max_batch_output_bytes)",
+            limits.copy_budget()
+        );
+    }
+    format!("plugin trapped: {}", bounded(&text, MAX_LOGGED))
 }

@@ -1,23 +1,43 @@
-//! Sandbox limits of one tenant instance, resolved from config, and the topic allow-list.
+//! Sandbox limits of one tenant instance, resolved from config; the wasmtime resource limiter
+//! that enforces the memory cap across every memory, table and instance of a Store; and the
+//! topic allow-list.
 
 use std::time::Duration;
 
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime::ResourceLimiter;
 
 use crate::config::{
     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, LimitsSpec,
+    DEFAULT_MAX_BATCH_OUTPUT_BYTES, DEFAULT_MAX_HEADERS_PER_MESSAGE, DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, LimitsSpec,
 };
+
+/// Core module instances one Store may create. A Rust component has a handful; a
+/// componentize-py one a few dozen (one per linked library plus shims).
+pub const MAX_INSTANCES: usize = 200;
+/// Linear memories one Store may create (components share one memory between their modules;
+/// adapters may add one or two).
+pub const MAX_MEMORIES: usize = 20;
+/// Tables one Store may create.
+pub const MAX_TABLES: usize = 200;
+/// Table elements, summed over every table of a Store: each costs the host a pointer or two,
+/// outside the linear-memory cap. CPython's function table has some tens of thousands.
+pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;
 
 /// Limits applied to one tenant's Store and to what its plugin may emit.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Linear memory of the whole Store (every memory of every instance together).
     pub memory_bytes: usize,
     pub call_timeout: Duration,
     /// `None` = any topic.
     pub allowed_topics: Option<Vec<TopicPattern>>,
     pub max_outputs_per_row: usize,
     pub max_message_bytes: usize,
+    pub max_headers_per_message: usize,
+    /// Bytes of accepted messages per tenant and batch; also bounds what one call may make
+    /// the host copy out of the guest (see [`Limits::copy_budget`]).
+    pub max_batch_output_bytes: usize,
     pub breaker_failures: u32,
     pub breaker_cooldown: Duration,
 }
@@ -41,6 +61,12 @@ impl Limits {
                 .max_outputs_per_row
                 .unwrap_or(DEFAULT_MAX_OUTPUTS_PER_ROW),
             max_message_bytes: spec.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+            max_headers_per_message: spec
+                .max_headers_per_message
+                .unwrap_or(DEFAULT_MAX_HEADERS_PER_MESSAGE),
+            max_batch_output_bytes: spec
+                .max_batch_output_bytes
+                .unwrap_or(DEFAULT_MAX_BATCH_OUTPUT_BYTES),
             breaker_failures: spec
                 .circuit_breaker_failures
                 .unwrap_or(DEFAULT_BREAKER_FAILURES),
@@ -50,13 +76,20 @@ impl Limits {
         })
     }
 
-    /// wasmtime limits for a new Store: a failed `memory.grow` traps instead of returning -1,
-    /// so a runaway guest stops at once with a clear reason.
-    pub fn store_limits(&self) -> StoreLimits {
-        StoreLimitsBuilder::new()
-            .memory_size(self.memory_bytes)
-            .trap_on_grow_failure(true)
-            .build()
+    /// A fresh resource limiter for a new Store.
+    pub fn limiter(&self) -> TenantLimiter {
+        TenantLimiter::new(self.memory_bytes)
+    }
+
+    /// Bytes the host may copy out of the guest in one call (its results, or the arguments of
+    /// one `log`/`counter-add`): wasmtime's "hostcall fuel". Twice the batch output budget, so
+    /// a row that fits the budget always lifts (the fuel also counts the host's per-element
+    /// overhead); a guest that returns one buffer a thousand times over fails the call before
+    /// the host allocates the copies.
+    pub fn copy_budget(&self) -> usize {
+        self.max_batch_output_bytes
+            .saturating_mul(2)
+            .max(MIN_COPY_BUDGET)
     }
 
     pub fn topic_allowed(&self, topic: &str) -> bool {
@@ -67,6 +100,9 @@ impl Limits {
     }
 }
 
+/// Floor of [`Limits::copy_budget`]: error messages, log lines and `info()` must always fit.
+const MIN_COPY_BUDGET: usize = 1024 * 1024;
+
 impl Default for Limits {
     fn default() -> Self {
         // The default spec always resolves.
@@ -76,9 +112,118 @@ impl Default for Limits {
             allowed_topics: None,
             max_outputs_per_row: DEFAULT_MAX_OUTPUTS_PER_ROW,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_headers_per_message: DEFAULT_MAX_HEADERS_PER_MESSAGE,
+            max_batch_output_bytes: DEFAULT_MAX_BATCH_OUTPUT_BYTES,
             breaker_failures: DEFAULT_BREAKER_FAILURES,
             breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
         })
+    }
+}
+
+/// Why the limiter refused to grow something; the call traps with this as its reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitExceeded {
+    #[error("plugin exceeded its memory limit of {} MiB (all its linear memories together)", .0 / (1024 * 1024))]
+    Memory(usize),
+    #[error("plugin exceeded the limit of {MAX_TABLE_ELEMENTS} table elements")]
+    TableElements,
+}
+
+/// wasmtime's `StoreLimits` bound each linear memory on its own; a component may declare many
+/// memories, tables and instances. This limiter caps the Store's total, and a refused growth
+/// traps (instead of `memory.grow` returning -1) so a runaway guest stops with a clear reason.
+#[derive(Debug)]
+pub struct TenantLimiter {
+    memory_cap: usize,
+    memory_used: usize,
+    table_elements_used: usize,
+    /// Growth allowed by the last `*_growing` call, taken back if the growth then failed.
+    pending_memory: usize,
+    pending_elements: usize,
+}
+
+impl TenantLimiter {
+    pub fn new(memory_cap: usize) -> Self {
+        Self {
+            memory_cap,
+            memory_used: 0,
+            table_elements_used: 0,
+            pending_memory: 0,
+            pending_elements: 0,
+        }
+    }
+
+    /// Linear memory bytes of the Store so far.
+    pub fn memory_used(&self) -> usize {
+        self.memory_used
+    }
+}
+
+impl ResourceLimiter for TenantLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current);
+        let total = self.memory_used.saturating_add(growth);
+        if total > self.memory_cap {
+            return Err(wasmtime::Error::new(LimitExceeded::Memory(self.memory_cap)));
+        }
+        if maximum.is_some_and(|max| desired > max) {
+            // The module's own maximum: an ordinary failed `memory.grow` (-1).
+            return Ok(false);
+        }
+        self.memory_used = total;
+        self.pending_memory = growth;
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        // Allowed by us, refused by the system: undo the accounting and trap with its reason.
+        self.memory_used = self.memory_used.saturating_sub(self.pending_memory);
+        self.pending_memory = 0;
+        Err(error.context("growing the plugin's memory failed"))
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current);
+        let total = self.table_elements_used.saturating_add(growth);
+        if total > MAX_TABLE_ELEMENTS {
+            return Err(wasmtime::Error::new(LimitExceeded::TableElements));
+        }
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        self.table_elements_used = total;
+        self.pending_elements = growth;
+        Ok(true)
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.table_elements_used = self
+            .table_elements_used
+            .saturating_sub(self.pending_elements);
+        self.pending_elements = 0;
+        Ok(())
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
     }
 }
 
@@ -129,6 +274,65 @@ impl TopicPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasmtime::component::{Component, Linker};
+    use wasmtime::{Engine, Store};
+
+    /// Instantiates an inline WAT component in a Store limited to `memory_cap` bytes.
+    fn instantiate(wat: &str, memory_cap: usize) -> wasmtime::Result<()> {
+        let engine = Engine::default();
+        let component = Component::new(&engine, wat)?;
+        let mut store = Store::new(&engine, TenantLimiter::new(memory_cap));
+        store.limiter(|limiter| limiter);
+        Linker::new(&engine).instantiate(&mut store, &component)?;
+        Ok(())
+    }
+
+    const MIB: usize = 1024 * 1024;
+    /// One core module with a 10 MiB memory (160 pages of 64 KiB).
+    const TEN_MIB_MODULE: &str = "(core module $m (memory 160))";
+
+    #[test]
+    fn the_memory_cap_counts_every_memory_of_the_store() {
+        let one = format!("(component {TEN_MIB_MODULE} (core instance (instantiate $m)))");
+        instantiate(&one, 16 * MIB).unwrap();
+        // Two memories of 10 MiB each: each under the cap, together over it.
+        let two = format!(
+            "(component {TEN_MIB_MODULE} (core instance (instantiate $m)) (core instance (instantiate $m)))"
+        );
+        let err = instantiate(&two, 16 * MIB).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("memory limit of 16 MiB"),
+            "{err:#}"
+        );
+        instantiate(&two, 32 * MIB).unwrap();
+    }
+
+    #[test]
+    fn instances_memories_and_tables_are_counted() {
+        let many = |module: &str, n: usize| {
+            let instances = "(core instance (instantiate $m))".repeat(n);
+            format!("(component (core module $m {module}) {instances})")
+        };
+        instantiate(&many("", MAX_INSTANCES), MIB).unwrap();
+        assert!(instantiate(&many("", MAX_INSTANCES + 1), MIB).is_err());
+        let small_memory = "(memory 0)";
+        instantiate(&many(small_memory, MAX_MEMORIES), MIB).unwrap();
+        assert!(instantiate(&many(small_memory, MAX_MEMORIES + 1), MIB).is_err());
+        let table = "(table 1 funcref)";
+        instantiate(&many(table, MAX_TABLES), MIB).unwrap();
+        assert!(instantiate(&many(table, MAX_TABLES + 1), MIB).is_err());
+    }
+
+    #[test]
+    fn table_elements_are_capped_across_tables() {
+        let half = MAX_TABLE_ELEMENTS / 2 + 1;
+        let wat = format!(
+            "(component (core module $m (table {half} funcref)) \
+             (core instance (instantiate $m)) (core instance (instantiate $m)))"
+        );
+        let err = instantiate(&wat, MIB).unwrap_err();
+        assert!(format!("{err:#}").contains("table elements"), "{err:#}");
+    }
 
     #[test]
     fn exact_and_prefix_patterns_match_as_documented() {

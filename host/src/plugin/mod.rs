@@ -4,23 +4,34 @@
 //! - [`engine`]: engine config, epoch ticker, linker (WASI p2 with an empty context + host API)
 //! - [`component`]: loading and linking a `.wasm` file
 //! - [`instance`]: a tenant's Store and the guest calls
+//! - `call`: driving a guest call within its wall-clock deadline
+//! - `host_api`: what guests may call on the host, and the per-tenant state behind it
 //! - [`limits`]: memory/time limits and the topic allow-list
 //! - [`output`]: what the host accepts from a plugin, and the headers it stamps
 //! - [`builtin`]: routing plugins compiled into the host (no WASM)
-//! - [`router`]: tenant → instance routing for the relay, per-batch time budgets
+//! - [`slot`]: one tenant's runner, breaker and per-batch time and output budgets
+//! - [`router`]: tenant → slot routing for the relay, start-up quarantine, the cap on
+//!   instances of tenants without their own entry
+//! - [`reload`]: hot reload and quarantine retries
+//! - [`quarantine`], [`breaker`]: why a tenant's rows wait
+//! - [`status`]: what the router reports per tenant
 //! - [`testbench`]: `sluice plugin check|test`
 
 mod bindings;
 pub mod breaker;
 pub mod builtin;
+mod call;
 pub mod component;
 pub mod engine;
 mod host_api;
 pub mod instance;
 pub mod limits;
 pub mod output;
+pub mod quarantine;
+pub mod reload;
 pub mod router;
 pub mod slot;
+pub mod status;
 pub mod testbench;
 
 use std::future::Future;
@@ -32,6 +43,7 @@ pub use engine::PluginEngine;
 pub use instance::TenantInstance;
 pub use limits::{Limits, TopicPattern};
 pub use router::PluginRouter;
+pub use status::{TenantState, TenantStatus};
 
 use crate::message::Message;
 use crate::outbox::{OutboxRow, TenantId};
@@ -100,15 +112,44 @@ pub enum TransformFailure {
     /// The tenant's instance could not be (re)created.
     #[error("plugin unavailable: {0}")]
     Unavailable(String),
-    /// The tenant's circuit breaker is open; the row was not run.
-    #[error("tenant {tenant} paused by its circuit breaker for another {}", humantime::format_duration(*.remaining))]
+    /// The tenant's circuit breaker is open, or the tenant is quarantined; the row was not
+    /// run and waits `remaining` without an attempt being counted.
+    #[error("{}", paused_message(tenant, remaining, reason))]
     Paused {
         tenant: TenantId,
         remaining: std::time::Duration,
+        reason: PauseReason,
     },
 }
 
-/// Errors loading or setting up plugins; they stop `sluice run` at start-up.
+/// Why a tenant's rows are not run for now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PauseReason {
+    /// Its circuit breaker is open.
+    CircuitBreaker,
+    /// Its plugin failed to load, instantiate or configure (the reason, bounded); retried
+    /// with back-off and on reload.
+    Quarantined(String),
+}
+
+fn paused_message(
+    tenant: &TenantId,
+    remaining: &std::time::Duration,
+    reason: &PauseReason,
+) -> String {
+    let remaining = humantime::format_duration(*remaining);
+    match reason {
+        PauseReason::CircuitBreaker => {
+            format!("tenant {tenant} paused by its circuit breaker for another {remaining}")
+        }
+        PauseReason::Quarantined(why) => format!(
+            "tenant {tenant} quarantined: its plugin failed to start ({why}); next try in {remaining}"
+        ),
+    }
+}
+
+/// Errors loading or setting up plugins. At start-up they quarantine the tenant, or stop
+/// `sluice run` with `[plugins] strict_startup = true`.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     #[error("plugin engine: {0}")]

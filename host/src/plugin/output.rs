@@ -1,15 +1,33 @@
 //! What the host accepts from a plugin: the checks every returned message must pass before
 //! anything of its row is published, and the headers the host stamps itself.
+//!
+//! Everything a plugin returns is hostile input: text that ends up in an error (and so in a
+//! log line and in `last_error`) is escaped and cut with [`bounded`]; topics must be valid
+//! Kafka topic names; header names must not carry control characters (a NUL ends a name in
+//! librdkafka, so `sluice-tenant\0x` would reach consumers as a second `sluice-tenant`).
 
 use super::bindings::types as wit;
 use super::limits::Limits;
 use super::{RowResult, TransformFailure};
 use crate::message::Message;
 use crate::outbox::OutboxRow;
+use crate::text::{MAX_LOGGED, bounded};
 
 /// Header names the host owns: whatever a plugin sets under these names is replaced.
 pub const TENANT_HEADER: &str = "sluice-tenant";
 pub const OUTBOX_ID_HEADER: &str = "sluice-outbox-id";
+const HOST_HEADERS: [&str; 2] = [TENANT_HEADER, OUTBOX_ID_HEADER];
+
+/// What each header costs towards `max_message_bytes` on top of its name and value: a broker,
+/// librdkafka and every consumer allocate a record per header, so 200,000 empty headers are
+/// not an empty message.
+pub const HEADER_OVERHEAD_BYTES: usize = 32;
+/// Kafka's own limit on topic name length.
+pub const MAX_TOPIC_LEN: usize = 249;
+/// Longest plugin error code kept.
+const MAX_ERROR_CODE: usize = 128;
+/// Longest topic or header name quoted in an error.
+const MAX_QUOTED: usize = 256;
 
 /// Turns a plugin's answer for `row` into messages, or fails the whole row closed: a row with
 /// one refused message publishes nothing.
@@ -31,14 +49,41 @@ pub fn accept(
             .map(|m| accept_message(limits, row, m))
             .collect(),
         Err(wit::TransformError::Retryable(d)) => Err(TransformFailure::Retryable {
-            code: d.code,
-            message: d.message,
+            code: bounded(&d.code, MAX_ERROR_CODE).into_owned(),
+            message: bounded(&d.message, MAX_LOGGED).into_owned(),
         }),
         Err(wit::TransformError::Permanent(d)) => Err(TransformFailure::Permanent {
-            code: d.code,
-            message: d.message,
+            code: bounded(&d.code, MAX_ERROR_CODE).into_owned(),
+            message: bounded(&d.message, MAX_LOGGED).into_owned(),
         }),
     }
+}
+
+/// Bytes a message counts towards `max_message_bytes` and the batch output budget: key,
+/// payload, and each header's name, value and [`HEADER_OVERHEAD_BYTES`].
+pub fn message_bytes<'a>(
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+    headers: impl IntoIterator<Item = &'a (String, Vec<u8>)>,
+) -> usize {
+    key.map_or(0, <[u8]>::len)
+        + payload.map_or(0, <[u8]>::len)
+        + headers
+            .into_iter()
+            .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD_BYTES)
+            .sum::<usize>()
+}
+
+/// Bytes of a row's accepted messages (see [`message_bytes`]).
+pub fn output_bytes(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.topic.len() + message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers))
+        .sum()
+}
+
+fn invalid(message: String) -> TransformFailure {
+    TransformFailure::InvalidOutput(message)
 }
 
 fn accept_message(
@@ -46,26 +91,30 @@ fn accept_message(
     row: &OutboxRow,
     m: wit::OutputMessage,
 ) -> Result<Message, TransformFailure> {
-    if m.topic.is_empty() {
-        return Err(TransformFailure::InvalidOutput(
-            "plugin returned a message with an empty topic".into(),
-        ));
-    }
-    if !limits.topic_allowed(&m.topic) {
-        return Err(TransformFailure::InvalidOutput(format!(
-            "plugin routed to topic {:?}, which is not in tenant {}'s allowed_topics",
-            m.topic, row.tenant
+    check_topic(limits, row, &m.topic)?;
+    if m.headers.len() > limits.max_headers_per_message {
+        return Err(invalid(format!(
+            "plugin returned a message with {} headers for topic {:?}; max_headers_per_message is {}",
+            m.headers.len(),
+            m.topic,
+            limits.max_headers_per_message
         )));
     }
-    let size = m.key.as_ref().map_or(0, Vec::len)
-        + m.payload.as_ref().map_or(0, Vec::len)
-        + m.headers
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>();
+    if let Some((name, _)) = m
+        .headers
+        .iter()
+        .find(|(name, _)| name.chars().any(char::is_control))
+    {
+        return Err(invalid(format!(
+            "plugin returned a header name with a control character: \"{}\"",
+            bounded(name, MAX_QUOTED)
+        )));
+    }
+    let size = message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers);
     if size > limits.max_message_bytes {
-        return Err(TransformFailure::InvalidOutput(format!(
-            "plugin returned a {size}-byte message for topic {:?}; max_message_bytes is {}",
+        return Err(invalid(format!(
+            "plugin returned a {size}-byte message for topic {:?}; max_message_bytes is {} \
+             (key + payload + headers, {HEADER_OVERHEAD_BYTES} bytes per header on top)",
             m.topic, limits.max_message_bytes
         )));
     }
@@ -79,12 +128,59 @@ fn accept_message(
     })
 }
 
-/// Drops any `sluice-tenant` / `sluice-outbox-id` the plugin set and appends the true values,
-/// so consumers can trust them.
+/// A topic must be a valid Kafka topic name before it may be checked against the allow-list
+/// or quoted in an error without escaping.
+fn check_topic(limits: &Limits, row: &OutboxRow, topic: &str) -> Result<(), TransformFailure> {
+    if topic.is_empty() {
+        return Err(invalid(
+            "plugin returned a message with an empty topic".into(),
+        ));
+    }
+    let legal = topic.len() <= MAX_TOPIC_LEN
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !legal {
+        return Err(invalid(format!(
+            "plugin routed to \"{}\" ({} bytes), which is not a valid Kafka topic name \
+             (1-{MAX_TOPIC_LEN} ASCII letters, digits, '.', '_', '-')",
+            bounded(topic, MAX_QUOTED),
+            topic.len()
+        )));
+    }
+    if !limits.topic_allowed(topic) {
+        return Err(invalid(format!(
+            "plugin routed to topic {topic:?}, which is not in tenant {}'s allowed_topics",
+            row.tenant
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a header name is one of the host's, compared without regard to case — Unicode
+/// case included, character by character after mapping to upper case and back to lower case
+/// (the rule of Java's `equalsIgnoreCase`, which some consumers use): `Sluice-Tenant`,
+/// `ſluice-tenant` (long s) and `SLUİCE-TENANT` (dotted capital I) are all host-owned.
+pub fn host_owned(name: &str) -> bool {
+    HOST_HEADERS.iter().any(|host| {
+        name.chars().count() == host.len()
+            && name.chars().zip(host.chars()).all(|(c, h)| fold(c) == h)
+    })
+}
+
+/// One character's case-insensitive identity: upper case, then lower case, keeping the first
+/// character of each mapping.
+fn fold(c: char) -> char {
+    let upper = c.to_uppercase().next().unwrap_or(c);
+    upper.to_lowercase().next().unwrap_or(upper)
+}
+
+/// Drops every header the plugin set under a host-owned name (see [`host_owned`]) and appends
+/// the true values, so consumers see exactly one of each and can trust them.
 fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(String, Vec<u8>)> {
-    headers.retain(|(k, _)| {
-        !k.eq_ignore_ascii_case(TENANT_HEADER) && !k.eq_ignore_ascii_case(OUTBOX_ID_HEADER)
-    });
+    headers.retain(|(k, _)| !host_owned(k));
     headers.push((
         TENANT_HEADER.to_owned(),
         row.tenant.as_str().as_bytes().to_vec(),
@@ -178,5 +274,107 @@ mod tests {
                 .contains("max_message_bytes")
         );
         assert!(accept(&l, &row(), Ok(vec![message("", vec![])])).is_err());
+    }
+
+    #[test]
+    fn unicode_case_variants_of_host_headers_are_host_owned() {
+        for name in [
+            "sluice-tenant",
+            "SLUICE-TENANT",
+            "Sluice-Outbox-Id",
+            "\u{17f}luice-tenant",    // ſ, long s: upper case S
+            "SLU\u{130}CE-TENANT",    // İ, capital I with dot: lower case i
+            "slu\u{131}ce-outbox-id", // ı, dotless i: upper case I
+        ] {
+            assert!(host_owned(name), "{name:?}");
+        }
+        for name in [
+            "sluice-tenants",
+            "sluice-tenant ",
+            "xsluice-tenant",
+            "sluice_tenant",
+            "",
+        ] {
+            assert!(!host_owned(name), "{name:?}");
+        }
+        let forged = vec![
+            ("\u{17f}luice-tenant".to_owned(), b"root".to_vec()),
+            ("SLU\u{130}CE-OUTBOX-ID".to_owned(), b"1".to_vec()),
+        ];
+        let out = accept(&Limits::default(), &row(), Ok(vec![message("t", forged)])).unwrap();
+        let names: Vec<&str> = out[0].headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, [TENANT_HEADER, OUTBOX_ID_HEADER]);
+    }
+
+    #[test]
+    fn header_names_with_control_characters_fail_the_row() {
+        for name in ["sluice-tenant\0", "a\nb", "\u{1b}[31m"] {
+            let answer = Ok(vec![message("t", vec![(name.to_owned(), b"x".to_vec())])]);
+            let err = accept(&Limits::default(), &row(), answer).unwrap_err();
+            assert!(matches!(err, TransformFailure::InvalidOutput(_)), "{err}");
+            let text = err.to_string();
+            assert!(text.contains("control character"), "{text}");
+            assert!(!text.chars().any(|c| c.is_control()), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn header_count_and_per_header_overhead_are_enforced() {
+        let empty = |n: usize| vec![(String::new(), Vec::new()); n];
+        let l = limits(LimitsSpec {
+            max_headers_per_message: Some(10),
+            ..LimitsSpec::default()
+        });
+        let err = accept(&l, &row(), Ok(vec![message("t", empty(11))])).unwrap_err();
+        assert!(err.to_string().contains("max_headers_per_message"), "{err}");
+        assert!(accept(&l, &row(), Ok(vec![message("t", empty(10))])).is_ok());
+        // 200,000 empty headers are not an empty message.
+        let l = limits(LimitsSpec {
+            max_headers_per_message: Some(1_000_000),
+            ..LimitsSpec::default()
+        });
+        let err = accept(&l, &row(), Ok(vec![message("t", empty(200_000))])).unwrap_err();
+        assert!(err.to_string().contains("max_message_bytes"), "{err}");
+    }
+
+    #[test]
+    fn topics_must_be_kafka_topic_names_and_are_quoted_safely() {
+        for bad in ["a\0b", "a b", "..", "x/y", "\u{e9}t\u{e9}"] {
+            let err = accept(&Limits::default(), &row(), Ok(vec![message(bad, vec![])]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("not a valid Kafka topic name"),
+                "{bad:?}: {err}"
+            );
+            assert!(!err.chars().any(|c| c.is_control()), "{err:?}");
+        }
+        let long = "t".repeat(1 << 20);
+        let err = accept(&Limits::default(), &row(), Ok(vec![message(&long, vec![])]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 2 * MAX_LOGGED, "{} bytes", err.len());
+        assert!(err.contains("1048576 bytes"), "{err}");
+        assert!(
+            accept(
+                &Limits::default(),
+                &row(),
+                Ok(vec![message(&"t".repeat(249), vec![])])
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn plugin_error_text_is_escaped_and_bounded() {
+        let answer = Err(wit::TransformError::Permanent(wit::ErrorDetail {
+            code: "c\0de".into(),
+            message: format!("bad\0{}", "x".repeat(4 << 20)),
+        }));
+        let err = accept(&Limits::default(), &row(), answer).unwrap_err();
+        let text = err.to_string();
+        assert!(!text.contains('\0'), "NUL escaped");
+        assert!(text.contains("c\\u{0}de"), "{text}");
+        assert!(text.len() < 2 * MAX_LOGGED, "{} bytes", text.len());
     }
 }

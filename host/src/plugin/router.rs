@@ -1,61 +1,141 @@
 //! Routes each row to its tenant's plugin slot and runs the plugin calls off the async
 //! reactor. One Store per tenant: tenants never share an instance, even when they share a file.
-//! Slots are in [`super::slot`]; this module owns the tenant → slot map, start-up and hot
-//! reload.
+//! Slots are in [`super::slot`]; this module owns the tenant → slot map, start-up (with
+//! quarantine of tenants whose plugin cannot start), the cap on instances of tenants without
+//! their own entry, and the status read API. Hot reload is in [`super::reload`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::component::LoadedPlugin;
 use super::engine::PluginEngine;
+use super::host_api::TenantShared;
 use super::limits::Limits;
 use super::slot::{
-    PluginCode, Runner, SlotStatus, TenantSlot, TenantTemplate, lock, lock_unless_stalled,
+    InstanceQuota, PluginCode, Runner, SlotStatus, TenantSlot, TenantTemplate, lock,
+    lock_unless_stalled,
 };
+use super::status::TenantStatus;
 use super::{PluginError, RowResult, RowTransformer, TransformFailure};
 use crate::config::{Config, PluginSource, config_pairs, plugin_cache_dir};
 use crate::outbox::{OutboxRow, TenantId};
+use crate::text::{MAX_LOGGED, bounded};
 
-type SharedSlot = Arc<Mutex<TenantSlot>>;
+/// A tenant's slot, and what may be read without waiting for its lock.
+pub(super) struct SlotHandle {
+    pub(super) slot: Mutex<TenantSlot>,
+    pub(super) status: Arc<SlotStatus>,
+    /// Has its own `[tenants.<name>]` entry (or is the `default` tenant); never evicted.
+    pub(super) configured: bool,
+    /// Router clock tick of the last batch that had rows of this tenant (LRU order).
+    last_used: AtomicU64,
+}
+
+pub(super) type SharedSlot = Arc<SlotHandle>;
+
+pub(super) fn new_handle(slot: TenantSlot, configured: bool) -> SharedSlot {
+    Arc::new(SlotHandle {
+        status: Arc::clone(&slot.status),
+        slot: Mutex::new(slot),
+        configured,
+        last_used: AtomicU64::new(0),
+    })
+}
+
+/// The tenant → slot map; `unconfigured` counts the slots of tenants without an entry.
+#[derive(Default)]
+pub(super) struct Slots {
+    pub(super) map: HashMap<TenantId, SharedSlot>,
+    unconfigured: usize,
+}
 
 /// The plugin runtime of `sluice run`: tenant → plugin mapping plus live instances.
 pub struct PluginRouter {
     /// Template for tenants without their own `[tenants.<name>]` entry.
-    default: Mutex<Option<Arc<TenantTemplate>>>,
-    slots: Mutex<HashMap<TenantId, SharedSlot>>,
-    engine: Arc<PluginEngine>,
-    cache_dir: Option<PathBuf>,
+    pub(super) default: Mutex<Option<Arc<TenantTemplate>>>,
+    pub(super) slots: Mutex<Slots>,
+    pub(super) engine: Arc<PluginEngine>,
+    pub(super) cache_dir: Option<PathBuf>,
     /// What each plugin file looked like when it was loaded, to notice replacements.
-    files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
-    /// Each slot's status, readable while the slot's lock is held by a running call.
-    statuses: Mutex<HashMap<TenantId, Arc<SlotStatus>>>,
+    pub(super) files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
+    /// Live instances of tenants without their own entry.
+    quota: Arc<InstanceQuota>,
+    /// Advances once per batch; orders unconfigured tenants by last use.
+    clock: AtomicU64,
+}
+
+/// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
+/// or rewriting it (new mtime or size), changes the stamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FileStamp {
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl FileStamp {
+    pub(super) fn of(path: &std::path::Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self {
+            inode: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+/// The tenant name used to try a template that no tenant uses yet (`[plugins.default]` when
+/// every tenant has its own entry).
+pub(super) fn probe_shared() -> Arc<TenantShared> {
+    TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()))
 }
 
 impl PluginRouter {
     /// Loads every plugin file named in `config` (each file once) and creates and configures
-    /// the instances of every configured tenant, so a broken plugin or a rejected config stops
-    /// `sluice run` before it claims anything.
+    /// the instances of every configured tenant. A tenant whose plugin fails to load,
+    /// instantiate or configure is quarantined — logged, its rows left unclaimed, retried with
+    /// back-off and on reload — and the others run; with `[plugins] strict_startup = true` the
+    /// first such failure is returned instead (and `sluice run` refuses to start).
     pub fn from_config(config: &Config) -> Result<Self, PluginError> {
+        let strict = config.plugins.strict_startup;
         let engine = PluginEngine::new()?;
         let cache_dir = plugin_cache_dir(config.plugins.cache_dir.as_deref());
-        let mut files: HashMap<PathBuf, Arc<LoadedPlugin>> = HashMap::new();
+        let mut files: HashMap<PathBuf, PluginCodeRef> = HashMap::new();
         let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
             let path = match source {
                 PluginSource::Builtin(name) => return Ok(PluginCode::Builtin(name.clone())),
                 PluginSource::Wasm(path) => path,
             };
-            if let Some(p) = files.get(path) {
-                return Ok(PluginCode::Wasm(Arc::clone(p)));
+            match files.get(path) {
+                Some(PluginCodeRef::Loaded(p)) => return Ok(PluginCode::Wasm(Arc::clone(p))),
+                Some(PluginCodeRef::Broken(reason)) => {
+                    return Ok(PluginCode::Broken {
+                        path: path.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+                None => {}
             }
-            let plugin = Arc::new(LoadedPlugin::load_cached(
-                &engine,
-                path,
-                cache_dir.as_deref(),
-            )?);
-            files.insert(path.clone(), Arc::clone(&plugin));
-            Ok(PluginCode::Wasm(plugin))
+            match LoadedPlugin::load_cached(&engine, path, cache_dir.as_deref()) {
+                Ok(plugin) => {
+                    let plugin = Arc::new(plugin);
+                    files.insert(path.clone(), PluginCodeRef::Loaded(Arc::clone(&plugin)));
+                    Ok(PluginCode::Wasm(plugin))
+                }
+                Err(e) if strict => Err(e),
+                Err(e) => {
+                    let reason = bounded(&e.to_string(), MAX_LOGGED).into_owned();
+                    files.insert(path.clone(), PluginCodeRef::Broken(reason.clone()));
+                    Ok(PluginCode::Broken {
+                        path: path.clone(),
+                        reason,
+                    })
+                }
+            }
         };
         let limits_err = |key: String| {
             move |message: String| PluginError::Config {
@@ -66,19 +146,18 @@ impl PluginRouter {
 
         let default_spec = config.plugins.default.as_ref();
         let default = match default_spec {
-            Some(spec) => Some(Arc::new(TenantTemplate {
-                code: load(&spec.source().ok_or_else(|| PluginError::Config {
+            Some(spec) => Some(Arc::new(TenantTemplate::new(
+                load(&spec.source().ok_or_else(|| PluginError::Config {
                     key: "plugins.default".into(),
                     message: "needs `path` or `builtin`".into(),
                 })?)?,
-                config: config_pairs(&spec.config.clone().unwrap_or_default()),
-                limits: Limits::resolve(&spec.limits())
-                    .map_err(limits_err("plugins.default".into()))?,
-            })),
+                config_pairs(&spec.config.clone().unwrap_or_default()),
+                Limits::resolve(&spec.limits()).map_err(limits_err("plugins.default".into()))?,
+            ))),
             None => None,
         };
 
-        let mut slots = HashMap::new();
+        let mut slots = Slots::default();
         for (name, tenant) in &config.tenants {
             let default_limits = default_spec.map(|s| s.limits()).unwrap_or_default();
             let Some(source) = tenant
@@ -96,29 +175,33 @@ impl PluginRouter {
                 .as_ref()
                 .or(default_spec.and_then(|s| s.config.as_ref()))
                 .unwrap_or(&empty);
-            let template = Arc::new(TenantTemplate {
-                code: load(&source)?,
-                config: config_pairs(table),
-                limits: Limits::resolve(&tenant.limits().or(&default_limits))
+            let template = Arc::new(TenantTemplate::new(
+                load(&source)?,
+                config_pairs(table),
+                Limits::resolve(&tenant.limits().or(&default_limits))
                     .map_err(limits_err(format!("tenants.{name}")))?,
-            });
+            ));
             let id = TenantId(name.clone());
-            slots.insert(id.clone(), new_slot(id, template)?);
+            let slot = start_slot(id.clone(), template, strict)?;
+            slots.map.insert(id, new_handle(slot, true));
         }
         if let Some(template) = &default {
-            let id = TenantId(TenantId::DEFAULT.to_owned());
-            if !slots.contains_key(&id) {
-                slots.insert(id.clone(), new_slot(id, Arc::clone(template))?);
+            use std::collections::hash_map::Entry;
+            match slots.map.entry(TenantId(TenantId::DEFAULT.to_owned())) {
+                Entry::Vacant(entry) => {
+                    let slot = start_slot(entry.key().clone(), Arc::clone(template), strict)?;
+                    entry.insert(new_handle(slot, true));
+                }
+                Entry::Occupied(_) => {
+                    // `[tenants.default]` has its own entry, so no tenant runs the default
+                    // plugin yet: try it now, so a broken one is reported at start-up rather
+                    // than on the first row of a new tenant.
+                    if let Err(e) = Runner::create(template, &probe_shared()) {
+                        quarantine_or_fail("tenants without their own entry", template, e, strict)?;
+                    }
+                }
             }
         }
-        let statuses = slots
-            .iter()
-            .map(|(id, slot): (&TenantId, &TenantSlot)| (id.clone(), Arc::clone(&slot.status)))
-            .collect();
-        let slots = slots
-            .into_iter()
-            .map(|(id, slot)| (id, Arc::new(Mutex::new(slot))))
-            .collect();
         let files = files
             .keys()
             .map(|path| (path.clone(), FileStamp::of(path)))
@@ -126,160 +209,209 @@ impl PluginRouter {
         Ok(Self {
             default: Mutex::new(default),
             slots: Mutex::new(slots),
-            statuses: Mutex::new(statuses),
             engine,
             cache_dir,
             files: Mutex::new(files),
+            quota: InstanceQuota::new(config.plugins.max_unconfigured_instances),
+            clock: AtomicU64::new(0),
         })
     }
 
-    fn slot(&self, tenant: &TenantId) -> Option<SharedSlot> {
+    /// The slot of `tenant`, created (without an instance) for a tenant seen for the first
+    /// time that runs the default plugin.
+    fn slot(&self, tenant: &TenantId, tick: u64) -> Option<SharedSlot> {
         let mut slots = lock(&self.slots);
-        if let Some(slot) = slots.get(tenant) {
-            return Some(Arc::clone(slot));
+        if let Some(handle) = slots.map.get(tenant) {
+            handle.last_used.store(tick, Ordering::Relaxed);
+            return Some(Arc::clone(handle));
         }
-        // A tenant seen for the first time gets its own instance of the default plugin,
-        // created lazily by its first row.
+        // Created lazily by its first row; counted against `max_unconfigured_instances`.
         let template = Arc::clone(lock(&self.default).as_ref()?);
-        let slot = TenantSlot::new(tenant.clone(), template, None);
-        lock(&self.statuses).insert(tenant.clone(), Arc::clone(&slot.status));
-        let slot = Arc::new(Mutex::new(slot));
-        slots.insert(tenant.clone(), Arc::clone(&slot));
-        Some(slot)
-    }
-}
-
-/// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
-/// or rewriting it (new mtime or size), changes the stamp.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FileStamp {
-    inode: u64,
-    len: u64,
-    modified: Option<std::time::SystemTime>,
-}
-
-impl FileStamp {
-    fn of(path: &std::path::Path) -> Option<Self> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).ok()?;
-        Some(Self {
-            inode: meta.ino(),
-            len: meta.len(),
-            modified: meta.modified().ok(),
-        })
-    }
-}
-
-impl PluginRouter {
-    fn status(&self, tenant: &TenantId) -> Option<Arc<SlotStatus>> {
-        lock(&self.statuses).get(tenant).cloned()
+        let slot = TenantSlot::new(
+            tenant.clone(),
+            template,
+            None,
+            Some(Arc::clone(&self.quota)),
+        );
+        let handle = new_handle(slot, false);
+        handle.last_used.store(tick, Ordering::Relaxed);
+        slots.map.insert(tenant.clone(), Arc::clone(&handle));
+        slots.unconfigured += 1;
+        Some(handle)
     }
 
-    /// Reloads plugin files that changed on disk (all of them with `force`, as on SIGHUP).
-    /// A new version is compiled and instantiated and configured for every tenant using it
-    /// before anything is swapped; if any step fails the old version keeps running and the
-    /// reason is logged. Tenants switch between two rows, never within one. Returns how many
-    /// files were swapped.
-    pub fn reload(&self, force: bool) -> usize {
-        let changed: Vec<(PathBuf, Option<FileStamp>)> = lock(&self.files)
+    /// Keeps tenants without their own entry within `max_unconfigured_instances`: when this
+    /// batch needs more instances than are free, or more such tenants are known than the cap,
+    /// the least recently used idle ones outside this batch lose their instance, and — unless
+    /// paused, quarantined or busy — their slot.
+    fn make_room(&self, batch: &HashSet<&TenantId>, handles: &[SharedSlot]) {
+        let needed = handles
             .iter()
-            .filter_map(|(path, old)| {
-                let now = FileStamp::of(path);
-                (force || now != *old).then(|| (path.clone(), now))
+            .filter(|h| !h.configured && !h.status.has_instance())
+            .count();
+        let cap = self.quota.cap();
+        let mut slots = lock(&self.slots);
+        let crowded = |slots: &Slots, quota: &InstanceQuota| {
+            quota.live() + needed > cap || slots.unconfigured > cap
+        };
+        if !crowded(&slots, &self.quota) {
+            return;
+        }
+        let mut candidates: Vec<(u64, TenantId, SharedSlot)> = slots
+            .map
+            .iter()
+            .filter(|(id, h)| !h.configured && !batch.contains(id))
+            .map(|(id, h)| {
+                (
+                    h.last_used.load(Ordering::Relaxed),
+                    id.clone(),
+                    Arc::clone(h),
+                )
             })
             .collect();
-        let mut swapped = 0;
-        for (path, stamp) in changed {
-            // Record the stamp first: a broken file is reported once, not every second.
-            lock(&self.files).insert(path.clone(), stamp);
-            match self.reload_file(&path) {
-                Ok(tenants) => {
-                    swapped += 1;
-                    tracing::info!(plugin = %path.display(), tenants, "plugin reloaded");
-                }
-                Err(e) => tracing::error!(plugin = %path.display(), error = %e,
-                    "new plugin version failed to load; the old version keeps running"),
+        candidates.sort_by_key(|(tick, _, _)| *tick);
+        let now = Instant::now();
+        for (_, id, handle) in candidates {
+            if !crowded(&slots, &self.quota) {
+                break;
+            }
+            let Ok(mut slot) = handle.slot.try_lock() else {
+                continue; // busy in another batch
+            };
+            slot.drop_runner();
+            let keep = handle.status.unavailable(now) || lock(&handle.status.breaker).tripped();
+            drop(slot);
+            if !keep {
+                slots.map.remove(&id);
+                slots.unconfigured -= 1;
             }
         }
-        swapped
     }
 
-    fn reload_file(&self, path: &std::path::Path) -> Result<usize, PluginError> {
-        let plugin = Arc::new(LoadedPlugin::load_cached(
-            &self.engine,
-            path,
-            self.cache_dir.as_deref(),
-        )?);
-        let renewed = |old: &TenantTemplate| {
-            Arc::new(TenantTemplate {
-                code: PluginCode::Wasm(Arc::clone(&plugin)),
-                config: old.config.clone(),
-                limits: old.limits.clone(),
+    /// Every tenant the router knows, with its state.
+    pub fn tenant_statuses(&self) -> Vec<TenantStatus> {
+        let now = Instant::now();
+        let handles: Vec<(TenantId, SharedSlot)> = lock(&self.slots)
+            .map
+            .iter()
+            .map(|(id, h)| (id.clone(), Arc::clone(h)))
+            .collect();
+        let mut statuses: Vec<TenantStatus> = handles
+            .into_iter()
+            .map(|(tenant, h)| TenantStatus {
+                tenant,
+                plugin: h.status.template().describe(),
+                configured: h.configured,
+                state: h.status.state(now),
+                instance: h.status.has_instance(),
+                counters: h.status.shared.counters(),
             })
-        };
-        // Prepare every affected tenant's new instance before swapping any.
-        let slots: Vec<SharedSlot> = lock(&self.slots).values().cloned().collect();
-        let mut prepared = Vec::new();
-        for slot in &slots {
-            let guard = lock(slot);
-            if guard.template.path() != Some(path) {
-                continue;
-            }
-            let template = renewed(&guard.template);
-            let runner = Runner::create(&template, &guard.tenant)?;
-            prepared.push((Arc::clone(slot), template, runner));
-        }
-        let count = prepared.len();
-        for (slot, template, runner) in prepared {
-            lock(&slot).replace(template, runner);
-        }
-        let mut default = lock(&self.default);
-        if let Some(old) = default.as_ref().filter(|t| t.path() == Some(path)) {
-            *default = Some(renewed(old));
-        }
-        Ok(count)
+            .collect();
+        statuses.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        statuses
+    }
+
+    /// Live instances of tenants without their own entry, and the cap.
+    pub fn unconfigured_instances(&self) -> (usize, usize) {
+        (self.quota.live(), self.quota.cap())
+    }
+
+    pub(super) fn handles(&self) -> Vec<SharedSlot> {
+        lock(&self.slots).map.values().cloned().collect()
     }
 }
 
-fn new_slot(tenant: TenantId, template: Arc<TenantTemplate>) -> Result<TenantSlot, PluginError> {
-    let runner = Runner::create(&template, &tenant)?;
-    Ok(TenantSlot::new(tenant, template, Some(runner)))
+/// A plugin file as loaded at start-up.
+enum PluginCodeRef {
+    Loaded(Arc<LoadedPlugin>),
+    Broken(String),
+}
+
+/// Creates `tenant`'s slot with a live instance, or quarantines it (strict: fails).
+fn start_slot(
+    tenant: TenantId,
+    template: Arc<TenantTemplate>,
+    strict: bool,
+) -> Result<TenantSlot, PluginError> {
+    let slot = TenantSlot::new(tenant.clone(), Arc::clone(&template), None, None);
+    match Runner::create(&template, &slot.status.shared) {
+        Ok(runner) => {
+            let mut slot = slot;
+            slot.install_if_empty(runner);
+            Ok(slot)
+        }
+        Err(e) => {
+            quarantine_or_fail(tenant.as_str(), &template, e, strict)?;
+            Ok(slot)
+        }
+    }
+}
+
+fn quarantine_or_fail(
+    tenant: &str,
+    template: &TenantTemplate,
+    error: PluginError,
+    strict: bool,
+) -> Result<(), PluginError> {
+    if strict {
+        return Err(error);
+    }
+    let reason = bounded(&error.to_string(), MAX_LOGGED).into_owned();
+    tracing::error!(tenant = %bounded(tenant, MAX_LOGGED), plugin = %template.describe(), reason = %reason,
+        "tenant quarantined: its plugin failed to start; its rows wait, the other tenants run \
+         (retried with back-off and on reload)");
+    template.quarantine.failed(reason, Instant::now());
+    Ok(())
 }
 
 impl RowTransformer for PluginRouter {
     fn paused_tenants(&self) -> Vec<TenantId> {
         let now = Instant::now();
-        lock(&self.statuses)
+        lock(&self.slots)
+            .map
             .iter()
-            .filter(|(_, status)| status.unavailable(now))
+            .filter(|(_, h)| h.status.unavailable(now))
             .map(|(id, _)| id.clone())
             .collect()
     }
 
+    fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
+        let handle = lock(&self.slots).map.get(tenant).cloned();
+        if let Some(handle) = handle {
+            handle.status.record_publish(tenant, delivered, refused);
+        }
+    }
+
     async fn transform(&self, rows: Arc<[OutboxRow]>) -> Vec<RowResult> {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
         let mut results: Vec<Option<RowResult>> = (0..rows.len()).map(|_| None).collect();
         let mut groups: BTreeMap<TenantId, Vec<usize>> = BTreeMap::new();
         for (index, row) in rows.iter().enumerate() {
             groups.entry(row.tenant.clone()).or_default().push(index);
         }
-        let mut tasks = Vec::with_capacity(groups.len());
-        for (tenant, group) in groups {
-            let Some(slot) = self.slot(&tenant) else {
-                for index in group {
-                    results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
+        let mut routed = Vec::with_capacity(groups.len());
+        for (tenant, group) in &groups {
+            match self.slot(tenant, tick) {
+                Some(handle) => routed.push((handle, group.clone())),
+                None => {
+                    for &index in group {
+                        results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
+                    }
                 }
-                continue;
-            };
+            }
+        }
+        let batch: HashSet<&TenantId> = groups.keys().collect();
+        let handles: Vec<SharedSlot> = routed.iter().map(|(h, _)| Arc::clone(h)).collect();
+        self.make_room(&batch, &handles);
+
+        let mut tasks = Vec::with_capacity(routed.len());
+        for (handle, group) in routed {
             let indices = group.clone();
             let rows = Arc::clone(&rows);
-            let status = self.status(&tenant);
             // Guest calls are synchronous CPU work: keep them off the reactor threads.
             let task = tokio::task::spawn_blocking(move || {
                 let group: Vec<&OutboxRow> = group.iter().map(|&i| &rows[i]).collect();
-                match status
-                    .as_deref()
-                    .map_or_else(|| Some(lock(&slot)), |s| lock_unless_stalled(&slot, s))
-                {
+                match lock_unless_stalled(&handle.slot, &handle.status) {
                     Some(mut slot) => slot.run_group(&group),
                     None => group
                         .iter()
@@ -296,9 +428,20 @@ impl RowTransformer for PluginRouter {
         }
         for (indices, task) in tasks {
             match task.await {
-                Ok(outputs) => {
+                // One result per row, or the whole group fails cleanly.
+                Ok(outputs) if outputs.len() == indices.len() => {
                     for (index, output) in indices.into_iter().zip(outputs) {
                         results[index] = Some(output);
+                    }
+                }
+                Ok(outputs) => {
+                    let why = format!(
+                        "plugin worker returned {} results for {} rows",
+                        outputs.len(),
+                        indices.len()
+                    );
+                    for index in indices {
+                        results[index] = Some(Err(TransformFailure::Unavailable(why.clone())));
                     }
                 }
                 Err(e) => {
@@ -314,5 +457,147 @@ impl RowTransformer for PluginRouter {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(TransformFailure::Unavailable("no result".into()))))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::OutboxId;
+    use crate::plugin::status::TenantState;
+
+    fn router(toml: &str) -> Result<PluginRouter, PluginError> {
+        let text = format!("[database]\nurl = \"postgres://unused\"\n{toml}");
+        let config = Config::parse(&text, std::path::Path::new("t.toml")).unwrap();
+        PluginRouter::from_config(&config)
+    }
+
+    fn rows(tenants: &[&str]) -> Arc<[OutboxRow]> {
+        tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| OutboxRow {
+                id: OutboxId::Int(i as i64 + 1),
+                tenant: TenantId((*t).to_owned()),
+                aggregate_type: "order".into(),
+                aggregate_id: "o".into(),
+                event_type: "E".into(),
+                payload: b"{}".to_vec(),
+                headers: Vec::new(),
+                created_at: chrono::Utc::now(),
+                attempts: 0,
+            })
+            .collect()
+    }
+
+    const BUILTIN: &str = "[plugins.default]\nbuiltin = \"route-by-aggregate\"\n";
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn refused_publishes_pause_a_tenant_whose_transforms_all_succeed() {
+        let router = router(&format!(
+            "{BUILTIN}circuit_breaker_failures = 3\n[tenants.acme]\n"
+        ))
+        .unwrap();
+        let acme = TenantId("acme".into());
+        for _ in 0..3 {
+            let results = router.transform(rows(&["acme"])).await;
+            assert!(results[0].is_ok());
+            router.record_publish(&acme, 0, 1);
+        }
+        assert!(router.paused_tenants().contains(&acme));
+        let default = TenantId("default".into());
+        assert!(!router.paused_tenants().contains(&default));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_tenant_whose_plugin_cannot_start_is_quarantined_and_reported() {
+        // The builtin refuses unknown config keys in `configure`.
+        let toml = format!("{BUILTIN}[tenants.broken]\nconfig = {{ prefix = \"typo\" }}\n");
+        let router = router(&toml).unwrap();
+        let broken = TenantId("broken".into());
+        assert_eq!(router.paused_tenants(), vec![broken.clone()]);
+        let statuses = router.tenant_statuses();
+        let status = statuses.iter().find(|s| s.tenant == broken).unwrap();
+        let TenantState::Quarantined { reason, tries, .. } = &status.state else {
+            panic!("{status:?}");
+        };
+        assert!(reason.contains("prefix"), "{reason}");
+        assert_eq!(*tries, 1);
+        assert!(!status.instance);
+        // Its rows wait (no attempt); the others run.
+        let results = router.transform(rows(&["broken", "other"])).await;
+        assert!(matches!(
+            &results[0],
+            Err(TransformFailure::Paused {
+                reason: crate::plugin::PauseReason::Quarantined(_),
+                ..
+            })
+        ));
+        assert!(results[1].is_ok());
+
+        let strict = format!("[plugins]\nstrict_startup = true\n{toml}");
+        let err = router_err(&strict);
+        assert!(err.contains("broken") && err.contains("prefix"), "{err}");
+    }
+
+    fn router_err(toml: &str) -> String {
+        match router(toml) {
+            Ok(_) => panic!("started:\n{toml}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failing_default_plugin_quarantines_tenants_first_seen_later() {
+        let toml = "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { nope = 1 }\n\
+                    [tenants.own]\nbuiltin = \"route-by-aggregate\"\nconfig = {}\n";
+        let router = router(toml).unwrap();
+        let results = router
+            .transform(rows(&["own", "default", "newcomer"]))
+            .await;
+        assert!(results[0].is_ok());
+        for r in &results[1..] {
+            assert!(matches!(r, Err(TransformFailure::Paused { .. })), "{r:?}");
+        }
+        let paused = router.paused_tenants();
+        assert!(paused.contains(&TenantId("newcomer".into())), "{paused:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn instances_of_unconfigured_tenants_stay_within_the_cap_and_every_row_gets_its_turn() {
+        let router = router(&format!(
+            "[plugins]\nmax_unconfigured_instances = 2\n{BUILTIN}"
+        ))
+        .unwrap();
+        let tenants: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+        let mut pending: Vec<&str> = tenants.iter().map(String::as_str).collect();
+        // Like the relay: deferred rows come back in the next batch.
+        for _ in 0..20 {
+            if pending.is_empty() {
+                break;
+            }
+            let results = router.transform(rows(&pending)).await;
+            assert!(router.unconfigured_instances().0 <= 2);
+            let mut next = Vec::new();
+            for (tenant, result) in pending.iter().zip(&results) {
+                match result {
+                    Ok(_) => {}
+                    Err(TransformFailure::Deferred(why)) => {
+                        assert!(why.contains("max_unconfigured_instances"), "{why}");
+                        next.push(*tenant);
+                    }
+                    Err(other) => panic!("{other}"),
+                }
+            }
+            pending = next;
+        }
+        assert!(pending.is_empty(), "rows left: {pending:?}");
+        // Idle instances were dropped to make room; their slots too.
+        let unconfigured = router
+            .tenant_statuses()
+            .iter()
+            .filter(|s| !s.configured)
+            .count();
+        assert!(unconfigured <= 3, "{unconfigured}");
     }
 }

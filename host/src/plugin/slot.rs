@@ -1,17 +1,20 @@
 //! One tenant's place in the router: its plugin (a WASM instance in its own Store, or a
-//! builtin), its circuit breaker, and how a batch's rows of that tenant are run — in
-//! `transform-batch` chunks where the plugin allows it, within a time budget per batch.
+//! builtin), its circuit breaker and quarantine, and how a batch's rows of that tenant are run
+//! — in `transform-batch` chunks where the plugin allows it, within a time budget and an output
+//! byte budget per batch.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::breaker::{CircuitBreaker, Gate, Transition};
 use super::builtin::Builtin;
 use super::component::LoadedPlugin;
+use super::host_api::TenantShared;
 use super::instance::{TenantInstance, Trapped};
 use super::limits::Limits;
-use super::{PluginError, RowResult, TransformFailure, output};
+use super::quarantine::Quarantine;
+use super::{PauseReason, PluginError, RowResult, TransformFailure, output};
 use crate::outbox::{OutboxRow, TenantId};
 
 /// Most rows handed to one `transform-batch` call, …
@@ -29,26 +32,58 @@ const LOCK_POLL: Duration = Duration::from_micros(200);
 /// plugin proves itself row by row first, so a broken one (a spinning plugin, say) fails on
 /// one row and one `call_timeout`, not on a whole chunk first.
 const BATCH_CALLS_AFTER: u32 = 64;
+/// Longest a row of a quarantined tenant that was already claimed waits before it is looked
+/// at again (later claims leave the tenant out altogether while it is quarantined).
+const QUARANTINED_ROW_WAIT: Duration = Duration::from_secs(5);
 
 /// A tenant's transform logic as configured: everything needed to (re)create its runner.
 pub struct TenantTemplate {
     pub code: PluginCode,
     pub config: Vec<(String, String)>,
     pub limits: Limits,
+    /// Set while this plugin + config cannot start; shared by every tenant using the template.
+    pub quarantine: Quarantine,
 }
 
 /// Where the logic lives.
 pub enum PluginCode {
     Wasm(Arc<LoadedPlugin>),
     Builtin(String),
+    /// A file that failed to load at start-up (without `strict_startup`): its tenants are
+    /// quarantined until a reload loads it.
+    Broken {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 impl TenantTemplate {
+    pub fn new(code: PluginCode, config: Vec<(String, String)>, limits: Limits) -> Self {
+        Self {
+            code,
+            config,
+            limits,
+            quarantine: Quarantine::default(),
+        }
+    }
+
     /// The plugin file, for WASM plugins.
     pub fn path(&self) -> Option<&std::path::Path> {
         match &self.code {
             PluginCode::Wasm(plugin) => Some(plugin.path()),
+            PluginCode::Broken { path, .. } => Some(path),
             PluginCode::Builtin(_) => None,
+        }
+    }
+
+    /// How the plugin is named in logs and statuses.
+    pub fn describe(&self) -> String {
+        match &self.code {
+            PluginCode::Builtin(name) => format!("builtin:{name}"),
+            _ => self
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
         }
     }
 }
@@ -60,20 +95,68 @@ pub enum Runner {
 }
 
 impl Runner {
-    /// Instantiates and configures `template` for `tenant`.
-    pub fn create(template: &TenantTemplate, tenant: &TenantId) -> Result<Self, PluginError> {
+    /// Instantiates and configures `template` for the tenant of `shared`.
+    pub fn create(
+        template: &TenantTemplate,
+        shared: &Arc<TenantShared>,
+    ) -> Result<Self, PluginError> {
         match &template.code {
             PluginCode::Wasm(plugin) => {
-                TenantInstance::create(plugin, tenant, &template.config, &template.limits)
+                TenantInstance::create(plugin, shared, &template.config, &template.limits)
                     .map(|i| Self::Wasm(Box::new(i)))
             }
             PluginCode::Builtin(name) => Builtin::configure(name, &template.config)
                 .map(Self::Native)
                 .map_err(|message| PluginError::Config {
-                    key: format!("builtin {name:?} (tenant {tenant})"),
+                    key: format!("builtin {name:?} (tenant {})", shared.tenant()),
                     message,
                 }),
+            PluginCode::Broken { path, reason } => Err(PluginError::BadPlugin {
+                path: path.clone(),
+                message: reason.clone(),
+            }),
         }
+    }
+}
+
+/// Live instances allowed for tenants without their own `[tenants.<name>]` entry.
+pub struct InstanceQuota {
+    live: AtomicUsize,
+    cap: usize,
+}
+
+/// One live instance counted against an [`InstanceQuota`]; released on drop.
+pub struct QuotaPermit(Arc<InstanceQuota>);
+
+impl Drop for QuotaPermit {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl InstanceQuota {
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            live: AtomicUsize::new(0),
+            cap: cap.max(1),
+        })
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    fn try_acquire(self: &Arc<Self>) -> Option<QuotaPermit> {
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| QuotaPermit(Arc::clone(self)))
     }
 }
 
@@ -82,6 +165,12 @@ pub struct SlotStatus {
     pub breaker: Mutex<CircuitBreaker>,
     /// When the running plugin call began, in µs since [`clock_origin`]; 0 = no call.
     busy_since_us: AtomicU64,
+    /// The tenant's current template (also in the slot, for the hot path).
+    template: Mutex<Arc<TenantTemplate>>,
+    /// Log budget and counters, shared by every instance the tenant ever gets.
+    pub shared: Arc<TenantShared>,
+    /// Whether the tenant has a live instance now.
+    live: std::sync::atomic::AtomicBool,
 }
 
 fn clock_origin() -> Instant {
@@ -95,24 +184,49 @@ fn micros_since_origin(t: Instant) -> u64 {
         .max(1)
 }
 
+/// Marks a plugin call as running until dropped — also when the call panics, so a tenant is
+/// never left marked stalled (and so excluded from claims) for good.
+pub struct CallStamp<'a>(&'a SlotStatus);
+
+impl Drop for CallStamp<'_> {
+    fn drop(&mut self) {
+        self.0.busy_since_us.store(0, Ordering::Release);
+    }
+}
+
 impl SlotStatus {
-    fn new(limits: &Limits) -> Self {
+    fn new(tenant: TenantId, template: Arc<TenantTemplate>) -> Self {
+        let limits = &template.limits;
         Self {
             breaker: Mutex::new(CircuitBreaker::new(
                 limits.breaker_failures,
                 limits.breaker_cooldown,
             )),
             busy_since_us: AtomicU64::new(0),
+            template: Mutex::new(template),
+            shared: TenantShared::new(tenant),
+            live: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Whether the tenant should be left out of the next claim: breaker open, or a call of
-    /// its plugin has been running for longer than [`STALL_AFTER`].
+    /// Whether the tenant should be left out of the next claim: breaker open, plugin
+    /// quarantined, or a call of its plugin has been running for longer than [`STALL_AFTER`].
     pub fn unavailable(&self, now: Instant) -> bool {
-        matches!(lock(&self.breaker).gate(now), Gate::Paused(_)) || self.stalled(now)
+        matches!(lock(&self.breaker).gate(now), Gate::Paused(_))
+            || self.template().quarantine.is_quarantined()
+            || self.stalled(now)
     }
 
-    fn stalled(&self, now: Instant) -> bool {
+    pub fn template(&self) -> Arc<TenantTemplate> {
+        Arc::clone(&lock(&self.template))
+    }
+
+    /// Whether the tenant has a live instance.
+    pub fn has_instance(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    pub fn stalled(&self, now: Instant) -> bool {
         match self.busy_since_us.load(Ordering::Acquire) {
             0 => false,
             since => {
@@ -121,22 +235,65 @@ impl SlotStatus {
         }
     }
 
-    fn call_started(&self) {
+    fn stamp_call(&self) -> CallStamp<'_> {
         self.busy_since_us
             .store(micros_since_origin(Instant::now()), Ordering::Release);
+        CallStamp(self)
     }
 
-    fn call_ended(&self) {
-        self.busy_since_us.store(0, Ordering::Release);
+    /// The tenant's state for status reports.
+    pub fn state(&self, now: Instant) -> super::status::TenantState {
+        use super::status::TenantState;
+        if let Some(q) = self.template().quarantine.state() {
+            return TenantState::Quarantined {
+                reason: q.reason,
+                since: q.since,
+                tries: q.tries,
+                next_try_in: q.next_try.saturating_duration_since(now),
+            };
+        }
+        if let Gate::Paused(until) = lock(&self.breaker).gate(now) {
+            return TenantState::Paused {
+                remaining: until - now,
+            };
+        }
+        if self.stalled(now) {
+            TenantState::Stalled
+        } else {
+            TenantState::Running
+        }
+    }
+
+    /// Feeds a refused/delivered publish report to the breaker and logs its transitions.
+    pub fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
+        let transition = lock(&self.breaker).record_publish(delivered, refused, Instant::now());
+        log_transition(tenant, &self.template(), transition);
     }
 }
 
-/// A tenant's slot: template, live runner (`None` after a trap, until the next row needs it)
-/// and status.
+fn log_transition(tenant: &TenantId, template: &TenantTemplate, transition: Transition) {
+    match transition {
+        Transition::Opened => tracing::error!(
+            tenant = %tenant,
+            cooldown = ?template.limits.breaker_cooldown,
+            "circuit breaker opened: tenant paused after repeated plugin failures, refused publishes, or a call that ran into its call_timeout"
+        ),
+        Transition::Closed => {
+            tracing::warn!(tenant = %tenant, "circuit breaker closed: tenant resumed")
+        }
+        Transition::None => {}
+    }
+}
+
+/// A tenant's slot: template, live runner (`None` after a trap or eviction, until the next row
+/// needs it) and status.
 pub struct TenantSlot {
     pub tenant: TenantId,
     pub template: Arc<TenantTemplate>,
     runner: Option<Runner>,
+    /// Held while `runner` lives, for tenants counted against the unconfigured-instance quota.
+    permit: Option<QuotaPermit>,
+    quota: Option<Arc<InstanceQuota>>,
     pub status: Arc<SlotStatus>,
     /// Whether rows go to `transform-batch`: after [`BATCH_CALLS_AFTER`] successful rows in a
     /// row, until a `transform-batch` call traps or runs out of time (then the plugin is called
@@ -163,31 +320,137 @@ impl BatchCalls {
     }
 }
 
+/// Output of one batch's rows of a tenant so far, against `max_batch_output_bytes`.
+struct OutputBudget {
+    limit: usize,
+    spent: usize,
+}
+
+impl OutputBudget {
+    /// Keeps a successful result within the budget: a row whose messages would take the
+    /// batch past it is deferred to the next batch (the first row always passes, so every
+    /// batch makes progress).
+    fn admit(&mut self, tenant: &TenantId, result: RowResult) -> RowResult {
+        let Ok(messages) = &result else {
+            return result;
+        };
+        let bytes = output::output_bytes(messages);
+        if self.spent > 0 && self.spent.saturating_add(bytes) > self.limit {
+            return Err(TransformFailure::Deferred(format!(
+                "tenant {tenant}'s messages in this batch reached its max_batch_output_bytes ({} bytes)",
+                self.limit
+            )));
+        }
+        self.spent = self.spent.saturating_add(bytes);
+        result
+    }
+}
+
 impl TenantSlot {
-    pub fn new(tenant: TenantId, template: Arc<TenantTemplate>, runner: Option<Runner>) -> Self {
-        let status = Arc::new(SlotStatus::new(&template.limits));
-        Self {
+    /// A slot for `tenant`; `quota` is set for tenants without their own config entry.
+    pub fn new(
+        tenant: TenantId,
+        template: Arc<TenantTemplate>,
+        runner: Option<Runner>,
+        quota: Option<Arc<InstanceQuota>>,
+    ) -> Self {
+        let status = Arc::new(SlotStatus::new(tenant.clone(), Arc::clone(&template)));
+        let mut slot = Self {
             tenant,
             template,
-            runner,
+            runner: None,
+            permit: None,
+            quota,
             status,
             batch_calls: BatchCalls::Probation(0),
+        };
+        if let Some(runner) = runner {
+            slot.install(runner);
+        }
+        slot
+    }
+
+    /// Whether the slot counts against the unconfigured-instance quota.
+    pub fn unconfigured(&self) -> bool {
+        self.quota.is_some()
+    }
+
+    /// Swaps in a new version (hot reload, or a quarantined tenant that starts now), between
+    /// two groups. The breaker starts afresh: the old version's failures say nothing about the
+    /// new one (logged when it had been tripped).
+    pub fn replace(&mut self, template: Arc<TenantTemplate>, runner: Option<Runner>) {
+        *lock(&self.status.template) = Arc::clone(&template);
+        self.template = template;
+        self.batch_calls = BatchCalls::Probation(0);
+        if lock(&self.status.breaker).reset() {
+            tracing::warn!(tenant = %self.tenant,
+                "circuit breaker reset: the tenant switched to another plugin version");
+        }
+        match runner {
+            Some(runner) => self.install(runner),
+            None => self.drop_runner(),
         }
     }
 
-    /// Swaps in a new version (hot reload), between two groups.
-    pub fn replace(&mut self, template: Arc<TenantTemplate>, runner: Runner) {
-        self.template = template;
+    /// Installs a freshly created runner if the slot has none (a quarantined tenant's first
+    /// successful start). Returns whether it was installed.
+    pub fn install_if_empty(&mut self, runner: Runner) -> bool {
+        if self.runner.is_some() {
+            return false;
+        }
+        self.install(runner);
+        self.runner.is_some()
+    }
+
+    fn install(&mut self, runner: Runner) {
+        if self.permit.is_none()
+            && let Some(quota) = &self.quota
+        {
+            match quota.try_acquire() {
+                Some(permit) => self.permit = Some(permit),
+                // No room: the runner is dropped; the next row creates one when there is.
+                None => return,
+            }
+        }
         self.runner = Some(runner);
-        self.batch_calls = BatchCalls::Probation(0);
+        self.status.live.store(true, Ordering::Release);
+    }
+
+    /// Drops the live instance (after a trap, or to make room); the next row creates another.
+    pub fn drop_runner(&mut self) {
+        self.runner = None;
+        self.permit = None;
+        self.status.live.store(false, Ordering::Release);
     }
 
     /// Runs a batch's rows of this tenant (in id order). Rows left when the tenant's time
-    /// budget for the batch (`call_timeout`) is used up are deferred, so a slow plugin delays
-    /// its own rows only; the first row always runs, so every batch makes progress.
+    /// budget for the batch (`call_timeout`) or its output budget (`max_batch_output_bytes`)
+    /// is used up are deferred, so a slow or prolific plugin delays its own rows only; the
+    /// first row always runs, so every batch makes progress.
     pub fn run_group(&mut self, rows: &[&OutboxRow]) -> Vec<RowResult> {
+        let now = Instant::now();
+        if let Some(q) = self.template.quarantine.state() {
+            let remaining = q
+                .next_try
+                .saturating_duration_since(now)
+                .min(QUARANTINED_ROW_WAIT);
+            return rows
+                .iter()
+                .map(|_| {
+                    Err(TransformFailure::Paused {
+                        tenant: self.tenant.clone(),
+                        remaining,
+                        reason: PauseReason::Quarantined(q.reason.clone()),
+                    })
+                })
+                .collect();
+        }
         let budget = self.template.limits.call_timeout;
-        let started = Instant::now();
+        let mut output = OutputBudget {
+            limit: self.template.limits.max_batch_output_bytes,
+            spent: 0,
+        };
+        let started = now;
         let mut results: Vec<RowResult> = Vec::with_capacity(rows.len());
         while results.len() < rows.len() {
             let now = Instant::now();
@@ -197,6 +460,7 @@ impl TenantSlot {
                     Err(TransformFailure::Paused {
                         tenant: self.tenant.clone(),
                         remaining,
+                        reason: PauseReason::CircuitBreaker,
                     })
                 }));
                 break;
@@ -218,7 +482,9 @@ impl TenantSlot {
             let chunk = batch_chunk(rest);
             if self.batch_calls == BatchCalls::On && chunk > 1 && self.runs_wasm() {
                 if let Some(batch) = self.run_batch_call(&rest[..chunk]) {
-                    results.extend(batch);
+                    for result in batch {
+                        results.push(output.admit(&self.tenant, result));
+                    }
                 }
                 // On `None` the loop retries the same rows one at a time.
                 continue;
@@ -226,20 +492,36 @@ impl TenantSlot {
             let result = self.run_one(rest[0]);
             self.record(&result);
             self.batch_calls = self.batch_calls.after_row(result.is_ok());
-            results.push(result);
+            results.push(output.admit(&self.tenant, result));
         }
         results
     }
 
     fn runs_wasm(&self) -> bool {
-        !matches!(self.template.code, PluginCode::Builtin(_))
+        matches!(self.template.code, PluginCode::Wasm(_))
     }
 
     fn ensure_runner(&mut self) -> Result<&mut Runner, TransformFailure> {
         if self.runner.is_none() {
-            let runner = Runner::create(&self.template, &self.tenant)
-                .map_err(|e| TransformFailure::Unavailable(e.to_string()))?;
-            self.runner = Some(runner);
+            if self.permit.is_none()
+                && let Some(quota) = &self.quota
+            {
+                let Some(permit) = quota.try_acquire() else {
+                    return Err(TransformFailure::Deferred(format!(
+                        "all {} instances for tenants without their own [tenants.<name>] entry \
+                         (max_unconfigured_instances) are in use",
+                        quota.cap()
+                    )));
+                };
+                self.permit = Some(permit);
+            }
+            match Runner::create(&self.template, &self.status.shared) {
+                Ok(runner) => self.install(runner),
+                Err(e) => {
+                    self.permit = None;
+                    return Err(TransformFailure::Unavailable(e.to_string()));
+                }
+            }
         }
         self.runner
             .as_mut()
@@ -253,9 +535,10 @@ impl TenantSlot {
         let answer = match self.ensure_runner()? {
             Runner::Native(builtin) => builtin.transform(row),
             Runner::Wasm(instance) => {
-                status.call_started();
-                let answer = instance.transform(row);
-                status.call_ended();
+                let answer = {
+                    let _stamp = status.stamp_call();
+                    instance.transform(row)
+                };
                 match answer {
                     Ok(answer) => answer,
                     Err(trapped) => return Err(self.discard(trapped, Some(row))),
@@ -272,17 +555,15 @@ impl TenantSlot {
         let status = Arc::clone(&self.status);
         let answers = match self.ensure_runner() {
             Ok(Runner::Wasm(instance)) => {
-                status.call_started();
-                let answers = instance.transform_batch(rows);
-                status.call_ended();
-                answers
+                let _stamp = status.stamp_call();
+                instance.transform_batch(rows)
             }
             Ok(Runner::Native(_)) => {
                 self.batch_calls = BatchCalls::Off;
                 return None;
             }
             Err(failure) => {
-                // Creating the instance failed: every row of the call fails alike.
+                // Creating the instance failed (or had to wait): every row of the call alike.
                 let results: Vec<RowResult> = rows.iter().map(|_| Err(failure.clone())).collect();
                 for r in &results {
                     self.record(r);
@@ -307,7 +588,7 @@ impl TenantSlot {
                 tracing::warn!(tenant = %self.tenant, rows = rows.len(), error.type = "trap",
                     reason = %trapped.reason,
                     "plugin's transform-batch failed; calling this tenant's plugin row by row");
-                self.runner = None;
+                self.drop_runner();
                 self.batch_calls = BatchCalls::Off;
                 None
             }
@@ -319,32 +600,35 @@ impl TenantSlot {
         let row = row.map(|r| r.id.to_string()).unwrap_or_default();
         tracing::warn!(tenant = %self.tenant, row, error.type = if trapped.deadline { "deadline" } else { "trap" },
             reason = %trapped.reason, "plugin trapped; discarding the tenant's instance");
-        self.runner = None;
+        self.drop_runner();
         trapped.into_failure()
     }
 
-    /// Feeds a row's outcome to the circuit breaker and logs its transitions.
+    /// Feeds a row's outcome to the circuit breaker and logs its transitions. Only the
+    /// instance's health counts: a row's own `permanent` error or refused output does not.
     fn record(&self, result: &RowResult) {
-        let mut breaker = lock(&self.status.breaker);
-        let transition = match result {
-            Ok(_) => breaker.record_success(),
-            Err(TransformFailure::DeadlineExceeded(_)) => breaker.record_deadline(Instant::now()),
-            Err(TransformFailure::Deferred(_) | TransformFailure::Paused { .. }) => {
-                Transition::None
+        let transition = {
+            let mut breaker = lock(&self.status.breaker);
+            match result {
+                Ok(_) => breaker.record_success(),
+                Err(TransformFailure::DeadlineExceeded(_)) => {
+                    breaker.record_deadline(Instant::now())
+                }
+                Err(
+                    TransformFailure::Trapped(_)
+                    | TransformFailure::Retryable { .. }
+                    | TransformFailure::Unavailable(_),
+                ) => breaker.record_failure(Instant::now()),
+                Err(
+                    TransformFailure::Permanent { .. }
+                    | TransformFailure::InvalidOutput(_)
+                    | TransformFailure::Deferred(_)
+                    | TransformFailure::Paused { .. }
+                    | TransformFailure::NoPlugin(_),
+                ) => Transition::None,
             }
-            Err(_) => breaker.record_failure(Instant::now()),
         };
-        match transition {
-            Transition::Opened => tracing::error!(
-                tenant = %self.tenant,
-                cooldown = ?self.template.limits.breaker_cooldown,
-                "circuit breaker opened: tenant paused after repeated plugin failures or a call that ran into its call_timeout"
-            ),
-            Transition::Closed => {
-                tracing::warn!(tenant = %self.tenant, "circuit breaker closed: tenant resumed")
-            }
-            Transition::None => {}
-        }
+        log_transition(&self.tenant, &self.template, transition);
     }
 }
 
@@ -432,28 +716,136 @@ mod tests {
         assert_eq!(BatchCalls::Off.after_row(true), BatchCalls::Off);
     }
 
+    fn builtin(limits: Limits) -> Arc<TenantTemplate> {
+        Arc::new(TenantTemplate::new(
+            PluginCode::Builtin("route-by-aggregate".into()),
+            vec![],
+            limits,
+        ))
+    }
+
+    fn slot(template: Arc<TenantTemplate>, quota: Option<Arc<InstanceQuota>>) -> TenantSlot {
+        TenantSlot::new(TenantId("t".into()), template, None, quota)
+    }
+
     #[test]
-    fn a_long_running_call_marks_the_tenant_stalled() {
-        let status = SlotStatus::new(&Limits::default());
+    fn a_long_running_call_marks_the_tenant_stalled_until_the_stamp_drops() {
+        let status = SlotStatus::new(TenantId("t".into()), builtin(Limits::default()));
         let now = Instant::now();
         assert!(!status.unavailable(now));
-        status.call_started();
+        let stamp = status.stamp_call();
         assert!(!status.stalled(Instant::now()));
         assert!(status.stalled(Instant::now() + STALL_AFTER * 2));
-        status.call_ended();
+        drop(stamp);
         assert!(!status.stalled(Instant::now() + STALL_AFTER * 2));
     }
 
     #[test]
-    fn builtin_groups_run_every_row_and_stamp_headers() {
-        let template = Arc::new(TenantTemplate {
-            code: PluginCode::Builtin("route-by-aggregate".into()),
-            config: vec![],
-            limits: Limits::default(),
+    fn a_panic_during_a_call_does_not_leave_the_tenant_stalled() {
+        let status = SlotStatus::new(TenantId("t".into()), builtin(Limits::default()));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _stamp = status.stamp_call();
+            panic!("guest call panicked");
+        }));
+        assert!(panicked.is_err());
+        assert!(!status.stalled(Instant::now() + STALL_AFTER * 2));
+    }
+
+    #[test]
+    fn a_quarantined_template_pauses_rows_without_running_them() {
+        let template = builtin(Limits::default());
+        template
+            .quarantine
+            .failed("configure failed".into(), Instant::now());
+        let mut slot = slot(Arc::clone(&template), None);
+        let rows: Vec<OutboxRow> = (0..2).map(|_| row(4)).collect();
+        let refs: Vec<&OutboxRow> = rows.iter().collect();
+        let results = slot.run_group(&refs);
+        for r in &results {
+            let Err(TransformFailure::Paused {
+                reason, remaining, ..
+            }) = r
+            else {
+                panic!("{r:?}");
+            };
+            assert_eq!(*reason, PauseReason::Quarantined("configure failed".into()));
+            assert!(*remaining <= QUARANTINED_ROW_WAIT);
+        }
+        assert!(slot.status.unavailable(Instant::now()));
+        assert!(template.quarantine.clear());
+        assert!(slot.run_group(&refs).iter().all(Result::is_ok));
+    }
+
+    #[test]
+    fn rows_past_the_output_budget_are_deferred_but_the_first_always_passes() {
+        // Each builtin message is a few dozen bytes; a 1-byte budget admits only the first.
+        let limits = Limits {
+            max_batch_output_bytes: 1,
+            ..Limits::default()
+        };
+        let mut slot = slot(builtin(limits), None);
+        let rows: Vec<OutboxRow> = (0..3).map(|_| row(4)).collect();
+        let refs: Vec<&OutboxRow> = rows.iter().collect();
+        let results = slot.run_group(&refs);
+        assert!(results[0].is_ok());
+        for r in &results[1..] {
+            let Err(TransformFailure::Deferred(why)) = r else {
+                panic!("{r:?}");
+            };
+            assert!(why.contains("max_batch_output_bytes"), "{why}");
+        }
+    }
+
+    #[test]
+    fn permanent_errors_do_not_trip_the_breaker_but_instance_failures_do() {
+        let limits = Limits {
+            breaker_failures: 2,
+            ..Limits::default()
+        };
+        let slot = slot(builtin(limits), None);
+        let permanent = Err(TransformFailure::Permanent {
+            code: "bad-row".into(),
+            message: "malformed".into(),
         });
-        let tenant = TenantId("t".into());
-        let runner = Runner::create(&template, &tenant).unwrap();
-        let mut slot = TenantSlot::new(tenant, template, Some(runner));
+        let refused = Err(TransformFailure::InvalidOutput("topic".into()));
+        for _ in 0..10 {
+            slot.record(&permanent);
+            slot.record(&refused);
+        }
+        assert!(!slot.status.unavailable(Instant::now()));
+        slot.record(&Err(TransformFailure::Trapped("trap".into())));
+        slot.record(&Err(TransformFailure::Retryable {
+            code: "c".into(),
+            message: "m".into(),
+        }));
+        assert!(slot.status.unavailable(Instant::now()));
+    }
+
+    #[test]
+    fn the_quota_caps_live_instances_and_frees_them_on_drop() {
+        let quota = InstanceQuota::new(1);
+        let template = builtin(Limits::default());
+        let mut a = slot(Arc::clone(&template), Some(Arc::clone(&quota)));
+        let mut b = slot(Arc::clone(&template), Some(Arc::clone(&quota)));
+        let rows = [row(4)];
+        let refs: Vec<&OutboxRow> = rows.iter().collect();
+        assert!(a.run_group(&refs)[0].is_ok());
+        assert_eq!(quota.live(), 1);
+        assert!(a.status.has_instance());
+        let deferred = b.run_group(&refs);
+        let Err(TransformFailure::Deferred(why)) = &deferred[0] else {
+            panic!("{deferred:?}");
+        };
+        assert!(why.contains("max_unconfigured_instances"), "{why}");
+        a.drop_runner();
+        assert_eq!(quota.live(), 0);
+        assert!(b.run_group(&refs)[0].is_ok());
+        assert_eq!(quota.live(), 1);
+    }
+
+    #[test]
+    fn builtin_groups_run_every_row_and_stamp_headers() {
+        let mut slot = slot(builtin(Limits::default()), None);
         let rows: Vec<OutboxRow> = (0..3).map(|_| row(4)).collect();
         let refs: Vec<&OutboxRow> = rows.iter().collect();
         let results = slot.run_group(&refs);

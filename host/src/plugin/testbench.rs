@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::bindings::types::PluginInfo;
+use super::host_api::TenantShared;
 use super::{
     Limits, LoadedPlugin, PluginEngine, PluginError, TenantInstance, TransformFailure, output,
 };
@@ -19,7 +20,9 @@ use crate::config::plugin_cache_dir;
 use crate::message::Message;
 use crate::outbox::{OutboxId, OutboxRow, TenantId};
 
-/// Validates `path` against the world and returns its `info()`.
+/// Validates `path` against the world and returns its `info()` (its text escaped and cut).
+/// Instantiation and `info()` are bounded by the default `call_timeout`, time spent sleeping
+/// in host calls included, so a hostile file cannot hang the command.
 pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
     let engine = PluginEngine::new()?;
     let plugin = Arc::new(LoadedPlugin::load_cached(
@@ -27,12 +30,11 @@ pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
         path,
         plugin_cache_dir(None).as_deref(),
     )?);
-    let tenant = TenantId(TenantId::DEFAULT.to_owned());
-    let mut instance = TenantInstance::instantiate(&plugin, &tenant, &Limits::default())?;
-    instance.info().map_err(|message| PluginError::Instantiate {
+    let shared = TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()));
+    let mut instance = TenantInstance::instantiate(&plugin, &shared, &Limits::default())?;
+    instance.info().map_err(|message| PluginError::BadPlugin {
         path: path.to_owned(),
-        tenant,
-        message,
+        message: format!("info() failed: {message}"),
     })
 }
 
@@ -74,7 +76,8 @@ struct InputRow {
 }
 
 /// Runs every row of `input` through the plugin and writes one JSON line per output message,
-/// per filtered row and per error.
+/// per filtered row and per error. Every guest call is bounded by the default limits
+/// (`call_timeout`, `memory_mb`, output sizes), as in `sluice run`.
 pub fn run(
     path: &Path,
     config: &[(String, String)],
@@ -87,9 +90,9 @@ pub fn run(
         path,
         plugin_cache_dir(None).as_deref(),
     )?);
-    let tenant = TenantId(TenantId::DEFAULT.to_owned());
+    let shared = TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()));
     let limits = Limits::default();
-    let mut instance = Some(TenantInstance::create(&plugin, &tenant, config, &limits)?);
+    let mut instance = Some(TenantInstance::create(&plugin, &shared, config, &limits)?);
     let mut summary = TestSummary::default();
 
     for (n, line) in input.lines().enumerate() {
@@ -108,7 +111,7 @@ pub fn run(
         };
         summary.rows += 1;
         if instance.is_none() {
-            instance = Some(TenantInstance::create(&plugin, &tenant, config, &limits)?);
+            instance = Some(TenantInstance::create(&plugin, &shared, config, &limits)?);
         }
         let Some(inst) = instance.as_mut() else {
             continue;

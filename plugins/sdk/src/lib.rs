@@ -79,8 +79,8 @@ pub trait Plugin: Sized + Send + 'static {
         None
     }
 
-    /// Builds the plugin from the tenant's `config` table; an `Err` stops `sluice run` at
-    /// start-up with this message.
+    /// Builds the plugin from the tenant's `config` table; an `Err` at start-up quarantines
+    /// the tenant with this message (its rows wait; with `strict_startup` it stops `sluice run`).
     fn configure(config: Config) -> Result<Self, String>;
 
     /// Zero messages drop the row, several fan it out.

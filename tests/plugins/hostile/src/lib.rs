@@ -1,21 +1,49 @@
 //! Test plugin that misbehaves on purpose, as chosen by config `mode`:
-//! `loop`, `bomb`, `panic`, `forbidden`, `many`, `huge` attack the host's limits;
-//! `fs`, `env`, `socket`, `clock` try to reach outside the sandbox. If such an attempt
-//! *succeeds*, the plugin publishes what it found to `<topic_prefix>leak`, so a test sees the
-//! leak; if it fails, the row fails with a permanent error saying what was denied.
+//!
+//! - `loop`, `bomb`, `panic`, `forbidden`, `many`, `huge` attack the host's limits;
+//! - `fs`, `env`, `socket`, `clock` try to reach outside the sandbox. If such an attempt
+//!   *succeeds*, the plugin publishes what it found to `<topic_prefix>leak`, so a test sees
+//!   the leak; if it fails, the row fails with a permanent error saying what was denied;
+//! - `nul-error`, `huge-error` (4 MiB), `nul-topic`, `huge-topic` (1 MiB) put hostile text
+//!   where the host stores and logs it;
+//! - `sleep` sleeps an hour in `transform` (through WASI, so in a host call), and
+//!   `sleep-configure` in `configure`; `fail-configure` rejects its config;
+//! - `counters` adds to 100 counters with 1 MiB names per row, new names on every row; `fat` holds 8 MiB of
+//!   touched memory from `configure` on; `large` emits one 512 KiB message per row;
+//!   `log-flood` logs 200 lines of 1 MiB, then traps;
+//! - `many-headers` (200,000 empty headers), `nul-header` (`sluice-tenant\0`),
+//!   `case-header` (Unicode case variants of the host's header names, set to forged values)
+//!   attack the host-stamped headers;
+//! - `missing-topic` routes to `<topic_prefix>missing`, inside its allow-list but absent from
+//!   the broker; `short-batch` answers `transform-batch` with one result too few;
+//! - `good` behaves: one message to `<topic_prefix>good` with the row's payload and an `id`
+//!   header (as do `counters`, `fat`, `case-header`, `short-batch` apart from their attack).
 
-use sluice_plugin_sdk::{Config, Message, OutboxRow, Plugin, TransformError};
+use std::time::Duration;
+
+use sluice_plugin_sdk::{Config, Message, OutboxRow, Plugin, TransformError, counter_add, log};
 
 struct Hostile {
     mode: String,
     prefix: String,
+    /// `fat`: memory held for the instance's lifetime.
+    _ballast: Vec<u8>,
 }
+
+const HOUR: Duration = Duration::from_secs(3600);
 
 impl Hostile {
     fn leak(&self, what: String) -> Result<Vec<Message>, TransformError> {
         Ok(vec![
             Message::to(format!("{}leak", self.prefix)).payload(what.into_bytes()),
         ])
+    }
+
+    fn good(&self, row: OutboxRow) -> Message {
+        Message::to(format!("{}good", self.prefix))
+            .key(row.aggregate_id.into_bytes())
+            .payload(row.payload)
+            .header("id", row.id.into_bytes())
     }
 }
 
@@ -25,9 +53,21 @@ impl Plugin for Hostile {
 
     fn configure(config: Config) -> Result<Self, String> {
         config.allow_only(&["mode", "topic_prefix"])?;
+        let mode = config.require("mode")?.to_owned();
+        let mut ballast = Vec::new();
+        match mode.as_str() {
+            "sleep-configure" => std::thread::sleep(HOUR),
+            "fail-configure" => return Err("hostile plugin rejects every config".into()),
+            "fat" => {
+                ballast = vec![1u8; 8 << 20];
+                std::hint::black_box(&mut ballast);
+            }
+            _ => {}
+        }
         Ok(Self {
-            mode: config.require("mode")?.to_owned(),
+            mode,
             prefix: config.require("topic_prefix")?.to_owned(),
+            _ballast: ballast,
         })
     }
 
@@ -79,8 +119,74 @@ impl Plugin for Hostile {
                     denied("clock-denied", format!("the clock reads {secs}"))
                 }
             }
+            "nul-error" => denied("nul\0code", format!("row {} has a NUL\0here", row.id)),
+            "huge-error" => denied("huge-error", "e".repeat(4 << 20)),
+            "nul-topic" => Ok(vec![
+                Message::to(format!("{}good\0evil", self.prefix)).payload(row.payload),
+            ]),
+            "huge-topic" => Ok(vec![
+                Message::to(format!("{}{}", self.prefix, "t".repeat(1 << 20))).payload(row.payload),
+            ]),
+            "sleep" => {
+                std::thread::sleep(HOUR);
+                Ok(vec![self.good(row)])
+            }
+            "counters" => {
+                // 100 names per row, distinct across rows too (the row id is part of them).
+                let mut name = format!("{}-", row.id).into_bytes();
+                let stem = name.len();
+                name.resize(1 << 20, b'c');
+                for i in 0..100u8 {
+                    name[stem] = b'a' + i % 26;
+                    name[stem + 1] = b'a' + i / 26;
+                    counter_add(std::str::from_utf8(&name).unwrap_or("c"), 1);
+                }
+                Ok(vec![self.good(row)])
+            }
+            "fat" | "good" => Ok(vec![self.good(row)]),
+            "large" => {
+                let id = row.id.clone();
+                Ok(vec![
+                    Message::to(format!("{}good", self.prefix))
+                        .payload(vec![b'l'; 512 << 10])
+                        .header("id", id.into_bytes()),
+                ])
+            }
+            "log-flood" => {
+                let line = "f".repeat(1 << 20);
+                for _ in 0..200 {
+                    log::error(&line);
+                }
+                panic!("hostile plugin traps after flooding the log");
+            }
+            "many-headers" => {
+                Ok(vec![self.good(row).headers(
+                    (0..200_000).map(|_| (String::new(), Vec::new())),
+                )])
+            }
+            "nul-header" => Ok(vec![self.good(row).header("sluice-tenant\0", "root")]),
+            "case-header" => Ok(vec![
+                self.good(row)
+                    .header("\u{17f}luice-tenant", "root")
+                    .header("SLU\u{130}CE-TENANT", "root")
+                    .header("Sluice-Outbox-Id", "999"),
+            ]),
+            "missing-topic" => Ok(vec![
+                Message::to(format!("{}missing", self.prefix))
+                    .payload(row.payload)
+                    .header("id", row.id.into_bytes()),
+            ]),
+            "short-batch" => Ok(vec![self.good(row)]),
             other => denied("bad-mode", format!("unknown mode {other}")),
         }
+    }
+
+    fn transform_batch(&self, rows: Vec<OutboxRow>) -> Vec<Result<Vec<Message>, TransformError>> {
+        let mut results: Vec<_> = rows.into_iter().map(|row| self.transform(row)).collect();
+        if self.mode == "short-batch" {
+            results.pop();
+        }
+        results
     }
 }
 
