@@ -21,11 +21,5 @@ pub mod sink;
 pub mod store;
 pub mod text;
 
-// Transitional paths for the plugin layer (moved to `model` and `store`).
-pub mod message;
-pub mod outbox {
-    pub use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
-}
-
 pub use config::Config;
 pub use relay::{Relay, RelaySettings, RelayStats};

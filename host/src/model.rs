@@ -1,6 +1,8 @@
 //! The values every part of Sluice talks about: an outbox row as claimed, its id, its tenant,
 //! its headers. Nothing here knows about databases, plugins or brokers.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
 /// Primary key of an outbox row, as the database holds it: an integer of any width (`int2`,
@@ -39,25 +41,49 @@ impl serde::Serialize for OutboxId {
     }
 }
 
-/// Tenant name as plugins see it; rows with a NULL tenant belong to [`TenantId::DEFAULT`].
+/// A row's tenant: the value of its tenant column, or none (the column is NULL, or the table
+/// has no tenant column). Rows without a tenant run `[plugins.default]`; they are a tenant of
+/// their own, distinct from a tenant whose name is `default` (`[tenants.default]`), though
+/// plugins see both as `"default"` (the WIT contract).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(pub String);
+pub struct TenantId(Option<Arc<str>>);
 
 impl TenantId {
-    pub const DEFAULT: &'static str = "default";
+    /// What plugins (and the `sluice-tenant` header) get for rows without a tenant.
+    pub const DEFAULT_NAME: &'static str = "default";
 
-    pub fn from_column(value: Option<String>) -> Self {
-        Self(value.unwrap_or_else(|| Self::DEFAULT.to_owned()))
+    /// Rows without a tenant.
+    pub fn none() -> Self {
+        Self(None)
     }
 
+    /// The tenant called `name` (a `[tenants.<name>]` key, a tenant column's value).
+    pub fn named(name: impl Into<Arc<str>>) -> Self {
+        Self(Some(name.into()))
+    }
+
+    /// From a tenant column's value, NULL being no tenant.
+    pub fn from_column(value: Option<String>) -> Self {
+        Self(value.map(Into::into))
+    }
+
+    /// The tenant's name; `None` for rows without a tenant.
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// The name as plugins see it: [`TenantId::DEFAULT_NAME`] for rows without a tenant.
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_deref().unwrap_or(Self::DEFAULT_NAME)
     }
 }
 
 impl std::fmt::Display for TenantId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match &self.0 {
+            Some(name) => f.write_str(name),
+            None => f.write_str("(no tenant)"),
+        }
     }
 }
 

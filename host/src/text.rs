@@ -3,7 +3,8 @@
 //!
 //! PostgreSQL refuses a NUL byte in `text`; a terminal interprets escape sequences; a log
 //! collector chokes on multi-megabyte lines. Every guest-influenced string goes through
-//! [`bounded`] before it is stored or logged.
+//! [`bounded`] before it is stored or logged. And [`toml_scalar`]: configuration values as
+//! the text libraries expect.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -42,6 +43,18 @@ pub fn bounded(text: &str, max: usize) -> Cow<'_, str> {
         let _ = write!(out, "… ({} more bytes)", text.len() - consumed);
     }
     Cow::Owned(out)
+}
+
+/// A TOML scalar (string, number, boolean) as the text a library expects (librdkafka
+/// properties, a plugin's `configure` pairs); `None` for tables, arrays and dates.
+pub fn toml_scalar(value: &toml::Value) -> Option<String> {
+    match value {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
 }
 
 fn needs_escape(c: char) -> bool {

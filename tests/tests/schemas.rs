@@ -547,11 +547,11 @@ async fn an_error_text_the_database_refuses_is_replaced_and_the_published_batch_
 async fn dead_rows_of_a_uuid_table_are_listed_and_replayed_by_their_uuid() {
     let table = OutboxTable::create_with_sql("dbz_dead", DEBEZIUM_TABLE).await;
     let s = Scenario::with_table(table, &["Order"]).await;
-    let extra = format!(
-        "{DEBEZIUM_COLUMNS}\n{}",
-        s.tenant("default", "test_fail_permanent", "")
+    // The table has no tenant column: its rows have no tenant and run [plugins.default].
+    let config = s.config("", DEBEZIUM_COLUMNS).replace(
+        &reference_plugin().display().to_string(),
+        &test_plugin("test_fail_permanent").display().to_string(),
     );
-    let config = s.config("", &extra);
     assert!(sluice_with_config(&["migrate"], &config).status.success());
     s.table
         .execute(

@@ -34,10 +34,11 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
     let starting = async {
         // Plugins first: a broken plugin file is reported without touching the database.
         // Compiling and instantiating are blocking work.
-        let plugins = config.clone();
-        let router = tokio::task::spawn_blocking(move || PluginRouter::from_config(&plugins))
-            .await
-            .context("loading plugins")??;
+        let (plugins, tenants) = (config.plugins.clone(), config.tenants.clone());
+        let router =
+            tokio::task::spawn_blocking(move || PluginRouter::from_settings(&plugins, &tenants))
+                .await
+                .context("loading plugins")??;
         let router = Arc::new(router);
         // One connection per worker's open batch, plus one for probes and maintenance.
         let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);

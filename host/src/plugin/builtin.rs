@@ -5,8 +5,8 @@
 //! validation as a WASM plugin's (allowed topics, sizes, host-stamped headers), so the two
 //! are interchangeable; the benchmark uses this to measure the sandbox's cost.
 
-use super::bindings::types::{ErrorDetail, OutputMessage, TransformError};
-use crate::outbox::OutboxRow;
+use crate::model::OutboxRow;
+use crate::plugin::wasm::bindings::types::{ErrorDetail, OutputMessage, TransformError};
 
 /// Topic prefix of `route-by-aggregate`, as in Debezium's Outbox Event Router.
 const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
@@ -82,12 +82,12 @@ impl Builtin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::{OutboxId, TenantId};
+    use crate::model::{OutboxId, TenantId};
 
     fn row() -> OutboxRow {
         OutboxRow {
             id: OutboxId::Int(7),
-            tenant: TenantId("default".into()),
+            tenant: TenantId::named("default"),
             aggregate_type: "order".into(),
             aggregate_id: "o-1".into(),
             event_type: "OrderCreated".into(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
 
-use crate::config::{
+use crate::plugin::settings::{
     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_CALL_TIMEOUT,
     DEFAULT_MAX_BATCH_OUTPUT_BYTES, DEFAULT_MAX_HEADERS_PER_MESSAGE, DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, LimitsSpec,

@@ -1,55 +1,47 @@
-//! The plugin sandbox: one wasmtime engine, one compiled plugin per file, one Store per
-//! tenant, and the validation of what plugins return.
+//! The plugin host: what the relay sees of it — [`RowTransformer`], implemented by
+//! [`PluginRouter`] — and, private behind it, the wasmtime sandbox.
 //!
-//! - [`engine`]: engine config, epoch ticker, linker (WASI p2 with an empty context + host API)
-//! - [`component`]: loading and linking a `.wasm` file
-//! - [`instance`]: a tenant's Store and the guest calls
-//! - `call`: driving a guest call within its wall-clock deadline
-//! - `host_api`: what guests may call on the host, and the per-tenant state behind it
-//! - [`limits`]: memory/time limits and the topic allow-list
+//! Read in this order:
+//! - [`router`]: tenant → slot routing for the relay, start-up quarantine, the cap on
+//!   instances of tenants without their own entry, the status read API
+//! - `tenant/`: one tenant's slot (its runner, breaker, quarantine and per-batch budgets) and
+//!   what the router reports about it
+//! - `wasm/`: the wasmtime side — engine and epoch ticker, loading a component, a tenant's
+//!   Store and the guest calls (each bounded in wall-clock time), the host API guests call
+//! - [`limits`]: a tenant's sandbox limits as data, the topic allow-list, the Store limiter
 //! - [`output`]: what the host accepts from a plugin, and the headers it stamps
 //! - [`builtin`]: routing plugins compiled into the host (no WASM)
-//! - [`slot`]: one tenant's runner, breaker and per-batch time and output budgets
-//! - [`router`]: tenant → slot routing for the relay, start-up quarantine, the cap on
-//!   instances of tenants without their own entry
 //! - [`reload`]: hot reload and quarantine retries
-//! - [`quarantine`], [`breaker`]: why a tenant's rows wait
-//! - [`status`]: what the router reports per tenant
+//! - [`settings`]: `[plugins]`, `[plugins.default]` and `[tenants.<name>]` as written
 //! - [`testbench`]: `sluice plugin check|test`
+//!
+//! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
+//! file or a builtin's name), as loaded (a compiled component shared by every tenant that
+//! uses the file), and as running (one configured instance per tenant, in its own Store).
 
-mod bindings;
-pub mod breaker;
 pub mod builtin;
-mod call;
-pub mod component;
-pub mod engine;
-mod host_api;
-pub mod instance;
 pub mod limits;
 pub mod output;
-pub mod quarantine;
-pub mod reload;
-pub mod router;
-pub mod slot;
-pub mod status;
+mod reload;
+mod router;
+pub mod settings;
+mod tenant;
 pub mod testbench;
+mod wasm;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use component::LoadedPlugin;
-pub use engine::PluginEngine;
-pub use instance::TenantInstance;
 pub use limits::{Limits, TopicPattern};
 pub use router::PluginRouter;
-pub use status::{TenantState, TenantStatus};
+pub use settings::{PluginSource, PluginSpec, PluginsSettings};
+pub use tenant::status::{TenantState, TenantStatus};
 
-use crate::message::Message;
-use crate::outbox::{OutboxRow, TenantId};
+use crate::model::{OutboundMessage, OutboxRow, TenantId};
 
 /// The messages of one row, or why the row could not be transformed.
-pub type RowResult = Result<Vec<Message>, TransformFailure>;
+pub type RowResult = Result<Vec<OutboundMessage>, TransformFailure>;
 
 /// Turns claimed rows into messages. Implementations: [`PluginRouter`] (WASM plugins).
 pub trait RowTransformer: Send + Sync + 'static {

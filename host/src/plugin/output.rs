@@ -6,11 +6,11 @@
 //! Kafka topic names; header names must not carry control characters (a NUL ends a name in
 //! librdkafka, so `sluice-tenant\0x` would reach consumers as a second `sluice-tenant`).
 
-use super::bindings::types as wit;
-use super::limits::Limits;
-use super::{RowResult, TransformFailure};
-use crate::message::Message;
-use crate::outbox::OutboxRow;
+use crate::model::OutboundMessage;
+use crate::model::OutboxRow;
+use crate::plugin::limits::Limits;
+use crate::plugin::wasm::bindings::types as wit;
+use crate::plugin::{RowResult, TransformFailure};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// Header names the host owns: whatever a plugin sets under these names is replaced.
@@ -75,7 +75,7 @@ pub fn message_bytes<'a>(
 }
 
 /// Bytes of a row's accepted messages (see [`message_bytes`]).
-pub fn output_bytes(messages: &[Message]) -> usize {
+pub fn output_bytes(messages: &[OutboundMessage]) -> usize {
     messages
         .iter()
         .map(|m| m.topic.len() + message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers))
@@ -90,7 +90,7 @@ fn accept_message(
     limits: &Limits,
     row: &OutboxRow,
     m: wit::OutputMessage,
-) -> Result<Message, TransformFailure> {
+) -> Result<OutboundMessage, TransformFailure> {
     check_topic(limits, row, &m.topic)?;
     if m.headers.len() > limits.max_headers_per_message {
         return Err(invalid(format!(
@@ -118,7 +118,7 @@ fn accept_message(
             m.topic, limits.max_message_bytes
         )));
     }
-    Ok(Message {
+    Ok(OutboundMessage {
         row: row.id.clone(),
         topic: m.topic,
         key: m.key,
@@ -192,13 +192,13 @@ fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LimitsSpec;
-    use crate::outbox::{OutboxId, TenantId};
+    use crate::model::{OutboxId, TenantId};
+    use crate::plugin::settings::LimitsSpec;
 
     fn row() -> OutboxRow {
         OutboxRow {
             id: OutboxId::Int(3),
-            tenant: TenantId("acme".into()),
+            tenant: TenantId::named("acme"),
             aggregate_type: "order".into(),
             aggregate_id: "o".into(),
             event_type: "E".into(),

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::PluginError;
-use super::component::LoadedPlugin;
-use super::router::{FileStamp, PluginRouter, SharedSlot, probe_shared};
-use super::slot::{PluginCode, Runner, TenantTemplate, lock};
+use crate::plugin::PluginError;
+use crate::plugin::router::{FileStamp, PluginRouter, SharedSlot, probe_shared};
+use crate::plugin::tenant::slot::{PluginCode, Runner, TenantTemplate, lock};
+use crate::plugin::wasm::component::LoadedPlugin;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// What one file's reload did.

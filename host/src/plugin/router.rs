@@ -1,6 +1,6 @@
 //! Routes each row to its tenant's plugin slot and runs the plugin calls off the async
 //! reactor. One Store per tenant: tenants never share an instance, even when they share a file.
-//! Slots are in [`super::slot`]; this module owns the tenant → slot map, start-up (with
+//! Slots are in [`super::tenant::slot`]; this module owns the tenant → slot map, start-up (with
 //! quarantine of tenants whose plugin cannot start), the cap on instances of tenants without
 //! their own entry, and the status read API. Hot reload is in [`super::reload`].
 
@@ -10,18 +10,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::component::LoadedPlugin;
-use super::engine::PluginEngine;
-use super::host_api::TenantShared;
-use super::limits::Limits;
-use super::slot::{
+use crate::model::{OutboxRow, TenantId};
+use crate::plugin::limits::Limits;
+use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
+use crate::plugin::tenant::slot::{
     InstanceQuota, PluginCode, Runner, SlotStatus, TenantSlot, TenantTemplate, lock,
     lock_unless_stalled,
 };
-use super::status::TenantStatus;
-use super::{PluginError, RowResult, RowTransformer, TransformFailure};
-use crate::config::{Config, PluginSource, config_pairs, plugin_cache_dir};
-use crate::outbox::{OutboxRow, TenantId};
+use crate::plugin::tenant::status::TenantStatus;
+use crate::plugin::wasm::component::LoadedPlugin;
+use crate::plugin::wasm::engine::PluginEngine;
+use crate::plugin::wasm::host_api::TenantShared;
+use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A tenant's slot, and what may be read without waiting for its lock.
@@ -91,7 +91,7 @@ impl FileStamp {
 /// The tenant name used to try a template that no tenant uses yet (`[plugins.default]` when
 /// every tenant has its own entry).
 pub(super) fn probe_shared() -> Arc<TenantShared> {
-    TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()))
+    TenantShared::new(TenantId::none())
 }
 
 impl PluginRouter {
@@ -100,10 +100,13 @@ impl PluginRouter {
     /// instantiate or configure is quarantined — logged, its rows left unclaimed, retried with
     /// back-off and on reload — and the others run; with `[plugins] strict_startup = true` the
     /// first such failure is returned instead (and `sluice run` refuses to start).
-    pub fn from_config(config: &Config) -> Result<Self, PluginError> {
-        let strict = config.plugins.strict_startup;
+    pub fn from_settings(
+        plugins: &PluginsSettings,
+        tenants: &BTreeMap<String, PluginSpec>,
+    ) -> Result<Self, PluginError> {
+        let strict = plugins.strict_startup;
         let engine = PluginEngine::new()?;
-        let cache_dir = plugin_cache_dir(config.plugins.cache_dir.as_deref());
+        let cache_dir = plugin_cache_dir(plugins.cache_dir.as_deref());
         let mut files: HashMap<PathBuf, PluginCodeRef> = HashMap::new();
         let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
             let path = match source {
@@ -144,63 +147,43 @@ impl PluginRouter {
             }
         };
 
-        let default_spec = config.plugins.default.as_ref();
+        let default_spec = plugins.default.as_ref();
         let default = match default_spec {
             Some(spec) => Some(Arc::new(TenantTemplate::new(
                 load(&spec.source().ok_or_else(|| PluginError::Config {
                     key: "plugins.default".into(),
                     message: "needs `path` or `builtin`".into(),
                 })?)?,
-                config_pairs(&spec.config.clone().unwrap_or_default()),
+                spec.config_pairs(),
                 Limits::resolve(&spec.limits()).map_err(limits_err("plugins.default".into()))?,
             ))),
             None => None,
         };
 
         let mut slots = Slots::default();
-        for (name, tenant) in &config.tenants {
-            let default_limits = default_spec.map(|s| s.limits()).unwrap_or_default();
-            let Some(source) = tenant
-                .source()
-                .or_else(|| default_spec.and_then(|s| s.source()))
-            else {
+        for (name, tenant) in tenants {
+            let spec = tenant.inherit(default_spec);
+            let Some(source) = spec.source() else {
                 return Err(PluginError::Config {
                     key: format!("tenants.{name}.path"),
                     message: "missing and no [plugins.default]".into(),
                 });
             };
-            let empty = BTreeMap::new();
-            let table = tenant
-                .config
-                .as_ref()
-                .or(default_spec.and_then(|s| s.config.as_ref()))
-                .unwrap_or(&empty);
             let template = Arc::new(TenantTemplate::new(
                 load(&source)?,
-                config_pairs(table),
-                Limits::resolve(&tenant.limits().or(&default_limits))
-                    .map_err(limits_err(format!("tenants.{name}")))?,
+                spec.config_pairs(),
+                Limits::resolve(&spec.limits()).map_err(limits_err(format!("tenants.{name}")))?,
             ));
-            let id = TenantId(name.clone());
+            let id = TenantId::named(name.as_str());
             let slot = start_slot(id.clone(), template, strict)?;
             slots.map.insert(id, new_handle(slot, true));
         }
+        // Rows without a tenant run the default plugin: started now, so a broken one is
+        // reported at start-up rather than on the first such row.
         if let Some(template) = &default {
-            use std::collections::hash_map::Entry;
-            match slots.map.entry(TenantId(TenantId::DEFAULT.to_owned())) {
-                Entry::Vacant(entry) => {
-                    let slot = start_slot(entry.key().clone(), Arc::clone(template), strict)?;
-                    entry.insert(new_handle(slot, true));
-                }
-                Entry::Occupied(_) => {
-                    // `[tenants.default]` has its own entry, so no tenant runs the default
-                    // plugin yet: try it now, so a broken one is reported at start-up rather
-                    // than on the first row of a new tenant.
-                    if let Err(e) = Runner::create(template, &probe_shared()) {
-                        quarantine_or_fail("tenants without their own entry", template, e, strict)?;
-                    }
-                }
-            }
+            let none = TenantId::none();
+            let slot = start_slot(none.clone(), Arc::clone(template), strict)?;
+            slots.map.insert(none, new_handle(slot, true));
         }
         let files = files
             .keys()
@@ -212,7 +195,7 @@ impl PluginRouter {
             engine,
             cache_dir,
             files: Mutex::new(files),
-            quota: InstanceQuota::new(config.plugins.max_unconfigured_instances),
+            quota: InstanceQuota::new(plugins.max_unconfigured_instances),
             clock: AtomicU64::new(0),
         })
     }
@@ -463,13 +446,21 @@ impl RowTransformer for PluginRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::OutboxId;
-    use crate::plugin::status::TenantState;
+    use crate::model::OutboxId;
+    use crate::plugin::tenant::status::TenantState;
+
+    /// The plugin part of a `sluice.toml`.
+    #[derive(serde::Deserialize)]
+    struct PluginTables {
+        #[serde(default)]
+        plugins: PluginsSettings,
+        #[serde(default)]
+        tenants: BTreeMap<String, PluginSpec>,
+    }
 
     fn router(toml: &str) -> Result<PluginRouter, PluginError> {
-        let text = format!("[database]\nurl = \"postgres://unused\"\n{toml}");
-        let config = Config::parse(&text, std::path::Path::new("t.toml")).unwrap();
-        PluginRouter::from_config(&config)
+        let tables: PluginTables = toml::from_str(toml).unwrap();
+        PluginRouter::from_settings(&tables.plugins, &tables.tenants)
     }
 
     fn rows(tenants: &[&str]) -> Arc<[OutboxRow]> {
@@ -478,7 +469,7 @@ mod tests {
             .enumerate()
             .map(|(i, t)| OutboxRow {
                 id: OutboxId::Int(i as i64 + 1),
-                tenant: TenantId((*t).to_owned()),
+                tenant: TenantId::named(*t),
                 aggregate_type: "order".into(),
                 aggregate_id: "o".into(),
                 event_type: "E".into(),
@@ -498,15 +489,43 @@ mod tests {
             "{BUILTIN}circuit_breaker_failures = 3\n[tenants.acme]\n"
         ))
         .unwrap();
-        let acme = TenantId("acme".into());
+        let acme = TenantId::named("acme");
         for _ in 0..3 {
             let results = router.transform(rows(&["acme"])).await;
             assert!(results[0].is_ok());
             router.record_publish(&acme, 0, 1);
         }
         assert!(router.paused_tenants().contains(&acme));
-        let default = TenantId("default".into());
-        assert!(!router.paused_tenants().contains(&default));
+        assert!(!router.paused_tenants().contains(&TenantId::none()));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rows_without_a_tenant_and_a_tenant_named_default_are_different_tenants() {
+        let toml = format!(
+            "{BUILTIN}config = {{ topic_prefix = \"plain.\" }}\n\
+             [tenants.default]\nconfig = {{ topic_prefix = \"named.\" }}\n"
+        );
+        let router = router(&toml).unwrap();
+        let mut mixed: Vec<OutboxRow> = rows(&["default", "x"]).to_vec();
+        mixed[1].tenant = TenantId::none();
+        let results = router.transform(mixed.into()).await;
+        let topic = |i: usize| results[i].as_ref().unwrap()[0].topic.clone();
+        assert_eq!(
+            topic(0),
+            "named.order",
+            "[tenants.default] is the tenant named default"
+        );
+        assert_eq!(
+            topic(1),
+            "plain.order",
+            "rows without a tenant run [plugins.default]"
+        );
+        // Pausing one leaves the other alone.
+        let named = TenantId::named("default");
+        for _ in 0..5 {
+            router.record_publish(&named, 0, 1);
+        }
+        assert_eq!(router.paused_tenants(), vec![named]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -514,7 +533,7 @@ mod tests {
         // The builtin refuses unknown config keys in `configure`.
         let toml = format!("{BUILTIN}[tenants.broken]\nconfig = {{ prefix = \"typo\" }}\n");
         let router = router(&toml).unwrap();
-        let broken = TenantId("broken".into());
+        let broken = TenantId::named("broken");
         assert_eq!(router.paused_tenants(), vec![broken.clone()]);
         let statuses = router.tenant_statuses();
         let status = statuses.iter().find(|s| s.tenant == broken).unwrap();
@@ -560,7 +579,7 @@ mod tests {
             assert!(matches!(r, Err(TransformFailure::Paused { .. })), "{r:?}");
         }
         let paused = router.paused_tenants();
-        assert!(paused.contains(&TenantId("newcomer".into())), "{paused:?}");
+        assert!(paused.contains(&TenantId::named("newcomer")), "{paused:?}");
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -11,14 +11,15 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::bindings::types::PluginInfo;
-use super::host_api::TenantShared;
-use super::{
-    Limits, LoadedPlugin, PluginEngine, PluginError, TenantInstance, TransformFailure, output,
-};
-use crate::config::plugin_cache_dir;
-use crate::message::Message;
-use crate::outbox::{OutboxId, OutboxRow, TenantId};
+use crate::model::OutboundMessage;
+use crate::model::{OutboxId, OutboxRow, TenantId};
+use crate::plugin::settings::plugin_cache_dir;
+use crate::plugin::wasm::bindings::types::PluginInfo;
+use crate::plugin::wasm::component::LoadedPlugin;
+use crate::plugin::wasm::engine::PluginEngine;
+use crate::plugin::wasm::host_api::TenantShared;
+use crate::plugin::wasm::instance::TenantInstance;
+use crate::plugin::{Limits, PluginError, TransformFailure, output};
 
 /// Validates `path` against the world and returns its `info()` (its text escaped and cut).
 /// Instantiation and `info()` are bounded by the default `call_timeout`, time spent sleeping
@@ -30,7 +31,7 @@ pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
         path,
         plugin_cache_dir(None).as_deref(),
     )?);
-    let shared = TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()));
+    let shared = TenantShared::new(TenantId::none());
     let mut instance = TenantInstance::instantiate(&plugin, &shared, &Limits::default())?;
     instance.info().map_err(|message| PluginError::BadPlugin {
         path: path.to_owned(),
@@ -90,7 +91,7 @@ pub fn run(
         path,
         plugin_cache_dir(None).as_deref(),
     )?);
-    let shared = TenantShared::new(TenantId(TenantId::DEFAULT.to_owned()));
+    let shared = TenantShared::new(TenantId::none());
     let limits = Limits::default();
     let mut instance = Some(TenantInstance::create(&plugin, &shared, config, &limits)?);
     let mut summary = TestSummary::default();
@@ -210,7 +211,7 @@ fn bytes_json(bytes: &[u8]) -> Value {
     }
 }
 
-fn message_json(m: &Message) -> Value {
+fn message_json(m: &OutboundMessage) -> Value {
     json!({
         "row": m.row,
         "topic": m.topic,

@@ -258,7 +258,7 @@ mod tests {
     fn row(id: i64) -> OutboxRow {
         OutboxRow {
             id: OutboxId::Int(id),
-            tenant: TenantId("t".into()),
+            tenant: TenantId::named("t"),
             aggregate_type: "order".into(),
             aggregate_id: id.to_string(),
             event_type: "E".into(),

@@ -446,7 +446,7 @@ mod tests {
 
     fn message(topic: &str) -> OutboundMessage {
         OutboundMessage {
-            row: crate::outbox::OutboxId::Int(1),
+            row: crate::model::OutboxId::Int(1),
             topic: topic.to_owned(),
             key: None,
             payload: Some(b"{}".to_vec()),

@@ -1,6 +1,7 @@
 //! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print.
 
 mod cli;
+mod print;
 
 use std::io::{BufReader, IsTerminal, Write};
 use std::process::ExitCode;
@@ -16,7 +17,6 @@ use sluice::config::Config;
 use sluice::plugin::testbench;
 use sluice::shutdown::{self, Signals};
 use sluice::store::{OutboxStore, ReplaySelection};
-use sluice::text::{MAX_LOGGED, bounded};
 
 /// How long exiting waits for blocking work still running: a plugin compile abandoned by a
 /// stop during start-up, a metadata request. Neither holds anything that needs finishing.
@@ -61,7 +61,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 (false, false) => TriggerChange::Keep,
             };
             let migrated = on_runtime(admin::migrate(&target.target(), &trigger))?;
-            print_migrated(&migrated, &trigger);
+            print::migrated(&migrated, &trigger);
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { config } => {
@@ -112,19 +112,6 @@ fn stop_on_signal(what: &'static str) -> anyhow::Result<shutdown::Shutdown> {
     Ok(stop)
 }
 
-fn print_migrated(migrated: &admin::Migrated, trigger: &TriggerChange) {
-    let table = &migrated.table;
-    println!("outbox table {table} is ready ({})", migrated.summary);
-    match trigger {
-        TriggerChange::Keep => {}
-        TriggerChange::Install(channel) => println!(
-            "NOTIFY trigger installed: every insert into {table} notifies channel {channel:?} \
-             (set relay.notify_channel = \"{channel}\")"
-        ),
-        TriggerChange::Drop => println!("NOTIFY trigger of {table} removed"),
-    }
-}
-
 fn plugin(command: PluginCommand) -> anyhow::Result<()> {
     match command {
         PluginCommand::Check { file } => {
@@ -171,27 +158,7 @@ async fn dead(target: admin::Target<'_>, command: DeadCommand) -> anyhow::Result
     match command {
         DeadCommand::List { tenant, limit } => {
             let rows = store.dead_rows(tenant.as_deref(), limit).await?;
-            // The columns are the application's text: printed escaped and bounded.
-            let safe = |text: &str| bounded(text, MAX_LOGGED).into_owned();
-            let mut out = std::io::stdout().lock();
-            writeln!(
-                out,
-                "id\ttenant\taggregate\tevent_type\tattempts\tdead_at\tlast_error"
-            )?;
-            for r in &rows {
-                writeln!(
-                    out,
-                    "{}\t{}\t{}/{}\t{}\t{}\t{}\t{}",
-                    safe(&r.id.to_string()),
-                    safe(r.tenant.as_deref().unwrap_or("default")),
-                    safe(&r.aggregate_type),
-                    safe(&r.aggregate_id),
-                    safe(&r.event_type),
-                    r.attempts,
-                    r.dead_at.to_rfc3339(),
-                    safe(r.last_error.as_deref().unwrap_or_default()),
-                )?;
-            }
+            print::dead_rows(&rows)?;
             eprintln!("{} dead rows", rows.len());
         }
         DeadCommand::Replay { id, tenant, all } => {

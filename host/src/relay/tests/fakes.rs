@@ -81,7 +81,7 @@ pub struct MemoryStore {
 pub fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxRow {
     OutboxRow {
         id: OutboxId::Int(id),
-        tenant: TenantId(tenant.to_owned()),
+        tenant: TenantId::named(tenant),
         aggregate_type: aggregate_type.to_owned(),
         aggregate_id: format!("agg-{id}"),
         event_type: "Happened".to_owned(),
@@ -500,7 +500,7 @@ impl RowTransformer for ScriptedTransformer {
         self.publishes
             .lock()
             .unwrap()
-            .push((tenant.0.clone(), delivered, refused));
+            .push((tenant.as_str().to_owned(), delivered, refused));
     }
 }
 

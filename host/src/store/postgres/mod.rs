@@ -121,7 +121,7 @@ impl OutboxStore for PgStore {
     type Batch = PgBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
-        let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
+        let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
         Ok(
             sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
                 .bind(&paused)
@@ -133,7 +133,7 @@ impl OutboxStore for PgStore {
     async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let paused: Vec<&str> = paused.iter().map(TenantId::as_str).collect();
+        let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
         let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
             .bind(&paused)
             .bind(limit)

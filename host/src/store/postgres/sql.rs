@@ -53,14 +53,15 @@ pub struct Statements {
 impl Statements {
     pub fn new(layout: &Layout, options: StoreOptions) -> Self {
         let table = &layout.table;
-        // Unsent, not dead, due, not of a paused tenant ($1), and — in key order — not behind
-        // an earlier unsent row of its key.
+        // Unsent, not dead, due, not of a paused tenant ($1: their names, NULL for rows
+        // without a tenant), and — in key order — not behind an earlier unsent row of its key.
         let due = format!(
             "o.published_at IS NULL AND o.dead_at IS NULL
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-                AND NOT ({tenant} = ANY($1::text[]))
+                AND NOT EXISTS (SELECT 1 FROM unnest($1::text[]) AS paused(tenant)
+                                 WHERE paused.tenant IS NOT DISTINCT FROM {tenant})
                 {key_order}",
-            tenant = layout.tenant_name_expr("o"),
+            tenant = layout.tenant_expr("o"),
             key_order = key_order_filter(layout, options.ordering, options.after_dead),
         );
         let claim = format!(
@@ -145,7 +146,7 @@ mod tests {
             "{claim}"
         );
         assert!(
-            claim.contains("AND NOT ('default'::text = ANY($1::text[]))"),
+            claim.contains("WHERE paused.tenant IS NOT DISTINCT FROM NULL::text"),
             "{claim}"
         );
     }

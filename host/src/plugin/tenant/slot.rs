@@ -7,15 +7,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use super::breaker::{CircuitBreaker, Gate, Transition};
-use super::builtin::Builtin;
-use super::component::LoadedPlugin;
-use super::host_api::TenantShared;
-use super::instance::{TenantInstance, Trapped};
-use super::limits::Limits;
-use super::quarantine::Quarantine;
-use super::{PauseReason, PluginError, RowResult, TransformFailure, output};
-use crate::outbox::{OutboxRow, TenantId};
+use crate::model::{OutboxRow, TenantId};
+use crate::plugin::builtin::Builtin;
+use crate::plugin::limits::Limits;
+use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
+use crate::plugin::tenant::quarantine::Quarantine;
+use crate::plugin::wasm::component::LoadedPlugin;
+use crate::plugin::wasm::host_api::TenantShared;
+use crate::plugin::wasm::instance::{TenantInstance, Trapped};
+use crate::plugin::{PauseReason, PluginError, RowResult, TransformFailure, output};
 
 /// Most rows handed to one `transform-batch` call, …
 const MAX_BATCH_ROWS: usize = 64;
@@ -242,8 +242,8 @@ impl SlotStatus {
     }
 
     /// The tenant's state for status reports.
-    pub fn state(&self, now: Instant) -> super::status::TenantState {
-        use super::status::TenantState;
+    pub fn state(&self, now: Instant) -> crate::plugin::tenant::status::TenantState {
+        use crate::plugin::tenant::status::TenantState;
         if let Some(q) = self.template().quarantine.state() {
             return TenantState::Quarantined {
                 reason: q.reason,
@@ -368,11 +368,6 @@ impl TenantSlot {
             slot.install(runner);
         }
         slot
-    }
-
-    /// Whether the slot counts against the unconfigured-instance quota.
-    pub fn unconfigured(&self) -> bool {
-        self.quota.is_some()
     }
 
     /// Swaps in a new version (hot reload, or a quarantined tenant that starts now), between
@@ -675,12 +670,12 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::OutboxId;
+    use crate::model::OutboxId;
 
     fn row(payload: usize) -> OutboxRow {
         OutboxRow {
             id: OutboxId::Int(1),
-            tenant: TenantId("t".into()),
+            tenant: TenantId::named("t"),
             aggregate_type: "a".into(),
             aggregate_id: "b".into(),
             event_type: "c".into(),
@@ -725,12 +720,12 @@ mod tests {
     }
 
     fn slot(template: Arc<TenantTemplate>, quota: Option<Arc<InstanceQuota>>) -> TenantSlot {
-        TenantSlot::new(TenantId("t".into()), template, None, quota)
+        TenantSlot::new(TenantId::named("t"), template, None, quota)
     }
 
     #[test]
     fn a_long_running_call_marks_the_tenant_stalled_until_the_stamp_drops() {
-        let status = SlotStatus::new(TenantId("t".into()), builtin(Limits::default()));
+        let status = SlotStatus::new(TenantId::named("t"), builtin(Limits::default()));
         let now = Instant::now();
         assert!(!status.unavailable(now));
         let stamp = status.stamp_call();
@@ -742,7 +737,7 @@ mod tests {
 
     #[test]
     fn a_panic_during_a_call_does_not_leave_the_tenant_stalled() {
-        let status = SlotStatus::new(TenantId("t".into()), builtin(Limits::default()));
+        let status = SlotStatus::new(TenantId::named("t"), builtin(Limits::default()));
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _stamp = status.stamp_call();
             panic!("guest call panicked");

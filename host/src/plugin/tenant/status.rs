@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use crate::outbox::TenantId;
+use crate::model::TenantId;
 
 /// One tenant as the router sees it now.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
-use super::PluginError;
-use super::bindings::PluginPre;
-use super::engine::PluginEngine;
-use super::host_api::HostState;
+use crate::plugin::PluginError;
+use crate::plugin::wasm::bindings::PluginPre;
+use crate::plugin::wasm::engine::PluginEngine;
+use crate::plugin::wasm::host_api::HostState;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A compiled, linked plugin file. Cheap to instantiate many times.
@@ -22,14 +22,7 @@ pub struct LoadedPlugin {
 }
 
 impl LoadedPlugin {
-    /// Compiles and links `path`. Fails with the file name and the reason when it is not a
-    /// component, imports something the host does not provide, or lacks the
-    /// `sluice:plugin/transformer` exports.
-    pub fn load(engine: &Arc<PluginEngine>, path: &Path) -> Result<Self, PluginError> {
-        Self::load_cached(engine, path, None)
-    }
-
-    /// Like [`LoadedPlugin::load`], reusing (and filling) a compile cache in `cache_dir`:
+    /// Compiles and links `path`, reusing (and filling) a compile cache in `cache_dir`:
     /// compiled code is stored per content hash and engine compatibility hash, so unchanged
     /// plugins start without recompiling (large Python/JS components take seconds to compile).
     pub fn load_cached(

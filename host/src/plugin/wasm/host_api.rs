@@ -12,10 +12,10 @@ use std::time::Instant;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::sluice::plugin::host;
-use super::bindings::types::LogLevel;
-use super::limits::TenantLimiter;
-use crate::outbox::TenantId;
+use crate::model::TenantId;
+use crate::plugin::limits::TenantLimiter;
+use crate::plugin::wasm::bindings::sluice::plugin::host;
+use crate::plugin::wasm::bindings::types::LogLevel;
 use crate::text::bounded;
 
 /// Longest guest log line kept; the rest is cut so a guest cannot flood the logs line by line.
@@ -215,7 +215,7 @@ impl WasiView for HostState {
     }
 }
 
-impl super::bindings::types::Host for HostState {}
+impl crate::plugin::wasm::bindings::types::Host for HostState {}
 
 impl host::Host for HostState {
     fn log(&mut self, level: LogLevel, message: String) {
@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn the_log_budget_belongs_to_the_tenant_not_the_store() {
-        let shared = TenantShared::new(TenantId("t".into()));
+        let shared = TenantShared::new(TenantId::named("t"));
         // Two Stores of the same tenant, as after a trap.
         let mut first = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
         let mut second = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn counters_are_bounded_in_names_and_length() {
-        let shared = TenantShared::new(TenantId("t".into()));
+        let shared = TenantShared::new(TenantId::named("t"));
         let mut state = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
         for i in 0..1_000 {
             host::Host::counter_add(&mut state, format!("name-{i}"), 1);

@@ -8,16 +8,16 @@ use std::time::Instant;
 
 use wasmtime::{Store, Trap};
 
-use super::bindings::Plugin;
-use super::bindings::types::{self as wit, PluginInfo};
-use super::call::run_until;
-use super::component::LoadedPlugin;
-use super::engine::PluginEngine;
-use super::engine::deadline_ticks;
-use super::host_api::{HostState, TenantShared};
-use super::limits::{LimitExceeded, Limits};
-use super::{PluginError, TransformFailure};
-use crate::outbox::OutboxRow;
+use crate::model::OutboxRow;
+use crate::plugin::limits::{LimitExceeded, Limits};
+use crate::plugin::wasm::bindings::Plugin;
+use crate::plugin::wasm::bindings::types::{self as wit, PluginInfo};
+use crate::plugin::wasm::call::run_until;
+use crate::plugin::wasm::component::LoadedPlugin;
+use crate::plugin::wasm::engine::PluginEngine;
+use crate::plugin::wasm::engine::deadline_ticks;
+use crate::plugin::wasm::host_api::{HostState, TenantShared};
+use crate::plugin::{PluginError, TransformFailure};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// Longest plugin name or version kept from `info()`.
@@ -132,7 +132,7 @@ impl TenantInstance {
 
     /// Runs one row through the plugin. `Err` means the call trapped and this instance is
     /// poisoned and must be dropped; the plugin's own answer (messages or error) is `Ok`, to
-    /// be checked with [`super::output::accept`].
+    /// be checked with [`crate::plugin::output::accept`].
     pub fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
         let input = to_wit_row(row);
         self.call(|bindings, store| {
@@ -162,11 +162,6 @@ impl TenantInstance {
             });
         }
         Ok(answers)
-    }
-
-    /// Linear memory the instance uses now, in bytes.
-    pub fn memory_used(&self) -> usize {
-        self.store.data().limiter.memory_used()
     }
 }
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use super::PluginError;
-use super::bindings::Plugin;
-use super::host_api::HostState;
+use crate::plugin::PluginError;
+use crate::plugin::wasm::bindings::Plugin;
+use crate::plugin::wasm::host_api::HostState;
 
 /// Granularity of call deadlines: the ticker bumps the engine's epoch this often.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);

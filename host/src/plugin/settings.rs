@@ -1,0 +1,348 @@
+//! The plugin settings as written in `sluice.toml` — `[plugins]`, `[plugins.default]`,
+//! `[tenants.<name>]` — with their defaults and the checks each key gets on its own. How a
+//! tenant inherits from `[plugins.default]` is here too ([`PluginSpec::inherit`]); the
+//! router only applies it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::plugin::TopicPattern;
+use crate::plugin::builtin::Builtin;
+use crate::text::toml_scalar;
+
+/// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
+pub const PLUGIN_CACHE_ENV: &str = "SLUICE_PLUGIN_CACHE_DIR";
+
+/// The compile cache directory: the environment override, else `configured`, else the user's
+/// cache directory. An empty path disables caching.
+pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
+    let chosen = match std::env::var_os(PLUGIN_CACHE_ENV) {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => configured.map(Path::to_path_buf),
+    };
+    match chosen {
+        Some(dir) if dir.as_os_str().is_empty() => None,
+        Some(dir) => Some(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("sluice").join("plugins")),
+    }
+}
+
+/// Wall-clock budget for one plugin call (and one instantiation). A Rust `transform` takes
+/// microseconds; this only stops runaway guests.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+/// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
+pub const DEFAULT_MEMORY_MB: u64 = 128;
+/// Messages one row may produce; more fails the row (a runaway fan-out must not flood Kafka).
+pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
+/// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
+/// `message.max.bytes` is 1 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Headers one plugin message may carry (the host's own two come on top). Kafka sets no limit,
+/// but each header costs the producer and every consumer an allocation.
+pub const DEFAULT_MAX_HEADERS_PER_MESSAGE: usize = 100;
+/// Bytes of messages one tenant's plugin may produce in one batch: rows past it wait for the
+/// next batch, so a fan-out-heavy tenant cannot hold the relay's memory for everyone.
+pub const DEFAULT_MAX_BATCH_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+/// Live plugin instances kept for tenant values without a `[tenants.<name>]` entry (rows carry
+/// free-form tenant values); the least recently used idle one is dropped beyond this.
+pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 64;
+/// Consecutive plugin failures after which a tenant is paused.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// How long a tripped tenant stays paused before one row is tried again.
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+
+/// `[plugins]`: the default plugin, the compile cache and what start-up does with a plugin
+/// that fails.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsSettings {
+    /// Where compiled plugins are cached; `""` disables the cache. Default:
+    /// `$XDG_CACHE_HOME/sluice/plugins` or `~/.cache/sluice/plugins`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// Plugin for rows whose tenant has no `[tenants.<name>]` entry (and rows without tenant).
+    #[serde(default)]
+    pub default: Option<PluginSpec>,
+    /// `true`: refuse to start when any tenant's plugin fails to load, instantiate or
+    /// configure. `false` (default): quarantine that tenant (its rows wait) and run the others.
+    #[serde(default)]
+    pub strict_startup: bool,
+    /// Live instances kept for tenants without their own `[tenants.<name>]` entry.
+    #[serde(default = "default_max_unconfigured_instances")]
+    pub max_unconfigured_instances: usize,
+}
+
+impl Default for PluginsSettings {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            default: None,
+            strict_startup: false,
+            max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
+        }
+    }
+}
+
+fn default_max_unconfigured_instances() -> usize {
+    DEFAULT_MAX_UNCONFIGURED_INSTANCES
+}
+
+/// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
+/// a `path` or `builtin`) and `[tenants.<name>]` (where every key left out is taken from
+/// `[plugins.default]`, the plugin and its `config` included).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSpec {
+    /// Path to the `.wasm` component; relative paths are resolved against the config file.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// A routing plugin compiled into Sluice instead of a `.wasm` file (see
+    /// [`Builtin`]); exclusive with `path`.
+    #[serde(default)]
+    pub builtin: Option<String>,
+    /// Passed to the plugin's `configure` as string pairs.
+    #[serde(default)]
+    pub config: Option<BTreeMap<String, toml::Value>>,
+    // Sandbox limits (inlined: serde cannot combine `flatten` with `deny_unknown_fields`).
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub call_timeout: Option<Duration>,
+    /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
+    #[serde(default)]
+    pub allowed_topics: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_outputs_per_row: Option<usize>,
+    #[serde(default)]
+    pub max_message_bytes: Option<usize>,
+    #[serde(default)]
+    pub max_headers_per_message: Option<usize>,
+    #[serde(default)]
+    pub max_batch_output_bytes: Option<usize>,
+    #[serde(default)]
+    pub circuit_breaker_failures: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub circuit_breaker_cooldown: Option<Duration>,
+}
+
+/// Sandbox limits as written; unset fields inherit from `[plugins.default]`, then from
+/// Sluice's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct LimitsSpec {
+    pub memory_mb: Option<u64>,
+    pub call_timeout: Option<Duration>,
+    pub allowed_topics: Option<Vec<String>>,
+    pub max_outputs_per_row: Option<usize>,
+    pub max_message_bytes: Option<usize>,
+    pub max_headers_per_message: Option<usize>,
+    pub max_batch_output_bytes: Option<usize>,
+    pub circuit_breaker_failures: Option<u32>,
+    pub circuit_breaker_cooldown: Option<Duration>,
+}
+
+/// Where a tenant's transform logic comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PluginSource {
+    /// A WebAssembly component file.
+    Wasm(PathBuf),
+    /// A plugin built into Sluice, by name.
+    Builtin(String),
+}
+
+impl PluginsSettings {
+    /// Problems with `[plugins]` itself and `[plugins.default]`, each as (key, what is wrong).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if self.max_unconfigured_instances == 0 {
+            problems.push((
+                "plugins.max_unconfigured_instances".to_owned(),
+                "must be at least 1".to_owned(),
+            ));
+        }
+        if let Some(default) = &self.default {
+            problems.extend(default.problems("plugins.default", true));
+        }
+        problems
+    }
+}
+
+impl PluginSpec {
+    /// This tenant's entry with every key it leaves out taken from `[plugins.default]` — the
+    /// plugin (`path`/`builtin`), its `config` and each limit: the one inheritance rule.
+    pub fn inherit(&self, default: Option<&PluginSpec>) -> PluginSpec {
+        let Some(default) = default else {
+            return self.clone();
+        };
+        let limits = self.limits().or(&default.limits());
+        let (path, builtin) = match (&self.path, &self.builtin) {
+            (None, None) => (default.path.clone(), default.builtin.clone()),
+            own => (own.0.clone(), own.1.clone()),
+        };
+        PluginSpec {
+            path,
+            builtin,
+            config: self.config.clone().or_else(|| default.config.clone()),
+            memory_mb: limits.memory_mb,
+            call_timeout: limits.call_timeout,
+            allowed_topics: limits.allowed_topics,
+            max_outputs_per_row: limits.max_outputs_per_row,
+            max_message_bytes: limits.max_message_bytes,
+            max_headers_per_message: limits.max_headers_per_message,
+            max_batch_output_bytes: limits.max_batch_output_bytes,
+            circuit_breaker_failures: limits.circuit_breaker_failures,
+            circuit_breaker_cooldown: limits.circuit_breaker_cooldown,
+        }
+    }
+
+    /// Problems with this entry on its own, each as (`key` + sub-key, what is wrong);
+    /// `required`: whether it must name its plugin (`[plugins.default]` must).
+    pub fn problems(&self, key: &str, required: bool) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if let Err(m) = validate_source(&self.path, &self.builtin, required) {
+            problems.push((key.to_owned(), m));
+        }
+        if let Some(config) = &self.config
+            && let Err((k, m)) = validate_config_table(config)
+        {
+            problems.push((format!("{key}.config.{k}"), m));
+        }
+        if let Err((k, m)) = validate_limits(&self.limits()) {
+            problems.push((format!("{key}.{k}"), m));
+        }
+        problems
+    }
+
+    /// The plugin's `configure` pairs.
+    pub fn config_pairs(&self) -> Vec<(String, String)> {
+        self.config.as_ref().map(config_pairs).unwrap_or_default()
+    }
+
+    /// `path` or `builtin`, whichever is set (validation ensures not both).
+    pub fn source(&self) -> Option<PluginSource> {
+        match (&self.path, &self.builtin) {
+            (Some(p), _) => Some(PluginSource::Wasm(p.clone())),
+            (None, Some(b)) => Some(PluginSource::Builtin(b.clone())),
+            (None, None) => None,
+        }
+    }
+
+    pub fn limits(&self) -> LimitsSpec {
+        LimitsSpec {
+            memory_mb: self.memory_mb,
+            call_timeout: self.call_timeout,
+            allowed_topics: self.allowed_topics.clone(),
+            max_outputs_per_row: self.max_outputs_per_row,
+            max_message_bytes: self.max_message_bytes,
+            max_headers_per_message: self.max_headers_per_message,
+            max_batch_output_bytes: self.max_batch_output_bytes,
+            circuit_breaker_failures: self.circuit_breaker_failures,
+            circuit_breaker_cooldown: self.circuit_breaker_cooldown,
+        }
+    }
+}
+
+impl LimitsSpec {
+    /// Fills unset fields from `fallback`.
+    pub fn or(self, fallback: &LimitsSpec) -> LimitsSpec {
+        LimitsSpec {
+            memory_mb: self.memory_mb.or(fallback.memory_mb),
+            call_timeout: self.call_timeout.or(fallback.call_timeout),
+            allowed_topics: self
+                .allowed_topics
+                .or_else(|| fallback.allowed_topics.clone()),
+            max_outputs_per_row: self.max_outputs_per_row.or(fallback.max_outputs_per_row),
+            max_message_bytes: self.max_message_bytes.or(fallback.max_message_bytes),
+            max_headers_per_message: self
+                .max_headers_per_message
+                .or(fallback.max_headers_per_message),
+            max_batch_output_bytes: self
+                .max_batch_output_bytes
+                .or(fallback.max_batch_output_bytes),
+            circuit_breaker_failures: self
+                .circuit_breaker_failures
+                .or(fallback.circuit_breaker_failures),
+            circuit_breaker_cooldown: self
+                .circuit_breaker_cooldown
+                .or(fallback.circuit_breaker_cooldown),
+        }
+    }
+}
+
+/// Highest `max_headers_per_message` accepted: librdkafka-based consumers handle tens of
+/// thousands, but every header is an allocation on each of them.
+pub const MAX_HEADERS_PER_MESSAGE: usize = 10_000;
+
+/// Converts a plugin `config` table to the string pairs `configure` receives.
+pub fn config_pairs(table: &BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
+    table
+        .iter()
+        .filter_map(|(k, v)| toml_scalar(v).map(|v| (k.clone(), v)))
+        .collect()
+}
+
+fn validate_config_table(table: &BTreeMap<String, toml::Value>) -> Result<(), (String, String)> {
+    for (k, v) in table {
+        if toml_scalar(v).is_none() {
+            return Err((
+                k.clone(),
+                "plugin config values must be strings, numbers or booleans".to_owned(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_source(
+    path: &Option<PathBuf>,
+    builtin: &Option<String>,
+    required: bool,
+) -> Result<(), String> {
+    match (path, builtin) {
+        (Some(_), Some(_)) => Err("set either `path` or `builtin`, not both".into()),
+        (None, None) if required => Err("needs `path` (a .wasm component) or `builtin`".into()),
+        (_, Some(name)) => Builtin::check_name(name).map_err(|m| format!("builtin: {m}")),
+        _ => Ok(()),
+    }
+}
+
+fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
+    if limits.memory_mb == Some(0) {
+        return Err(("memory_mb".into(), "must be greater than 0".into()));
+    }
+    if limits.call_timeout.is_some_and(|d| d.is_zero()) {
+        return Err(("call_timeout".into(), "must be greater than 0".into()));
+    }
+    if limits.circuit_breaker_failures == Some(0) {
+        return Err((
+            "circuit_breaker_failures".into(),
+            "must be at least 1".into(),
+        ));
+    }
+    if limits.max_message_bytes == Some(0) {
+        return Err(("max_message_bytes".into(), "must be greater than 0".into()));
+    }
+    if let Some(n) = limits.max_headers_per_message
+        && n > MAX_HEADERS_PER_MESSAGE
+    {
+        return Err((
+            "max_headers_per_message".into(),
+            format!("must be at most {MAX_HEADERS_PER_MESSAGE}, got {n}"),
+        ));
+    }
+    if limits.max_batch_output_bytes == Some(0) {
+        return Err((
+            "max_batch_output_bytes".into(),
+            "must be greater than 0".into(),
+        ));
+    }
+    for pattern in limits.allowed_topics.iter().flatten() {
+        TopicPattern::parse(pattern).map_err(|m| ("allowed_topics".to_owned(), m))?;
+    }
+    Ok(())
+}
