@@ -12,8 +12,12 @@
 
 mod columns;
 mod driver;
+mod mysql;
 mod postgres;
+mod rows;
+mod schema;
 mod settings;
+mod sqlite;
 mod table;
 
 use std::convert::Infallible;
@@ -26,9 +30,10 @@ pub use columns::{
     ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, SpecError,
     TableSpec, TenantColumn,
 };
-pub use driver::{Store, StoreBatch, migrate, open, redact};
+pub use driver::{Driver, Store, StoreBatch, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
-pub use settings::{AfterDead, MarkMode, Ordering, StoreOptions};
+pub use schema::SchemaError;
+pub use settings::{AfterDead, DEFAULT_LEASE, LEASE_MARGIN, MarkMode, Ordering, StoreOptions};
 pub use table::{TableName, TableNameError};
 
 use crate::model::{OutboxId, OutboxRow, TenantId};
@@ -81,7 +86,7 @@ pub enum StoreError {
     MarkMismatch { expected: u64, affected: u64 },
     /// The table lacks a column Sluice needs, or has one of a type it cannot use.
     #[error(transparent)]
-    Schema(#[from] postgres::SchemaError),
+    Schema(#[from] SchemaError),
     /// A claimed row's id could not be read, so the row cannot be named (the schema check
     /// rules this out unless the table changes under a running relay).
     #[error(
@@ -102,7 +107,22 @@ pub enum StoreError {
     /// A LISTEN/NOTIFY channel name that cannot be used.
     #[error("{0}")]
     Channel(String),
+    /// The database server is too old for what Sluice needs.
+    #[error(
+        "database server {found} is too old: Sluice needs {needed} or later (FOR UPDATE SKIP LOCKED)"
+    )]
+    ServerVersion { found: String, needed: &'static str },
+    /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
+    #[error("{database} does not support {what}")]
+    Unsupported {
+        database: &'static str,
+        what: &'static str,
+    },
 }
+
+/// SQLite's primary result codes for a database another connection is using.
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
 
 impl StoreError {
     /// Whether the error is the connection's, not the statement's or the table's: the
@@ -117,8 +137,18 @@ impl StoreError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => true,
+            // SQLite: the database is busy (another writer held it past the busy timeout) or
+            // locked.
+            sqlx::Error::Database(db)
+                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() =>
+            {
+                db.code()
+                    .and_then(|code| code.parse::<i32>().ok())
+                    .is_some_and(|code| matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED))
+            }
             // SQLSTATE classes 08 (connection exception) and 57 (operator intervention:
-            // admin shutdown, terminated backend, database starting up).
+            // admin shutdown, terminated backend, database starting up); MySQL reports a
+            // lost connection or a server shutting down as 08S01.
             sqlx::Error::Database(db) => db
                 .code()
                 .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
