@@ -642,3 +642,5 @@ impl Scenario {
         }
     }
 }
+
+pub mod databases;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, MySql, Transaction};
 
-use super::rows::bind_id;
+use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
@@ -89,11 +89,15 @@ pub async fn mark(
     ids: &[OutboxId],
 ) -> Result<u64, sqlx::Error> {
     let mut affected = 0;
+    let key = &statements.sql.layout.key;
     for chunk in ids.chunks(IDS_PER_STATEMENT) {
-        let sql = statements.mark(chunk.len());
-        let mut query = sqlx::query(AssertSqlSafe(sql));
+        let slots = placeholder_count(chunk.len());
+        let mut query = sqlx::query(AssertSqlSafe(statements.mark(slots)));
         for id in chunk {
             query = bind_id(query, id);
+        }
+        for _ in chunk.len()..slots {
+            query = bind_null_id(query, key);
         }
         affected += query.execute(&mut *conn).await?.rows_affected();
     }
@@ -109,9 +113,10 @@ pub async fn reschedule(
     fixed: Option<&str>,
 ) -> Result<u64, sqlx::Error> {
     let mut affected = 0;
+    let key = &statements.sql.layout.key;
     for chunk in failed.chunks(IDS_PER_STATEMENT) {
-        let sql = statements.reschedule(chunk.len());
-        let mut query = sqlx::query(AssertSqlSafe(sql));
+        let slots = placeholder_count(chunk.len());
+        let mut query = sqlx::query(AssertSqlSafe(statements.reschedule(slots)));
         for f in chunk {
             let r = Reschedule::from(f.disposition);
             let error = match fixed {
@@ -123,6 +128,13 @@ pub async fn reschedule(
                 .bind(r.delay_ms)
                 .bind(i64::from(r.dead))
                 .bind(i64::from(r.counted));
+        }
+        for _ in chunk.len()..slots {
+            query = bind_null_id(query, key)
+                .bind(None::<String>)
+                .bind(0_i64)
+                .bind(0_i64)
+                .bind(0_i64);
         }
         affected += query.execute(&mut *conn).await?.rows_affected();
     }

@@ -12,6 +12,24 @@ use crate::store::{ColumnName, Disposition, RowFailure, StoreError};
 
 pub type MyQuery<'q> = Query<'q, MySql, MySqlArguments>;
 
+/// The number of placeholders a statement for `n` values gets: the next power of two, the rest
+/// bound as NULL (which matches no row). Statements differ only by their placeholders, and
+/// sqlx prepares (and caches, up to 100 per connection) each text: with one text per batch size
+/// the cache would overflow, and every statement it evicts is closed with a packet MySQL does
+/// not answer, which stalls the next statement for a delayed ACK (40 ms) under Nagle's
+/// algorithm. Powers of two keep each connection at a handful of texts.
+pub fn placeholder_count(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+/// Binds a NULL of the id's type, for the placeholders beyond the values.
+pub fn bind_null_id<'q>(query: MyQuery<'q>, key: &KeyKind) -> MyQuery<'q> {
+    match key {
+        KeyKind::Int => query.bind(None::<i64>),
+        KeyKind::Text { .. } => query.bind(None::<String>),
+    }
+}
+
 /// Binds `id` as the type the id column compares with: an integer, or its text.
 pub fn bind_id<'q>(query: MyQuery<'q>, id: &OutboxId) -> MyQuery<'q> {
     match id {
@@ -84,4 +102,18 @@ fn decode_columns(row: &MySqlRow, layout: &Layout, id: OutboxId) -> Result<Outbo
             .try_get("attempts")
             .map_err(|e| format!("cannot decode column attempts: {e}"))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_come_in_a_few_sizes() {
+        let sizes: std::collections::BTreeSet<usize> = (1..=1000).map(placeholder_count).collect();
+        assert_eq!(sizes.len(), 11);
+        assert_eq!(placeholder_count(0), 1);
+        assert_eq!(placeholder_count(500), 512);
+        assert_eq!(placeholder_count(1000), 1024);
+    }
 }

@@ -11,7 +11,7 @@ use sqlx::{Acquire, AssertSqlSafe};
 
 use super::MyStore;
 use super::batch::{mark, reschedule};
-use super::rows::{bind_id, read_id};
+use super::rows::{bind_id, bind_null_id, placeholder_count, read_id};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
 use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
@@ -34,6 +34,7 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
     let mut tx = store.pool.begin().await?;
     let mut locked: HashSet<OutboxId> = HashSet::new();
     for chunk in wanted.chunks(IDS_PER_STATEMENT) {
+        let slots = placeholder_count(chunk.len());
         let lock_sql = format!(
             "SELECT {id} AS id FROM {table} AS o WHERE o.{id_col} IN ({ids})
                 AND o.published_at IS NULL AND o.dead_at IS NULL
@@ -41,11 +42,14 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
             id = sql.id_expr("o"),
             table = sql.table,
             id_col = sql.id,
-            ids = placeholders(chunk.len()),
+            ids = placeholders(slots),
         );
         let mut query = sqlx::query(AssertSqlSafe(lock_sql));
         for id in chunk {
             query = bind_id(query, id);
+        }
+        for _ in chunk.len()..slots {
+            query = bind_null_id(query, &sql.layout.key);
         }
         for row in query.fetch_all(&mut *tx).await? {
             locked.insert(read_id(&row, &sql.layout, "id")?);
