@@ -1,14 +1,17 @@
 //! The store seam: every SQL statement Sluice issues goes through [`OutboxStore`].
 //!
-//! The relay claims a [`ClaimedBatch`] and hands it back with a [`BatchOutcome`]; a batch owns
-//! an open transaction whose row locks keep other relays off its rows until
-//! [`ClaimedBatch::complete`] commits (or the batch is dropped, which rolls back). The same
-//! trait serves the maintenance services (pruning, LISTEN wake-ups) and the admin commands
-//! (`sluice dead …`), so callers never know which database they talk to.
+//! The relay claims a [`ClaimedBatch`] and hands it back with a [`BatchOutcome`]. On
+//! PostgreSQL and MySQL a batch owns an open transaction whose row locks keep other relays off
+//! its rows until [`ClaimedBatch::complete`] commits (or the batch is dropped, which rolls
+//! back); on SQLite the claim is a committed lease and completing changes only rows still
+//! leased to the batch. The same trait serves the maintenance services (pruning, LISTEN
+//! wake-ups) and the admin commands (`sluice dead …`), so callers never know which database
+//! they talk to.
 //!
-//! [`open`] and [`migrate`] pick the driver from the URL: `postgres://` (and `postgresql://`)
-//! → [`postgres`]. A second database is a second driver module and a variant of [`Store`],
-//! not a change to callers.
+//! [`open`] and [`migrate`] pick the driver from the URL ([`Driver`]): `postgres://` →
+//! `postgres`, `mysql://` → `mysql`, `sqlite://` → `sqlite`. What a table must hold is
+//! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
+//! tests against each.
 
 mod columns;
 mod driver;

@@ -114,6 +114,10 @@ impl ClaimedBatch for LiteBatch {
     /// Ends the batch's leases: every row becomes claimable again, unchanged. (A batch dropped
     /// without this keeps its rows until the lease expires.)
     async fn abandon(self) -> Result<(), StoreError> {
+        // An empty claim leased nothing: no write transaction for it.
+        if self.claimed.is_empty() {
+            return Ok(());
+        }
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         release(&mut tx, &self.statements, &self.claimed, &self.token).await?;
         tx.commit().await?;
