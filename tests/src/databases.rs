@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 use crate::{reference_plugin, sluice, unique};
 
@@ -77,7 +79,9 @@ impl DbTable {
                         .connect_with(
                             SqliteConnectOptions::new()
                                 .filename(path)
+                                // As a WAL application usually runs.
                                 .journal_mode(SqliteJournalMode::Wal)
+                                .synchronous(SqliteSynchronous::Normal)
                                 .busy_timeout(std::time::Duration::from_secs(30)),
                         )
                         .await
