@@ -173,7 +173,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others and
-    /// rows of the `paused` tenants. The returned batch holds the transaction open.
+    /// rows of the `paused` tenants. The returned batch holds the transaction open (SQLite:
+    /// the rows are leased to the batch, and rows under another batch's lease are skipped).
     fn claim(
         &self,
         limit: usize,
@@ -183,7 +184,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Records `outcome` in a fresh transaction after [`ClaimedBatch::complete`] failed (its
     /// transaction rolled back, but the batch's messages may already be published): re-locks
     /// exactly the rows of `outcome` that are still unsent, skipping rows locked by another
-    /// relay (`FOR UPDATE SKIP LOCKED`), marks or reschedules each row it got, and commits.
+    /// relay (`FOR UPDATE SKIP LOCKED`; SQLite: rows under another process's unexpired lease),
+    /// marks or reschedules each row it got, and commits.
     /// A row the database refuses to change (a trigger raising, a constraint) is reported in
     /// [`Settlement::refused`] and does not keep the other rows from being recorded.
     fn settle(
@@ -283,7 +285,7 @@ impl<B> Claim<B> {
     }
 }
 
-/// The open transaction that locks a claimed set of rows.
+/// The open transaction that locks a claimed set of rows (SQLite: the lease on them).
 pub trait ClaimedBatch: Send {
     /// Marks `outcome.sent`, reschedules or dead-letters `outcome.failed`, checks the
     /// affected-row counts and commits. On a count mismatch it rolls back and returns
@@ -291,7 +293,7 @@ pub trait ClaimedBatch: Send {
     fn complete(self, outcome: BatchOutcome)
     -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Rolls back: every row becomes claimable again, unchanged.
+    /// Rolls back (SQLite: ends the leases): every row becomes claimable again, unchanged.
     fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
