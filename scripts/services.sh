@@ -3,6 +3,8 @@
 # tests and demo need, installing or starting what is missing:
 #   - the wasm32-wasip2 Rust target (plugins are built for it)
 #   - PostgreSQL answering on 127.0.0.1:5432 (started if installed but down)
+#   - MariaDB (or MySQL) answering on 127.0.0.1:3306, user root without password, database
+#     `test` (started if installed but down; the MySQL tests need it)
 #   - Tansu, a Kafka-API broker, listening on 127.0.0.1:9092 (installed from crates.io if
 #     missing, ~20 min once per machine; started in the background if not listening)
 
@@ -10,6 +12,8 @@ TANSU_VERSION="${TANSU_VERSION:-0.6.0}"
 TANSU_PORT="${TANSU_PORT:-9092}"
 PG_HOST="${PG_HOST:-127.0.0.1}"
 PG_PORT="${PG_PORT:-5432}"
+MYSQL_HOST="${MYSQL_HOST:-127.0.0.1}"
+MYSQL_PORT="${MYSQL_PORT:-3306}"
 SLUICE_STATE_DIR="${SLUICE_STATE_DIR:-${TMPDIR:-/tmp}/sluice-services}"
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -39,6 +43,25 @@ ensure_postgres() {
         done
     fi
     die "PostgreSQL does not answer on $PG_HOST:$PG_PORT (and could not be started here)"
+}
+
+ensure_mariadb() {
+    if ! port_open "$MYSQL_HOST" "$MYSQL_PORT" && [ -x /usr/sbin/mariadbd ]; then
+        log "MariaDB is down; starting it"
+        start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+        for _ in $(seq 1 60); do
+            port_open "$MYSQL_HOST" "$MYSQL_PORT" && break
+            sleep 0.5
+        done
+    fi
+    if ! port_open "$MYSQL_HOST" "$MYSQL_PORT"; then
+        die "MariaDB/MySQL does not answer on $MYSQL_HOST:$MYSQL_PORT (and could not be started here); the MySQL tests need it (root without password, database test; or set SLUICE_TEST_MYSQL_URL)"
+    fi
+    # The tests' database, if a client is at hand to make sure of it.
+    if command -v mysql >/dev/null; then
+        mysql -h "$MYSQL_HOST" -P "$MYSQL_PORT" -u root -e "CREATE DATABASE IF NOT EXISTS test" \
+            || die "cannot log in to MariaDB on $MYSQL_HOST:$MYSQL_PORT as root without password"
+    fi
 }
 
 tansu_bin() {
@@ -89,6 +112,7 @@ create_topics() {
 ensure_services() {
     ensure_wasm_target
     ensure_postgres
+    ensure_mariadb
     ensure_tansu
 }
 

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 
 /// Where `bench/run` and the tests keep their database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1:5432/test";
+/// MariaDB as `scripts/services.sh` checks it.
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 /// Tansu as started by `scripts/services.sh`.
 pub const DEFAULT_KAFKA: &str = "127.0.0.1:9092";
 
@@ -36,7 +38,8 @@ pub struct Cli {
 pub enum Command {
     /// Every scenario below in sequence, then a Markdown table of all figures.
     All,
-    /// SQL-only ceiling: claim + decode + DELETE on W connections, no Kafka, no plugin.
+    /// SQL-only ceiling: claim + decode + DELETE on W connections through Sluice's PostgreSQL
+    /// driver, no Kafka, no plugin.
     SqlCeiling,
     /// A naive one-message-at-a-time relay written in this crate, for scale.
     Naive,
@@ -54,6 +57,9 @@ pub enum Command {
     Startup,
     /// Insert rate of single-row transactions without and with the NOTIFY trigger.
     NotifyCost,
+    /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
+    /// and drain-native, side by side.
+    Databases,
 }
 
 #[derive(clap::Args)]
@@ -67,6 +73,15 @@ pub struct Options {
         default_value = DEFAULT_DATABASE_URL
     )]
     database_url: String,
+    /// MySQL/MariaDB URL of the benchmark database (the `databases` scenarios).
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_BENCH_MYSQL_URL",
+        hide_env_values = true,
+        default_value = DEFAULT_MYSQL_URL
+    )]
+    mysql_url: String,
     /// Kafka bootstrap servers.
     #[arg(long, global = true, env = "SLUICE_BENCH_KAFKA", default_value = DEFAULT_KAFKA)]
     kafka: String,
@@ -103,6 +118,8 @@ pub struct Options {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub database_url: String,
+    /// MariaDB of the `databases` scenarios (SQLite files live in temporary directories).
+    pub mysql_url: String,
     pub kafka: String,
     /// Backlog of sql-ceiling, drain-* and (good rows of) noisy.
     pub rows: u64,
@@ -166,6 +183,7 @@ impl Options {
         let root = repo_root();
         Ok(Settings {
             database_url: self.database_url,
+            mysql_url: self.mysql_url,
             kafka: self.kafka,
             rows,
             naive_rows: if self.quick {

@@ -8,12 +8,15 @@ pub struct Machine {
     pub cpus: Option<usize>,
     pub ram_gib: Option<f64>,
     pub postgres: Option<String>,
+    pub mariadb: Option<String>,
+    /// The SQLite library built into Sluice (sqlx's bundled one).
+    pub sqlite: Option<String>,
     pub date: String,
 }
 
 impl Machine {
     /// Detects what it can; anything unknown is left out of the report.
-    pub async fn detect(database_url: &str) -> Self {
+    pub async fn detect(database_url: &str, mysql_url: &str) -> Self {
         Self {
             cpus: std::thread::available_parallelism().ok().map(usize::from),
             ram_gib: std::fs::read_to_string("/proc/meminfo")
@@ -21,6 +24,8 @@ impl Machine {
                 .and_then(|text| mem_total_kib(&text))
                 .map(|kib| kib as f64 / (1024.0 * 1024.0)),
             postgres: postgres_version(database_url).await,
+            mariadb: mysql_version(mysql_url).await,
+            sqlite: sqlite_version().await,
             date: Local::now().format("%Y-%m-%d %H:%M %Z").to_string(),
         }
     }
@@ -37,6 +42,12 @@ impl Machine {
         if let Some(pg) = &self.postgres {
             parts.push(format!("PostgreSQL {pg}"));
         }
+        if let Some(my) = &self.mariadb {
+            parts.push(format!("MySQL/MariaDB {my}"));
+        }
+        if let Some(lite) = &self.sqlite {
+            parts.push(format!("SQLite {lite}"));
+        }
         parts.push(self.date.clone());
         parts.join(", ")
     }
@@ -50,6 +61,26 @@ async fn postgres_version(url: &str) -> Option<String> {
         .ok();
     pool.close().await;
     version
+}
+
+async fn mysql_version(url: &str) -> Option<String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::MySqlConnection::connect(url).await.ok()?;
+    sqlx::query_scalar::<sqlx::MySql, String>("SELECT CAST(VERSION() AS CHAR)")
+        .fetch_one(&mut conn)
+        .await
+        .ok()
+}
+
+async fn sqlite_version() -> Option<String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+        .await
+        .ok()?;
+    sqlx::query_scalar::<sqlx::Sqlite, String>("SELECT sqlite_version()")
+        .fetch_one(&mut conn)
+        .await
+        .ok()
 }
 
 /// `MemTotal:       24598300 kB` of /proc/meminfo, in KiB.

@@ -23,12 +23,12 @@
 //! (3 partitions), fills the table with 256-byte JSON rows (two aggregate types, 1,000 ids) and
 //! drops the table at the end. Relays run as child processes with `RUST_LOG=warn`.
 //!
-//! - `sql-ceiling` — the database's own limit for Sluice's SQL: `--workers` connections each
-//!   looping claim (500 rows, `FOR UPDATE SKIP LOCKED`) → decode → `DELETE` → `COMMIT` over the
-//!   `--rows` backlog. No Kafka, no plugin. rows/s.
+//! - `sql-ceiling` — the database's own limit for Sluice's SQL, through Sluice's store driver:
+//!   `--workers` connections each looping claim (500 rows, `FOR UPDATE SKIP LOCKED`) → decode →
+//!   `DELETE` → `COMMIT` over the `--rows` backlog. No Kafka, no plugin. rows/s.
 //! - `naive` — an honest seed-style relay inside this crate: one loop, one transaction per 500
-//!   rows, each message sent and awaited one at a time, one `UPDATE` per row; 10,000 rows.
-//!   rows/s.
+//!   rows claimed through the store driver, each message sent and awaited one at a time, then
+//!   the batch marked; 10,000 rows. rows/s.
 //! - `drain-native`, `drain-wasm` — `sluice run` with the built-in router resp. the WASM
 //!   reference plugin draining the `--rows` backlog: rows/s, relay CPU seconds per 1,000 rows,
 //!   peak RSS. `all` then prints the ratios drain-wasm / sql-ceiling (target ≥ 0.75),
@@ -46,10 +46,15 @@
 //!   compile cache and again with the cache filled.
 //! - `notify-cost` — what the NOTIFY trigger costs writers: single-row insert transactions/s of
 //!   8 connections without and with the trigger.
+//! - `sql-ceiling-mariadb`, `drain-native-mariadb`, `sql-ceiling-sqlite`,
+//!   `drain-native-sqlite` — the same ceiling and drain on MariaDB (`--mysql-url`, default
+//!   `mysql://root@127.0.0.1:3306/test`) and on a SQLite file in a temporary directory; then
+//!   `database-ratios`: each database's drain / its own ceiling. `sluice-bench databases` runs
+//!   sql-ceiling and drain-native on all three databases in one go.
 
-mod claim;
 mod cli;
 mod db;
+mod dbtable;
 mod drain_watch;
 mod kafka;
 mod machine;

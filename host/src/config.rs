@@ -16,13 +16,17 @@ use crate::relay::{
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
 use crate::store::{
-    AfterDead, ColumnsSettings, MarkMode, Ordering, SpecError, StoreOptions, TableSpec,
-    validate_channel,
+    AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering, SpecError,
+    StoreOptions, TableSpec, validate_channel,
 };
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `database.url`, so secrets can stay out of the file.
 pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
+/// The producer's `message.timeout.ms` unless `[kafka]` sets it: Sluice's own default (see
+/// `sink::kafka::DEFAULT_PROPERTIES`).
+const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Problems loading or validating a configuration file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -79,9 +83,13 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// PostgreSQL connection URL; `SLUICE_DATABASE_URL` overrides it.
+    /// Connection URL (`postgres://…`, `mysql://…`, `sqlite://PATH`); `SLUICE_DATABASE_URL`
+    /// overrides it.
     #[serde(default)]
     pub url: Option<String>,
+    /// SQLite only: how long a claim's lease keeps its rows from other relays.
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
     /// Outbox table name, optionally schema-qualified (`schema.table`).
     #[serde(default = "default_table")]
     pub table: String,
@@ -100,6 +108,11 @@ impl DatabaseConfig {
     /// mapped twice or onto a bookkeeping column).
     pub fn table_spec(&self) -> Result<TableSpec, SpecError> {
         TableSpec::from_settings(&self.table, &self.columns)
+    }
+
+    /// The database `url` names, if it names one Sluice knows.
+    pub fn driver(&self) -> Option<Driver> {
+        self.url.as_deref().and_then(|url| Driver::of(url).ok())
     }
 }
 
@@ -146,12 +159,14 @@ impl RelayConfig {
         }
     }
 
-    /// How the store claims and marks rows.
+    /// How the store claims and marks rows (`database.lease` aside: see
+    /// [`Config::store_options`]).
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
             mark: self.mark,
             ordering: self.ordering,
             after_dead: self.ordering_after_dead,
+            ..StoreOptions::default()
         }
     }
 }
@@ -255,6 +270,48 @@ impl Config {
         if let Err(e) = self.database.table_spec() {
             add(&e.key, e.message);
         }
+        let driver = self.database.driver();
+        match (driver, self.database.lease) {
+            (Some(d), Some(_)) if !d.leases() => add(
+                "database.lease",
+                format!(
+                    "only SQLite claims rows with a lease; {} holds row locks instead \
+                     (remove the key)",
+                    d.name()
+                ),
+            ),
+            (Some(d), lease) if d.leases() => {
+                let lease = lease.unwrap_or(DEFAULT_LEASE);
+                let timeout = self.message_timeout();
+                if lease < timeout + LEASE_MARGIN {
+                    add(
+                        "database.lease",
+                        format!(
+                            "{} is too short: a lease must outlast a batch, i.e. the \
+                             producer's message.timeout.ms ({}) plus {} for the rest of the \
+                             batch; otherwise another relay claims and publishes the rows \
+                             again while this one still waits for the broker",
+                            humantime::format_duration(lease),
+                            humantime::format_duration(timeout),
+                            humantime::format_duration(LEASE_MARGIN),
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+        if let Some(d) = driver
+            && !d.notifies()
+            && self.relay.notify_channel.is_some()
+        {
+            add(
+                "relay.notify_channel",
+                format!(
+                    "{} has no LISTEN/NOTIFY: relays poll (relay.poll_interval); remove the key",
+                    d.name()
+                ),
+            );
+        }
         for (key, message) in self.relay.settings().problems() {
             add(&format!("relay.{key}"), message);
         }
@@ -310,6 +367,26 @@ impl Config {
             }
         }
         problems
+    }
+
+    /// How the store claims and marks rows: `[relay]`'s keys and `database.lease`.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            lease: self.database.lease.unwrap_or(DEFAULT_LEASE),
+            ..self.relay.store_options()
+        }
+    }
+
+    /// How long the producer tries to deliver a message (`message.timeout.ms`, or its alias
+    /// `delivery.timeout.ms`; Sluice's default otherwise).
+    pub fn message_timeout(&self) -> Duration {
+        let properties = self.kafka_properties();
+        ["message.timeout.ms", "delivery.timeout.ms"]
+            .iter()
+            .find_map(|key| properties.get(*key))
+            .and_then(|ms| ms.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_MESSAGE_TIMEOUT)
     }
 
     /// The database URL (validated to be present by [`Config::load`]).
@@ -517,6 +594,51 @@ mod tests {
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(key), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_lease_is_sqlite_only_and_must_outlast_the_message_timeout() {
+        let c = parse("[database]\nurl = \"sqlite:///var/app.db\"\n").unwrap();
+        assert_eq!(c.store_options().lease, DEFAULT_LEASE);
+        let c = parse("[database]\nurl = \"sqlite://app.db\"\nlease = \"5m\"\n").unwrap();
+        assert_eq!(c.store_options().lease, Duration::from_secs(300));
+
+        let short = "[database]\nurl = \"sqlite://app.db\"\nlease = \"45s\"\n";
+        let err = parse(short).unwrap_err().to_string();
+        assert!(
+            err.contains("database.lease") && err.contains("message.timeout.ms (30s)"),
+            "{err}"
+        );
+        // A longer producer timeout needs a longer lease; a shorter one allows it.
+        let slow = format!("{short}[kafka]\n\"message.timeout.ms\" = 10000\n");
+        parse(&slow).unwrap();
+        let err = parse(
+            "[database]\nurl = \"sqlite://app.db\"\n[kafka]\n\"message.timeout.ms\" = 300000\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("database.lease: 2m is too short"), "{err}");
+
+        let err = parse("[database]\nurl = \"mysql://h/db\"\nlease = \"5m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("database.lease: only SQLite") && err.contains("MySQL/MariaDB"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn notify_channel_is_refused_where_the_database_cannot_notify() {
+        for url in ["mysql://h/db", "mariadb://h/db", "sqlite:///a.db"] {
+            let text = format!("[database]\nurl = \"{url}\"\n[relay]\nnotify_channel = \"c\"\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.contains("relay.notify_channel") && err.contains("no LISTEN/NOTIFY"),
+                "{url}: {err}"
+            );
+        }
+        parse("[database]\nurl = \"postgres://h/db\"\n[relay]\nnotify_channel = \"c\"\n").unwrap();
     }
 
     #[test]

@@ -649,3 +649,5 @@ impl Scenario {
         }
     }
 }
+
+pub mod databases;

@@ -1,5 +1,6 @@
 //! The scenarios, the order `all` runs them in, and the end of a run (table, `--out`).
 
+mod db_drain;
 mod drain;
 mod idle;
 mod latency;
@@ -13,6 +14,7 @@ mod startup;
 use anyhow::Context;
 
 use crate::cli::{Cli, Command, Settings};
+use crate::dbtable::Database;
 use crate::machine::Machine;
 use crate::report::{Figure, Report};
 
@@ -47,11 +49,26 @@ enum Step {
     Noisy,
     Startup,
     NotifyCost,
+    /// sql-ceiling on MariaDB or SQLite.
+    SqlCeilingOn(Database),
+    /// drain-native on MariaDB or SQLite.
+    DrainOn(Database),
+    /// Each database's drain against its own ceiling.
+    DatabaseRatios,
 }
 
 impl Step {
     /// The scenario label in the output.
-    fn label(self) -> &'static str {
+    fn label(self) -> String {
+        match self {
+            Self::SqlCeilingOn(database) => sql_ceiling::label(database),
+            Self::DrainOn(database) => db_drain::label(database),
+            Self::DatabaseRatios => ratios::DATABASES.to_owned(),
+            other => other.fixed_label().to_owned(),
+        }
+    }
+
+    fn fixed_label(self) -> &'static str {
         match self {
             Self::SqlCeiling => sql_ceiling::NAME,
             Self::Naive => naive::NAME,
@@ -64,12 +81,16 @@ impl Step {
             Self::Noisy => noisy::NAME,
             Self::Startup => startup::NAME,
             Self::NotifyCost => notify_cost::NAME,
+            Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
         }
     }
 
     async fn run(self, settings: &Settings, report: &Report) -> anyhow::Result<Vec<Figure>> {
         match self {
-            Self::SqlCeiling => sql_ceiling::run(settings).await,
+            Self::SqlCeiling => sql_ceiling::run(settings, Database::Postgres).await,
+            Self::SqlCeilingOn(database) => sql_ceiling::run(settings, database).await,
+            Self::DrainOn(database) => db_drain::run(settings, database).await,
+            Self::DatabaseRatios => ratios::databases(report),
             Self::Naive => naive::run(settings).await,
             Self::DrainNative => drain::run(settings, drain::Routing::Native).await,
             Self::DrainWasm => drain::run(settings, drain::Routing::Wasm).await,
@@ -99,6 +120,11 @@ fn steps(command: Command) -> Vec<Step> {
             Step::Noisy,
             Step::Startup,
             Step::NotifyCost,
+            Step::SqlCeilingOn(Database::Mariadb),
+            Step::DrainOn(Database::Mariadb),
+            Step::SqlCeilingOn(Database::Sqlite),
+            Step::DrainOn(Database::Sqlite),
+            Step::DatabaseRatios,
         ],
         Command::SqlCeiling => vec![Step::SqlCeiling],
         Command::Naive => vec![Step::Naive],
@@ -109,6 +135,15 @@ fn steps(command: Command) -> Vec<Step> {
         Command::Noisy => vec![Step::Noisy],
         Command::Startup => vec![Step::Startup],
         Command::NotifyCost => vec![Step::NotifyCost],
+        Command::Databases => vec![
+            Step::SqlCeiling,
+            Step::DrainNative,
+            Step::SqlCeilingOn(Database::Mariadb),
+            Step::DrainOn(Database::Mariadb),
+            Step::SqlCeilingOn(Database::Sqlite),
+            Step::DrainOn(Database::Sqlite),
+            Step::DatabaseRatios,
+        ],
     }
 }
 
@@ -122,10 +157,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         eprintln!("==> {}", step.label());
         match step.run(&settings, &report).await {
             Ok(figures) => report.add(figures),
-            Err(e) => report.fail(step.label(), &e),
+            Err(e) => report.fail(&step.label(), &e),
         }
     }
-    let machine = Machine::detect(&settings.database_url).await;
+    let machine = Machine::detect(&settings.database_url, &settings.mysql_url).await;
     let table = report.markdown(&machine, &settings);
     println!("\n{table}");
     if let Some(out) = &settings.out {

@@ -1,19 +1,24 @@
-//! `naive`: an honest seed-style relay, for scale. One loop: BEGIN; claim 500 rows with
-//! Sluice's query; for each row in order build the message the reference plugin would
-//! (topic `<prefix><aggregate_type>`, key aggregate_id, the payload, the row's headers plus
-//! `id` and `event-type`), send it and await its acknowledgement, then `UPDATE … SET
-//! published_at = now()` for that row; COMMIT. An empty claim sleeps 1 s.
+//! `naive`: an honest seed-style relay, for scale. One loop: claim 500 rows through Sluice's
+//! PostgreSQL store driver (a transaction held open); for each row in order build the message
+//! the reference plugin would (topic `<prefix><aggregate_type>`, key aggregate_id, the payload,
+//! the row's headers plus `id` and `event-type`), send it and await its acknowledgement; then
+//! mark the batch sent and commit. An empty claim sleeps 1 s. (Before the store seam it marked
+//! each row with an `UPDATE` of its own; awaiting each send one at a time is what makes it
+//! slow, then as now.)
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Connection, Postgres};
+use sluice::model::OutboxRow;
+use sluice::store::{
+    self, BatchOutcome, ClaimedBatch, MarkMode, OutboxStore, Store, StoreOptions, TableName,
+    TableSpec,
+};
 
 use super::rate_figures;
-use crate::claim::{BATCH_SIZE, ClaimedRow, claim_sql};
+use super::sql_ceiling::BATCH_SIZE;
 use crate::cli::Settings;
 use crate::outbox::OutboxTable;
 use crate::report::Figure;
@@ -44,13 +49,22 @@ async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u6
     kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
     table.fill(settings.naive_rows, None).await?;
     let producer = kafka::producer(&settings.kafka)?;
-    let mut conn = db::connection(&settings.database_url).await?;
+    let spec = TableSpec::new(TableName::parse(table.name())?);
+    let options = StoreOptions {
+        mark: MarkMode::PublishedAt,
+        ..StoreOptions::default()
+    };
+    let store = store::open(&settings.database_url, &spec, options, 1)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot open {} at {}",
+                table.name(),
+                db::redact(&settings.database_url)
+            )
+        })?;
     let relay = NaiveRelay {
-        claim: claim_sql(table.quoted()),
-        mark: format!(
-            "UPDATE {} SET published_at = now() WHERE id = $1",
-            table.quoted()
-        ),
+        store,
         prefix,
         producer,
     };
@@ -60,7 +74,7 @@ async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u6
     let mut sent = 0u64;
     let mut empty_claims = 0;
     while sent < settings.naive_rows {
-        let batch = relay.one_batch(&mut conn).await?;
+        let batch = relay.one_batch().await?;
         if batch == 0 {
             empty_claims += 1;
             if empty_claims >= MAX_EMPTY_CLAIMS {
@@ -80,43 +94,45 @@ async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u6
 }
 
 struct NaiveRelay {
-    claim: String,
-    mark: String,
+    store: Store,
     prefix: String,
     producer: FutureProducer,
 }
 
 impl NaiveRelay {
-    /// One transaction: claim, publish and mark row by row, commit. Returns the rows sent.
-    async fn one_batch(&self, conn: &mut PgConnection) -> anyhow::Result<u64> {
-        let mut tx = conn.begin().await.context("BEGIN failed")?;
-        let rows = sqlx::query::<Postgres>(AssertSqlSafe(self.claim.as_str()))
-            .bind(BATCH_SIZE)
-            .fetch_all(&mut *tx)
+    /// One transaction: claim, publish row by row, mark, commit. Returns the rows sent.
+    async fn one_batch(&self) -> anyhow::Result<u64> {
+        let claim = self
+            .store
+            .claim(BATCH_SIZE, &[])
             .await
             .context("claim failed")?;
-        for row in &rows {
-            let row = ClaimedRow::decode(row)?;
-            self.publish(&row).await?;
-            sqlx::query::<Postgres>(AssertSqlSafe(self.mark.as_str()))
-                .bind(row.id)
-                .execute(&mut *tx)
-                .await
-                .with_context(|| format!("cannot mark row {} sent", row.id))?;
+        let mut sent = Vec::with_capacity(claim.rows.len());
+        for row in &claim.rows {
+            self.publish(row).await?;
+            sent.push(row.id.clone());
         }
-        tx.commit().await.context("COMMIT failed")?;
-        Ok(rows.len() as u64)
+        let count = sent.len() as u64;
+        claim
+            .batch
+            .complete(BatchOutcome {
+                sent,
+                failed: Vec::new(),
+            })
+            .await
+            .context("marking the batch failed")?;
+        Ok(count)
     }
 
     /// Sends the reference plugin's message for `row` and waits for the acknowledgement.
-    async fn publish(&self, row: &ClaimedRow) -> anyhow::Result<()> {
+    async fn publish(&self, row: &OutboxRow) -> anyhow::Result<()> {
         let topic = format!("{}{}", self.prefix, row.aggregate_type);
         let id = row.id.to_string();
         let mut headers = OwnedHeaders::new();
-        for (key, value) in row_headers(&row.headers) {
+        for (key, value) in &row.headers {
             headers = headers.insert(Header {
-                key: &key,
-                value: Some(&value),
+                key,
+                value: Some(value),
             });
         }
         let headers = headers
@@ -137,20 +153,5 @@ impl NaiveRelay {
             .await
             .map_err(|(e, _)| anyhow!("cannot publish row {id} to {topic}: {e}"))?;
         Ok(())
-    }
-}
-
-/// The row's `headers` JSON object as (name, value) pairs; string values as they are, others
-/// as JSON text. Anything but an object yields none.
-fn row_headers(json: &str) -> Vec<(String, String)> {
-    match serde_json::from_str::<serde_json::Value>(json) {
-        Ok(serde_json::Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        _ => Vec::new(),
     }
 }

@@ -1,10 +1,13 @@
 //! The drain ratios `all` prints after the drains: the WASM relay against the database's own
 //! ceiling, the naive relay and the native router.
 
-use super::{THROUGHPUT, drain, naive, sql_ceiling};
+use super::{THROUGHPUT, db_drain, drain, naive, sql_ceiling};
+use crate::dbtable::Database;
 use crate::report::{Figure, Report};
 
 pub const NAME: &str = "ratios";
+/// The per-database ratios' label.
+pub const DATABASES: &str = "database-ratios";
 
 /// drain-wasm / sql-ceiling (target ≥ 0.75), / naive (≥ 30), / drain-native (≥ 0.95); a
 /// ratio whose inputs were not measured is left out.
@@ -27,6 +30,32 @@ pub fn figures(report: &Report) -> anyhow::Result<Vec<Figure>> {
                     .at_least(target),
             ),
             _ => eprintln!("no ratio {wasm_label} / {other}: {other} was not measured"),
+        }
+    }
+    Ok(figures)
+}
+
+/// Each database's drain-native against its own SQL-only ceiling: how much of what the
+/// database allows the relay uses. No target: the ceilings differ by database.
+pub fn databases(report: &Report) -> anyhow::Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+    for database in Database::ALL {
+        let drain = match database {
+            Database::Postgres => drain::Routing::Native.label().to_owned(),
+            other => db_drain::label(other),
+        };
+        let ceiling = sql_ceiling::label(database);
+        match (
+            report.value(&drain, THROUGHPUT),
+            report.value(&ceiling, THROUGHPUT),
+        ) {
+            (Some(d), Some(c)) if c > 0.0 => figures.push(Figure::new(
+                DATABASES,
+                &format!("{drain} / {ceiling}"),
+                d / c,
+                "×",
+            )),
+            _ => eprintln!("no ratio {drain} / {ceiling}: not both measured"),
         }
     }
     Ok(figures)

@@ -1,33 +1,44 @@
-//! `sql-ceiling`: the database's own limit for Sluice's SQL. `--workers` tasks, each on its own
-//! connection, loop BEGIN → claim 500 rows (`FOR UPDATE SKIP LOCKED`) → decode them → `DELETE`
-//! → COMMIT until a claim comes back empty. No Kafka, no plugin: no relay on this database can
-//! drain faster.
+//! `sql-ceiling`: a database's own limit for Sluice's SQL, measured through Sluice's store
+//! driver for that database. `--workers` tasks share one store (a connection each): claim 500
+//! rows (PostgreSQL and MariaDB: `FOR UPDATE SKIP LOCKED` in a transaction held until the mark;
+//! SQLite: a committed lease) → decode them → mark them sent (`DELETE`) → commit, until a claim
+//! comes back empty. No Kafka, no plugin: no relay on this database can drain faster.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Connection, Postgres};
+use sluice::store::{
+    self, BatchOutcome, ClaimedBatch, OutboxStore, StoreOptions, TableName, TableSpec,
+};
 
 use super::rate_figures;
-use crate::claim::{BATCH_SIZE, ClaimedRow, claim_sql};
 use crate::cli::Settings;
-use crate::db;
-use crate::outbox::OutboxTable;
+use crate::dbtable::{Database, DbTable};
 use crate::report::Figure;
+
+/// Rows per claim: Sluice's default `relay.batch_size`.
+pub const BATCH_SIZE: usize = 500;
 
 pub const NAME: &str = "sql-ceiling";
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "sql_ceiling", None).await?;
+/// The scenario's label on `database` (PostgreSQL keeps the plain name the ratios use).
+pub fn label(database: Database) -> String {
+    match database {
+        Database::Postgres => NAME.to_owned(),
+        other => format!("{NAME}-{}", other.label()),
+    }
+}
+
+pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
+    let table = DbTable::create(settings, database, "sql_ceiling").await?;
     let measured = measure(settings, &table).await;
     table.drop_table().await;
     let (rows, elapsed) = measured?;
-    let mut figures = rate_figures(NAME, rows, elapsed);
+    let label = label(database);
+    let mut figures = rate_figures(&label, rows, elapsed);
     figures.push(Figure::new(
-        NAME,
+        &label,
         "connections",
         settings.workers as f64,
         "connections",
@@ -36,18 +47,18 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 }
 
 /// Fills the table, then drains it with the workers; returns rows deleted and the time taken.
-async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u64, Duration)> {
-    table.fill(settings.rows, None).await?;
-    let claim: Arc<str> = claim_sql(table.quoted()).into();
-    let delete: Arc<str> = format!("DELETE FROM {} WHERE id = ANY($1)", table.quoted()).into();
-    let mut connections = Vec::with_capacity(settings.workers);
-    for _ in 0..settings.workers {
-        connections.push(db::connection(&settings.database_url).await?);
-    }
+async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration)> {
+    table.fill(settings.rows).await?;
+    let spec = TableSpec::new(TableName::parse(table.name())?);
+    let connections = u32::try_from(settings.workers).unwrap_or(u32::MAX);
+    let store = Arc::new(
+        store::open(&table.url, &spec, StoreOptions::default(), connections)
+            .await
+            .context("cannot open the store")?,
+    );
     let start = Instant::now();
-    let workers: Vec<_> = connections
-        .into_iter()
-        .map(|conn| tokio::spawn(worker(conn, Arc::clone(&claim), Arc::clone(&delete))))
+    let workers: Vec<_> = (0..settings.workers)
+        .map(|_| tokio::spawn(worker(Arc::clone(&store))))
         .collect();
     let mut rows = 0;
     for worker in workers {
@@ -60,34 +71,37 @@ async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u6
     Ok((rows, elapsed))
 }
 
-/// One connection's loop; returns the rows it deleted.
-async fn worker(mut conn: PgConnection, claim: Arc<str>, delete: Arc<str>) -> anyhow::Result<u64> {
+/// One worker's loop; returns the rows it deleted.
+async fn worker(store: Arc<store::Store>) -> anyhow::Result<u64> {
     let mut deleted = 0u64;
     let mut decoded_bytes = 0usize;
     loop {
-        let mut tx = conn.begin().await.context("BEGIN failed")?;
-        let rows = sqlx::query::<Postgres>(AssertSqlSafe(Arc::clone(&claim)))
-            .bind(BATCH_SIZE)
-            .fetch_all(&mut *tx)
-            .await
-            .context("claim failed")?;
-        if rows.is_empty() {
-            tx.commit().await.context("COMMIT failed")?;
+        let claim = store.claim(BATCH_SIZE, &[]).await.context("claim failed")?;
+        if claim.is_empty() {
+            claim
+                .batch
+                .abandon()
+                .await
+                .context("ending an empty claim failed")?;
             std::hint::black_box(decoded_bytes);
             return Ok(deleted);
         }
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let row = ClaimedRow::decode(row)?;
-            decoded_bytes += row.decoded_bytes();
-            ids.push(row.id);
-        }
-        sqlx::query::<Postgres>(AssertSqlSafe(Arc::clone(&delete)))
-            .bind(&ids)
-            .execute(&mut *tx)
+        let sent: Vec<_> = claim
+            .rows
+            .iter()
+            .map(|row| {
+                decoded_bytes += row.payload.len() + row.aggregate_id.len() + row.headers.len();
+                row.id.clone()
+            })
+            .collect();
+        deleted += sent.len() as u64;
+        claim
+            .batch
+            .complete(BatchOutcome {
+                sent,
+                failed: Vec::new(),
+            })
             .await
-            .context("DELETE failed")?;
-        tx.commit().await.context("COMMIT failed")?;
-        deleted += ids.len() as u64;
+            .context("marking failed")?;
     }
 }

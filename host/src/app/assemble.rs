@@ -81,7 +81,7 @@ async fn open_store(config: &Config, connections: u32) -> anyhow::Result<Store> 
         match store::open(
             config.database_url(),
             &spec,
-            config.relay.store_options(),
+            config.store_options(),
             connections,
         )
         .await

@@ -99,7 +99,13 @@ impl<'a> Outcomes<'a> {
                         messages.extend(out);
                         Fate::Sent { messages: count }
                     }
-                    Err(TransformFailure::Deferred(_)) => Fate::Deferred,
+                    // A paused tenant's row reaches the transformer only when its breaker
+                    // opened (or it was quarantined) after this batch's claim left it out:
+                    // put it back untouched, so it runs as soon as the tenant resumes
+                    // (a reload resets the breaker) instead of waiting out a cool-down.
+                    Err(TransformFailure::Deferred(_) | TransformFailure::Paused { .. }) => {
+                        Fate::Deferred
+                    }
                     Err(failure) => Fate::Failed(transform_failure(row, failure, retry)),
                 };
                 RowOutcome { row, fate }
@@ -223,8 +229,6 @@ fn missing_report() -> SinkError {
 
 fn transform_failure(row: &OutboxRow, failure: TransformFailure, retry: &RetryPolicy) -> Failure {
     let disposition = match &failure {
-        // Not the row's fault and not an attempt: wait out the cool-down.
-        TransformFailure::Paused { remaining, .. } => Disposition::Wait(*remaining),
         TransformFailure::Permanent { .. } => retry.after_failure(row.attempts, true),
         _ => retry.after_failure(row.attempts, false),
     };

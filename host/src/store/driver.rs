@@ -4,7 +4,9 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use super::mysql::{self, MyBatch, MyStore};
 use super::postgres::{self, PgBatch, PgStore};
+use super::sqlite::{self, LiteBatch, LiteStore};
 use super::{
     Backlog, BatchOutcome, Claim, ClaimedBatch, DeadRow, OutboxStore, ReplaySelection, Settlement,
     StoreError, StoreOptions, TableSpec,
@@ -13,20 +15,50 @@ use crate::model::TenantId;
 
 /// The databases Sluice relays from, by URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Driver {
+pub enum Driver {
+    /// `postgres://`, `postgresql://`
     Postgres,
+    /// `mysql://`, `mariadb://` (MariaDB ≥ 10.6, MySQL ≥ 8.0)
+    Mysql,
+    /// `sqlite://` followed by a file path (`sqlite:///abs/app.db`, `sqlite://rel/app.db`)
+    Sqlite,
 }
 
 impl Driver {
-    fn of(url: &str) -> Result<Self, StoreError> {
+    /// The driver for `url`, or an error naming the schemes Sluice knows.
+    pub fn of(url: &str) -> Result<Self, StoreError> {
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("postgres" | "postgresql") => Ok(Self::Postgres),
+            Some("mysql" | "mariadb") => Ok(Self::Mysql),
+            Some("sqlite") => Ok(Self::Sqlite),
             _ => Err(StoreError::Url {
                 url: redact(url),
-                message: "unsupported database; use postgres://…".into(),
+                message: "unsupported database; use postgres://…, mysql://… (or mariadb://…) \
+                          or sqlite://PATH"
+                    .into(),
             }),
         }
+    }
+
+    /// The database's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Mysql => "MySQL/MariaDB",
+            Self::Sqlite => "SQLite",
+        }
+    }
+
+    /// Whether the database can wake a relay on insert (LISTEN/NOTIFY); the others poll.
+    pub fn notifies(self) -> bool {
+        self == Self::Postgres
+    }
+
+    /// Whether claims are committed leases (`database.lease`) rather than row locks held in
+    /// an open transaction.
+    pub fn leases(self) -> bool {
+        self == Self::Sqlite
     }
 }
 
@@ -42,6 +74,12 @@ pub async fn open(
         Driver::Postgres => Ok(Store::Postgres(
             PgStore::open(url, spec, options, connections).await?,
         )),
+        Driver::Mysql => Ok(Store::Mysql(
+            MyStore::open(url, spec, options, connections).await?,
+        )),
+        Driver::Sqlite => Ok(Store::Sqlite(
+            LiteStore::open(url, spec, options, connections).await?,
+        )),
     }
 }
 
@@ -50,30 +88,62 @@ pub async fn open(
 pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
     match Driver::of(url)? {
         Driver::Postgres => postgres::migrate(url, spec).await,
+        Driver::Mysql => mysql::migrate(url, spec).await,
+        Driver::Sqlite => sqlite::migrate(url, spec).await,
     }
 }
 
 /// An open outbox store, whichever the database.
+// One per process, shared behind an `Arc`: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Store {
     Postgres(PgStore),
+    Mysql(MyStore),
+    Sqlite(LiteStore),
 }
 
 /// A claimed batch of a [`Store`].
 pub enum StoreBatch {
     Postgres(PgBatch),
+    Mysql(MyBatch),
+    Sqlite(LiteBatch),
+}
+
+/// Calls `$call` on whichever driver `$store` holds.
+macro_rules! dispatch {
+    ($store:expr, $s:ident => $call:expr) => {
+        match $store {
+            Store::Postgres($s) => $call,
+            Store::Mysql($s) => $call,
+            Store::Sqlite($s) => $call,
+        }
+    };
 }
 
 impl ClaimedBatch for StoreBatch {
     async fn complete(self, outcome: BatchOutcome) -> Result<(), StoreError> {
         match self {
             Self::Postgres(batch) => batch.complete(outcome).await,
+            Self::Mysql(batch) => batch.complete(outcome).await,
+            Self::Sqlite(batch) => batch.complete(outcome).await,
         }
     }
 
     async fn abandon(self) -> Result<(), StoreError> {
         match self {
             Self::Postgres(batch) => batch.abandon().await,
+            Self::Mysql(batch) => batch.abandon().await,
+            Self::Sqlite(batch) => batch.abandon().await,
         }
+    }
+}
+
+/// A driver's claim as a [`Store`]'s.
+fn wrap<B>(claim: Claim<B>, batch: impl FnOnce(B) -> StoreBatch) -> Claim<StoreBatch> {
+    Claim {
+        batch: batch(claim.batch),
+        rows: claim.rows,
+        rejected: claim.rejected,
     }
 }
 
@@ -81,9 +151,7 @@ impl OutboxStore for Store {
     type Batch = StoreBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
-        match self {
-            Self::Postgres(s) => s.has_due(paused).await,
-        }
+        dispatch!(self, s => s.has_due(paused).await)
     }
 
     async fn claim(
@@ -91,34 +159,23 @@ impl OutboxStore for Store {
         limit: usize,
         paused: &[TenantId],
     ) -> Result<Claim<StoreBatch>, StoreError> {
-        match self {
-            Self::Postgres(s) => {
-                let claim = s.claim(limit, paused).await?;
-                Ok(Claim {
-                    batch: StoreBatch::Postgres(claim.batch),
-                    rows: claim.rows,
-                    rejected: claim.rejected,
-                })
-            }
-        }
+        Ok(match self {
+            Self::Postgres(s) => wrap(s.claim(limit, paused).await?, StoreBatch::Postgres),
+            Self::Mysql(s) => wrap(s.claim(limit, paused).await?, StoreBatch::Mysql),
+            Self::Sqlite(s) => wrap(s.claim(limit, paused).await?, StoreBatch::Sqlite),
+        })
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
-        match self {
-            Self::Postgres(s) => s.settle(outcome).await,
-        }
+        dispatch!(self, s => s.settle(outcome).await)
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        match self {
-            Self::Postgres(s) => s.backlog().await,
-        }
+        dispatch!(self, s => s.backlog().await)
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.prune_sent(retention).await,
-        }
+        dispatch!(self, s => s.prune_sent(retention).await)
     }
 
     async fn listen(
@@ -126,21 +183,15 @@ impl OutboxStore for Store {
         channel: &str,
         wake: &(dyn Fn() + Send + Sync),
     ) -> Result<Infallible, StoreError> {
-        match self {
-            Self::Postgres(s) => s.listen(channel, wake).await,
-        }
+        dispatch!(self, s => s.listen(channel, wake).await)
     }
 
     async fn install_notify_trigger(&self, channel: &str) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.install_notify_trigger(channel).await,
-        }
+        dispatch!(self, s => s.install_notify_trigger(channel).await)
     }
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.drop_notify_trigger().await,
-        }
+        dispatch!(self, s => s.drop_notify_trigger().await)
     }
 
     async fn dead_rows(
@@ -148,15 +199,11 @@ impl OutboxStore for Store {
         tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.dead_rows(tenant, limit).await,
-        }
+        dispatch!(self, s => s.dead_rows(tenant, limit).await)
     }
 
     async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.replay_dead(selection).await,
-        }
+        dispatch!(self, s => s.replay_dead(selection).await)
     }
 
     async fn purge_dead(
@@ -164,9 +211,7 @@ impl OutboxStore for Store {
         older_than: Duration,
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.purge_dead(older_than, tenant).await,
-        }
+        dispatch!(self, s => s.purge_dead(older_than, tenant).await)
     }
 }
 
@@ -195,12 +240,29 @@ mod tests {
             "postgres://app:***@db:5432/app"
         );
         assert_eq!(redact("postgres://db/app"), "postgres://db/app");
+        assert_eq!(
+            redact("mysql://root:pw@127.0.0.1:3306/test"),
+            "mysql://root:***@127.0.0.1:3306/test"
+        );
+        assert_eq!(redact("sqlite:///var/app.db"), "sqlite:///var/app.db");
     }
 
     #[test]
     fn the_driver_follows_the_url_scheme() {
         assert_eq!(Driver::of("postgresql://x/y").unwrap(), Driver::Postgres);
+        assert_eq!(Driver::of("mysql://x/y").unwrap(), Driver::Mysql);
+        assert_eq!(Driver::of("mariadb://x/y").unwrap(), Driver::Mysql);
+        assert_eq!(Driver::of("sqlite:///tmp/a.db").unwrap(), Driver::Sqlite);
+        assert_eq!(Driver::of("sqlite://a.db").unwrap(), Driver::Sqlite);
         let err = Driver::of("oracle://x/y").unwrap_err().to_string();
         assert!(err.contains("unsupported database"), "{err}");
+        assert!(err.contains("sqlite://"), "{err}");
+    }
+
+    #[test]
+    fn only_postgres_notifies_and_only_sqlite_leases() {
+        assert!(Driver::Postgres.notifies() && !Driver::Postgres.leases());
+        assert!(!Driver::Mysql.notifies() && !Driver::Mysql.leases());
+        assert!(!Driver::Sqlite.notifies() && Driver::Sqlite.leases());
     }
 }

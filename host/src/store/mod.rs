@@ -1,19 +1,26 @@
 //! The store seam: every SQL statement Sluice issues goes through [`OutboxStore`].
 //!
-//! The relay claims a [`ClaimedBatch`] and hands it back with a [`BatchOutcome`]; a batch owns
-//! an open transaction whose row locks keep other relays off its rows until
-//! [`ClaimedBatch::complete`] commits (or the batch is dropped, which rolls back). The same
-//! trait serves the maintenance services (pruning, LISTEN wake-ups) and the admin commands
-//! (`sluice dead …`), so callers never know which database they talk to.
+//! The relay claims a [`ClaimedBatch`] and hands it back with a [`BatchOutcome`]. On
+//! PostgreSQL and MySQL a batch owns an open transaction whose row locks keep other relays off
+//! its rows until [`ClaimedBatch::complete`] commits (or the batch is dropped, which rolls
+//! back); on SQLite the claim is a committed lease and completing changes only rows still
+//! leased to the batch. The same trait serves the maintenance services (pruning, LISTEN
+//! wake-ups) and the admin commands (`sluice dead …`), so callers never know which database
+//! they talk to.
 //!
-//! [`open`] and [`migrate`] pick the driver from the URL: `postgres://` (and `postgresql://`)
-//! → [`postgres`]. A second database is a second driver module and a variant of [`Store`],
-//! not a change to callers.
+//! [`open`] and [`migrate`] pick the driver from the URL ([`Driver`]): `postgres://` →
+//! `postgres`, `mysql://` → `mysql`, `sqlite://` → `sqlite`. What a table must hold is
+//! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
+//! tests against each.
 
 mod columns;
 mod driver;
+mod mysql;
 mod postgres;
+mod rows;
+mod schema;
 mod settings;
+mod sqlite;
 mod table;
 
 use std::convert::Infallible;
@@ -26,9 +33,10 @@ pub use columns::{
     ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, SpecError,
     TableSpec, TenantColumn,
 };
-pub use driver::{Store, StoreBatch, migrate, open, redact};
+pub use driver::{Driver, Store, StoreBatch, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
-pub use settings::{AfterDead, MarkMode, Ordering, StoreOptions};
+pub use schema::SchemaError;
+pub use settings::{AfterDead, DEFAULT_LEASE, LEASE_MARGIN, MarkMode, Ordering, StoreOptions};
 pub use table::{TableName, TableNameError};
 
 use crate::model::{OutboxId, OutboxRow, TenantId};
@@ -81,7 +89,7 @@ pub enum StoreError {
     MarkMismatch { expected: u64, affected: u64 },
     /// The table lacks a column Sluice needs, or has one of a type it cannot use.
     #[error(transparent)]
-    Schema(#[from] postgres::SchemaError),
+    Schema(#[from] SchemaError),
     /// A claimed row's id could not be read, so the row cannot be named (the schema check
     /// rules this out unless the table changes under a running relay).
     #[error(
@@ -102,7 +110,22 @@ pub enum StoreError {
     /// A LISTEN/NOTIFY channel name that cannot be used.
     #[error("{0}")]
     Channel(String),
+    /// The database server is too old for what Sluice needs.
+    #[error(
+        "database server {found} is too old: Sluice needs {needed} or later (FOR UPDATE SKIP LOCKED)"
+    )]
+    ServerVersion { found: String, needed: &'static str },
+    /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
+    #[error("{database} does not support {what}")]
+    Unsupported {
+        database: &'static str,
+        what: &'static str,
+    },
 }
+
+/// SQLite's primary result codes for a database another connection is using.
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
 
 impl StoreError {
     /// Whether the error is the connection's, not the statement's or the table's: the
@@ -117,8 +140,18 @@ impl StoreError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => true,
+            // SQLite: the database is busy (another writer held it past the busy timeout) or
+            // locked.
+            sqlx::Error::Database(db)
+                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() =>
+            {
+                db.code()
+                    .and_then(|code| code.parse::<i32>().ok())
+                    .is_some_and(|code| matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED))
+            }
             // SQLSTATE classes 08 (connection exception) and 57 (operator intervention:
-            // admin shutdown, terminated backend, database starting up).
+            // admin shutdown, terminated backend, database starting up); MySQL reports a
+            // lost connection or a server shutting down as 08S01.
             sqlx::Error::Database(db) => db
                 .code()
                 .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
@@ -140,7 +173,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Claims up to `limit` unsent, due rows, oldest first, skipping rows locked by others and
-    /// rows of the `paused` tenants. The returned batch holds the transaction open.
+    /// rows of the `paused` tenants. The returned batch holds the transaction open (SQLite:
+    /// the rows are leased to the batch, and rows under another batch's lease are skipped).
     fn claim(
         &self,
         limit: usize,
@@ -150,7 +184,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Records `outcome` in a fresh transaction after [`ClaimedBatch::complete`] failed (its
     /// transaction rolled back, but the batch's messages may already be published): re-locks
     /// exactly the rows of `outcome` that are still unsent, skipping rows locked by another
-    /// relay (`FOR UPDATE SKIP LOCKED`), marks or reschedules each row it got, and commits.
+    /// relay (`FOR UPDATE SKIP LOCKED`; SQLite: rows under another process's unexpired lease),
+    /// marks or reschedules each row it got, and commits.
     /// A row the database refuses to change (a trigger raising, a constraint) is reported in
     /// [`Settlement::refused`] and does not keep the other rows from being recorded.
     fn settle(
@@ -250,7 +285,7 @@ impl<B> Claim<B> {
     }
 }
 
-/// The open transaction that locks a claimed set of rows.
+/// The open transaction that locks a claimed set of rows (SQLite: the lease on them).
 pub trait ClaimedBatch: Send {
     /// Marks `outcome.sent`, reschedules or dead-letters `outcome.failed`, checks the
     /// affected-row counts and commits. On a count mismatch it rolls back and returns
@@ -258,7 +293,7 @@ pub trait ClaimedBatch: Send {
     fn complete(self, outcome: BatchOutcome)
     -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Rolls back: every row becomes claimable again, unchanged.
+    /// Rolls back (SQLite: ends the leases): every row becomes claimable again, unchanged.
     fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 

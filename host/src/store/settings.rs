@@ -1,6 +1,18 @@
-//! How the store claims and marks rows: the `[relay]` keys that decide its SQL.
+//! How the store claims and marks rows: the `[relay]` keys that decide its SQL, and the
+//! SQLite lease (`database.lease`).
+
+use std::time::Duration;
 
 use serde::Deserialize;
+
+/// How long a SQLite claim keeps its rows from other relays (`database.lease`). It must outlast
+/// a batch — claim, transform, publish (up to the producer's `message.timeout.ms`, 30 s by
+/// default) and mark — or another relay may claim and publish the rows again; two minutes
+/// leave a wide margin over the default timeout.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
+/// What a lease must exceed the producer's `message.timeout.ms` by: the rest of a batch (the
+/// claim, the transform, waiting for room in the producer's queue, the mark).
+pub const LEASE_MARGIN: Duration = Duration::from_secs(30);
 
 /// How a row is marked once all of its messages were acknowledged (`relay.mark`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -38,9 +50,22 @@ pub enum AfterDead {
 }
 
 /// How the store claims and marks rows.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     pub mark: MarkMode,
     pub ordering: Ordering,
     pub after_dead: AfterDead,
+    /// SQLite: how long a claim's lease lasts (the other databases hold row locks instead).
+    pub lease: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            mark: MarkMode::default(),
+            ordering: Ordering::default(),
+            after_dead: AfterDead::default(),
+            lease: DEFAULT_LEASE,
+        }
+    }
 }

@@ -50,6 +50,20 @@ impl TableName {
         &self.table
     }
 
+    /// The schema part (a MySQL database, an attached SQLite database), if qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The name quoted with `quote` (`"` for PostgreSQL and SQLite, `` ` `` for MySQL); the
+    /// identifiers are validated, so they need no escaping.
+    pub fn quoted_with(&self, quote: char) -> String {
+        match &self.schema {
+            Some(s) => format!("{quote}{s}{quote}.{quote}{}{quote}", self.table),
+            None => format!("{quote}{}{quote}", self.table),
+        }
+    }
+
     /// The `schema.` part (empty when unqualified), for objects that live beside the table.
     pub fn schema_prefix(&self) -> String {
         self.schema
@@ -78,10 +92,7 @@ pub(super) fn validate_identifier(part: &str) -> Result<(), &'static str> {
 impl fmt::Display for TableName {
     /// The quoted SQL form, e.g. `"app"."outbox"`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.schema {
-            Some(s) => write!(f, "\"{s}\".\"{}\"", self.table),
-            None => write!(f, "\"{}\"", self.table),
-        }
+        f.write_str(&self.quoted_with('"'))
     }
 }
 
@@ -98,6 +109,10 @@ mod tests {
         assert_eq!(
             TableName::parse("app.outbox_v2").unwrap().to_string(),
             "\"app\".\"outbox_v2\""
+        );
+        assert_eq!(
+            TableName::parse("app.outbox").unwrap().quoted_with('`'),
+            "`app`.`outbox`"
         );
     }
 

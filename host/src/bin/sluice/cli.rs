@@ -12,7 +12,7 @@ use sluice::store::DEFAULT_CHANNEL;
 #[command(
     name = "sluice",
     version,
-    about = "Transactional outbox relay: PostgreSQL → WebAssembly plugin → Kafka"
+    about = "Transactional outbox relay: PostgreSQL, MySQL/MariaDB or SQLite → WebAssembly plugin → Kafka"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -27,7 +27,7 @@ pub enum Command {
         /// `--database-url URL [--table outbox]` for Sluice's own column names.
         #[command(flatten)]
         target: TableTarget,
-        /// Also install a statement-level trigger that NOTIFYs on every insert (costs
+        /// PostgreSQL: also install a statement-level trigger that NOTIFYs on every insert (costs
         /// inserting transactions a database-wide lock at commit; see docs/operations.md).
         #[arg(long, conflicts_with = "drop_notify_trigger")]
         notify_trigger: bool,
@@ -70,7 +70,8 @@ pub struct TableTarget {
     /// this config file.
     #[arg(long, short, global = true)]
     pub config: Option<PathBuf>,
-    /// PostgreSQL URL, e.g. postgres://127.0.0.1:5432/app [env: SLUICE_DATABASE_URL]
+    /// Database URL: postgres://127.0.0.1:5432/app, mysql://user@127.0.0.1:3306/app or
+    /// sqlite:///path/app.db [env: SLUICE_DATABASE_URL]
     #[arg(long, global = true, conflicts_with = "config")]
     pub database_url: Option<String>,
     /// Outbox table name (`table` or `schema.table`), with Sluice's own column names

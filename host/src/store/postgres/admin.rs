@@ -6,7 +6,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::prune::{CHUNK, delete_in_chunks};
-use super::schema::{KeyKind, Layout};
+use super::schema::{KeyKind, Layout, PgSql};
 use crate::model::OutboxId;
 use crate::store::{DeadRow, ReplaySelection, StoreError};
 

@@ -31,7 +31,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
-pub use schema::{Layout, SchemaError};
+pub use schema::Layout;
 
 use super::{
     Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,

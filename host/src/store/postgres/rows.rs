@@ -4,7 +4,8 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::schema::{KeyKind, Layout};
-use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
+use crate::model::{OutboxId, OutboxRow, TenantId};
+use crate::store::rows::parse_headers;
 use crate::store::{ColumnName, Disposition, RowFailure, StoreError};
 
 /// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
@@ -69,47 +70,7 @@ fn decode_columns(row: &PgRow, layout: &Layout, id: OutboxId) -> Result<OutboxRo
     })
 }
 
-/// Parses the `headers` column: a JSON object whose values are strings.
-pub(crate) fn parse_headers(text: &str) -> Result<Headers, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("headers column is not JSON: {e}"))?;
-    let serde_json::Value::Object(map) = value else {
-        return Err(format!(
-            "headers column must be a JSON object of strings, got {text}"
-        ));
-    };
-    map.into_iter()
-        .map(|(k, v)| match v {
-            serde_json::Value::String(s) => Ok((k, s.into_bytes())),
-            other => Err(format!(
-                "headers column: value of {k:?} must be a string, got {other}"
-            )),
-        })
-        .collect()
-}
-
 /// Ids as the `text[]` parameter the statements cast to the id column's type.
 pub(crate) fn key_params<'a>(ids: impl Iterator<Item = &'a OutboxId>) -> Vec<String> {
     ids.map(OutboxId::to_string).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_object_of_strings_becomes_ordered_pairs() {
-        let h = parse_headers(r#"{"a":"1","b":"two"}"#).unwrap();
-        assert_eq!(
-            h,
-            vec![("a".into(), b"1".to_vec()), ("b".into(), b"two".to_vec())]
-        );
-    }
-
-    #[test]
-    fn non_string_header_value_is_named() {
-        let err = parse_headers(r#"{"trace":5}"#).unwrap_err();
-        assert!(err.contains("\"trace\""), "{err}");
-        assert!(parse_headers("[1]").is_err());
-    }
 }

@@ -9,6 +9,7 @@ use sqlx::{Acquire, AssertSqlSafe, PgConnection};
 
 use super::PgStore;
 use super::rows::key_params;
+use super::schema::PgSql;
 use crate::model::OutboxId;
 use crate::store::{BatchOutcome, Disposition, RowFailure, Settlement, StoreError};
 use crate::text::{MAX_STORED, bounded};

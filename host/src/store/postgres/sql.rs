@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use super::schema::Layout;
+use super::schema::{Layout, PgSql};
 use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
 
 /// In key order, a row is claimable only when no earlier row of its key is still unsent:
 /// not in another relay's open batch (its lock keeps it unsent until that commit), not
 /// waiting for a retry, and — unless dead rows are skipped — not dead. So at most one row per
 /// key is ever in flight, and a failing row holds back its own key only. "Earlier" is the
-/// claim order ([`Layout::before`]): a total order, so of two unsent rows of a key exactly one
+/// claim order ([`PgSql::before`](super::schema::PgSql::before)): a total order, so of two unsent rows of a key exactly one
 /// is first.
 fn key_order_filter(layout: &Layout, ordering: Ordering, after_dead: AfterDead) -> String {
     match ordering {

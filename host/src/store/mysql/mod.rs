@@ -1,0 +1,230 @@
+//! The MySQL/MariaDB driver: [`MyStore`] implements [`OutboxStore`] over a connection pool.
+//!
+//! Claims hold a transaction open, as on PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`
+//! (MariaDB ≥ 10.6, MySQL ≥ 8.0; older servers are refused at start-up). Every connection runs
+//! at READ COMMITTED. InnoDB's default, REPEATABLE READ, takes next-key (gap) locks on locking
+//! reads: a claim that reads to the end of the unsent rows locks the gap after the last one,
+//! and every application insert would wait for the relay's broker round trip. READ COMMITTED
+//! locks only the rows a claim returns (rows it reads and rejects are unlocked at once), so
+//! inserts never wait on a claim. There is no LISTEN/NOTIFY: relays poll.
+//!
+//! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
+//! - [`migrate`]: creating or upgrading the table and its indexes
+//! - [`sql`], [`rows`], [`batch`]: the relay's statements, decoding, the claimed batch
+//! - [`settle`], [`admin`], [`prune`]: a failed commit's outcome, dead rows, retention
+
+mod admin;
+mod batch;
+mod migrate;
+mod prune;
+mod rows;
+mod schema;
+mod settle;
+mod sql;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Executor};
+
+pub use batch::MyBatch;
+
+use super::{
+    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
+    StoreOptions, TableSpec,
+};
+use crate::model::TenantId;
+use schema::MySql;
+use sql::Statements;
+
+/// How long to wait for a connection before reporting the database as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The session setting that keeps claims from blocking the application's inserts (see the
+/// module documentation).
+const ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+/// The database's name in messages.
+const NAME: &str = "MySQL/MariaDB";
+
+/// Connects a pool of at most `connections`, each at READ COMMITTED. (sqlx sets the session's
+/// `time_zone` to `+00:00`, so `TIMESTAMP` columns read as UTC.)
+async fn connect(url: &str, connections: u32) -> Result<MySqlPool, StoreError> {
+    let connect_error = |source| StoreError::Connect {
+        url: super::redact(url),
+        source,
+    };
+    let options: MySqlConnectOptions = url.parse().map_err(connect_error)?;
+    MySqlPoolOptions::new()
+        .max_connections(connections.max(1))
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute(ISOLATION).await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .map_err(connect_error)
+}
+
+/// Refuses servers without `SKIP LOCKED`: MariaDB before 10.6, MySQL before 8.0.
+async fn check_version(pool: &MySqlPool) -> Result<(), StoreError> {
+    let version: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
+        .fetch_one(pool)
+        .await?;
+    let mut numbers = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let found = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let (needed, name) = if version.to_ascii_lowercase().contains("mariadb") {
+        ((10, 6), "MariaDB 10.6")
+    } else {
+        ((8, 0), "MySQL 8.0")
+    };
+    if found < needed {
+        return Err(StoreError::ServerVersion {
+            found: version,
+            needed: name,
+        });
+    }
+    Ok(())
+}
+
+/// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
+/// description of what Sluice will relay from.
+pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+    let pool = connect(url, 1).await?;
+    check_version(&pool).await?;
+    let layout = migrate::migrate(&pool, spec).await?;
+    Ok(layout.summary())
+}
+
+/// The MySQL/MariaDB [`OutboxStore`].
+pub struct MyStore {
+    pool: MySqlPool,
+    statements: Arc<Statements>,
+}
+
+impl MyStore {
+    /// Connects a pool of at most `connections`, checks the server's version and the table,
+    /// and prepares the statements.
+    pub async fn open(
+        url: &str,
+        spec: &TableSpec,
+        options: StoreOptions,
+        connections: u32,
+    ) -> Result<Self, StoreError> {
+        let pool = connect(url, connections).await?;
+        check_version(&pool).await?;
+        let found = schema::read_columns(&pool, &spec.name).await?;
+        let layout = schema::check(spec, &found)?;
+        tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
+        Ok(Self {
+            pool,
+            statements: Arc::new(Statements::new(MySql::new(layout), options)),
+        })
+    }
+
+    /// The paused tenants' names; `None` for rows without a tenant.
+    fn paused_names(paused: &[TenantId]) -> impl Iterator<Item = Option<&str>> {
+        paused.iter().map(TenantId::name)
+    }
+}
+
+impl OutboxStore for MyStore {
+    type Batch = MyBatch;
+
+    async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
+        let mut query =
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.statements.due.sql(paused.len())));
+        for tenant in Self::paused_names(paused) {
+            query = query.bind(tenant);
+        }
+        Ok(query.fetch_one(&self.pool).await? != 0)
+    }
+
+    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<MyBatch>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut query = sqlx::query(AssertSqlSafe(self.statements.claim.sql(paused.len())));
+        for tenant in Self::paused_names(paused) {
+            query = query.bind(tenant);
+        }
+        let raw = query.bind(limit).fetch_all(&mut *tx).await?;
+        let layout = &self.statements.sql.layout;
+        let mut rows = Vec::with_capacity(raw.len());
+        let mut rejected = Vec::new();
+        for row in &raw {
+            match rows::decode_row(row, layout)? {
+                Ok(r) => rows.push(r),
+                Err(failure) => rejected.push(failure),
+            }
+        }
+        Ok(Claim {
+            batch: MyBatch::new(tx, Arc::clone(&self.statements)),
+            rows,
+            rejected,
+        })
+    }
+
+    async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+        settle::settle(self, outcome).await
+    }
+
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let (due, waiting, dead): (i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog { due, waiting, dead })
+    }
+
+    async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
+        prune::prune_once(&self.pool, &self.statements.sql, retention).await
+    }
+
+    async fn listen(
+        &self,
+        _channel: &str,
+        _wake: &(dyn Fn() + Send + Sync),
+    ) -> Result<Infallible, StoreError> {
+        Err(unsupported_notify())
+    }
+
+    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
+        Err(unsupported_notify())
+    }
+
+    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
+        Err(unsupported_notify())
+    }
+
+    async fn dead_rows(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        admin::list(&self.pool, &self.statements.sql, tenant, limit).await
+    }
+
+    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
+        admin::replay(&self.pool, &self.statements.sql, selection).await
+    }
+
+    async fn purge_dead(
+        &self,
+        older_than: Duration,
+        tenant: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
+    }
+}
+
+fn unsupported_notify() -> StoreError {
+    StoreError::Unsupported {
+        database: NAME,
+        what: "LISTEN/NOTIFY wake-ups (relays poll; leave relay.notify_channel unset)",
+    }
+}

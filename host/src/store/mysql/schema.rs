@@ -1,0 +1,386 @@
+//! MySQL's side of the table check: reading `information_schema`, which MySQL/MariaDB types
+//! fit which role ([`MyTypes`]), and the SQL expressions ([`MySql`]) that read the columns of a
+//! checked [`Layout`] whatever their types: `SIGNED` or `CHAR` keys, `CHAR` strings, payloads
+//! as text or bytes, `DATETIME`s read as UTC. The rules themselves are shared:
+//! [`crate::store::schema`].
+
+use sqlx::mysql::MySql as Db;
+use sqlx::{Executor, Row};
+
+use crate::store::columns::{self, ColumnName, TableSpec};
+use crate::store::schema::{
+    self, Accept, ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind,
+};
+use crate::store::{StoreError, TableName};
+
+const INT_TYPES: [&str; 5] = ["tinyint", "smallint", "mediumint", "int", "bigint"];
+const CHAR_TYPES: [&str; 2] = ["char", "varchar"];
+const TEXT_TYPES: [&str; 4] = ["tinytext", "text", "mediumtext", "longtext"];
+const BINARY_TYPES: [&str; 6] = [
+    "binary",
+    "varbinary",
+    "tinyblob",
+    "blob",
+    "mediumblob",
+    "longblob",
+];
+
+fn is_time(c: &FoundColumn) -> bool {
+    matches!(c.base.as_str(), "datetime" | "timestamp")
+}
+
+fn is_textual(base: &str) -> bool {
+    CHAR_TYPES.contains(&base) || TEXT_TYPES.contains(&base)
+}
+
+/// MySQL's and MariaDB's types, by role (`information_schema.COLUMNS.DATA_TYPE`). MariaDB's
+/// `JSON` is an alias of `LONGTEXT` (with a `json_valid` check) and is listed as such.
+pub struct MyTypes;
+
+impl ColumnTypes for MyTypes {
+    const ACCEPTED_ID: &'static str = "tinyint, smallint, mediumint, int, bigint (AUTO_INCREMENT), char(n), varchar(n), uuid (MariaDB)";
+    const ACCEPTED_STRING: &'static str =
+        "char, varchar, tinytext, text, mediumtext, longtext, uuid, tinyint … bigint";
+    const ACCEPTED_PAYLOAD: &'static str =
+        "json, longtext and the other text types, varchar, blob types, varbinary";
+    const ACCEPTED_HEADERS: &'static str = "json, text types, varchar (a JSON object of strings)";
+    const ACCEPTED_CREATED_AT: &'static str =
+        "timestamp, datetime (read as UTC, as Sluice's connections use time_zone '+00:00')";
+    const ACCEPTED_ORDER: &'static str = "tinyint … bigint, NOT NULL";
+
+    fn key_kind(column: &FoundColumn) -> Option<KeyKind> {
+        match column.base.as_str() {
+            b if INT_TYPES.contains(&b) => Some(KeyKind::Int),
+            b if CHAR_TYPES.contains(&b) => Some(KeyKind::Text {
+                cast: "char".into(),
+            }),
+            "uuid" => Some(KeyKind::Text {
+                cast: "uuid".into(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn is_string(column: &FoundColumn) -> bool {
+        let base = column.base.as_str();
+        is_textual(base) || base == "uuid" || Self::is_int(column)
+    }
+
+    fn is_int(column: &FoundColumn) -> bool {
+        INT_TYPES.contains(&column.base.as_str())
+    }
+
+    fn payload_kind(column: &FoundColumn) -> Option<PayloadKind> {
+        match column.base.as_str() {
+            "json" => Some(PayloadKind::Json),
+            b if is_textual(b) => Some(PayloadKind::Text),
+            b if BINARY_TYPES.contains(&b) => Some(PayloadKind::Bytes),
+            _ => None,
+        }
+    }
+
+    fn is_headers(column: &FoundColumn) -> bool {
+        let base = column.base.as_str();
+        base == "json" || is_textual(base)
+    }
+
+    fn time_kind(column: &FoundColumn) -> Option<TimeKind> {
+        match column.base.as_str() {
+            "timestamp" => Some(TimeKind::WithZone),
+            "datetime" => Some(TimeKind::WithoutZone),
+            _ => None,
+        }
+    }
+
+    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)> {
+        const TIME: &str = "datetime, timestamp";
+        vec![
+            (columns::PUBLISHED_AT, TIME, is_time),
+            (columns::NEXT_ATTEMPT_AT, TIME, is_time),
+            (columns::DEAD_AT, TIME, is_time),
+            (columns::ATTEMPTS, "int", |c| c.base == "int"),
+            // Bounded error texts are up to `text::MAX_STORED` bytes.
+            (columns::LAST_ERROR, "text, mediumtext, longtext", |c| {
+                matches!(c.base.as_str(), "text" | "mediumtext" | "longtext")
+            }),
+        ]
+    }
+
+    fn can_add_order_column() -> bool {
+        true
+    }
+
+    fn unique_id_hint(table: &str, column: &ColumnName) -> String {
+        format!(
+            "e.g. ALTER TABLE {} ADD PRIMARY KEY ({})",
+            table.replace('"', "`"),
+            column.quoted_with('`')
+        )
+    }
+}
+
+/// Reads the table's columns from `information_schema`; empty when the table does not exist.
+/// An unqualified table is looked up in the connection's database.
+pub async fn read_columns<'e, E>(
+    executor: E,
+    table: &TableName,
+) -> Result<Vec<FoundColumn>, StoreError>
+where
+    E: Executor<'e, Database = Db>,
+{
+    // Every value is cast, so each arrives as one type whatever the server's version.
+    let rows = sqlx::query(
+        "SELECT CAST(c.COLUMN_NAME AS CHAR) AS name,
+                CAST(c.COLUMN_TYPE AS CHAR) AS shown,
+                CAST(LOWER(c.DATA_TYPE) AS CHAR) AS base,
+                CAST(c.IS_NULLABLE = 'NO' AS SIGNED) AS not_null,
+                CAST(EXISTS (
+                    SELECT 1 FROM information_schema.STATISTICS s
+                     WHERE s.TABLE_SCHEMA = c.TABLE_SCHEMA AND s.TABLE_NAME = c.TABLE_NAME
+                       AND s.COLUMN_NAME = c.COLUMN_NAME AND s.NON_UNIQUE = 0
+                       AND s.SUB_PART IS NULL
+                       AND NOT EXISTS (
+                           SELECT 1 FROM information_schema.STATISTICS s2
+                            WHERE s2.TABLE_SCHEMA = s.TABLE_SCHEMA
+                              AND s2.TABLE_NAME = s.TABLE_NAME
+                              AND s2.INDEX_NAME = s.INDEX_NAME
+                              AND s2.COLUMN_NAME <> s.COLUMN_NAME)) AS SIGNED) AS is_unique
+           FROM information_schema.COLUMNS c
+          WHERE c.TABLE_SCHEMA = COALESCE(?, DATABASE()) AND c.TABLE_NAME = ?
+          ORDER BY c.ORDINAL_POSITION",
+    )
+    .bind(table.schema())
+    .bind(table.table())
+    .fetch_all(executor)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let base: String = row.try_get("base")?;
+            Ok(FoundColumn {
+                name: row.try_get("name")?,
+                shown: row.try_get("shown")?,
+                bounded: CHAR_TYPES.contains(&base.as_str()),
+                base,
+                not_null: row.try_get::<i64, _>("not_null")? != 0,
+                unique: row.try_get::<i64, _>("is_unique")? != 0,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Checks the columns `found` against `spec` with MySQL's types.
+pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
+    schema::check::<MyTypes>(spec, found)
+}
+
+/// The order column `sluice migrate` adds, if any (see [`schema::order_column_to_add`]).
+pub fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
+    schema::order_column_to_add::<MyTypes>(spec, found)
+}
+
+/// A checked [`Layout`] as MySQL SQL: the quoted names and the expressions that read them.
+#[derive(Debug, Clone)]
+pub struct MySql {
+    pub layout: Layout,
+    pub table: String,
+    pub id: String,
+    pub tenant: Option<String>,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: String,
+    pub headers: String,
+    pub created_at: String,
+    pub order: String,
+}
+
+impl MySql {
+    pub fn new(layout: Layout) -> Self {
+        let q = |c: &ColumnName| c.quoted_with('`');
+        Self {
+            table: layout.table.quoted_with('`'),
+            id: q(&layout.id),
+            tenant: layout.tenant.as_ref().map(q),
+            aggregate_type: q(&layout.aggregate_type),
+            aggregate_id: q(&layout.aggregate_id),
+            event_type: q(&layout.event_type),
+            payload: q(&layout.payload),
+            headers: q(&layout.headers),
+            created_at: q(&layout.created_at),
+            order: q(&layout.order),
+            layout,
+        }
+    }
+
+    /// `o.<id>` as `SIGNED` or `CHAR`.
+    pub fn id_expr(&self, alias: &str) -> String {
+        match self.layout.key {
+            KeyKind::Int => format!("CAST({alias}.{} AS SIGNED)", self.id),
+            KeyKind::Text { .. } => format!("CAST({alias}.{} AS CHAR)", self.id),
+        }
+    }
+
+    /// A string column as `CHAR` (utf8mb4, the connection's character set).
+    pub fn text_expr(alias: &str, column: &str) -> String {
+        format!("CAST({alias}.{column} AS CHAR)")
+    }
+
+    /// The tenant as `CHAR`, NULL for the default tenant.
+    pub fn tenant_expr(&self, alias: &str) -> String {
+        match &self.tenant {
+            Some(t) => Self::text_expr(alias, t),
+            None => "CAST(NULL AS CHAR)".to_owned(),
+        }
+    }
+
+    /// The tenant name as plugins see it (`default` for NULL), for filters.
+    pub fn tenant_name_expr(&self, alias: &str) -> String {
+        match &self.tenant {
+            Some(_) => format!("COALESCE({}, 'default')", self.tenant_expr(alias)),
+            None => "'default'".to_owned(),
+        }
+    }
+
+    /// The payload: text (JSON included) as `CHAR` in utf8mb4, binary types as they are.
+    pub fn payload_expr(&self, alias: &str) -> String {
+        match self.layout.payload_kind {
+            PayloadKind::Json | PayloadKind::Text => {
+                format!(
+                    "CAST({alias}.{} AS CHAR CHARACTER SET utf8mb4)",
+                    self.payload
+                )
+            }
+            PayloadKind::Bytes => format!("{alias}.{}", self.payload),
+        }
+    }
+
+    /// `created_at` (a `DATETIME` or, through the connection's `+00:00` time zone, a
+    /// `TIMESTAMP`, both in UTC; NULL as now).
+    pub fn created_at_expr(&self, alias: &str) -> String {
+        format!("COALESCE({alias}.{}, UTC_TIMESTAMP(6))", self.created_at)
+    }
+
+    /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
+    pub fn order_by(&self, alias: &str) -> String {
+        if self.layout.ordered_by_id() {
+            format!("{alias}.{}", self.id)
+        } else {
+            format!("{alias}.{}, {alias}.{}", self.order, self.id)
+        }
+    }
+
+    /// Whether row `a` comes before row `b` in claim order (a total order).
+    pub fn before(&self, a: &str, b: &str) -> String {
+        if self.layout.ordered_by_id() {
+            format!("{a}.{id} < {b}.{id}", id = self.id)
+        } else {
+            format!(
+                "({a}.{o}, {a}.{id}) < ({b}.{o}, {b}.{id})",
+                o = self.order,
+                id = self.id
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(name: &str, base: &str) -> FoundColumn {
+        FoundColumn {
+            name: name.into(),
+            shown: base.into(),
+            base: base.into(),
+            bounded: CHAR_TYPES.contains(&base),
+            not_null: name == "id" || name == "sluice_seq",
+            unique: name == "id",
+        }
+    }
+
+    /// The table `sluice migrate` creates, with the id of type `id`.
+    fn table(id: &str) -> Vec<FoundColumn> {
+        vec![
+            column("id", id),
+            column("tenant", "varchar"),
+            column("aggregate_type", "varchar"),
+            column("aggregate_id", "varchar"),
+            column("event_type", "varchar"),
+            column("payload", "longtext"),
+            column("headers", "longtext"),
+            column("created_at", "datetime"),
+            column("published_at", "datetime"),
+            column("attempts", "int"),
+            column("next_attempt_at", "datetime"),
+            column("last_error", "text"),
+            column("dead_at", "datetime"),
+        ]
+    }
+
+    fn spec() -> TableSpec {
+        TableSpec::new(TableName::parse("app.outbox").unwrap())
+    }
+
+    #[test]
+    fn integer_ids_are_signed_and_order_the_claim() {
+        let layout = check(&spec(), &table("bigint")).unwrap();
+        let sql = MySql::new(layout);
+        assert_eq!(sql.table, "`app`.`outbox`");
+        assert_eq!(sql.id_expr("o"), "CAST(o.`id` AS SIGNED)");
+        assert_eq!(sql.order_by("o"), "o.`id`");
+        assert_eq!(sql.before("p", "o"), "p.`id` < o.`id`");
+        assert_eq!(
+            sql.payload_expr("o"),
+            "CAST(o.`payload` AS CHAR CHARACTER SET utf8mb4)"
+        );
+        assert_eq!(
+            sql.tenant_name_expr("o"),
+            "COALESCE(CAST(o.`tenant` AS CHAR), 'default')"
+        );
+    }
+
+    #[test]
+    fn char_ids_need_the_order_column_migrate_adds() {
+        let err = check(&spec(), &table("char")).unwrap_err().to_string();
+        assert!(
+            err.contains("\"sluice_seq\"") && err.contains("`sluice migrate` adds it"),
+            "{err}"
+        );
+        assert_eq!(
+            order_column_to_add(&spec(), &table("char")).map(|c| c.as_str().to_owned()),
+            Some("sluice_seq".to_owned())
+        );
+        let mut with_seq = table("char");
+        with_seq.push(column("sluice_seq", "bigint"));
+        let sql = MySql::new(check(&spec(), &with_seq).unwrap());
+        assert_eq!(sql.id_expr("o"), "CAST(o.`id` AS CHAR)");
+        assert_eq!(sql.order_by("o"), "o.`sluice_seq`, o.`id`");
+    }
+
+    #[test]
+    fn unusable_columns_are_named_with_mysql_types() {
+        let mut cols = table("decimal");
+        cols[5] = column("payload", "int");
+        cols[9] = column("attempts", "varchar");
+        let err = check(&spec(), &cols).unwrap_err().to_string();
+        for needle in [
+            "column \"id\" (database.columns.id) has type decimal; accepted types: tinyint",
+            "column \"payload\" (database.columns.payload) has type int; accepted types: json",
+            "column \"attempts\" (bookkeeping; `sluice migrate` adds it) has type varchar",
+        ] {
+            assert!(err.contains(needle), "{needle:?} not in:\n{err}");
+        }
+    }
+
+    #[test]
+    fn blobs_are_read_as_bytes_and_timestamps_as_utc() {
+        let mut cols = table("bigint");
+        cols[5] = column("payload", "longblob");
+        cols[7] = column("created_at", "timestamp");
+        let layout = check(&spec(), &cols).unwrap();
+        assert_eq!(layout.payload_kind, PayloadKind::Bytes);
+        assert_eq!(layout.created_at_kind, TimeKind::WithZone);
+        assert_eq!(MySql::new(layout).payload_expr("o"), "o.`payload`");
+    }
+}

@@ -1,0 +1,144 @@
+//! [`OutboxStore::settle`](crate::store::OutboxStore::settle): recording a batch's outcome in
+//! a fresh transaction after its commit failed. The rows still unsent are locked (skipping rows
+//! another relay holds), then marked and rescheduled together inside a savepoint; if the
+//! database refuses that (or a statement changes fewer rows than it was given), row by row,
+//! each in its own savepoint, so one row it refuses cannot keep the others from being
+//! recorded. Rare path: plain SQL built per call.
+
+use std::collections::HashSet;
+
+use sqlx::{Acquire, AssertSqlSafe};
+
+use super::MyStore;
+use super::batch::{mark, reschedule};
+use super::rows::{bind_id, bind_null_id, placeholder_count, read_id};
+use crate::model::OutboxId;
+use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
+use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
+
+/// A statement that changed nothing about a row it was given.
+const UNCHANGED: &str = "the statement changed no row (a trigger suppressed it)";
+
+pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+    let mut settlement = Settlement::default();
+    let wanted: Vec<&OutboxId> = outcome
+        .sent
+        .iter()
+        .chain(outcome.failed.iter().map(|f| &f.id))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(settlement);
+    }
+    let statements = &store.statements;
+    let sql = &statements.sql;
+    let mut tx = store.pool.begin().await?;
+    let mut locked: HashSet<OutboxId> = HashSet::new();
+    for chunk in wanted.chunks(IDS_PER_STATEMENT) {
+        let slots = placeholder_count(chunk.len());
+        let lock_sql = format!(
+            "SELECT {id} AS id FROM {table} AS o WHERE o.{id_col} IN ({ids})
+                AND o.published_at IS NULL AND o.dead_at IS NULL
+                FOR UPDATE SKIP LOCKED",
+            id = sql.id_expr("o"),
+            table = sql.table,
+            id_col = sql.id,
+            ids = placeholders(slots),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(lock_sql));
+        for id in chunk {
+            query = bind_id(query, id);
+        }
+        for _ in chunk.len()..slots {
+            query = bind_null_id(query, &sql.layout.key);
+        }
+        for row in query.fetch_all(&mut *tx).await? {
+            locked.insert(read_id(&row, &sql.layout, "id")?);
+        }
+    }
+    settlement.skipped = wanted
+        .iter()
+        .filter(|id| !locked.contains(**id))
+        .map(|id| (*id).clone())
+        .collect();
+    let sent: Vec<OutboxId> = outcome
+        .sent
+        .iter()
+        .filter(|id| locked.contains(*id))
+        .cloned()
+        .collect();
+    let failed: Vec<RowFailure> = outcome
+        .failed
+        .iter()
+        .filter(|f| locked.contains(&f.id))
+        .cloned()
+        .collect();
+
+    let mut all = Acquire::begin(&mut *tx).await?;
+    let together = async {
+        let marked = mark(&mut all, statements, &sent).await?;
+        let rescheduled = reschedule(&mut all, statements, &failed, None).await?;
+        Ok::<_, sqlx::Error>(marked == sent.len() as u64 && rescheduled == failed.len() as u64)
+    }
+    .await;
+    match together {
+        Ok(true) => {
+            all.commit().await?;
+            settlement.marked = sent;
+            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
+        }
+        outcome => {
+            all.rollback().await?;
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
+            }
+            for id in sent {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = mark(&mut one, statements, std::slice::from_ref(&id)).await;
+                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
+            }
+            for failure in failed {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done =
+                    reschedule(&mut one, statements, std::slice::from_ref(&failure), None).await;
+                settle_one(&mut settlement, failure.id, done, one, Target::Rescheduled).await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(settlement)
+}
+
+#[derive(Clone, Copy)]
+enum Target {
+    Marked,
+    Rescheduled,
+}
+
+/// Keeps one row's change (releasing its savepoint) and files it under `target`, or undoes it
+/// and files it as refused.
+async fn settle_one(
+    settlement: &mut Settlement,
+    id: OutboxId,
+    done: Result<u64, sqlx::Error>,
+    savepoint: sqlx::Transaction<'_, sqlx::MySql>,
+    target: Target,
+) -> Result<(), StoreError> {
+    match done {
+        Ok(1) => {
+            savepoint.commit().await?;
+            match target {
+                Target::Marked => settlement.marked.push(id),
+                Target::Rescheduled => settlement.rescheduled.push(id),
+            }
+        }
+        Ok(_) => {
+            savepoint.rollback().await?;
+            settlement.refused.push((id, UNCHANGED.to_owned()));
+        }
+        Err(e) => {
+            savepoint.rollback().await?;
+            settlement.refused.push((id, e.to_string()));
+        }
+    }
+    Ok(())
+}

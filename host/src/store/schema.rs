@@ -1,0 +1,363 @@
+//! Checking an outbox table against what Sluice needs, whatever the database.
+//!
+//! At start-up (and in `sluice migrate`) each driver reads its catalog into [`FoundColumn`]s
+//! and says, through [`ColumnTypes`], which of its types fit which role. The rules and the
+//! refusal are shared: a column that is missing or of a type Sluice cannot use is a problem
+//! naming the table, the column, its role, its type and what is accepted — every problem at
+//! once ([`SchemaError`]). A table that passes yields a [`Layout`]: what each column holds and
+//! how, from which each driver builds its SQL.
+
+use std::fmt;
+
+use super::TableName;
+use super::columns::{self, ColumnName, TableSpec, TenantColumn};
+
+/// A column as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundColumn {
+    pub name: String,
+    /// The declared type as the database prints it, e.g. `character varying(255)`.
+    pub shown: String,
+    /// The underlying type without modifiers, lower case (PostgreSQL: a domain's base type),
+    /// e.g. `character varying`, `bigint`.
+    pub base: String,
+    /// Whether the type has a length limit (`varchar(255)`, `char(8)`).
+    pub bounded: bool,
+    pub not_null: bool,
+    /// Whether a primary key or unique index covers this column alone.
+    pub unique: bool,
+}
+
+/// How an id is carried: integers as 64-bit integers, anything else as its text form (compared
+/// with the column as type `cast` where the database needs a cast).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind {
+    Int,
+    Text { cast: String },
+}
+
+/// How the `payload` column is stored, which decides how it is turned into bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadKind {
+    /// JSON: the JSON text, UTF-8.
+    Json,
+    /// Binary: the raw bytes.
+    Bytes,
+    /// Text: UTF-8.
+    Text,
+}
+
+/// How `created_at` is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeKind {
+    WithZone,
+    /// A timestamp without time zone: read as UTC.
+    WithoutZone,
+}
+
+/// A checked outbox table: its columns and how to read each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub table: TableName,
+    pub id: ColumnName,
+    pub key: KeyKind,
+    /// `None`: every row belongs to the default tenant.
+    pub tenant: Option<ColumnName>,
+    pub aggregate_type: ColumnName,
+    pub aggregate_id: ColumnName,
+    pub event_type: ColumnName,
+    pub payload: ColumnName,
+    pub payload_kind: PayloadKind,
+    pub headers: ColumnName,
+    pub created_at: ColumnName,
+    pub created_at_kind: TimeKind,
+    /// The column rows are claimed in; the id itself for integer ids.
+    pub order: ColumnName,
+}
+
+impl Layout {
+    /// Whether rows are claimed in id order (integer ids) rather than by a separate column.
+    pub fn ordered_by_id(&self) -> bool {
+        self.order == self.id
+    }
+
+    /// A one-line description for `sluice migrate` and the start-up log.
+    pub fn summary(&self) -> String {
+        let key = match &self.key {
+            KeyKind::Int => "integer ids".to_owned(),
+            KeyKind::Text { cast } => format!("{cast} ids"),
+        };
+        let tenant = match &self.tenant {
+            Some(t) => format!("tenant column {t}"),
+            None => "no tenant column: every row belongs to tenant \"default\"".to_owned(),
+        };
+        format!("{key}, claimed in {} order, {tenant}", self.order.as_str())
+    }
+}
+
+/// A table Sluice cannot use, and every reason why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct SchemaError {
+    pub table: String,
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "outbox table {} cannot be used:", self.table)?;
+        for problem in &self.problems {
+            write!(f, "\n  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a column's type is usable for a role.
+pub type Accept = fn(&FoundColumn) -> bool;
+
+/// Which of a database's column types fit which role, and how the accepted types are named in
+/// a refusal.
+pub trait ColumnTypes {
+    /// Accepted types of the id column, as a refusal lists them.
+    const ACCEPTED_ID: &'static str;
+    /// … of `tenant`, `aggregate_type`, `aggregate_id` and `event_type`.
+    const ACCEPTED_STRING: &'static str;
+    const ACCEPTED_PAYLOAD: &'static str;
+    const ACCEPTED_HEADERS: &'static str;
+    const ACCEPTED_CREATED_AT: &'static str;
+    const ACCEPTED_ORDER: &'static str;
+
+    /// How an id of this type is carried, `None` if it cannot be an id.
+    fn key_kind(column: &FoundColumn) -> Option<KeyKind>;
+    /// Whether the column's values can be read as text (tenant, aggregate, event type).
+    fn is_string(column: &FoundColumn) -> bool;
+    /// Whether the column is an integer (ids carried as integers, the order column).
+    fn is_int(column: &FoundColumn) -> bool;
+    fn payload_kind(column: &FoundColumn) -> Option<PayloadKind>;
+    fn is_headers(column: &FoundColumn) -> bool;
+    fn time_kind(column: &FoundColumn) -> Option<TimeKind>;
+    /// Sluice's own columns: name, the types accepted (as a refusal lists them), the test.
+    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)>;
+    /// Whether `sluice migrate` can add a missing order column to an existing table.
+    fn can_add_order_column() -> bool;
+    /// How to give `table` a unique, not-null id `column` (the end of a refusal).
+    fn unique_id_hint(table: &str, column: &ColumnName) -> String;
+}
+
+/// Checks the columns `found` of `spec`'s table with the database's `T`ypes: the [`Layout`],
+/// or every problem.
+pub fn check<T: ColumnTypes>(
+    spec: &TableSpec,
+    found: &[FoundColumn],
+) -> Result<Layout, SchemaError> {
+    let table = spec.name.to_string();
+    if found.is_empty() {
+        let problems = vec!["the table does not exist (run `sluice migrate`)".to_owned()];
+        return Err(SchemaError { table, problems });
+    }
+    let map = &spec.columns;
+    let mut checker = Checker {
+        found,
+        problems: Vec::new(),
+    };
+    let id = checker.require(Role::Mapped("id"), &map.id, T::ACCEPTED_ID, |c| {
+        T::key_kind(c).is_some()
+    });
+    if let Some(id) = &id {
+        checker.unique_id::<T>(&map.id, id, &table);
+    }
+    let tenant = checker.tenant::<T>(&map.tenant);
+    for (key, name) in [
+        ("aggregate_type", &map.aggregate_type),
+        ("aggregate_id", &map.aggregate_id),
+        ("event_type", &map.event_type),
+    ] {
+        checker.require(Role::Mapped(key), name, T::ACCEPTED_STRING, T::is_string);
+    }
+    let payload = checker.require(
+        Role::Mapped("payload"),
+        &map.payload,
+        T::ACCEPTED_PAYLOAD,
+        |c| T::payload_kind(c).is_some(),
+    );
+    checker.require(
+        Role::Mapped("headers"),
+        &map.headers,
+        T::ACCEPTED_HEADERS,
+        T::is_headers,
+    );
+    let created_at = checker.require(
+        Role::Mapped("created_at"),
+        &map.created_at,
+        T::ACCEPTED_CREATED_AT,
+        |c| T::time_kind(c).is_some(),
+    );
+    let order = checker.order::<T>(spec, id.as_ref());
+    for (name, accepted, accept) in T::bookkeeping() {
+        if let Ok(column) = ColumnName::parse(name) {
+            checker.require(Role::Bookkeeping, &column, accepted, accept);
+        }
+    }
+    match (id, payload, created_at, order) {
+        (Some(id), Some(payload), Some(created_at), Some(order)) if checker.problems.is_empty() => {
+            Ok(Layout {
+                table: spec.name.clone(),
+                id: map.id.clone(),
+                key: T::key_kind(&id).unwrap_or(KeyKind::Int),
+                tenant,
+                aggregate_type: map.aggregate_type.clone(),
+                aggregate_id: map.aggregate_id.clone(),
+                event_type: map.event_type.clone(),
+                payload: map.payload.clone(),
+                payload_kind: T::payload_kind(&payload).unwrap_or(PayloadKind::Bytes),
+                headers: map.headers.clone(),
+                created_at: map.created_at.clone(),
+                created_at_kind: T::time_kind(&created_at).unwrap_or(TimeKind::WithZone),
+                order,
+            })
+        }
+        _ => Err(SchemaError {
+            table,
+            problems: checker.problems,
+        }),
+    }
+}
+
+/// The order column `sluice migrate` adds, if any: the configured one when the table lacks
+/// it, or [`columns::DEFAULT_ORDER_COLUMN`] when the id is usable but not an integer and the
+/// table lacks that. `None` too when the database cannot add one (the check then says so).
+pub fn order_column_to_add<T: ColumnTypes>(
+    spec: &TableSpec,
+    found: &[FoundColumn],
+) -> Option<ColumnName> {
+    if !T::can_add_order_column() {
+        return None;
+    }
+    let map = &spec.columns;
+    let wanted = match &map.order {
+        Some(order) if *order == map.id => return None,
+        Some(order) => order.clone(),
+        None => {
+            let id = found.iter().find(|c| c.name == map.id.as_str())?;
+            if T::is_int(id) || T::key_kind(id).is_none() {
+                return None;
+            }
+            ColumnName::parse(columns::DEFAULT_ORDER_COLUMN).ok()?
+        }
+    };
+    let present = found.iter().any(|c| c.name == wanted.as_str());
+    (!present).then_some(wanted)
+}
+
+/// What a column is for, as a problem names it.
+#[derive(Clone, Copy)]
+enum Role {
+    /// A `[database.columns]` key.
+    Mapped(&'static str),
+    /// One of Sluice's own columns.
+    Bookkeeping,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Mapped(key) => write!(f, "database.columns.{key}"),
+            Self::Bookkeeping => f.write_str("bookkeeping; `sluice migrate` adds it"),
+        }
+    }
+}
+
+/// The table's columns, and the problems found so far.
+struct Checker<'a> {
+    found: &'a [FoundColumn],
+    problems: Vec<String>,
+}
+
+impl Checker<'_> {
+    fn find(&self, name: &ColumnName) -> Option<&FoundColumn> {
+        self.found.iter().find(|c| c.name == name.as_str())
+    }
+
+    /// The column `name` if it exists and `accept`s it; otherwise records a problem naming
+    /// the column, its role, its type and the `accepted` types.
+    fn require(
+        &mut self,
+        role: Role,
+        name: &ColumnName,
+        accepted: &str,
+        accept: impl Fn(&FoundColumn) -> bool,
+    ) -> Option<FoundColumn> {
+        let problem = match self.find(name) {
+            Some(c) if accept(c) => return Some(c.clone()),
+            Some(c) => format!(
+                "column {name} ({role}) has type {}; accepted types: {accepted}",
+                c.shown
+            ),
+            None => format!("column {name} ({role}) is missing; accepted types: {accepted}"),
+        };
+        self.problems.push(problem);
+        None
+    }
+
+    /// Sluice marks rows by id, so an id must name exactly one row.
+    fn unique_id<T: ColumnTypes>(&mut self, name: &ColumnName, id: &FoundColumn, table: &str) {
+        if !id.not_null || !id.unique {
+            self.problems.push(format!(
+                "column {name} (database.columns.id) must be NOT NULL and unique on its own \
+                 (a primary key or a unique index on it alone): Sluice marks rows by id; {}",
+                T::unique_id_hint(table, name)
+            ));
+        }
+    }
+
+    /// The tenant column, if the table has one (or must have the configured one).
+    fn tenant<T: ColumnTypes>(&mut self, tenant: &TenantColumn) -> Option<ColumnName> {
+        let name = match tenant {
+            TenantColumn::None => return None,
+            TenantColumn::IfPresent(name) if self.find(name).is_none() => return None,
+            TenantColumn::IfPresent(name) | TenantColumn::Named(name) => name,
+        };
+        self.require(
+            Role::Mapped("tenant"),
+            name,
+            T::ACCEPTED_STRING,
+            T::is_string,
+        )
+        .map(|_| name.clone())
+    }
+
+    /// The column rows are claimed in: the configured one, else an integer id, else
+    /// [`columns::DEFAULT_ORDER_COLUMN`]. It must be an integer and `NOT NULL`.
+    fn order<T: ColumnTypes>(
+        &mut self,
+        spec: &TableSpec,
+        id: Option<&FoundColumn>,
+    ) -> Option<ColumnName> {
+        let map = &spec.columns;
+        let order = match (&map.order, id) {
+            (Some(order), _) if *order == map.id => return Some(order.clone()),
+            (Some(order), _) => order.clone(),
+            (None, Some(id)) if T::is_int(id) => return Some(map.id.clone()),
+            (None, Some(_)) => ColumnName::parse(columns::DEFAULT_ORDER_COLUMN).ok()?,
+            (None, None) => return None,
+        };
+        let how = if T::can_add_order_column() {
+            "`sluice migrate` adds it"
+        } else {
+            "name one with database.columns.order: `sluice migrate` cannot add one to this \
+             database's tables"
+        };
+        let accepted = match (&map.order, id) {
+            (None, Some(id)) => format!(
+                "{} (ids of type {} need an order column: {how})",
+                T::ACCEPTED_ORDER,
+                id.shown
+            ),
+            _ => T::ACCEPTED_ORDER.to_owned(),
+        };
+        self.require(Role::Mapped("order"), &order, &accepted, |c| {
+            T::is_int(c) && c.not_null
+        })
+        .map(|_| order)
+    }
+}

@@ -1,0 +1,270 @@
+//! The SQLite driver: [`LiteStore`] implements [`OutboxStore`] over one database file that
+//! the application and any number of relay processes share.
+//!
+//! SQLite has no row locks and one writer at a time, so a transaction held across the broker
+//! round trip would stop the application's writes. A claim is a **lease** instead: a short
+//! write transaction stamps the rows with the batch's token (`leased_by`) and a deadline
+//! (`lease_until`, now + `database.lease`) and commits; the relay publishes with no
+//! transaction open; marking changes only rows still leased to the token (a count mismatch
+//! sends the batch to the relay's settle path). A lease that expires — a relay killed, or a
+//! batch slower than the lease — makes its rows claimable again: at-least-once, never lost.
+//! Connections use WAL (readers never wait for the writer) and a busy timeout. There is no
+//! LISTEN/NOTIFY: relays poll.
+//!
+//! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
+//! - [`migrate`]: creating or upgrading the table and its partial indexes
+//! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
+//! - [`settle`], [`admin`]: a failed completion's outcome, dead rows, retention
+
+mod admin;
+mod batch;
+mod migrate;
+mod rows;
+mod schema;
+mod settle;
+mod sql;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+pub use batch::LiteBatch;
+
+use super::{
+    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
+    StoreOptions, TableSpec,
+};
+use crate::model::TenantId;
+use schema::LiteSql;
+use sql::Statements;
+
+/// How long a statement waits for another connection's write transaction (the application's
+/// or another relay's) before failing with "database is locked".
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for a connection from the pool.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Starts a write transaction at once (taking the write lock, waiting up to the busy
+/// timeout), so it never fails half-way on a lock upgrade.
+const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+/// The database's name in messages.
+const NAME: &str = "SQLite";
+
+/// Connection options from a URL: WAL, the busy timeout, `synchronous = NORMAL` (in WAL mode
+/// a power cut can lose the last commits but not corrupt the file; a lost mark means a row is
+/// published again, never lost). `create`: create the file if missing (`sluice migrate`).
+fn connect_options(url: &str, create: bool) -> Result<SqliteConnectOptions, StoreError> {
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Err(StoreError::Url {
+            url: url.to_owned(),
+            message: "an in-memory SQLite database lives and dies with one process; give a \
+                      file: sqlite:///absolute/path.db or sqlite://relative/path.db"
+                .into(),
+        });
+    }
+    let options: SqliteConnectOptions = url.parse().map_err(|source| StoreError::Connect {
+        url: url.to_owned(),
+        source,
+    })?;
+    Ok(options
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(BUSY_TIMEOUT)
+        .create_if_missing(create))
+}
+
+async fn connect(url: &str, connections: u32, create: bool) -> Result<SqlitePool, StoreError> {
+    let options = connect_options(url, create)?;
+    SqlitePoolOptions::new()
+        .max_connections(connections.max(1))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(|source| StoreError::Connect {
+            url: url.to_owned(),
+            source,
+        })
+}
+
+/// Creates the database file if missing, creates or upgrades the table (see
+/// [`migrate::migrate`]) and returns a one-line description of what Sluice will relay from.
+pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+    let pool = connect(url, 1, true).await?;
+    let mut tx = pool.begin_with(BEGIN_WRITE).await?;
+    // Refused: `tx` is dropped, which rolls everything back.
+    let layout = migrate::migrate(&mut tx, spec).await?;
+    tx.commit().await?;
+    pool.close().await;
+    Ok(layout.summary())
+}
+
+/// The SQLite [`OutboxStore`].
+pub struct LiteStore {
+    pool: SqlitePool,
+    statements: Arc<Statements>,
+    lease: Duration,
+    /// This store's part of every lease token: tells its leases from other processes'.
+    process: String,
+    batches: AtomicU64,
+}
+
+impl LiteStore {
+    /// Opens the database file (it must exist: `sluice migrate` creates it), checks the
+    /// table and prepares the statements.
+    pub async fn open(
+        url: &str,
+        spec: &TableSpec,
+        options: StoreOptions,
+        connections: u32,
+    ) -> Result<Self, StoreError> {
+        let pool = connect(url, connections, false).await?;
+        let mut conn = pool.acquire().await?;
+        let found = schema::read_columns(&mut conn, &spec.name).await?;
+        drop(conn);
+        let layout = schema::check(spec, &found)?;
+        tracing::info!(table = %layout.table, layout = %layout.summary(), lease = ?options.lease,
+            "outbox table checked");
+        Ok(Self {
+            pool,
+            statements: Arc::new(Statements::new(LiteSql { layout }, options)),
+            lease: options.lease,
+            process: format!("{:x}-{:016x}", std::process::id(), fastrand::u64(..)),
+            batches: AtomicU64::new(0),
+        })
+    }
+
+    /// What every lease token of this store starts with.
+    fn process_prefix(&self) -> String {
+        format!("{}:", self.process)
+    }
+
+    fn next_token(&self) -> String {
+        let n = self.batches.fetch_add(1, Ordering::Relaxed);
+        format!("{}{n}", self.process_prefix())
+    }
+
+    fn paused_json(paused: &[TenantId]) -> String {
+        // `null` stands for rows without a tenant.
+        let names: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
+        serde_json::to_string(&names).unwrap_or_else(|_| "[]".to_owned())
+    }
+}
+
+impl OutboxStore for LiteStore {
+    type Batch = LiteBatch;
+
+    async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
+        let due: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
+            .bind(rows::now_ms())
+            .bind(Self::paused_json(paused))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(due != 0)
+    }
+
+    async fn claim(
+        &self,
+        limit: usize,
+        paused: &[TenantId],
+    ) -> Result<Claim<LiteBatch>, StoreError> {
+        let token = self.next_token();
+        let now = rows::now_ms();
+        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
+        let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
+            .bind(token.clone())
+            .bind(now.saturating_add(lease_ms))
+            .bind(now)
+            .bind(Self::paused_json(paused))
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let layout = &self.statements.sql.layout;
+        let mut claimed = raw
+            .iter()
+            .map(|row| rows::decode_row(row, layout))
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.sort_by(|a, b| a.order.cmp(&b.order));
+        let ids = claimed.iter().map(|c| c.order.1.clone()).collect();
+        let mut rows = Vec::with_capacity(claimed.len());
+        let mut rejected = Vec::new();
+        for c in claimed {
+            match c.row {
+                Ok(row) => rows.push(row),
+                Err(failure) => rejected.push(failure),
+            }
+        }
+        Ok(Claim {
+            batch: LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
+            rows,
+            rejected,
+        })
+    }
+
+    async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+        settle::settle(self, outcome).await
+    }
+
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let (due, waiting, dead): (i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
+                .bind(rows::now_ms())
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog { due, waiting, dead })
+    }
+
+    async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
+        admin::prune(&self.pool, &self.statements.sql, retention).await
+    }
+
+    async fn listen(
+        &self,
+        _channel: &str,
+        _wake: &(dyn Fn() + Send + Sync),
+    ) -> Result<Infallible, StoreError> {
+        Err(unsupported_notify())
+    }
+
+    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
+        Err(unsupported_notify())
+    }
+
+    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
+        Err(unsupported_notify())
+    }
+
+    async fn dead_rows(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        admin::list(&self.pool, &self.statements.sql, tenant, limit).await
+    }
+
+    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
+        admin::replay(&self.pool, &self.statements.sql, selection).await
+    }
+
+    async fn purge_dead(
+        &self,
+        older_than: Duration,
+        tenant: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
+    }
+}
+
+fn unsupported_notify() -> StoreError {
+    StoreError::Unsupported {
+        database: NAME,
+        what: "LISTEN/NOTIFY wake-ups (relays poll; leave relay.notify_channel unset)",
+    }
+}

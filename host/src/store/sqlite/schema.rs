@@ -1,0 +1,375 @@
+//! SQLite's side of the table check: reading `pragma_table_info` and the table's unique
+//! indexes, and which declared types fit which role ([`LiteTypes`], by SQLite's type affinity
+//! rules). The rules themselves are shared: [`crate::store::schema`].
+//!
+//! Sluice's own time columns hold integers: milliseconds since the Unix epoch (UTC).
+//! `created_at`, the application's, holds ISO-8601 text as `CURRENT_TIMESTAMP` writes it
+//! (read as UTC unless it names an offset).
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::store::columns::{self, ColumnName, TableSpec};
+use crate::store::schema::{
+    self, Accept, ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind,
+};
+use crate::store::{StoreError, TableName};
+
+/// SQLite's type affinity of a declared type (<https://sqlite.org/datatype3.html>, 3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Affinity {
+    Integer,
+    Text,
+    Blob,
+    Real,
+    Numeric,
+}
+
+fn affinity(declared: &str) -> Affinity {
+    let t = declared.to_ascii_uppercase();
+    if t.contains("INT") {
+        Affinity::Integer
+    } else if t.contains("CHAR") || t.contains("CLOB") || t.contains("TEXT") {
+        Affinity::Text
+    } else if t.contains("BLOB") || t.is_empty() {
+        Affinity::Blob
+    } else if t.contains("REAL") || t.contains("FLOA") || t.contains("DOUB") {
+        Affinity::Real
+    } else {
+        Affinity::Numeric
+    }
+}
+
+fn is_integer(c: &FoundColumn) -> bool {
+    affinity(&c.base) == Affinity::Integer
+}
+
+fn is_text(c: &FoundColumn) -> bool {
+    affinity(&c.base) == Affinity::Text
+}
+
+/// `JSON` (and `JSONB`) has numeric affinity by SQLite's rules, but holds JSON text.
+fn is_json(c: &FoundColumn) -> bool {
+    matches!(c.base.as_str(), "json" | "jsonb")
+}
+
+/// SQLite's declared types, by affinity.
+pub struct LiteTypes;
+
+impl ColumnTypes for LiteTypes {
+    const ACCEPTED_ID: &'static str =
+        "INTEGER (INTEGER PRIMARY KEY, best with AUTOINCREMENT) or another integer type; TEXT";
+    const ACCEPTED_STRING: &'static str = "TEXT (or any type of text affinity), INTEGER";
+    const ACCEPTED_PAYLOAD: &'static str = "JSON, TEXT (text affinity), BLOB (or no type)";
+    const ACCEPTED_HEADERS: &'static str = "JSON, TEXT (a JSON object of strings)";
+    const ACCEPTED_CREATED_AT: &'static str = "TEXT, DATETIME, TIMESTAMP holding ISO-8601 text (as CURRENT_TIMESTAMP writes it; UTC unless an offset is given)";
+    const ACCEPTED_ORDER: &'static str = "INTEGER, NOT NULL";
+
+    fn key_kind(column: &FoundColumn) -> Option<KeyKind> {
+        match affinity(&column.base) {
+            Affinity::Integer => Some(KeyKind::Int),
+            Affinity::Text => Some(KeyKind::Text {
+                cast: "text".into(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn is_string(column: &FoundColumn) -> bool {
+        is_text(column) || is_integer(column)
+    }
+
+    fn is_int(column: &FoundColumn) -> bool {
+        is_integer(column)
+    }
+
+    fn payload_kind(column: &FoundColumn) -> Option<PayloadKind> {
+        if is_json(column) {
+            return Some(PayloadKind::Json);
+        }
+        match affinity(&column.base) {
+            Affinity::Text => Some(PayloadKind::Text),
+            Affinity::Blob => Some(PayloadKind::Bytes),
+            _ => None,
+        }
+    }
+
+    fn is_headers(column: &FoundColumn) -> bool {
+        is_json(column) || is_text(column)
+    }
+
+    fn time_kind(column: &FoundColumn) -> Option<TimeKind> {
+        let t = column.base.as_str();
+        (is_text(column) || t.contains("date") || t.contains("time"))
+            .then_some(TimeKind::WithoutZone)
+    }
+
+    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)> {
+        const MILLIS: &str = "INTEGER (milliseconds since the Unix epoch)";
+        vec![
+            (columns::PUBLISHED_AT, MILLIS, is_integer),
+            (columns::NEXT_ATTEMPT_AT, MILLIS, is_integer),
+            (columns::DEAD_AT, MILLIS, is_integer),
+            (columns::ATTEMPTS, "INTEGER", is_integer),
+            (columns::LAST_ERROR, "TEXT", is_text),
+            (columns::LEASED_BY, "TEXT", is_text),
+            (columns::LEASE_UNTIL, MILLIS, is_integer),
+        ]
+    }
+
+    /// SQLite cannot add a column that numbers the existing rows.
+    fn can_add_order_column() -> bool {
+        false
+    }
+
+    fn unique_id_hint(table: &str, column: &ColumnName) -> String {
+        format!(
+            "e.g. CREATE UNIQUE INDEX ON {table} ({column}) (SQLite cannot add a primary key to a table)"
+        )
+    }
+}
+
+/// Reads the table's columns (`pragma_table_info`) and which of them a unique index or the
+/// primary key covers alone; empty when the table does not exist.
+pub async fn read_columns(
+    conn: &mut SqliteConnection,
+    table: &TableName,
+) -> Result<Vec<FoundColumn>, StoreError> {
+    let schema = table.schema().unwrap_or("main");
+    let rows =
+        sqlx::query("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?, ?) ORDER BY cid")
+            .bind(table.table())
+            .bind(schema)
+            .fetch_all(&mut *conn)
+            .await?;
+    let primary: Vec<String> = rows
+        .iter()
+        .filter(|r| r.try_get::<i64, _>("pk").unwrap_or(0) > 0)
+        .filter_map(|r| r.try_get::<String, _>("name").ok())
+        .collect();
+    let unique = unique_columns(conn, table, schema).await?;
+    rows.iter()
+        .map(|row| {
+            let name: String = row.try_get("name")?;
+            let declared: String = row.try_get("type")?;
+            let alone_in_pk = primary.len() == 1 && primary[0] == name;
+            // An INTEGER PRIMARY KEY is the rowid: never NULL, whatever was declared.
+            let rowid = alone_in_pk && declared.eq_ignore_ascii_case("integer");
+            Ok(FoundColumn {
+                shown: if declared.is_empty() {
+                    "(no type)".to_owned()
+                } else {
+                    declared.clone()
+                },
+                base: declared.to_ascii_lowercase(),
+                bounded: false,
+                not_null: row.try_get::<i64, _>("notnull")? != 0 || rowid,
+                unique: alone_in_pk || unique.contains(&name),
+                name,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Columns a complete (not partial) unique index covers alone.
+async fn unique_columns(
+    conn: &mut SqliteConnection,
+    table: &TableName,
+    schema: &str,
+) -> Result<Vec<String>, StoreError> {
+    let indexes: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT name, \"unique\", partial FROM pragma_index_list(?, ?)")
+            .bind(table.table())
+            .bind(schema)
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut unique = Vec::new();
+    for (index, is_unique, partial) in indexes {
+        if is_unique == 0 || partial != 0 {
+            continue;
+        }
+        let columns: Vec<Option<String>> = sqlx::query_scalar(AssertSqlSafe(
+            "SELECT name FROM pragma_index_info(?, ?)".to_owned(),
+        ))
+        .bind(&index)
+        .bind(schema)
+        .fetch_all(&mut *conn)
+        .await?;
+        if let [Some(column)] = columns.as_slice() {
+            unique.push(column.clone());
+        }
+    }
+    Ok(unique)
+}
+
+/// Checks the columns `found` against `spec` with SQLite's types.
+pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
+    schema::check::<LiteTypes>(spec, found)
+}
+
+/// A checked [`Layout`] as SQLite SQL: the expressions that read its columns (SQLite quotes
+/// identifiers as PostgreSQL does, so the names' `Display` serves).
+#[derive(Debug, Clone)]
+pub struct LiteSql {
+    pub layout: Layout,
+}
+
+impl LiteSql {
+    /// The tenant name as plugins see it (`default` for NULL), for filters.
+    pub fn tenant_name_expr(&self, alias: &str) -> String {
+        match &self.layout.tenant {
+            Some(t) => format!("COALESCE(CAST({} AS TEXT), 'default')", qualified(alias, t)),
+            None => "'default'".to_owned(),
+        }
+    }
+
+    /// The tenant as text, NULL for the default tenant (`alias` may be empty).
+    pub fn tenant_expr(&self, alias: &str) -> String {
+        match &self.layout.tenant {
+            Some(t) => format!("CAST({} AS TEXT)", qualified(alias, t)),
+            None => "NULL".to_owned(),
+        }
+    }
+
+    /// The id as an integer or text (`alias` may be empty: the bare column).
+    pub fn id_expr(&self, alias: &str) -> String {
+        let column = qualified(alias, &self.layout.id);
+        match self.layout.key {
+            KeyKind::Int => format!("CAST({column} AS INTEGER)"),
+            KeyKind::Text { .. } => format!("CAST({column} AS TEXT)"),
+        }
+    }
+
+    /// `created_at` as milliseconds since the epoch (NULL when it is not a time).
+    pub fn created_at_ms_expr(&self, alias: &str) -> String {
+        let c = qualified(alias, &self.layout.created_at);
+        format!("CAST(round((julianday({c}) - 2440587.5) * 86400000.0) AS INTEGER)")
+    }
+
+    /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
+    pub fn order_by(&self, alias: &str) -> String {
+        let l = &self.layout;
+        if l.ordered_by_id() {
+            qualified(alias, &l.id)
+        } else {
+            format!(
+                "{}, {}",
+                qualified(alias, &l.order),
+                qualified(alias, &l.id)
+            )
+        }
+    }
+
+    /// Whether row `a` comes before row `b` in claim order (a total order).
+    pub fn before(&self, a: &str, b: &str) -> String {
+        let l = &self.layout;
+        if l.ordered_by_id() {
+            format!("{a}.{id} < {b}.{id}", id = l.id)
+        } else {
+            format!(
+                "({a}.{o}, {a}.{id}) < ({b}.{o}, {b}.{id})",
+                o = l.order,
+                id = l.id
+            )
+        }
+    }
+}
+
+fn qualified(alias: &str, column: &ColumnName) -> String {
+    if alias.is_empty() {
+        column.to_string()
+    } else {
+        format!("{alias}.{column}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(name: &str, declared: &str) -> FoundColumn {
+        FoundColumn {
+            name: name.into(),
+            shown: declared.into(),
+            base: declared.to_ascii_lowercase(),
+            bounded: false,
+            not_null: name == "id",
+            unique: name == "id",
+        }
+    }
+
+    fn table(id: &str) -> Vec<FoundColumn> {
+        vec![
+            column("id", id),
+            column("tenant", "TEXT"),
+            column("aggregate_type", "TEXT"),
+            column("aggregate_id", "VARCHAR(64)"),
+            column("event_type", "TEXT"),
+            column("payload", "JSON"),
+            column("headers", "TEXT"),
+            column("created_at", "DATETIME"),
+            column("published_at", "INTEGER"),
+            column("attempts", "INTEGER"),
+            column("next_attempt_at", "INTEGER"),
+            column("last_error", "TEXT"),
+            column("dead_at", "INTEGER"),
+            column("leased_by", "TEXT"),
+            column("lease_until", "INTEGER"),
+        ]
+    }
+
+    fn spec() -> TableSpec {
+        TableSpec::new(TableName::parse("outbox").unwrap())
+    }
+
+    #[test]
+    fn declared_types_are_judged_by_affinity() {
+        assert_eq!(affinity("BIGINT"), Affinity::Integer);
+        assert_eq!(affinity("varchar(26)"), Affinity::Text);
+        assert_eq!(affinity(""), Affinity::Blob);
+        assert_eq!(affinity("JSON"), Affinity::Numeric);
+        let layout = check(&spec(), &table("INTEGER")).unwrap();
+        assert_eq!(layout.key, KeyKind::Int);
+        assert_eq!(layout.payload_kind, PayloadKind::Json);
+        let sql = LiteSql { layout };
+        assert_eq!(sql.order_by("o"), "o.\"id\"");
+        assert_eq!(sql.id_expr(""), "CAST(\"id\" AS INTEGER)");
+    }
+
+    #[test]
+    fn text_ids_need_an_order_column_migrate_cannot_add() {
+        let err = check(&spec(), &table("TEXT")).unwrap_err().to_string();
+        assert!(
+            err.contains("database.columns.order") && err.contains("cannot add one"),
+            "{err}"
+        );
+        let mut with_seq = table("TEXT");
+        with_seq.push(FoundColumn {
+            not_null: true,
+            ..column("seq", "INTEGER")
+        });
+        let mut named = spec();
+        named.columns.order = Some(ColumnName::parse("seq").unwrap());
+        let sql = LiteSql {
+            layout: check(&named, &with_seq).unwrap(),
+        };
+        assert_eq!(
+            sql.before("p", "o"),
+            "(p.\"seq\", p.\"id\") < (o.\"seq\", o.\"id\")"
+        );
+    }
+
+    #[test]
+    fn lease_columns_are_bookkeeping() {
+        let mut cols = table("INTEGER");
+        cols.retain(|c| c.name != "lease_until");
+        let err = check(&spec(), &cols).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "column \"lease_until\" (bookkeeping; `sluice migrate` adds it) is missing"
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! [`OutboxStore::settle`](crate::store::OutboxStore::settle): recording a batch's outcome in
+//! a fresh write transaction after its completion failed (it rolled back; the rows are still
+//! leased to the batch). Rows are settled if they are still unsent and leased by this process
+//! (any of its batches' tokens), by nobody, or by an expired lease; rows another relay leases
+//! are skipped. Together inside a savepoint; if the database refuses that, row by row.
+
+use std::collections::HashSet;
+
+use sqlx::{Acquire, AssertSqlSafe};
+
+use super::batch::{mark, reschedule};
+use super::rows::{bind_id, now_ms, read_id};
+use super::{BEGIN_WRITE, LiteStore};
+use crate::model::OutboxId;
+use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
+use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
+
+/// A statement that changed nothing about a row it was given.
+const UNCHANGED: &str = "the statement changed no row (a trigger suppressed it)";
+
+pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+    let mut settlement = Settlement::default();
+    let wanted: Vec<&OutboxId> = outcome
+        .sent
+        .iter()
+        .chain(outcome.failed.iter().map(|f| &f.id))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(settlement);
+    }
+    let statements = &store.statements;
+    let layout = &statements.sql.layout;
+    let now = now_ms();
+    let prefix = store.process_prefix();
+    let mut tx = store.pool.begin_with(BEGIN_WRITE).await?;
+    let mut ours: HashSet<OutboxId> = HashSet::new();
+    for chunk in wanted.chunks(IDS_PER_STATEMENT) {
+        let sql = format!(
+            "SELECT {id_expr} AS id FROM {table} AS o
+              WHERE o.{id} IN ({ids})
+                AND o.published_at IS NULL AND o.dead_at IS NULL
+                AND (o.leased_by IS NULL OR o.lease_until <= ?
+                     OR substr(o.leased_by, 1, length(?)) = ?)",
+            id_expr = statements.sql.id_expr("o"),
+            table = layout.table,
+            id = layout.id,
+            ids = placeholders(chunk.len()),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            query = bind_id(query, id);
+        }
+        let rows = query
+            .bind(now)
+            .bind(prefix.clone())
+            .bind(prefix.clone())
+            .fetch_all(&mut *tx)
+            .await?;
+        for row in &rows {
+            ours.insert(read_id(row, layout, "id")?);
+        }
+    }
+    settlement.skipped = wanted
+        .iter()
+        .filter(|id| !ours.contains(**id))
+        .map(|id| (*id).clone())
+        .collect();
+    let sent: Vec<OutboxId> = outcome
+        .sent
+        .iter()
+        .filter(|id| ours.contains(*id))
+        .cloned()
+        .collect();
+    let failed: Vec<RowFailure> = outcome
+        .failed
+        .iter()
+        .filter(|f| ours.contains(&f.id))
+        .cloned()
+        .collect();
+
+    let mut all = Acquire::begin(&mut *tx).await?;
+    let together = async {
+        let marked = mark(&mut all, statements, &sent, now, None).await?;
+        let rescheduled = reschedule(&mut all, statements, &failed, now, None, None).await?;
+        Ok::<_, sqlx::Error>(marked == sent.len() as u64 && rescheduled == failed.len() as u64)
+    }
+    .await;
+    match together {
+        Ok(true) => {
+            all.commit().await?;
+            settlement.marked = sent;
+            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
+        }
+        outcome => {
+            all.rollback().await?;
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
+            }
+            for id in sent {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = mark(&mut one, statements, std::slice::from_ref(&id), now, None).await;
+                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
+            }
+            for failure in failed {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = reschedule(
+                    &mut one,
+                    statements,
+                    std::slice::from_ref(&failure),
+                    now,
+                    None,
+                    None,
+                )
+                .await;
+                settle_one(&mut settlement, failure.id, done, one, Target::Rescheduled).await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(settlement)
+}
+
+#[derive(Clone, Copy)]
+enum Target {
+    Marked,
+    Rescheduled,
+}
+
+/// Keeps one row's change (releasing its savepoint) and files it under `target`, or undoes it
+/// and files it as refused.
+async fn settle_one(
+    settlement: &mut Settlement,
+    id: OutboxId,
+    done: Result<u64, sqlx::Error>,
+    savepoint: sqlx::Transaction<'_, sqlx::Sqlite>,
+    target: Target,
+) -> Result<(), StoreError> {
+    match done {
+        Ok(1) => {
+            savepoint.commit().await?;
+            match target {
+                Target::Marked => settlement.marked.push(id),
+                Target::Rescheduled => settlement.rescheduled.push(id),
+            }
+        }
+        Ok(_) => {
+            savepoint.rollback().await?;
+            settlement.refused.push((id, UNCHANGED.to_owned()));
+        }
+        Err(e) => {
+            savepoint.rollback().await?;
+            settlement.refused.push((id, e.to_string()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! The relay's statements, built from the checked layout ([`LiteSql`]): the claim (a lease),
+//! the due probe, marking, rescheduling, releasing leases and the backlog count.
+//!
+//! Times are bound from Rust as milliseconds since the epoch, so every process on the machine
+//! compares leases against the same clock. The paused tenants travel as one JSON array
+//! (`json_each`), so the claim is one fixed statement.
+
+use std::sync::Arc;
+
+use super::schema::LiteSql;
+use crate::store::rows::placeholders;
+use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
+
+/// In key order, a row is claimable only when no earlier row of its key is still unsent —
+/// leased by another relay, waiting for a retry, or (unless dead rows are skipped) dead.
+fn key_order_filter(sql: &LiteSql, ordering: Ordering, after_dead: AfterDead) -> String {
+    match ordering {
+        Ordering::None => String::new(),
+        Ordering::Key => {
+            let l = &sql.layout;
+            let dead = match after_dead {
+                AfterDead::Skip => "AND p.dead_at IS NULL",
+                AfterDead::Block => "",
+            };
+            let tenant = match &l.tenant {
+                Some(t) => format!("AND p.{t} IS o.{t}"),
+                None => String::new(),
+            };
+            format!(
+                "AND NOT EXISTS (
+                    SELECT 1 FROM {table} AS p
+                     WHERE p.{at} = o.{at}
+                       AND p.{ai} = o.{ai}
+                       {tenant}
+                       AND {before}
+                       AND p.published_at IS NULL {dead})",
+                table = l.table,
+                at = l.aggregate_type,
+                ai = l.aggregate_id,
+                before = sql.before("p", "o"),
+            )
+        }
+    }
+}
+
+/// Which rows a marking or rescheduling statement may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Rows still leased to the batch (binds its token last): a row whose lease expired and
+    /// was taken by another relay is not changed, and the count check notices.
+    Lease,
+    /// Rows still unsent and not dead (settling, inside the transaction that checked them).
+    Unsent,
+}
+
+impl Guard {
+    fn sql(self) -> &'static str {
+        match self {
+            Self::Lease => "AND o.leased_by = ?",
+            Self::Unsent => "AND o.published_at IS NULL AND o.dead_at IS NULL",
+        }
+    }
+}
+
+/// The store's statements for one table and `[relay]` setting, built once at start-up.
+#[derive(Debug)]
+pub struct Statements {
+    pub sql: LiteSql,
+    /// Binds: token, lease deadline, now, paused tenants (JSON array), limit.
+    pub claim: Arc<str>,
+    /// Binds: now, paused tenants (JSON array).
+    pub due: Arc<str>,
+    /// Binds: now.
+    pub backlog: Arc<str>,
+    mark: MarkMode,
+}
+
+impl Statements {
+    pub fn new(sql: LiteSql, options: StoreOptions) -> Self {
+        let l = &sql.layout;
+        let table = &l.table;
+        let due = |now: &str, paused: &str| {
+            format!(
+                "o.published_at IS NULL AND o.dead_at IS NULL
+                    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now})
+                    AND (o.lease_until IS NULL OR o.lease_until <= {now})
+                    AND NOT EXISTS (SELECT 1 FROM json_each({paused}) AS paused
+                                     WHERE paused.value IS {tenant})
+                    {key_order}",
+                tenant = sql.tenant_expr("o"),
+                key_order = key_order_filter(&sql, options.ordering, options.after_dead),
+            )
+        };
+        let claim = format!(
+            "UPDATE {table} SET leased_by = ?1, lease_until = ?2
+              WHERE {id} IN (SELECT o.{id} FROM {table} AS o
+                              WHERE {due}
+                              ORDER BY {order_by}
+                              LIMIT ?5)
+             RETURNING {id_expr} AS id, {tenant} AS tenant,
+                       CAST({at} AS TEXT) AS aggregate_type,
+                       CAST({ai} AS TEXT) AS aggregate_id,
+                       CAST({et} AS TEXT) AS event_type,
+                       CAST({payload} AS BLOB) AS payload,
+                       COALESCE(CAST({headers} AS TEXT), '{{}}') AS headers,
+                       {created_at} AS created_at_ms,
+                       attempts,
+                       CAST({order} AS INTEGER) AS claim_order",
+            id = l.id,
+            due = due("?3", "?4"),
+            order_by = sql.order_by("o"),
+            id_expr = sql.id_expr(""),
+            tenant = sql.tenant_expr(""),
+            at = l.aggregate_type,
+            ai = l.aggregate_id,
+            et = l.event_type,
+            payload = l.payload,
+            headers = l.headers,
+            created_at = sql.created_at_ms_expr(""),
+            order = l.order,
+        );
+        let backlog = format!(
+            "SELECT COALESCE(SUM(dead_at IS NULL AND (next_attempt_at IS NULL
+                                                      OR next_attempt_at <= ?1)), 0),
+                    COALESCE(SUM(dead_at IS NULL AND next_attempt_at > ?1), 0),
+                    COALESCE(SUM(dead_at IS NOT NULL), 0)
+               FROM {table} WHERE published_at IS NULL"
+        );
+        Self {
+            due: format!(
+                "SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {})",
+                due("?1", "?2")
+            )
+            .into(),
+            claim: claim.into(),
+            backlog: backlog.into(),
+            mark: options.mark,
+            sql,
+        }
+    }
+
+    /// Whether marking sets `published_at` (and so binds the time first).
+    pub fn marks_with_time(&self) -> bool {
+        self.mark == MarkMode::PublishedAt
+    }
+
+    /// Marks `n` rows sent, by id. Binds: (`published_at` mode: now,) the ids, (the token).
+    pub fn mark(&self, n: usize, guard: Guard) -> String {
+        let l = &self.sql.layout;
+        let rows = format!("o.{} IN ({}) {}", l.id, placeholders(n), guard.sql());
+        match self.mark {
+            MarkMode::Delete => format!("DELETE FROM {} AS o WHERE {rows}", l.table),
+            MarkMode::PublishedAt => format!(
+                "UPDATE {} AS o SET published_at = ?, leased_by = NULL, lease_until = NULL
+                  WHERE {rows}",
+                l.table
+            ),
+        }
+    }
+
+    /// Reschedules or dead-letters `n` rows and ends their leases. Binds: per row id, error,
+    /// delay in ms, dead (0/1), counted (0/1); then now, now, (the token).
+    pub fn reschedule(&self, n: usize, guard: Guard) -> String {
+        let l = &self.sql.layout;
+        let rows = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
+        format!(
+            "WITH f(id, error, delay_ms, dead, counted) AS (VALUES {rows})
+             UPDATE {table} AS o
+                SET attempts = o.attempts + f.counted,
+                    last_error = f.error,
+                    next_attempt_at = CASE WHEN f.dead THEN NULL ELSE ? + f.delay_ms END,
+                    dead_at = CASE WHEN f.dead THEN ? END,
+                    leased_by = NULL, lease_until = NULL
+               FROM f
+              WHERE o.{id} = f.id {guard}",
+            table = l.table,
+            id = l.id,
+            guard = guard.sql(),
+        )
+    }
+
+    /// Ends the leases of `n` rows of a batch, unchanged otherwise. Binds: the ids, the token.
+    pub fn release(&self, n: usize) -> String {
+        let l = &self.sql.layout;
+        format!(
+            "UPDATE {} AS o SET leased_by = NULL, lease_until = NULL
+              WHERE o.{} IN ({}) AND o.leased_by = ?",
+            l.table,
+            l.id,
+            placeholders(n)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::TableName;
+    use crate::store::columns::ColumnName;
+    use crate::store::schema::{KeyKind, Layout, PayloadKind, TimeKind};
+
+    fn squash(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    fn statements(options: StoreOptions) -> Statements {
+        let col = |n: &str| ColumnName::parse(n).unwrap();
+        let layout = Layout {
+            table: TableName::parse("outbox").unwrap(),
+            id: col("id"),
+            key: KeyKind::Int,
+            tenant: Some(col("tenant")),
+            aggregate_type: col("aggregate_type"),
+            aggregate_id: col("aggregate_id"),
+            event_type: col("event_type"),
+            payload: col("payload"),
+            payload_kind: PayloadKind::Json,
+            headers: col("headers"),
+            created_at: col("created_at"),
+            created_at_kind: TimeKind::WithoutZone,
+            order: col("id"),
+        };
+        Statements::new(LiteSql { layout }, options)
+    }
+
+    #[test]
+    fn the_claim_leases_unleased_or_expired_rows_in_order() {
+        let s = statements(StoreOptions {
+            ordering: Ordering::Key,
+            ..StoreOptions::default()
+        });
+        let claim = squash(&s.claim);
+        assert!(
+            claim.starts_with("UPDATE \"outbox\" SET leased_by = ?1, lease_until = ?2"),
+            "{claim}"
+        );
+        assert!(
+            claim.contains("AND (o.lease_until IS NULL OR o.lease_until <= ?3)"),
+            "{claim}"
+        );
+        assert!(
+            claim.contains("NOT EXISTS (SELECT 1 FROM json_each(?4) AS paused"),
+            "{claim}"
+        );
+        assert!(
+            claim.contains("AND p.\"tenant\" IS o.\"tenant\""),
+            "{claim}"
+        );
+        assert!(claim.contains("ORDER BY o.\"id\" LIMIT ?5)"), "{claim}");
+    }
+
+    #[test]
+    fn marking_touches_only_rows_the_batch_still_leases() {
+        let s = statements(StoreOptions::default());
+        assert_eq!(
+            s.mark(2, Guard::Lease),
+            "DELETE FROM \"outbox\" AS o WHERE o.\"id\" IN (?, ?) AND o.leased_by = ?"
+        );
+        let reschedule = squash(&s.reschedule(2, Guard::Unsent));
+        assert!(
+            reschedule.starts_with(
+                "WITH f(id, error, delay_ms, dead, counted) AS (VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?))"
+            ),
+            "{reschedule}"
+        );
+        assert!(
+            reschedule.ends_with("AND o.published_at IS NULL AND o.dead_at IS NULL"),
+            "{reschedule}"
+        );
+    }
+}
