@@ -107,38 +107,26 @@ impl PluginRouter {
         let strict = plugins.strict_startup;
         let engine = PluginEngine::new()?;
         let cache_dir = plugin_cache_dir(plugins.cache_dir.as_deref());
-        let mut files: HashMap<PathBuf, PluginCodeRef> = HashMap::new();
+        // Each file is loaded once; its tenants share the loaded (or broken) code.
+        let mut files: HashMap<PathBuf, PluginCode> = HashMap::new();
         let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
             let path = match source {
                 PluginSource::Builtin(name) => return Ok(PluginCode::Builtin(name.clone())),
                 PluginSource::Wasm(path) => path,
             };
-            match files.get(path) {
-                Some(PluginCodeRef::Loaded(p)) => return Ok(PluginCode::Wasm(Arc::clone(p))),
-                Some(PluginCodeRef::Broken(reason)) => {
-                    return Ok(PluginCode::Broken {
-                        path: path.clone(),
-                        reason: reason.clone(),
-                    });
-                }
-                None => {}
+            if let Some(code) = files.get(path) {
+                return Ok(code.clone());
             }
-            match LoadedPlugin::load_cached(&engine, path, cache_dir.as_deref()) {
-                Ok(plugin) => {
-                    let plugin = Arc::new(plugin);
-                    files.insert(path.clone(), PluginCodeRef::Loaded(Arc::clone(&plugin)));
-                    Ok(PluginCode::Wasm(plugin))
-                }
-                Err(e) if strict => Err(e),
-                Err(e) => {
-                    let reason = bounded(&e.to_string(), MAX_LOGGED).into_owned();
-                    files.insert(path.clone(), PluginCodeRef::Broken(reason.clone()));
-                    Ok(PluginCode::Broken {
-                        path: path.clone(),
-                        reason,
-                    })
-                }
-            }
+            let code = match LoadedPlugin::load_cached(&engine, path, cache_dir.as_deref()) {
+                Ok(plugin) => PluginCode::Wasm(Arc::new(plugin)),
+                Err(e) if strict => return Err(e),
+                Err(e) => PluginCode::Broken {
+                    path: path.clone(),
+                    reason: bounded(&e.to_string(), MAX_LOGGED).into_owned(),
+                },
+            };
+            files.insert(path.clone(), code.clone());
+            Ok(code)
         };
         let limits_err = |key: String| {
             move |message: String| PluginError::Config {
@@ -302,12 +290,6 @@ impl PluginRouter {
     pub(super) fn handles(&self) -> Vec<SharedSlot> {
         lock(&self.slots).map.values().cloned().collect()
     }
-}
-
-/// A plugin file as loaded at start-up.
-enum PluginCodeRef {
-    Loaded(Arc<LoadedPlugin>),
-    Broken(String),
 }
 
 /// Creates `tenant`'s slot with a live instance, or quarantines it (strict: fails).

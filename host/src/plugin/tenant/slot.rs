@@ -45,7 +45,9 @@ pub struct TenantTemplate {
     pub quarantine: Quarantine,
 }
 
-/// Where the logic lives.
+/// A tenant's plugin as loaded: the compiled component (shared by every tenant using the
+/// file), a builtin, or a file that failed to load.
+#[derive(Clone)]
 pub enum PluginCode {
     Wasm(Arc<LoadedPlugin>),
     Builtin(String),
