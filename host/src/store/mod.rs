@@ -20,6 +20,7 @@ mod postgres;
 mod rows;
 mod schema;
 mod settings;
+mod settle;
 mod sqlite;
 mod table;
 
@@ -128,6 +129,14 @@ const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;
 
 impl StoreError {
+    /// For databases without LISTEN/NOTIFY: relays there poll.
+    pub(crate) fn unsupported_notify(database: &'static str) -> Self {
+        Self::Unsupported {
+            database,
+            what: "LISTEN/NOTIFY wake-ups (relays poll; leave relay.notify_channel unset)",
+        }
+    }
+
     /// Whether the error is the connection's, not the statement's or the table's: the
     /// database restarting, a terminated backend, a network failure. Trying again may work.
     pub fn is_transient(&self) -> bool {

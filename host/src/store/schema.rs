@@ -9,8 +9,9 @@
 
 use std::fmt;
 
-use super::TableName;
 use super::columns::{self, ColumnName, TableSpec, TenantColumn};
+use super::{StoreError, TableName};
+use crate::model::OutboxId;
 
 /// A column as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +77,24 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// `id` as one of the table's ids, as an admin command gives it (so a typo is an error
+    /// naming the table, not "0 rows").
+    pub fn parse_id(&self, id: &str) -> Result<OutboxId, StoreError> {
+        match self.key {
+            KeyKind::Int => {
+                id.trim()
+                    .parse::<i64>()
+                    .map(OutboxId::Int)
+                    .map_err(|_| StoreError::InvalidId {
+                        table: self.table.to_string(),
+                        id: id.to_owned(),
+                        expected: "an integer",
+                    })
+            }
+            KeyKind::Text { .. } => Ok(OutboxId::Text(id.into())),
+        }
+    }
+
     /// Whether rows are claimed in id order (integer ids) rather than by a separate column.
     pub fn ordered_by_id(&self) -> bool {
         self.order == self.id

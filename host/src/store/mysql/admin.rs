@@ -9,7 +9,6 @@ use super::prune::{CHUNK, delete_in_chunks};
 use super::rows::read_id;
 use super::schema::MySql;
 use crate::model::OutboxId;
-use crate::store::schema::KeyKind;
 use crate::store::{DeadRow, ReplaySelection, StoreError};
 
 /// Dead rows, oldest first (in claim order), optionally of one tenant (`default` matches
@@ -89,7 +88,7 @@ pub async fn replay(
     );
     let query = sqlx::query(AssertSqlSafe(text));
     let query = match selection {
-        ReplaySelection::Id(id) => match checked_id(sql, id)? {
+        ReplaySelection::Id(id) => match sql.layout.parse_id(id)? {
             OutboxId::Int(n) => query.bind(n),
             OutboxId::Text(text) => query.bind(text.to_string()),
         },
@@ -97,23 +96,6 @@ pub async fn replay(
         ReplaySelection::All => query,
     };
     Ok(query.execute(pool).await?.rows_affected())
-}
-
-/// `id` as one of the table's ids (so a typo is an error, not "0 rows").
-fn checked_id(sql: &MySql, id: &str) -> Result<OutboxId, StoreError> {
-    match sql.layout.key {
-        KeyKind::Int => {
-            id.trim()
-                .parse::<i64>()
-                .map(OutboxId::Int)
-                .map_err(|_| StoreError::InvalidId {
-                    table: sql.layout.table.to_string(),
-                    id: id.to_owned(),
-                    expected: "an integer",
-                })
-        }
-        KeyKind::Text { .. } => Ok(OutboxId::Text(id.into())),
-    }
 }
 
 /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in

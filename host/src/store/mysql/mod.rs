@@ -190,15 +190,15 @@ impl OutboxStore for MyStore {
         _channel: &str,
         _wake: &(dyn Fn() + Send + Sync),
     ) -> Result<Infallible, StoreError> {
-        Err(unsupported_notify())
+        Err(StoreError::unsupported_notify(NAME))
     }
 
     async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(unsupported_notify())
+        Err(StoreError::unsupported_notify(NAME))
     }
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(unsupported_notify())
+        Err(StoreError::unsupported_notify(NAME))
     }
 
     async fn dead_rows(
@@ -219,12 +219,5 @@ impl OutboxStore for MyStore {
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
         admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
-    }
-}
-
-fn unsupported_notify() -> StoreError {
-    StoreError::Unsupported {
-        database: NAME,
-        what: "LISTEN/NOTIFY wake-ups (relays poll; leave relay.notify_channel unset)",
     }
 }

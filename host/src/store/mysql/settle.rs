@@ -14,10 +14,8 @@ use super::batch::{mark, reschedule};
 use super::rows::{bind_id, bind_null_id, placeholder_count, read_id};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
-use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
-
-/// A statement that changed nothing about a row it was given.
-const UNCHANGED: &str = "the statement changed no row (a trigger suppressed it)";
+use crate::store::settle::{Target, settle_one, split_held};
+use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
@@ -55,23 +53,7 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
             locked.insert(read_id(&row, &sql.layout, "id")?);
         }
     }
-    settlement.skipped = wanted
-        .iter()
-        .filter(|id| !locked.contains(**id))
-        .map(|id| (*id).clone())
-        .collect();
-    let sent: Vec<OutboxId> = outcome
-        .sent
-        .iter()
-        .filter(|id| locked.contains(*id))
-        .cloned()
-        .collect();
-    let failed: Vec<RowFailure> = outcome
-        .failed
-        .iter()
-        .filter(|f| locked.contains(&f.id))
-        .cloned()
-        .collect();
+    let (sent, failed) = split_held(outcome, &locked, &mut settlement);
 
     let mut all = Acquire::begin(&mut *tx).await?;
     let together = async {
@@ -106,39 +88,4 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
     }
     tx.commit().await?;
     Ok(settlement)
-}
-
-#[derive(Clone, Copy)]
-enum Target {
-    Marked,
-    Rescheduled,
-}
-
-/// Keeps one row's change (releasing its savepoint) and files it under `target`, or undoes it
-/// and files it as refused.
-async fn settle_one(
-    settlement: &mut Settlement,
-    id: OutboxId,
-    done: Result<u64, sqlx::Error>,
-    savepoint: sqlx::Transaction<'_, sqlx::MySql>,
-    target: Target,
-) -> Result<(), StoreError> {
-    match done {
-        Ok(1) => {
-            savepoint.commit().await?;
-            match target {
-                Target::Marked => settlement.marked.push(id),
-                Target::Rescheduled => settlement.rescheduled.push(id),
-            }
-        }
-        Ok(_) => {
-            savepoint.rollback().await?;
-            settlement.refused.push((id, UNCHANGED.to_owned()));
-        }
-        Err(e) => {
-            savepoint.rollback().await?;
-            settlement.refused.push((id, e.to_string()));
-        }
-    }
-    Ok(())
 }

@@ -76,7 +76,7 @@ pub async fn replay(
     selection: &ReplaySelection,
 ) -> Result<u64, StoreError> {
     let (id, tenant) = match selection {
-        ReplaySelection::Id(id) => (Some(checked_id(layout, id)?), None),
+        ReplaySelection::Id(id) => (Some(layout.parse_id(id)?.to_string()), None),
         ReplaySelection::Tenant(t) => (None, Some(t.as_str())),
         ReplaySelection::All => (None, None),
     };
@@ -97,20 +97,6 @@ pub async fn replay(
         .execute(pool)
         .await?
         .rows_affected())
-}
-
-/// `id` if it can be one of the table's ids (so a typo is an error, not "0 rows"); uuids and
-/// other text keys are checked by PostgreSQL's cast.
-fn checked_id(layout: &Layout, id: &str) -> Result<String, StoreError> {
-    match layout.key {
-        KeyKind::Int if id.trim().parse::<i64>().is_err() => Err(StoreError::InvalidId {
-            table: layout.table.to_string(),
-            id: id.to_owned(),
-            expected: "an integer",
-        }),
-        KeyKind::Int => Ok(id.trim().to_owned()),
-        KeyKind::Text { .. } => Ok(id.to_owned()),
-    }
 }
 
 /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in

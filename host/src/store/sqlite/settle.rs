@@ -13,10 +13,8 @@ use super::rows::{bind_id, now_ms, read_id};
 use super::{BEGIN_WRITE, LiteStore};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
-use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
-
-/// A statement that changed nothing about a row it was given.
-const UNCHANGED: &str = "the statement changed no row (a trigger suppressed it)";
+use crate::store::settle::{Target, settle_one, split_held};
+use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
@@ -60,23 +58,7 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
             ours.insert(read_id(row, layout, "id")?);
         }
     }
-    settlement.skipped = wanted
-        .iter()
-        .filter(|id| !ours.contains(**id))
-        .map(|id| (*id).clone())
-        .collect();
-    let sent: Vec<OutboxId> = outcome
-        .sent
-        .iter()
-        .filter(|id| ours.contains(*id))
-        .cloned()
-        .collect();
-    let failed: Vec<RowFailure> = outcome
-        .failed
-        .iter()
-        .filter(|f| ours.contains(&f.id))
-        .cloned()
-        .collect();
+    let (sent, failed) = split_held(outcome, &ours, &mut settlement);
 
     let mut all = Acquire::begin(&mut *tx).await?;
     let together = async {
@@ -118,39 +100,4 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
     }
     tx.commit().await?;
     Ok(settlement)
-}
-
-#[derive(Clone, Copy)]
-enum Target {
-    Marked,
-    Rescheduled,
-}
-
-/// Keeps one row's change (releasing its savepoint) and files it under `target`, or undoes it
-/// and files it as refused.
-async fn settle_one(
-    settlement: &mut Settlement,
-    id: OutboxId,
-    done: Result<u64, sqlx::Error>,
-    savepoint: sqlx::Transaction<'_, sqlx::Sqlite>,
-    target: Target,
-) -> Result<(), StoreError> {
-    match done {
-        Ok(1) => {
-            savepoint.commit().await?;
-            match target {
-                Target::Marked => settlement.marked.push(id),
-                Target::Rescheduled => settlement.rescheduled.push(id),
-            }
-        }
-        Ok(_) => {
-            savepoint.rollback().await?;
-            settlement.refused.push((id, UNCHANGED.to_owned()));
-        }
-        Err(e) => {
-            savepoint.rollback().await?;
-            settlement.refused.push((id, e.to_string()));
-        }
-    }
-    Ok(())
 }
