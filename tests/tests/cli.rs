@@ -286,3 +286,21 @@ async fn drain_exits_2_when_rows_failed() {
     assert!(err.contains("5 dead"), "{err}");
     s.finish().await;
 }
+
+#[test]
+fn migrate_refuses_notify_trigger_options_before_touching_a_database_without_notify() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let url = format!("sqlite://{}", db.display());
+    for flag in ["--notify-trigger", "--drop-notify-trigger"] {
+        let out = sluice(&["migrate", "--database-url", &url, "--table", "outbox", flag]);
+        assert!(!out.status.success(), "{flag}");
+        let err = stderr(&out);
+        assert!(
+            err.contains(flag) && err.contains("SQLite has no LISTEN/NOTIFY"),
+            "{flag}: {err}"
+        );
+    }
+    // Nothing was migrated: the database file was never created.
+    assert!(!db.exists(), "migrate touched {}", db.display());
+}

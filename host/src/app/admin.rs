@@ -63,6 +63,14 @@ pub struct Migrated {
 /// Creates or upgrades the table and checks it, then installs or drops the NOTIFY trigger.
 pub async fn migrate(target: &Target<'_>, trigger: &TriggerChange) -> anyhow::Result<Migrated> {
     let (url, spec) = target.resolve()?;
+    // Refused before the table is touched, not after migrating it.
+    let driver = store::Driver::of(&url)?;
+    if !matches!(trigger, TriggerChange::Keep) && !driver.notifies() {
+        bail!(
+            "--notify-trigger and --drop-notify-trigger: {} has no LISTEN/NOTIFY (relays poll)",
+            driver.name()
+        );
+    }
     if let TriggerChange::Install(channel) = trigger {
         store::validate_channel(channel)
             .map_err(anyhow::Error::msg)
