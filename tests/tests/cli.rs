@@ -459,7 +459,7 @@ fn a_guest_panic_message_reaches_the_trap_reason() {
 #[test]
 fn a_leaking_plugin_is_replaced_before_its_cap_and_keeps_batching() {
     let dir = tempfile::tempdir().unwrap();
-    // 128 KiB leaked per row: 125 MiB over 1,000 rows, against a 64 MiB cap.
+    // 256 KiB leaked per row: 250 MiB over 1,000 rows, against a 64 MiB cap.
     let rows = order_rows(&dir, 1_000);
     let recycled = hostile("leak", &rows, &["--memory-mb", "64", "--batch-size", "8"]);
     assert!(recycled.status.success(), "{}", stderr(&recycled));
