@@ -128,3 +128,32 @@ fn compile_cached(
 fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_importing_wasi_http_is_refused_before_it_is_compiled_or_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("http.wasm");
+        let component =
+            wat::parse_str(r#"(component (import "wasi:http/outgoing-handler@0.2.0" (instance)))"#)
+                .unwrap();
+        std::fs::write(&file, component).unwrap();
+        let cache = CompileCache {
+            dir: dir.path().join("cache"),
+            max_bytes: 1 << 30,
+        };
+        let engine = PluginEngine::new().unwrap();
+        let Err(err) = LoadedPlugin::load_cached(&engine, &file, Some(&cache)) else {
+            panic!("a wasi:http import was accepted");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("http.wasm") && text.contains("`wasi:http/outgoing-handler@0.2.0`"),
+            "{text}"
+        );
+        assert!(!cache.dir.exists(), "nothing was compiled into the cache");
+    }
+}
