@@ -423,6 +423,7 @@ impl TenantSlot {
         quota: Option<Arc<InstanceQuota>>,
     ) -> Self {
         let status = Arc::new(SlotStatus::new(tenant.clone(), Arc::clone(&template)));
+        let batch = BatchMode::start(&template.limits.batching);
         let mut slot = Self {
             tenant,
             template,
@@ -430,9 +431,8 @@ impl TenantSlot {
             permit: None,
             quota,
             status,
-            batch: BatchMode::start(&CallBatching::RELAY),
+            batch,
         };
-        slot.batch = BatchMode::start(&slot.template.limits.batching);
         if let Some(runner) = runner {
             slot.install(runner);
         }
