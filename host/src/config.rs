@@ -679,6 +679,38 @@ mod tests {
     }
 
     #[test]
+    fn recycle_memory_percent_and_cache_max_mb_are_read_and_checked() {
+        let c = parse(
+            "[database]\nurl = \"x\"\n[plugins]\ncache_max_mb = 64\n\
+             [plugins.default]\nbuiltin = \"route-by-aggregate\"\nrecycle_memory_percent = 90\n\
+             [tenants.acme]\nmemory_mb = 32\n",
+        )
+        .unwrap();
+        assert_eq!(c.plugins.cache_max_mb, 64);
+        let default = c.plugins.default.as_ref().unwrap().limits();
+        let acme = c.tenants["acme"].limits().or(&default);
+        assert_eq!(acme.recycle_memory_percent, Some(90), "inherited");
+        let defaults = parse("[database]\nurl = \"x\"\n").unwrap();
+        assert_eq!(defaults.plugins.cache_max_mb, 1024);
+        for bad in ["0", "101"] {
+            let err = parse(&format!(
+                "[database]\nurl = \"x\"\n[tenants.acme]\nbuiltin = \"route-by-aggregate\"\n\
+                 recycle_memory_percent = {bad}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("recycle_memory_percent"), "{bad}: {err}");
+        }
+        // `plugin test --batch-size` is not a config key.
+        let err = parse(
+            "[database]\nurl = \"x\"\n[plugins.default]\nbuiltin = \"route-by-aggregate\"\ncall_batch_rows = 8\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("call_batch_rows"), "{err}");
+    }
+
+    #[test]
     fn sandbox_keys_have_defaults_and_are_validated() {
         let c = parse("[database]\nurl = \"x\"\n").unwrap();
         assert!(!c.plugins.strict_startup);

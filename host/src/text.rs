@@ -45,6 +45,20 @@ pub fn bounded(text: &str, max: usize) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Like [`bounded`], but keeps the *end* of `text` (where a traceback's message is): at most
+/// `max` bytes, after a leading `…` and the number of bytes left out.
+pub fn bounded_tail(text: &str, max: usize) -> String {
+    let escaped = bounded(text, usize::MAX);
+    if escaped.len() <= max {
+        return escaped.into_owned();
+    }
+    let mut start = escaped.len() - max;
+    while !escaped.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…({} bytes before) {}", start, &escaped[start..])
+}
+
 /// A TOML scalar (string, number, boolean) as the text a library expects (librdkafka
 /// properties, a plugin's `configure` pairs); `None` for tables, arrays and dates.
 pub fn toml_scalar(value: &toml::Value) -> Option<String> {
@@ -76,6 +90,14 @@ mod tests {
         assert_eq!(t, "bad\\u{0}row \\u{1b}[31mred");
         assert!(!t.contains('\0'));
         assert_eq!(bounded("a\nb\tc", 100), "a b c");
+    }
+
+    #[test]
+    fn a_tail_keeps_the_end_escaped() {
+        assert_eq!(bounded_tail("short", 100), "short");
+        let t = bounded_tail(&format!("{}\0end", "é".repeat(100)), 12);
+        assert!(t.ends_with("é\\u{0}end"), "{t}");
+        assert!(t.starts_with("…(") && t.contains("bytes before"), "{t}");
     }
 
     #[test]

@@ -304,3 +304,296 @@ fn migrate_refuses_notify_trigger_options_before_touching_a_database_without_not
     // Nothing was migrated: the database file was never created.
     assert!(!db.exists(), "migrate touched {}", db.display());
 }
+
+/// `n` rows of aggregate `order`, ids 1..=n, as `plugin test` input in `dir`.
+fn order_rows(dir: &tempfile::TempDir, n: usize) -> String {
+    let path = dir.path().join(format!("rows-{n}.jsonl"));
+    let mut f = std::fs::File::create(&path).unwrap();
+    for i in 1..=n {
+        writeln!(f, r#"{{"id": {i}, "aggregate_type": "order", "aggregate_id": "o-{i}", "event_type": "OrderCreated", "payload": {{"n": {i}}}, "created_at": "2026-01-01T00:00:00Z"}}"#).unwrap();
+    }
+    path.display().to_string()
+}
+
+fn plugin_test(plugin: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let plugin = plugin.display().to_string();
+    let mut all = vec!["plugin", "test", plugin.as_str()];
+    all.extend_from_slice(args);
+    sluice(&all)
+}
+
+fn hostile(mode: &str, input: &str, extra: &[&str]) -> std::process::Output {
+    let mode = format!("mode={mode}");
+    let mut args = vec![
+        "--input",
+        input,
+        "--config",
+        &mode,
+        "--config",
+        "topic_prefix=t.",
+    ];
+    args.extend_from_slice(extra);
+    plugin_test(&test_plugin("test_hostile"), &args)
+}
+
+#[test]
+fn plugin_test_expect_passes_on_equal_output_and_prints_a_diff_with_exit_3_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = order_rows(&dir, 12);
+    let plain = plugin_test(&reference_plugin(), &["--input", &rows]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let golden = dir.path().join("expected.jsonl");
+    std::fs::write(&golden, &plain.stdout).unwrap();
+    let golden_arg = golden.display().to_string();
+
+    let same = plugin_test(
+        &reference_plugin(),
+        &["--input", &rows, "--expect", &golden_arg],
+    );
+    assert!(same.status.success(), "{}", stderr(&same));
+    assert!(same.stdout.is_empty(), "nothing but a diff is printed");
+    assert!(
+        stderr(&same).contains("output matches"),
+        "{}",
+        stderr(&same)
+    );
+
+    let changed = String::from_utf8_lossy(&plain.stdout).replace("\"o-7\"", "\"o-seven\"");
+    std::fs::write(&golden, changed).unwrap();
+    let differs = plugin_test(
+        &reference_plugin(),
+        &["--input", &rows, "--expect", &golden_arg],
+    );
+    assert_eq!(differs.status.code(), Some(3), "{}", stderr(&differs));
+    let diff = String::from_utf8_lossy(&differs.stdout);
+    assert!(diff.contains("@@ -4,7 +4,7 @@"), "{diff}");
+    assert!(diff.contains("\n-{") && diff.contains("o-seven"), "{diff}");
+    assert!(diff.contains("\n+{") && diff.contains("\"o-7\""), "{diff}");
+    assert!(
+        stderr(&differs).contains("output differs from"),
+        "{}",
+        stderr(&differs)
+    );
+}
+
+#[test]
+fn plugin_test_runs_builtins_and_gives_the_same_output_in_any_batch_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = order_rows(&dir, 150);
+    let reference = plugin_test(&reference_plugin(), &["--input", &rows]);
+    assert!(reference.status.success(), "{}", stderr(&reference));
+    for size in ["1", "7", "64"] {
+        let out = plugin_test(
+            &reference_plugin(),
+            &["--input", &rows, "--batch-size", size],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(out.stdout, reference.stdout, "--batch-size {size}");
+    }
+    let builtin = sluice(&[
+        "plugin",
+        "test",
+        "--builtin",
+        "route-by-aggregate",
+        "--input",
+        &rows,
+    ]);
+    assert!(builtin.status.success(), "{}", stderr(&builtin));
+    let text = String::from_utf8_lossy(&builtin.stdout);
+    assert_eq!(text.lines().count(), 150);
+    assert!(text.contains(r#""topic":"outbox.event.order""#), "{text}");
+}
+
+#[test]
+fn plugin_test_calls_transform_batch_as_the_relay_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = order_rows(&dir, 20);
+    // `short-batch` answers transform-batch with a result missing: only a batch call fails.
+    let batched = hostile("short-batch", &rows, &["--batch-size", "4"]);
+    assert!(batched.status.success(), "{}", stderr(&batched));
+    assert!(
+        stderr(&batched).contains("transform-batch failed"),
+        "{}",
+        stderr(&batched)
+    );
+    let text = String::from_utf8_lossy(&batched.stdout);
+    assert_eq!(
+        text.matches(r#""topic":"t.good""#).count(),
+        20,
+        "no row lost: {text}"
+    );
+    let single = hostile("short-batch", &rows, &["--batch-size", "1"]);
+    assert!(single.status.success(), "{}", stderr(&single));
+    assert!(
+        !stderr(&single).contains("transform-batch"),
+        "{}",
+        stderr(&single)
+    );
+}
+
+#[test]
+fn plugin_test_applies_memory_and_call_timeout_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = order_rows(&dir, 2);
+    // `fat` holds 8 MiB from configure on.
+    let fat = hostile("fat", &rows, &["--memory-mb", "4"]);
+    assert!(!fat.status.success());
+    assert!(
+        stderr(&fat).contains("memory limit of 4 MiB"),
+        "{}",
+        stderr(&fat)
+    );
+    assert!(
+        hostile("fat", &rows, &["--memory-mb", "32"])
+            .status
+            .success()
+    );
+
+    let spin = hostile("loop", &rows, &["--call-timeout", "30ms"]);
+    let text = String::from_utf8_lossy(&spin.stdout);
+    assert!(text.contains("call_timeout of 30ms"), "{text}");
+    assert!(text.contains(r#""kind":"trap""#), "{text}");
+}
+
+#[test]
+fn a_guest_panic_message_reaches_the_trap_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = order_rows(&dir, 1);
+    let out = plugin_test(&test_plugin("test_trap"), &["--input", &rows]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(r#""kind":"trap""#), "{text}");
+    assert!(
+        text.contains("guest stderr:") && text.contains("test-trap plugin refuses row 1"),
+        "{text}"
+    );
+    // In the log too.
+    assert!(
+        stderr(&out).contains("test-trap plugin refuses row 1"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_leaking_plugin_is_replaced_before_its_cap_and_keeps_batching() {
+    let dir = tempfile::tempdir().unwrap();
+    // 256 KiB leaked per row: 250 MiB over 1,000 rows, against a 64 MiB cap.
+    let rows = order_rows(&dir, 1_000);
+    let recycled = hostile("leak", &rows, &["--memory-mb", "64", "--batch-size", "8"]);
+    assert!(recycled.status.success(), "{}", stderr(&recycled));
+    let log = stderr(&recycled);
+    assert!(
+        log.matches("replacing the tenant's plugin instance")
+            .count()
+            >= 2,
+        "{log}"
+    );
+    assert!(
+        !log.contains("transform-batch failed"),
+        "no call ran into the cap: {log}"
+    );
+    let text = String::from_utf8_lossy(&recycled.stdout);
+    assert_eq!(text.matches(r#""topic":"t.good""#).count(), 1_000, "{log}");
+
+    // Without replacement the batch calls hit the cap; each time the rows of the failed call
+    // run one by one (none lost), then batch calls resume.
+    let capped = hostile(
+        "leak",
+        &rows,
+        &[
+            "--memory-mb",
+            "64",
+            "--batch-size",
+            "8",
+            "--recycle-memory-percent",
+            "100",
+        ],
+    );
+    let log = stderr(&capped);
+    assert!(log.matches("transform-batch failed").count() >= 2, "{log}");
+    assert!(
+        !log.contains("replacing the tenant's plugin instance"),
+        "{log}"
+    );
+    let text = String::from_utf8_lossy(&capped.stdout);
+    assert!(
+        text.contains("memory limit of 64 MiB") || log.contains("memory limit of 64 MiB"),
+        "{log}"
+    );
+}
+
+#[test]
+fn plugin_new_writes_a_project_per_language_with_its_name_filled_in() {
+    let dir = tempfile::tempdir().unwrap();
+    for (lang, source) in [
+        ("rust", "src/lib.rs"),
+        ("python", "app.py"),
+        ("js", "plugin.js"),
+    ] {
+        let dest = dir.path().join(lang);
+        let out = sluice(&[
+            "plugin",
+            "new",
+            "order-router",
+            "--lang",
+            lang,
+            "--dir",
+            &dest.display().to_string(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        for file in [
+            "README.md",
+            "build.sh",
+            "rows.jsonl",
+            "expected.jsonl",
+            "wit/sluice.wit",
+            source,
+        ] {
+            let text = std::fs::read_to_string(dest.join(file))
+                .unwrap_or_else(|e| panic!("{lang}: {file}: {e}"));
+            assert!(
+                !text.contains("{{name"),
+                "{lang}: {file} keeps a placeholder"
+            );
+        }
+        let source_text = std::fs::read_to_string(dest.join(source)).unwrap();
+        assert!(
+            source_text.contains("order-router"),
+            "{lang}: {source_text}"
+        );
+        let readme = std::fs::read_to_string(dest.join("README.md")).unwrap();
+        assert!(
+            readme.contains(
+                "sluice plugin test order-router.wasm --input rows.jsonl --expect expected.jsonl"
+            ),
+            "{lang}: {readme}"
+        );
+        let again = sluice(&[
+            "plugin",
+            "new",
+            "order-router",
+            "--lang",
+            lang,
+            "--dir",
+            &dest.display().to_string(),
+        ]);
+        assert!(
+            !again.status.success(),
+            "an existing directory is not overwritten"
+        );
+    }
+    assert!(
+        dir.path()
+            .join("rust/vendor/sluice-plugin-sdk/src/lib.rs")
+            .exists()
+    );
+    assert!(dir.path().join("python/sluice_plugin/__init__.py").exists());
+    assert!(dir.path().join("js/sluice-plugin.js").exists());
+    let bad = sluice(&["plugin", "new", "Order_Router", "--lang", "rust"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("lowercase letters"),
+        "{}",
+        stderr(&bad)
+    );
+}

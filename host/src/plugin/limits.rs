@@ -9,7 +9,7 @@ use wasmtime::ResourceLimiter;
 use crate::plugin::settings::{
     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_CALL_TIMEOUT,
     DEFAULT_MAX_BATCH_OUTPUT_BYTES, DEFAULT_MAX_HEADERS_PER_MESSAGE, DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, LimitsSpec,
+    DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, DEFAULT_RECYCLE_MEMORY_PERCENT, LimitsSpec,
 };
 
 /// Core module instances one Store may create. A Rust component has a handful; a
@@ -30,6 +30,8 @@ pub struct Limits {
     /// Linear memory of the whole Store (every memory of every instance together).
     pub memory_bytes: usize,
     pub call_timeout: Duration,
+    /// Share of `memory_bytes` past which the instance is replaced between calls (100: never).
+    pub recycle_memory_percent: u8,
     /// `None` = any topic.
     pub allowed_topics: Option<Vec<TopicPattern>>,
     pub max_outputs_per_row: usize,
@@ -40,6 +42,41 @@ pub struct Limits {
     pub max_batch_output_bytes: usize,
     pub breaker_failures: u32,
     pub breaker_cooldown: Duration,
+    /// How the tenant's rows are grouped into plugin calls.
+    pub batching: CallBatching,
+}
+
+/// Successful single-row calls after which an instance's rows go to `transform-batch`: a
+/// plugin proves itself row by row first, so a broken one (a spinning plugin, say) fails on
+/// one row and one `call_timeout`, not on a whole chunk first.
+pub const BATCH_CALLS_AFTER: u32 = 64;
+/// Most rows handed to one `transform-batch` call in the relay.
+pub const MAX_BATCH_ROWS: usize = 64;
+
+/// How a tenant's rows are grouped into plugin calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallBatching {
+    /// Successful single-row calls before rows go to `transform-batch` (0: from the start).
+    pub probation: u32,
+    /// Most rows per `transform-batch` call; 1: `transform` only.
+    pub max_rows: usize,
+}
+
+impl CallBatching {
+    /// What `sluice run` does: row by row for [`BATCH_CALLS_AFTER`] rows, then chunks of up
+    /// to [`MAX_BATCH_ROWS`].
+    pub const RELAY: Self = Self {
+        probation: BATCH_CALLS_AFTER,
+        max_rows: MAX_BATCH_ROWS,
+    };
+
+    /// `rows` rows per call from the first row on (`sluice plugin test --batch-size`).
+    pub fn fixed(rows: usize) -> Self {
+        Self {
+            probation: 0,
+            max_rows: rows.max(1),
+        }
+    }
 }
 
 impl Limits {
@@ -56,6 +93,9 @@ impl Limits {
         Ok(Self {
             memory_bytes,
             call_timeout: spec.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
+            recycle_memory_percent: spec
+                .recycle_memory_percent
+                .unwrap_or(DEFAULT_RECYCLE_MEMORY_PERCENT),
             allowed_topics,
             max_outputs_per_row: spec
                 .max_outputs_per_row
@@ -73,7 +113,19 @@ impl Limits {
             breaker_cooldown: spec
                 .circuit_breaker_cooldown
                 .unwrap_or(DEFAULT_BREAKER_COOLDOWN),
+            batching: spec
+                .call_batch_rows
+                .map_or(CallBatching::RELAY, CallBatching::fixed),
         })
+    }
+
+    /// Memory past which an instance is replaced between calls; at or above the cap when
+    /// replacement is off (the cap traps first).
+    pub fn recycle_memory_bytes(&self) -> usize {
+        match self.recycle_memory_percent {
+            p if p >= 100 => usize::MAX,
+            p => self.memory_bytes / 100 * usize::from(p),
+        }
     }
 
     /// A fresh resource limiter for a new Store.
@@ -109,6 +161,7 @@ impl Default for Limits {
         Self::resolve(&LimitsSpec::default()).unwrap_or(Self {
             memory_bytes: 0,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            recycle_memory_percent: DEFAULT_RECYCLE_MEMORY_PERCENT,
             allowed_topics: None,
             max_outputs_per_row: DEFAULT_MAX_OUTPUTS_PER_ROW,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -116,6 +169,7 @@ impl Default for Limits {
             max_batch_output_bytes: DEFAULT_MAX_BATCH_OUTPUT_BYTES,
             breaker_failures: DEFAULT_BREAKER_FAILURES,
             breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
+            batching: CallBatching::RELAY,
         })
     }
 }
@@ -358,6 +412,21 @@ mod tests {
         assert!(limits.topic_allowed("anything"));
         assert_eq!(limits.call_timeout, DEFAULT_CALL_TIMEOUT);
         assert_eq!(limits.memory_bytes as u64, DEFAULT_MEMORY_MB * 1024 * 1024);
+    }
+
+    #[test]
+    fn the_recycle_threshold_is_a_share_of_the_memory_cap() {
+        let limits = Limits::resolve(&LimitsSpec {
+            memory_mb: Some(100),
+            ..LimitsSpec::default()
+        })
+        .unwrap();
+        assert_eq!(limits.recycle_memory_bytes(), 75 * 1024 * 1024);
+        let off = Limits {
+            recycle_memory_percent: 100,
+            ..limits
+        };
+        assert_eq!(off.recycle_memory_bytes(), usize::MAX);
     }
 
     #[test]

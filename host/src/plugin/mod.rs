@@ -14,6 +14,7 @@
 //! - [`reload`]: hot reload and quarantine retries
 //! - [`settings`]: `[plugins]`, `[plugins.default]` and `[tenants.<name>]` as written
 //! - [`testbench`]: `sluice plugin check|test`
+//! - [`scaffold`]: `sluice plugin new` (the embedded project templates)
 //!
 //! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
 //! file or a builtin's name), as loaded (a compiled component shared by every tenant that
@@ -24,6 +25,7 @@ pub mod limits;
 pub mod output;
 mod reload;
 mod router;
+pub mod scaffold;
 pub mod settings;
 mod tenant;
 pub mod testbench;

@@ -110,7 +110,7 @@ impl PluginRouter {
         let plugin = Arc::new(LoadedPlugin::load_cached(
             &self.engine,
             path,
-            self.cache_dir.as_deref(),
+            self.cache.as_ref(),
         )?);
         let now = Instant::now();
         let old_default = lock(&self.default).clone();

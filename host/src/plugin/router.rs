@@ -18,6 +18,7 @@ use crate::plugin::tenant::slot::{
     lock_unless_stalled,
 };
 use crate::plugin::tenant::status::TenantStatus;
+use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::TenantShared;
@@ -58,7 +59,7 @@ pub struct PluginRouter {
     pub(super) default: Mutex<Option<Arc<TenantTemplate>>>,
     pub(super) slots: Mutex<Slots>,
     pub(super) engine: Arc<PluginEngine>,
-    pub(super) cache_dir: Option<PathBuf>,
+    pub(super) cache: Option<CompileCache>,
     /// What each plugin file looked like when it was loaded, to notice replacements.
     pub(super) files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
     /// Live instances of tenants without their own entry.
@@ -88,6 +89,15 @@ impl FileStamp {
     }
 }
 
+/// The compile cache `[plugins]` asks for (`SLUICE_PLUGIN_CACHE_DIR` overrides the
+/// directory); `None` when caching is off.
+pub(super) fn compile_cache(plugins: &PluginsSettings) -> Option<CompileCache> {
+    plugin_cache_dir(plugins.cache_dir.as_deref()).map(|dir| CompileCache {
+        dir,
+        max_bytes: plugins.cache_max_mb.saturating_mul(1024 * 1024),
+    })
+}
+
 /// The tenant name used to try a template that no tenant uses yet (`[plugins.default]` when
 /// every tenant has its own entry).
 pub(super) fn probe_shared() -> Arc<TenantShared> {
@@ -106,7 +116,7 @@ impl PluginRouter {
     ) -> Result<Self, PluginError> {
         let strict = plugins.strict_startup;
         let engine = PluginEngine::new()?;
-        let cache_dir = plugin_cache_dir(plugins.cache_dir.as_deref());
+        let cache = compile_cache(plugins);
         // Each file is loaded once; its tenants share the loaded (or broken) code.
         let mut files: HashMap<PathBuf, PluginCode> = HashMap::new();
         let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
@@ -117,7 +127,7 @@ impl PluginRouter {
             if let Some(code) = files.get(path) {
                 return Ok(code.clone());
             }
-            let code = match LoadedPlugin::load_cached(&engine, path, cache_dir.as_deref()) {
+            let code = match LoadedPlugin::load_cached(&engine, path, cache.as_ref()) {
                 Ok(plugin) => PluginCode::Wasm(Arc::new(plugin)),
                 Err(e) if strict => return Err(e),
                 Err(e) => PluginCode::Broken {
@@ -181,7 +191,7 @@ impl PluginRouter {
             default: Mutex::new(default),
             slots: Mutex::new(slots),
             engine,
-            cache_dir,
+            cache,
             files: Mutex::new(files),
             quota: InstanceQuota::new(plugins.max_unconfigured_instances),
             clock: AtomicU64::new(0),

@@ -33,11 +33,19 @@ pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
     }
 }
 
+/// Size bound of the compile cache: a Python or JavaScript plugin's entry is ~35 MB, and
+/// every rebuild of one adds an entry (hot reloads keep the old ones until pruned).
+pub const DEFAULT_CACHE_MAX_MB: u64 = 1024;
+
 /// Wall-clock budget for one plugin call (and one instantiation). A Rust `transform` takes
 /// microseconds; this only stops runaway guests.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
 pub const DEFAULT_MEMORY_MB: u64 = 128;
+/// Share of `memory_mb` past which an instance is replaced between two calls: runtimes that
+/// leak (componentize-py 0.24/0.25 never frees what a call returns) are renewed before they
+/// reach the cap, trap and fail a row. 100 turns replacement off.
+pub const DEFAULT_RECYCLE_MEMORY_PERCENT: u8 = 75;
 /// Messages one row may produce; more fails the row (a runaway fan-out must not flood Kafka).
 pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
 /// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
@@ -66,6 +74,10 @@ pub struct PluginsSettings {
     /// `$XDG_CACHE_HOME/sluice/plugins` or `~/.cache/sluice/plugins`.
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
+    /// Most MiB the compile cache keeps: past it, the least recently used entries are
+    /// removed whenever a plugin is compiled.
+    #[serde(default = "default_cache_max_mb")]
+    pub cache_max_mb: u64,
     /// Plugin for rows whose tenant has no `[tenants.<name>]` entry (and rows without tenant).
     #[serde(default)]
     pub default: Option<PluginSpec>,
@@ -82,11 +94,16 @@ impl Default for PluginsSettings {
     fn default() -> Self {
         Self {
             cache_dir: None,
+            cache_max_mb: DEFAULT_CACHE_MAX_MB,
             default: None,
             strict_startup: false,
             max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
         }
     }
+}
+
+fn default_cache_max_mb() -> u64 {
+    DEFAULT_CACHE_MAX_MB
 }
 
 fn default_max_unconfigured_instances() -> usize {
@@ -96,7 +113,7 @@ fn default_max_unconfigured_instances() -> usize {
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
 /// a `path` or `builtin`) and `[tenants.<name>]` (where every key left out is taken from
 /// `[plugins.default]`, the plugin and its `config` included).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
     /// Path to the `.wasm` component; relative paths are resolved against the config file.
@@ -114,6 +131,9 @@ pub struct PluginSpec {
     pub memory_mb: Option<u64>,
     #[serde(default, with = "humantime_serde")]
     pub call_timeout: Option<Duration>,
+    /// Replace the instance between calls once its memory passes this share of `memory_mb`.
+    #[serde(default)]
+    pub recycle_memory_percent: Option<u8>,
     /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
     #[serde(default)]
     pub allowed_topics: Option<Vec<String>>,
@@ -129,6 +149,11 @@ pub struct PluginSpec {
     pub circuit_breaker_failures: Option<u32>,
     #[serde(default, with = "humantime_serde")]
     pub circuit_breaker_cooldown: Option<Duration>,
+    /// Rows per plugin call from the first row on (1: `transform` only); `None`: the relay's
+    /// probation, then `transform-batch` chunks. Not a config key: set by `sluice plugin test
+    /// --batch-size`.
+    #[serde(skip)]
+    pub call_batch_rows: Option<usize>,
 }
 
 /// Sandbox limits as written; unset fields inherit from `[plugins.default]`, then from
@@ -137,6 +162,7 @@ pub struct PluginSpec {
 pub struct LimitsSpec {
     pub memory_mb: Option<u64>,
     pub call_timeout: Option<Duration>,
+    pub recycle_memory_percent: Option<u8>,
     pub allowed_topics: Option<Vec<String>>,
     pub max_outputs_per_row: Option<usize>,
     pub max_message_bytes: Option<usize>,
@@ -144,6 +170,7 @@ pub struct LimitsSpec {
     pub max_batch_output_bytes: Option<usize>,
     pub circuit_breaker_failures: Option<u32>,
     pub circuit_breaker_cooldown: Option<Duration>,
+    pub call_batch_rows: Option<usize>,
 }
 
 /// Where a tenant's transform logic comes from.
@@ -190,6 +217,7 @@ impl PluginSpec {
             config: self.config.clone().or_else(|| default.config.clone()),
             memory_mb: limits.memory_mb,
             call_timeout: limits.call_timeout,
+            recycle_memory_percent: limits.recycle_memory_percent,
             allowed_topics: limits.allowed_topics,
             max_outputs_per_row: limits.max_outputs_per_row,
             max_message_bytes: limits.max_message_bytes,
@@ -197,6 +225,7 @@ impl PluginSpec {
             max_batch_output_bytes: limits.max_batch_output_bytes,
             circuit_breaker_failures: limits.circuit_breaker_failures,
             circuit_breaker_cooldown: limits.circuit_breaker_cooldown,
+            call_batch_rows: limits.call_batch_rows,
         }
     }
 
@@ -236,6 +265,7 @@ impl PluginSpec {
         LimitsSpec {
             memory_mb: self.memory_mb,
             call_timeout: self.call_timeout,
+            recycle_memory_percent: self.recycle_memory_percent,
             allowed_topics: self.allowed_topics.clone(),
             max_outputs_per_row: self.max_outputs_per_row,
             max_message_bytes: self.max_message_bytes,
@@ -243,6 +273,7 @@ impl PluginSpec {
             max_batch_output_bytes: self.max_batch_output_bytes,
             circuit_breaker_failures: self.circuit_breaker_failures,
             circuit_breaker_cooldown: self.circuit_breaker_cooldown,
+            call_batch_rows: self.call_batch_rows,
         }
     }
 }
@@ -253,6 +284,9 @@ impl LimitsSpec {
         LimitsSpec {
             memory_mb: self.memory_mb.or(fallback.memory_mb),
             call_timeout: self.call_timeout.or(fallback.call_timeout),
+            recycle_memory_percent: self
+                .recycle_memory_percent
+                .or(fallback.recycle_memory_percent),
             allowed_topics: self
                 .allowed_topics
                 .or_else(|| fallback.allowed_topics.clone()),
@@ -270,6 +304,7 @@ impl LimitsSpec {
             circuit_breaker_cooldown: self
                 .circuit_breaker_cooldown
                 .or(fallback.circuit_breaker_cooldown),
+            call_batch_rows: self.call_batch_rows.or(fallback.call_batch_rows),
         }
     }
 }
@@ -317,6 +352,14 @@ fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
     }
     if limits.call_timeout.is_some_and(|d| d.is_zero()) {
         return Err(("call_timeout".into(), "must be greater than 0".into()));
+    }
+    if let Some(p) = limits.recycle_memory_percent
+        && !(1..=100).contains(&p)
+    {
+        return Err((
+            "recycle_memory_percent".into(),
+            format!("must be 1 to 100 (100: never replace), got {p}"),
+        ));
     }
     if limits.circuit_breaker_failures == Some(0) {
         return Err((

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use sluice::app::admin::Target;
+use sluice::plugin::scaffold::Language;
 use sluice::store::DEFAULT_CHANNEL;
 
 #[derive(Parser)]
@@ -125,18 +126,59 @@ pub enum DeadCommand {
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
+    /// Create a plugin project (source, build script with the pinned toolchain, sample rows
+    /// and their expected output, README) from the built-in templates.
+    New {
+        /// Plugin name: lowercase letters, digits and '-', starting with a letter.
+        name: String,
+        /// rust, python or js.
+        #[arg(long, value_parser = parse_language)]
+        lang: Language,
+        /// Directory to create (must not exist) [default: ./NAME].
+        #[arg(long, value_name = "DEST")]
+        dir: Option<PathBuf>,
+    },
     /// Validate a component against the sluice:plugin world and print its info().
     Check { file: PathBuf },
-    /// Run rows (JSON lines with the outbox columns) through a plugin and print the messages.
+    /// Run rows (JSON lines with the outbox columns) through a plugin, on the relay's own code
+    /// path, and print the messages; with --expect, compare them with a golden file (exit 3 on
+    /// a difference).
     Test {
-        file: PathBuf,
+        /// The plugin component (.wasm).
+        #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
+        file: Option<PathBuf>,
+        /// A plugin built into Sluice instead of a file (e.g. route-by-aggregate).
+        #[arg(long, value_name = "NAME")]
+        builtin: Option<String>,
         /// JSON-lines file of rows, or `-` for standard input.
         #[arg(long)]
         input: PathBuf,
         /// Plugin config entry passed to `configure` (repeatable).
         #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_pair)]
         config: Vec<(String, String)>,
+        /// Golden file: print nothing but a diff, and exit 3, if the output differs from it.
+        #[arg(long, value_name = "FILE")]
+        expect: Option<PathBuf>,
+        /// The plugin's memory cap, as `memory_mb` in sluice.toml [default: 128].
+        #[arg(long, value_name = "MIB")]
+        memory_mb: Option<u64>,
+        /// Wall-clock limit of one plugin call, as `call_timeout` in sluice.toml [default: 500ms].
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        call_timeout: Option<Duration>,
+        /// Replace the instance between calls once its memory passes this share of
+        /// --memory-mb, as `recycle_memory_percent` in sluice.toml (100: never) [default: 75].
+        #[arg(long, value_name = "PERCENT")]
+        recycle_memory_percent: Option<u8>,
+        /// Rows per plugin call from the first row on: 1 calls `transform` row by row, more
+        /// calls `transform-batch`. Default: as `sluice run` (row by row for 64 rows, then
+        /// `transform-batch` with up to 64 rows).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        batch_size: Option<u64>,
     },
+}
+
+fn parse_language(s: &str) -> Result<Language, String> {
+    s.parse()
 }
 
 pub fn parse_pair(s: &str) -> Result<(String, String), String> {

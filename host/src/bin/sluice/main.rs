@@ -4,6 +4,7 @@ mod cli;
 mod print;
 
 use std::io::{BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,7 +15,8 @@ use tracing_subscriber::EnvFilter;
 use cli::{Cli, Command, DeadCommand, PluginCommand};
 use sluice::app::admin::{self, TriggerChange};
 use sluice::config::Config;
-use sluice::plugin::testbench;
+use sluice::plugin::PluginSource;
+use sluice::plugin::{scaffold, testbench};
 use sluice::shutdown::{self, Signals};
 use sluice::store::{OutboxStore, ReplaySelection};
 
@@ -23,6 +25,9 @@ use sluice::store::{OutboxStore, ReplaySelection};
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// Exit status of `sluice drain` when it finished but some rows failed.
 const DRAIN_ROWS_FAILED: u8 = 2;
+/// Exit status of `sluice plugin test --expect` when the output differs from the golden file
+/// (1 is any error, 2 a usage error).
+const EXPECT_DIFFERS: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -82,7 +87,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 false => ExitCode::from(DRAIN_ROWS_FAILED),
             })
         }
-        Command::Plugin { command } => plugin(command).map(ok),
+        Command::Plugin { command } => plugin(command),
         Command::Dead { target, command } => on_runtime(dead(target.target(), command)).map(ok),
     }
 }
@@ -112,8 +117,19 @@ fn stop_on_signal(what: &'static str) -> anyhow::Result<shutdown::Shutdown> {
     Ok(stop)
 }
 
-fn plugin(command: PluginCommand) -> anyhow::Result<()> {
+fn plugin(command: PluginCommand) -> anyhow::Result<ExitCode> {
     match command {
+        PluginCommand::New { name, lang, dir } => {
+            let dest = dir.unwrap_or_else(|| PathBuf::from(&name));
+            scaffold::create(&name, lang, &dest)?;
+            println!(
+                "created {} ({lang} plugin {name}); next: {}/build.sh, then see {}/README.md",
+                dest.display(),
+                dest.display(),
+                dest.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         PluginCommand::Check { file } => {
             let info = testbench::check(&file)?;
             println!(
@@ -125,30 +141,90 @@ fn plugin(command: PluginCommand) -> anyhow::Result<()> {
             if let Some(schema) = info.config_schema {
                 println!("config schema: {schema}");
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         PluginCommand::Test {
             file,
+            builtin,
             input,
             config,
+            expect,
+            memory_mb,
+            call_timeout,
+            recycle_memory_percent,
+            batch_size,
         } => {
-            let stdout = std::io::stdout();
-            let summary = if input.as_os_str() == "-" {
-                testbench::run(&file, &config, std::io::stdin().lock(), stdout.lock())?
-            } else {
-                let f = std::fs::File::open(&input)
-                    .with_context(|| format!("cannot open --input {}", input.display()))?;
-                testbench::run(&file, &config, BufReader::new(f), stdout.lock())?
+            let source = match (file, builtin) {
+                (Some(file), _) => PluginSource::Wasm(file),
+                (None, Some(name)) => PluginSource::Builtin(name),
+                (None, None) => bail!("give a plugin file or --builtin NAME"),
             };
+            let options = testbench::TestOptions {
+                source,
+                config,
+                memory_mb,
+                call_timeout,
+                recycle_memory_percent,
+                batch_size: batch_size.and_then(|n| usize::try_from(n).ok()),
+            };
+            plugin_test(&options, &input, expect.as_deref())
+        }
+    }
+}
+
+/// `sluice plugin test`: the messages on stdout, or with `expect` only the diff from it.
+fn plugin_test(
+    options: &testbench::TestOptions,
+    input: &Path,
+    expect: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let expected = match expect {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --expect {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut captured = Vec::new();
+    let summary = {
+        let stdout = std::io::stdout();
+        let out: Box<dyn Write + '_> = match expected {
+            Some(_) => Box::new(&mut captured),
+            None => Box::new(stdout.lock()),
+        };
+        if input.as_os_str() == "-" {
+            testbench::run(options, std::io::stdin().lock(), out)?
+        } else {
+            let f = std::fs::File::open(input)
+                .with_context(|| format!("cannot open --input {}", input.display()))?;
+            testbench::run(options, BufReader::new(f), out)?
+        }
+    };
+    std::io::stdout().flush()?;
+    eprintln!(
+        "{} rows, {} messages, {} failed rows, {} invalid lines",
+        summary.rows, summary.messages, summary.failed_rows, summary.invalid_lines
+    );
+    if summary.invalid_lines > 0 {
+        bail!("{} input lines were not valid rows", summary.invalid_lines);
+    }
+    let (Some(expected), Some(path)) = (expected, expect) else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let actual = String::from_utf8_lossy(&captured);
+    match testbench::diff_expected(&expected, &actual, &path.display().to_string()) {
+        None => {
+            eprintln!("output matches {}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(diff) => {
+            print!("{diff}");
             std::io::stdout().flush()?;
             eprintln!(
-                "{} rows, {} messages, {} failed rows, {} invalid lines",
-                summary.rows, summary.messages, summary.failed_rows, summary.invalid_lines
+                "output differs from {} (- expected, + plugin output)",
+                path.display()
             );
-            if summary.invalid_lines > 0 {
-                bail!("{} input lines were not valid rows", summary.invalid_lines);
-            }
-            Ok(())
+            Ok(ExitCode::from(EXPECT_DIFFERS))
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::{OutboxRow, TenantId};
 use crate::plugin::builtin::Builtin;
-use crate::plugin::limits::Limits;
+use crate::plugin::limits::{CallBatching, Limits};
 use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::quarantine::Quarantine;
 use crate::plugin::wasm::component::LoadedPlugin;
@@ -17,9 +17,8 @@ use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::wasm::instance::{TenantInstance, Trapped};
 use crate::plugin::{PauseReason, PluginError, RowResult, TransformFailure, output};
 
-/// Most rows handed to one `transform-batch` call, …
-const MAX_BATCH_ROWS: usize = 64;
-/// … and most payload bytes: the rows are copied into the guest's memory at once, which must
+/// Most payload bytes handed to one `transform-batch` call (rows: the tenant's
+/// [`CallBatching`]): the rows are copied into the guest's memory at once, which must
 /// stay well inside `memory_mb`.
 const MAX_BATCH_BYTES: usize = 256 * 1024;
 /// A tenant whose current plugin call has run this long is "stalled": other batches skip its
@@ -28,10 +27,6 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 pub const STALL_AFTER: Duration = Duration::from_millis(20);
 /// How often a batch checks whether a busy tenant's lock is free.
 const LOCK_POLL: Duration = Duration::from_micros(200);
-/// Successful single-row calls after which an instance's rows go to `transform-batch`: a
-/// plugin proves itself row by row first, so a broken one (a spinning plugin, say) fails on
-/// one row and one `call_timeout`, not on a whole chunk first.
-const BATCH_CALLS_AFTER: u32 = 64;
 /// Longest a row of a quarantined tenant that was already claimed waits before it is looked
 /// at again (later claims leave the tenant out altogether while it is quarantined).
 const QUARANTINED_ROW_WAIT: Duration = Duration::from_secs(5);
@@ -173,6 +168,8 @@ pub struct SlotStatus {
     pub shared: Arc<TenantShared>,
     /// Whether the tenant has a live instance now.
     live: std::sync::atomic::AtomicBool,
+    /// Instances replaced because their memory passed `recycle_memory_percent`.
+    pub recycled: AtomicU64,
 }
 
 fn clock_origin() -> Instant {
@@ -208,6 +205,7 @@ impl SlotStatus {
             template: Mutex::new(template),
             shared: TenantShared::new(tenant),
             live: std::sync::atomic::AtomicBool::new(false),
+            recycled: AtomicU64::new(0),
         }
     }
 
@@ -297,10 +295,9 @@ pub struct TenantSlot {
     permit: Option<QuotaPermit>,
     quota: Option<Arc<InstanceQuota>>,
     pub status: Arc<SlotStatus>,
-    /// Whether rows go to `transform-batch`: after [`BATCH_CALLS_AFTER`] successful rows in a
-    /// row, until a `transform-batch` call traps or runs out of time (then the plugin is called
-    /// row by row for good, which isolates the offending row).
-    batch_calls: BatchCalls,
+    /// Whether rows go to `transform-batch`: after the tenant's probation of successful rows
+    /// in a row ([`CallBatching`]), until a `transform-batch` call fails (see [`BatchMode`]).
+    batch: BatchMode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,16 +305,85 @@ enum BatchCalls {
     /// Row by row; this many successes in a row so far.
     Probation(u32),
     On,
+    /// Never (builtins have no `transform-batch`).
     Off,
 }
 
 impl BatchCalls {
-    fn after_row(self, ok: bool) -> Self {
+    /// Where a fresh slot (or a new plugin version) starts.
+    fn start(batching: &CallBatching) -> Self {
+        match batching.probation {
+            0 => Self::On,
+            _ => Self::Probation(0),
+        }
+    }
+
+    /// After one single-row call; `needed`: successes that end the probation.
+    fn after_row(self, ok: bool, needed: u32) -> Self {
         match self {
-            Self::Probation(n) if ok && n + 1 >= BATCH_CALLS_AFTER => Self::On,
+            Self::Probation(n) if ok && n + 1 >= needed => Self::On,
             Self::Probation(n) if ok => Self::Probation(n + 1),
             Self::Probation(_) => Self::Probation(0),
             other => other,
+        }
+    }
+}
+
+/// Good `transform-batch` calls in a row after which earlier failed ones are forgotten (the
+/// probation after the next failure starts short again).
+const FORGIVE_AFTER_BATCHES: u32 = 16;
+/// The probation after a failed `transform-batch` call doubles with each failure not yet
+/// forgiven, up to this many doublings (64 rows → 4,096 rows).
+const MAX_PROBATION_DOUBLINGS: u32 = 6;
+
+/// How a slot moves between single-row calls and `transform-batch`. A failed batch call
+/// (a trap, its memory cap, its deadline) sends the rows back to single-row calls — which
+/// isolates the offending row — for a probation that doubles with every failure in a short
+/// time, then batch calls resume: a plugin that leaks or trips now and then keeps batching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchMode {
+    calls: BatchCalls,
+    /// Failed batch calls not yet forgiven.
+    failures: u32,
+    /// Good batch calls since the last failure.
+    good_batches: u32,
+}
+
+impl BatchMode {
+    fn start(batching: &CallBatching) -> Self {
+        Self {
+            calls: BatchCalls::start(batching),
+            failures: 0,
+            good_batches: 0,
+        }
+    }
+
+    /// Single-row successes that end the current probation: at least one chunk's worth, so
+    /// every row of a failed chunk is tried alone.
+    fn probation(&self, batching: &CallBatching) -> u32 {
+        let base = batching
+            .probation
+            .max(u32::try_from(batching.max_rows).unwrap_or(u32::MAX));
+        match self.failures {
+            0 => batching.probation,
+            n => base.saturating_mul(1 << (n - 1).min(MAX_PROBATION_DOUBLINGS)),
+        }
+    }
+
+    fn after_row(&mut self, ok: bool, batching: &CallBatching) {
+        self.calls = self.calls.after_row(ok, self.probation(batching));
+    }
+
+    fn after_batch(&mut self, ok: bool) {
+        if ok {
+            self.good_batches += 1;
+            if self.good_batches >= FORGIVE_AFTER_BATCHES {
+                self.failures = 0;
+            }
+        } else {
+            self.failures = self.failures.saturating_add(1);
+            self.good_batches = 0;
+            self.calls = BatchCalls::Probation(0);
         }
     }
 }
@@ -357,6 +423,7 @@ impl TenantSlot {
         quota: Option<Arc<InstanceQuota>>,
     ) -> Self {
         let status = Arc::new(SlotStatus::new(tenant.clone(), Arc::clone(&template)));
+        let batch = BatchMode::start(&template.limits.batching);
         let mut slot = Self {
             tenant,
             template,
@@ -364,7 +431,7 @@ impl TenantSlot {
             permit: None,
             quota,
             status,
-            batch_calls: BatchCalls::Probation(0),
+            batch,
         };
         if let Some(runner) = runner {
             slot.install(runner);
@@ -377,8 +444,8 @@ impl TenantSlot {
     /// new one (logged when it had been tripped).
     pub fn replace(&mut self, template: Arc<TenantTemplate>, runner: Option<Runner>) {
         *lock(&self.status.template) = Arc::clone(&template);
+        self.batch = BatchMode::start(&template.limits.batching);
         self.template = template;
-        self.batch_calls = BatchCalls::Probation(0);
         if lock(&self.status.breaker).reset() {
             tracing::warn!(tenant = %self.tenant,
                 "circuit breaker reset: the tenant switched to another plugin version");
@@ -476,8 +543,8 @@ impl TenantSlot {
                 break;
             }
             let rest = &rows[results.len()..];
-            let chunk = batch_chunk(rest);
-            if self.batch_calls == BatchCalls::On && chunk > 1 && self.runs_wasm() {
+            let chunk = batch_chunk(rest, self.template.limits.batching.max_rows);
+            if self.batch.calls == BatchCalls::On && chunk > 1 && self.runs_wasm() {
                 if let Some(batch) = self.run_batch_call(&rest[..chunk]) {
                     for result in batch {
                         results.push(output.admit(&self.tenant, result));
@@ -488,7 +555,8 @@ impl TenantSlot {
             }
             let result = self.run_one(rest[0]);
             self.record(&result);
-            self.batch_calls = self.batch_calls.after_row(result.is_ok());
+            self.batch
+                .after_row(result.is_ok(), &self.template.limits.batching);
             results.push(output.admit(&self.tenant, result));
         }
         results
@@ -537,7 +605,10 @@ impl TenantSlot {
                     instance.transform(row)
                 };
                 match answer {
-                    Ok(answer) => answer,
+                    Ok(answer) => {
+                        self.recycle_if_grown();
+                        answer
+                    }
                     Err(trapped) => return Err(self.discard(trapped, Some(row))),
                 }
             }
@@ -556,7 +627,7 @@ impl TenantSlot {
                 instance.transform_batch(rows)
             }
             Ok(Runner::Native(_)) => {
-                self.batch_calls = BatchCalls::Off;
+                self.batch.calls = BatchCalls::Off;
                 return None;
             }
             Err(failure) => {
@@ -570,6 +641,8 @@ impl TenantSlot {
         };
         match answers {
             Ok(answers) => {
+                self.batch.after_batch(true);
+                self.recycle_if_grown();
                 let limits = &self.template.limits;
                 let results: Vec<RowResult> = rows
                     .iter()
@@ -582,21 +655,44 @@ impl TenantSlot {
                 Some(results)
             }
             Err(trapped) => {
+                self.batch.after_batch(false);
+                let probation = self.batch.probation(&self.template.limits.batching);
                 tracing::warn!(tenant = %self.tenant, rows = rows.len(), error.type = "trap",
-                    reason = %trapped.reason,
-                    "plugin's transform-batch failed; calling this tenant's plugin row by row");
+                    reason = %trapped.reason, guest_output = trapped.guest_output.as_deref().unwrap_or(""),
+                    single_rows = probation,
+                    "plugin's transform-batch failed; calling this tenant's plugin row by row for a while, then in batches again");
                 self.drop_runner();
-                self.batch_calls = BatchCalls::Off;
                 None
             }
         }
+    }
+
+    /// Replaces the instance (between two calls) when its memory has grown past the tenant's
+    /// `recycle_memory_percent` of `memory_mb`: runtimes that leak (componentize-py never frees
+    /// what a call returns) or only grow would otherwise run into the cap and trap, failing a
+    /// row. Not when the instance started above the threshold: a new one would not be smaller.
+    fn recycle_if_grown(&mut self) {
+        let threshold = self.template.limits.recycle_memory_bytes();
+        let Some(Runner::Wasm(instance)) = &self.runner else {
+            return;
+        };
+        let (used, baseline) = (instance.memory_bytes(), instance.baseline_memory_bytes());
+        if used <= threshold || baseline >= threshold {
+            return;
+        }
+        let replaced = self.status.recycled.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(tenant = %self.tenant, reason = "memory", memory_bytes = used,
+            started_with_bytes = baseline, threshold_bytes = threshold, replaced,
+            "replacing the tenant's plugin instance: its memory passed recycle_memory_percent of memory_mb");
+        self.drop_runner();
     }
 
     /// A trapped Store is poisoned: drop it, re-create it for the next row.
     fn discard(&mut self, trapped: Trapped, row: Option<&OutboxRow>) -> TransformFailure {
         let row = row.map(|r| r.id.to_string()).unwrap_or_default();
         tracing::warn!(tenant = %self.tenant, row, error.type = if trapped.deadline { "deadline" } else { "trap" },
-            reason = %trapped.reason, "plugin trapped; discarding the tenant's instance");
+            reason = %trapped.reason, guest_output = trapped.guest_output.as_deref().unwrap_or(""),
+            "plugin trapped; discarding the tenant's instance");
         self.drop_runner();
         trapped.into_failure()
     }
@@ -629,11 +725,11 @@ impl TenantSlot {
     }
 }
 
-/// How many of `rows` go into the next `transform-batch` call.
-fn batch_chunk(rows: &[&OutboxRow]) -> usize {
+/// How many of `rows` go into the next `transform-batch` call (at most `max_rows`).
+fn batch_chunk(rows: &[&OutboxRow], max_rows: usize) -> usize {
     let mut bytes = 0;
     let mut n = 0;
-    for row in rows.iter().take(MAX_BATCH_ROWS) {
+    for row in rows.iter().take(max_rows) {
         bytes += row.payload.len();
         if n > 0 && bytes > MAX_BATCH_BYTES {
             break;
@@ -673,6 +769,7 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::model::OutboxId;
+    use crate::plugin::limits::{BATCH_CALLS_AFTER, MAX_BATCH_ROWS};
 
     fn row(payload: usize) -> OutboxRow {
         OutboxRow {
@@ -692,25 +789,75 @@ mod tests {
     fn batch_chunks_are_bounded_by_rows_and_bytes() {
         let small: Vec<OutboxRow> = (0..100).map(|_| row(10)).collect();
         let refs: Vec<&OutboxRow> = small.iter().collect();
-        assert_eq!(batch_chunk(&refs), MAX_BATCH_ROWS);
+        assert_eq!(batch_chunk(&refs, MAX_BATCH_ROWS), MAX_BATCH_ROWS);
+        assert_eq!(batch_chunk(&refs, 5), 5);
         let big: Vec<OutboxRow> = (0..10).map(|_| row(100 * 1024)).collect();
         let refs: Vec<&OutboxRow> = big.iter().collect();
-        assert_eq!(batch_chunk(&refs), 2);
+        assert_eq!(batch_chunk(&refs, MAX_BATCH_ROWS), 2);
         let huge = [row(10 * 1024 * 1024)];
         let refs: Vec<&OutboxRow> = huge.iter().collect();
-        assert_eq!(batch_chunk(&refs), 1, "one row always fits");
+        assert_eq!(batch_chunk(&refs, MAX_BATCH_ROWS), 1, "one row always fits");
     }
 
     #[test]
     fn batch_calls_start_after_a_run_of_successes_and_failures_restart_the_count() {
-        let mut b = BatchCalls::Probation(0);
+        let relay = CallBatching::RELAY;
+        let mut b = BatchMode::start(&relay);
         for _ in 0..BATCH_CALLS_AFTER - 1 {
-            b = b.after_row(true);
+            b.after_row(true, &relay);
         }
-        assert_eq!(b.after_row(false), BatchCalls::Probation(0));
-        assert_eq!(b.after_row(true), BatchCalls::On);
-        assert_eq!(BatchCalls::On.after_row(false), BatchCalls::On);
-        assert_eq!(BatchCalls::Off.after_row(true), BatchCalls::Off);
+        let mut failed = b;
+        failed.after_row(false, &relay);
+        assert_eq!(failed.calls, BatchCalls::Probation(0));
+        b.after_row(true, &relay);
+        assert_eq!(b.calls, BatchCalls::On);
+        assert_eq!(BatchCalls::On.after_row(false, 64), BatchCalls::On);
+        assert_eq!(BatchCalls::Off.after_row(true, 64), BatchCalls::Off);
+        assert_eq!(
+            BatchMode::start(&CallBatching::fixed(8)).calls,
+            BatchCalls::On
+        );
+    }
+
+    /// Rows until a probation of `mode` ends.
+    fn rows_to_batch_mode(mode: &mut BatchMode, batching: &CallBatching) -> u32 {
+        let mut rows = 0;
+        while mode.calls != BatchCalls::On {
+            mode.after_row(true, batching);
+            rows += 1;
+        }
+        rows
+    }
+
+    #[test]
+    fn a_failed_batch_call_returns_to_batches_after_a_growing_probation() {
+        let relay = CallBatching::RELAY;
+        let mut mode = BatchMode::start(&relay);
+        assert_eq!(rows_to_batch_mode(&mut mode, &relay), BATCH_CALLS_AFTER);
+        mode.after_batch(false);
+        assert_eq!(rows_to_batch_mode(&mut mode, &relay), BATCH_CALLS_AFTER);
+        mode.after_batch(false);
+        assert_eq!(rows_to_batch_mode(&mut mode, &relay), 2 * BATCH_CALLS_AFTER);
+        for _ in 0..20 {
+            mode.after_batch(false);
+        }
+        let longest = BATCH_CALLS_AFTER << MAX_PROBATION_DOUBLINGS;
+        assert_eq!(rows_to_batch_mode(&mut mode, &relay), longest);
+        // A run of good batches forgives: the next failure costs one probation again.
+        for _ in 0..FORGIVE_AFTER_BATCHES {
+            mode.after_batch(true);
+        }
+        mode.after_batch(false);
+        assert_eq!(rows_to_batch_mode(&mut mode, &relay), BATCH_CALLS_AFTER);
+    }
+
+    #[test]
+    fn with_fixed_batches_every_row_of_a_failed_chunk_is_tried_alone() {
+        let fixed = CallBatching::fixed(8);
+        let mut mode = BatchMode::start(&fixed);
+        assert_eq!(mode.calls, BatchCalls::On);
+        mode.after_batch(false);
+        assert_eq!(rows_to_batch_mode(&mut mode, &fixed), 8);
     }
 
     fn builtin(limits: Limits) -> Arc<TenantTemplate> {

@@ -1,17 +1,17 @@
 //! Loading a plugin file: compile the component, link it against the world, and keep the
 //! resulting [`PluginPre`] (one per file) from which every tenant instance is created.
 
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
 use crate::plugin::PluginError;
 use crate::plugin::wasm::bindings::PluginPre;
+use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::HostState;
+use crate::plugin::wasm::imports;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A compiled, linked plugin file. Cheap to instantiate many times.
@@ -22,13 +22,14 @@ pub struct LoadedPlugin {
 }
 
 impl LoadedPlugin {
-    /// Compiles and links `path`, reusing (and filling) a compile cache in `cache_dir`:
-    /// compiled code is stored per content hash and engine compatibility hash, so unchanged
-    /// plugins start without recompiling (large Python/JS components take seconds to compile).
+    /// Compiles and links `path`, reusing (and filling) the compile cache: compiled code is
+    /// stored per content hash and engine compatibility hash, so unchanged plugins start
+    /// without recompiling (large Python/JS components take seconds to compile). Imports the
+    /// sandbox lacks are refused before compiling.
     pub fn load_cached(
         engine: &Arc<PluginEngine>,
         path: &Path,
-        cache_dir: Option<&Path>,
+        cache: Option<&CompileCache>,
     ) -> Result<Self, PluginError> {
         // wasmtime's errors quote names from inside the file (imports, exports): escape and
         // cut them like any other text a plugin author controls.
@@ -44,8 +45,11 @@ impl LoadedPlugin {
                     .into(),
             ));
         }
-        let component = match cache_dir {
-            Some(dir) => compile_cached(engine, &bytes, path, dir)?,
+        // Cheap (no compilation): refuse imports the sandbox lacks before a compile that can
+        // take seconds.
+        imports::check(&bytes).map_err(bad)?;
+        let component = match cache {
+            Some(cache) => compile_cached(engine, &bytes, path, cache)?,
             None => Component::new(engine.engine(), &bytes)
                 .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?,
         };
@@ -79,35 +83,25 @@ impl LoadedPlugin {
     }
 }
 
-/// The cache entry of `bytes` for this engine: content hash + compatibility hash.
-fn cache_file(engine: &PluginEngine, bytes: &[u8], dir: &Path) -> PathBuf {
-    let content = Sha256::digest(bytes);
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine
-        .engine()
-        .precompile_compatibility_hash()
-        .hash(&mut hasher);
-    let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
-    dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
-}
-
 fn compile_cached(
     engine: &PluginEngine,
     bytes: &[u8],
     path: &Path,
-    dir: &Path,
+    cache: &CompileCache,
 ) -> Result<Component, PluginError> {
     let bad = |message: String| PluginError::BadPlugin {
         path: path.to_owned(),
         message,
     };
-    let entry = cache_file(engine, bytes, dir);
+    let entry = cache.entry(engine, bytes);
     if entry.exists() {
         // SAFETY: the cache directory is Sluice's own (see docs/plugins.md: it must not be
         // writable by anyone who may not run code as Sluice); entries are written only by
-        // `Component::serialize` below, and the file name pins the engine compatibility.
+        // `Component::serialize` (CompileCache::store), and the file name pins the engine
+        // compatibility.
         match unsafe { Component::deserialize_file(engine.engine(), &entry) } {
             Ok(component) => {
+                CompileCache::touch(&entry);
                 tracing::info!(plugin = %path.display(), cache = %entry.display(), "loaded precompiled plugin from cache");
                 return Ok(component);
             }
@@ -118,28 +112,48 @@ fn compile_cached(
     }
     let component = Component::new(engine.engine(), bytes)
         .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?;
-    match store_entry(&component, dir, &entry) {
-        Ok(()) => {
+    match cache.store(&component, &entry) {
+        Ok(_) => {
             tracing::info!(plugin = %path.display(), cache = %entry.display(), "compiled plugin and cached it")
         }
-        Err(e) => tracing::warn!(cache = %dir.display(), error = %e, "cannot write compile cache"),
+        Err(e) => {
+            tracing::warn!(cache = %cache.dir.display(), error = %e, "cannot write or prune compile cache")
+        }
     }
     Ok(component)
-}
-
-/// Writes atomically (temp file + rename), so a concurrent start never reads half a file.
-fn store_entry(component: &Component, dir: &Path, entry: &Path) -> std::io::Result<()> {
-    let bytes = component
-        .serialize()
-        .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
-    std::fs::create_dir_all(dir)?;
-    let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, entry)
 }
 
 /// A core module starts with the magic and version 1; a component has layer 1 in the version
 /// field. Checked up front to give a precise error for the most common mistake.
 fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_importing_wasi_http_is_refused_before_it_is_compiled_or_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("http.wasm");
+        let component =
+            wat::parse_str(r#"(component (import "wasi:http/outgoing-handler@0.2.0" (instance)))"#)
+                .unwrap();
+        std::fs::write(&file, component).unwrap();
+        let cache = CompileCache {
+            dir: dir.path().join("cache"),
+            max_bytes: 1 << 30,
+        };
+        let engine = PluginEngine::new().unwrap();
+        let Err(err) = LoadedPlugin::load_cached(&engine, &file, Some(&cache)) else {
+            panic!("a wasi:http import was accepted");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("http.wasm") && text.contains("`wasi:http/outgoing-handler@0.2.0`"),
+            "{text}"
+        );
+        assert!(!cache.dir.exists(), "nothing was compiled into the cache");
+    }
 }

@@ -16,6 +16,7 @@ use crate::model::TenantId;
 use crate::plugin::limits::TenantLimiter;
 use crate::plugin::wasm::bindings::sluice::plugin::host;
 use crate::plugin::wasm::bindings::types::LogLevel;
+use crate::plugin::wasm::guest_output::GuestOutput;
 use crate::text::bounded;
 
 /// Longest guest log line kept; the rest is cut so a guest cannot flood the logs line by line.
@@ -186,21 +187,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct HostState {
     pub(crate) shared: Arc<TenantShared>,
     pub(crate) limiter: TenantLimiter,
+    /// The tail of what the guest wrote to stdout and stderr.
+    pub(crate) output: GuestOutput,
     wasi: WasiCtx,
     table: ResourceTable,
 }
 
 impl HostState {
     pub fn new(shared: Arc<TenantShared>, limiter: TenantLimiter) -> Self {
+        let output = GuestOutput::default();
         Self {
             shared,
             limiter,
-            // Empty context: no preopens, env, args or sockets; stdio goes nowhere; clocks
+            // Empty context: no preopens, env, args or sockets; stdout and stderr go to a
+            // bounded tail (quoted when a call traps), never to the host's own stdio; clocks
             // frozen at zero.
             wasi: WasiCtx::builder()
+                .stdout(output.clone())
+                .stderr(output.clone())
                 .wall_clock(FrozenClock)
                 .monotonic_clock(FrozenClock)
                 .build(),
+            output,
             table: ResourceTable::new(),
         }
     }

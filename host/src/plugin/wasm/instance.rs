@@ -16,6 +16,7 @@ use crate::plugin::wasm::call::run_until;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::engine::deadline_ticks;
+use crate::plugin::wasm::guest_output::{GUEST_OUTPUT_TAIL, GuestOutput};
 use crate::plugin::wasm::host_api::{HostState, TenantShared};
 use crate::plugin::{PluginError, TransformFailure};
 use crate::text::{MAX_LOGGED, bounded};
@@ -31,6 +32,8 @@ pub struct TenantInstance {
     bindings: Plugin,
     limits: Limits,
     engine: Arc<PluginEngine>,
+    /// Linear memory once instantiated and configured.
+    baseline_memory: usize,
 }
 
 impl TenantInstance {
@@ -59,6 +62,7 @@ impl TenantInstance {
             tenant: tenant.clone(),
             message: bounded(&message, MAX_LOGGED).into_owned(),
         })?;
+        instance.baseline_memory = instance.memory_bytes();
         Ok(instance)
     }
 
@@ -80,17 +84,20 @@ impl TenantInstance {
         let deadline = Instant::now() + limits.call_timeout;
         let instantiated = run_until(plugin.pre().instantiate_async(&mut store), deadline)
             .ok_or_else(|| Trapped::wall_clock(limits))
-            .and_then(|r| r.map_err(|e| Trapped::from_error(&e, limits)));
+            .and_then(|r| r.map_err(|e| Trapped::from_error(&e, limits)))
+            .map_err(|trapped| trapped.with_output(&store.data().output));
         let bindings = instantiated.map_err(|trapped| PluginError::Instantiate {
             path: plugin.path().to_owned(),
             tenant: shared.tenant().clone(),
             message: trapped.reason,
         })?;
+        let baseline_memory = store.data().limiter.memory_used();
         Ok(Self {
             store,
             bindings,
             limits: limits.clone(),
             engine: Arc::clone(plugin.engine()),
+            baseline_memory,
         })
     }
 
@@ -108,12 +115,25 @@ impl TenantInstance {
         let timeout = self.limits.call_timeout;
         self.store.set_epoch_deadline(deadline_ticks(timeout));
         let deadline = Instant::now() + timeout;
+        let output = self.store.data().output.clone();
+        output.clear();
         let limits = &self.limits;
-        match run_until(f(&self.bindings, &mut self.store), deadline) {
-            Some(Ok(value)) => Ok(value),
-            Some(Err(e)) => Err(Trapped::from_error(&e, limits)),
-            None => Err(Trapped::wall_clock(limits)),
-        }
+        let trapped = match run_until(f(&self.bindings, &mut self.store), deadline) {
+            Some(Ok(value)) => return Ok(value),
+            Some(Err(e)) => Trapped::from_error(&e, limits),
+            None => Trapped::wall_clock(limits),
+        };
+        Err(trapped.with_output(&output))
+    }
+
+    /// Linear memory of the instance's Store now, in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().limiter.memory_used()
+    }
+
+    /// Linear memory right after instantiation and `configure`, in bytes.
+    pub fn baseline_memory_bytes(&self) -> usize {
+        self.baseline_memory
     }
 
     /// The plugin's `info()`, with its text made safe to print.
@@ -159,6 +179,7 @@ impl TenantInstance {
                     rows.len()
                 ),
                 deadline: false,
+                guest_output: None,
             });
         }
         Ok(answers)
@@ -175,13 +196,22 @@ pub struct Trapped {
     pub reason: String,
     /// The call ran into its `call_timeout`.
     pub deadline: bool,
+    /// The end of what the guest wrote to stdout/stderr during the call (escaped, at most
+    /// [`GUEST_OUTPUT_TAIL`] bytes before escaping), for the log; its last
+    /// [`GUEST_OUTPUT_IN_REASON`] bytes are in `reason` too.
+    pub guest_output: Option<String>,
 }
+
+/// Bytes of the guest's output quoted in a trap's reason: with the trap's own text (at most
+/// [`MAX_LOGGED`]) it stays within what `last_error` keeps ([`crate::text::MAX_STORED`]).
+pub const GUEST_OUTPUT_IN_REASON: usize = 900;
 
 impl Trapped {
     fn from_error(error: &wasmtime::Error, limits: &Limits) -> Self {
         Self {
             reason: describe_trap(error, limits),
             deadline: matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)),
+            guest_output: None,
         }
     }
 
@@ -193,7 +223,17 @@ impl Trapped {
                 humantime::format_duration(limits.call_timeout)
             ),
             deadline: true,
+            guest_output: None,
         }
+    }
+
+    /// Quotes what the guest wrote during the call: a panic message or traceback.
+    fn with_output(mut self, output: &GuestOutput) -> Self {
+        if let Some(quoted) = output.text(GUEST_OUTPUT_IN_REASON) {
+            self.reason = format!("{}; guest stderr: {quoted}", self.reason);
+            self.guest_output = output.text(GUEST_OUTPUT_TAIL);
+        }
+        self
     }
 
     /// The row's failure.

@@ -2,15 +2,21 @@
 //!
 //! - [`engine`]: the one engine of a process, its epoch ticker, the linker (WASI p2 with an
 //!   empty context + the host API)
-//! - [`component`]: loading a `.wasm` file (compile cache) into something to instantiate
+//! - [`component`]: loading a `.wasm` file into something to instantiate
+//! - [`cache`]: the compile cache on disk, pruned to its size bound
+//! - [`imports`]: refusing a component that imports what the sandbox lacks, before compiling
 //! - [`instance`]: one tenant's Store and the calls into the guest
 //! - [`call`]: driving a guest call within its wall-clock deadline
 //! - [`host_api`]: what guests may call on the host, and the per-tenant state behind it
+//! - [`guest_output`]: the bounded tail of a guest's stdout and stderr, quoted on traps
 //! - [`bindings`]: generated from `wit/sluice.wit`
 
 pub mod bindings;
+pub mod cache;
 pub mod call;
 pub mod component;
 pub mod engine;
+pub mod guest_output;
 pub mod host_api;
+pub mod imports;
 pub mod instance;

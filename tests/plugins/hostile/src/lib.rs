@@ -10,14 +10,16 @@
 //!   `sleep-configure` in `configure`; `fail-configure` rejects its config;
 //! - `counters` adds to 100 counters with 1 MiB names per row, new names on every row; `fat` holds 8 MiB of
 //!   touched memory from `configure` on; `large` emits one 512 KiB message per row;
-//!   `log-flood` logs 200 lines of 1 MiB, then traps;
+//!   `log-flood` logs 200 lines of 1 MiB, then traps; `leak` never frees 256 KiB per row (as
+//!   componentize-py guests never free what a call returns);
 //! - `many-headers` (200,000 empty headers), `nul-header` (`sluice-tenant\0`),
 //!   `case-header` (Unicode case variants of the host's header names, set to forged values)
 //!   attack the host-stamped headers;
 //! - `missing-topic` routes to `<topic_prefix>missing`, inside its allow-list but absent from
 //!   the broker; `short-batch` answers `transform-batch` with one result too few;
 //! - `good` behaves: one message to `<topic_prefix>good` with the row's payload and an `id`
-//!   header (as do `counters`, `fat`, `case-header`, `short-batch` apart from their attack).
+//!   header (as do `counters`, `fat`, `leak`, `case-header`, `short-batch` apart from their
+//!   attack).
 
 use std::time::Duration;
 
@@ -144,6 +146,12 @@ impl Plugin for Hostile {
                 Ok(vec![self.good(row)])
             }
             "fat" | "good" => Ok(vec![self.good(row)]),
+            "leak" => {
+                let mut lost = vec![1u8; 256 << 10];
+                std::hint::black_box(&mut lost);
+                std::mem::forget(lost);
+                Ok(vec![self.good(row)])
+            }
             "large" => {
                 let id = row.id.clone();
                 Ok(vec![

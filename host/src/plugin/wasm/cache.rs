@@ -1,0 +1,184 @@
+//! The compile cache: compiled components on disk, one file per plugin content and engine,
+//! so an unchanged plugin starts without compiling (a Python or JavaScript runtime takes
+//! seconds to compile and ~35 MB on disk). Bounded in size: the least recently used entries
+//! are removed once the directory passes its bound, so the rebuilds of big runtimes that hot
+//! reload brings do not fill the disk.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+
+use crate::plugin::wasm::engine::PluginEngine;
+
+/// Suffix of cache entries; nothing else in the directory is touched.
+const ENTRY_SUFFIX: &str = ".cwasm";
+
+/// A compile cache directory and its size bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompileCache {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+}
+
+/// What one pruning removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub entries: usize,
+    pub bytes: u64,
+}
+
+impl CompileCache {
+    /// The entry of `bytes` for this engine: content hash + engine compatibility hash.
+    pub fn entry(&self, engine: &PluginEngine, bytes: &[u8]) -> PathBuf {
+        let content = Sha256::digest(bytes);
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine
+            .engine()
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
+        self.dir
+            .join(format!("{hex}-{:016x}{ENTRY_SUFFIX}", hasher.finish()))
+    }
+
+    /// Marks `entry` as used now (its modification time orders the pruning).
+    pub fn touch(entry: &Path) {
+        let touched = std::fs::File::options()
+            .write(true)
+            .open(entry)
+            .and_then(|f| f.set_modified(SystemTime::now()));
+        if let Err(e) = touched {
+            tracing::debug!(cache = %entry.display(), error = %e, "cannot mark cache entry as used");
+        }
+    }
+
+    /// Writes `component` as `entry` atomically (temp file + rename, so a concurrent start
+    /// never reads half a file), then prunes the directory, keeping `entry`.
+    pub fn store(&self, component: &Component, entry: &Path) -> std::io::Result<Pruned> {
+        let bytes = component
+            .serialize()
+            .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+        std::fs::create_dir_all(&self.dir)?;
+        let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, entry)?;
+        self.prune(entry)
+    }
+
+    /// Removes the least recently used entries until the directory's entries fit
+    /// `max_bytes`; never `keep` (the entry just written or loaded). An entry another process
+    /// still has mapped stays readable to it (Unix unlink semantics).
+    pub fn prune(&self, keep: &Path) -> std::io::Result<Pruned> {
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+        for item in std::fs::read_dir(&self.dir)? {
+            let path = item?.path();
+            if !path.to_string_lossy().ends_with(ENTRY_SUFFIX) {
+                continue;
+            }
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue; // removed by another process meanwhile
+            };
+            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            entries.push((used, meta.len(), path));
+        }
+        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+        entries.sort_by_key(|(used, _, _)| *used);
+        let mut pruned = Pruned::default();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path == keep {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(cache = %path.display(), bytes = len,
+                        "removed least recently used compile cache entry (plugins.cache_max_mb)");
+                    pruned.entries += 1;
+                    pruned.bytes += len;
+                    total -= len;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => total -= len,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(pruned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn entry(dir: &Path, name: &str, len: usize, age_secs: u64) -> PathBuf {
+        let path = dir.join(format!("{name}{ENTRY_SUFFIX}"));
+        std::fs::write(&path, vec![0u8; len]).unwrap();
+        let when = SystemTime::now() - Duration::from_secs(age_secs);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        path
+    }
+
+    #[test]
+    fn the_least_recently_used_entries_go_first_and_the_kept_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CompileCache {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 2_500,
+        };
+        let oldest = entry(dir.path(), "a", 1_000, 400);
+        let kept = entry(dir.path(), "b", 1_000, 300);
+        let middle = entry(dir.path(), "c", 1_000, 200);
+        let newest = entry(dir.path(), "d", 1_000, 100);
+        std::fs::write(dir.path().join("notes.txt"), vec![0u8; 10_000]).unwrap();
+        let pruned = cache.prune(&kept).unwrap();
+        assert_eq!(
+            pruned,
+            Pruned {
+                entries: 2,
+                bytes: 2_000
+            }
+        );
+        assert!(!oldest.exists() && !middle.exists());
+        assert!(kept.exists() && newest.exists());
+        assert!(
+            dir.path().join("notes.txt").exists(),
+            "only cache entries are pruned"
+        );
+    }
+
+    #[test]
+    fn a_touched_entry_counts_as_recently_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CompileCache {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 1_100,
+        };
+        let old = entry(dir.path(), "old", 1_000, 400);
+        let young = entry(dir.path(), "young", 1_000, 100);
+        CompileCache::touch(&old);
+        let fresh = entry(dir.path(), "fresh", 10, 0);
+        cache.prune(&fresh).unwrap();
+        assert!(old.exists() && !young.exists());
+    }
+
+    #[test]
+    fn a_cache_within_its_bound_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CompileCache {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 1 << 30,
+        };
+        let a = entry(dir.path(), "a", 1_000, 400);
+        assert_eq!(cache.prune(&a).unwrap(), Pruned::default());
+    }
+}
