@@ -19,6 +19,8 @@ pub struct LoadedPlugin {
     path: PathBuf,
     engine: Arc<PluginEngine>,
     pre: PluginPre<HostState>,
+    /// `sha256:` and the hex SHA-256 of the file as loaded (metrics, `/status`).
+    digest: String,
 }
 
 impl LoadedPlugin {
@@ -44,6 +46,7 @@ impl LoadedPlugin {
                     .into(),
             ));
         }
+        let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
         let component = match cache_dir {
             Some(dir) => compile_cached(engine, &bytes, path, dir)?,
             None => Component::new(engine.engine(), &bytes)
@@ -63,11 +66,17 @@ impl LoadedPlugin {
             path: path.to_owned(),
             engine: Arc::clone(engine),
             pre,
+            digest,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's content hash as loaded: changes with every reload of a new build.
+    pub fn digest(&self) -> &str {
+        &self.digest
     }
 
     pub fn engine(&self) -> &Arc<PluginEngine> {
@@ -87,8 +96,11 @@ fn cache_file(engine: &PluginEngine, bytes: &[u8], dir: &Path) -> PathBuf {
         .engine()
         .precompile_compatibility_hash()
         .hash(&mut hasher);
-    let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
-    dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
+    dir.join(format!("{}-{:016x}.cwasm", hex(&content), hasher.finish()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn compile_cached(
