@@ -125,10 +125,13 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
         r.plugin = spec
             .inherit(config.plugins.default.as_ref())
             .source()
-            .map(|s| match s {
-                PluginSource::Wasm(path) => path.display().to_string(),
-                PluginSource::Builtin(name) => format!("builtin:{name}"),
-            });
+            .map(|s| describe(&s));
+    }
+    // Rows without a tenant, and tenants without an entry, run `[plugins.default]`.
+    if let Some(default) = config.plugins.default.as_ref().and_then(|d| d.source()) {
+        for r in report.tenants.iter_mut().filter(|r| r.plugin.is_none()) {
+            r.plugin = Some(describe(&default));
+        }
     }
     let Some(addr) = config.telemetry.listen else {
         return Ok((report, StatusSource::Database { relay: None }));
@@ -158,6 +161,14 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
             Ok((report, StatusSource::DatabaseAndRelay(addr)))
         }
         Err(why) => Ok((report, StatusSource::Database { relay: Some(why) })),
+    }
+}
+
+/// A plugin as `/status` names it: its file, or `builtin:<name>`.
+fn describe(source: &PluginSource) -> String {
+    match source {
+        PluginSource::Wasm(path) => path.display().to_string(),
+        PluginSource::Builtin(name) => format!("builtin:{name}"),
     }
 }
 
