@@ -1,6 +1,7 @@
 //! The metrics sampler's statement: due rows, the oldest due row's age and dead rows per
 //! tenant, reading at most `$1` unsent rows (the claim's partial index, in claim order) and
-//! at most `$1` dead ones.
+//! at most `$1` dead ones (the dead rows' partial index; tables migrated before it existed
+//! get it from `sluice migrate`).
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ pub fn statement(layout: &Layout) -> String {
          dead AS (
               SELECT {tenant} AS tenant FROM {table} AS o
                WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
+               ORDER BY {order_by}
                LIMIT $1)
          SELECT tenant, sum(due)::int8, sum(dead)::int8,
                 (extract(epoch FROM now() - min(oldest)) * 1000000)::int8

@@ -27,6 +27,7 @@ pub fn statement(sql: &LiteSql) -> String {
                  SELECT tenant, 0, COUNT(*), NULL
                    FROM (SELECT {tenant} AS tenant FROM {table} AS o
                           WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
+                          ORDER BY {order_by}
                           LIMIT ?2)
                   GROUP BY tenant)
           GROUP BY tenant",
