@@ -68,7 +68,7 @@ pub(super) fn record_reports(
     let now = Utc::now();
     let mut produced: HashMap<(&TenantId, &str), (u64, u64)> = HashMap::new();
     let mut errors: HashMap<(&str, &'static str), u64> = HashMap::new();
-    let mut latencies: Vec<(&TenantId, f64)> = Vec::new();
+    let mut latencies: HashMap<&TenantId, Vec<f64>> = HashMap::new();
     let mut messages = outcomes.messages().iter().zip(reports);
     for o in outcomes.rows() {
         let Fate::Sent { messages: n } = o.fate else {
@@ -98,7 +98,10 @@ pub(super) fn record_reports(
             let age = (now - o.row.created_at)
                 .num_microseconds()
                 .unwrap_or(i64::MAX);
-            latencies.push((&o.row.tenant, age as f64 / 1e6));
+            latencies
+                .entry(&o.row.tenant)
+                .or_default()
+                .push(age as f64 / 1e6);
         }
     }
     let now_seconds = now.timestamp_micros() as f64 / 1e6;
@@ -114,12 +117,8 @@ pub(super) fn record_reports(
     for ((topic, kind), n) in errors {
         metrics.produce_errors(topic, kind, n);
     }
-    let mut labels: HashMap<&TenantId, Arc<str>> = HashMap::new();
     for (tenant, seconds) in latencies {
-        let label = labels
-            .entry(tenant)
-            .or_insert_with(|| metrics.tenant(tenant));
-        metrics.end_to_end(label, seconds);
+        metrics.end_to_end(&metrics.tenant(tenant), seconds);
     }
 }
 
