@@ -7,6 +7,8 @@
 #     `test` (started if installed but down; the MySQL tests need it)
 #   - Tansu, a Kafka-API broker, listening on 127.0.0.1:9092 (installed from crates.io if
 #     missing, ~20 min once per machine; started in the background if not listening)
+#   - promtool (Debian's `prometheus` package, installed with apt-get if missing): checks the
+#     shipped alert rules and the /metrics exposition
 
 TANSU_VERSION="${TANSU_VERSION:-0.6.0}"
 TANSU_PORT="${TANSU_PORT:-9092}"
@@ -109,7 +111,29 @@ create_topics() {
     done
 }
 
+ensure_promtool() {
+    if command -v promtool >/dev/null; then
+        return
+    fi
+    if command -v apt-get >/dev/null; then
+        log "installing promtool (Debian package prometheus)"
+        # Only the tools are wanted: the package's service must not start here.
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+            chmod +x /usr/sbin/policy-rc.d
+            local remove_policy=1
+        fi
+        { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y --no-install-recommends prometheus >/dev/null; }; } \
+            || true
+        [ "${remove_policy:-0}" = 1 ] && rm -f /usr/sbin/policy-rc.d
+    fi
+    command -v promtool >/dev/null \
+        || die "promtool is missing and could not be installed (apt-get install prometheus)"
+}
+
 ensure_services() {
+    ensure_promtool
     ensure_wasm_target
     ensure_postgres
     ensure_mariadb

@@ -106,6 +106,11 @@ pub struct Options {
     /// side by side; the documented results use the defaults.
     #[arg(long = "relay", global = true, value_name = "KEY=VALUE", value_parser = parse_setting)]
     relay: Vec<(String, String)>,
+    /// `[telemetry] listen` address for the relays of drain-*, latency and idle (metrics on),
+    /// e.g. `127.0.0.1:19464`: for measuring what metrics cost, side by side with a run
+    /// without it.
+    #[arg(long, global = true, value_name = "ADDR")]
+    telemetry: Option<String>,
     /// Smaller sizes for a smoke test: 20,000 rows, 10 s windows.
     #[arg(long, global = true)]
     quick: bool,
@@ -141,6 +146,8 @@ pub struct Settings {
     pub out: Option<PathBuf>,
     /// `--relay` settings, added to the scenarios' `[relay]`.
     pub relay: Vec<(String, String)>,
+    /// `--telemetry`: `[telemetry] listen` of the drain, latency and idle relays.
+    pub telemetry: Option<String>,
 }
 
 fn parse_setting(s: &str) -> Result<(String, String), String> {
@@ -199,6 +206,7 @@ impl Options {
             },
             workers: self.workers,
             relay: self.relay,
+            telemetry: self.telemetry,
             sluice,
             plugin: self.plugin.unwrap_or_else(|| root.join(REFERENCE_PLUGIN)),
             hostile_plugin: root.join(HOSTILE_PLUGIN),

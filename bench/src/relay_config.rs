@@ -35,6 +35,8 @@ pub struct RelayConfig {
     /// `[plugins.default]`, with `config = { topic_prefix = … }`.
     pub default_plugin: Option<(Plugin, String)>,
     pub tenants: Vec<Tenant>,
+    /// `[telemetry] listen` (metrics on).
+    pub telemetry: Option<String>,
 }
 
 impl RelayConfig {
@@ -57,6 +59,9 @@ impl RelayConfig {
             "\n[kafka]\n\"bootstrap.servers\" = {}\n",
             toml_string(&self.kafka)
         );
+        if let Some(listen) = &self.telemetry {
+            let _ = writeln!(out, "[telemetry]\nlisten = {}\n", toml_string(listen));
+        }
         if let Some(dir) = &self.cache_dir {
             let _ = writeln!(
                 out,
@@ -138,11 +143,13 @@ mod tests {
                 path: PathBuf::from("/x.wasm"),
                 config: vec![("mode".into(), "loop".into())],
             }],
+            telemetry: Some("127.0.0.1:19464".into()),
         };
         let text = config.render();
         for expected in [
             "[database]\nurl = \"postgres://h/db\"\ntable = \"t\"\n",
             "[relay]\nnotify_channel = \"ch\"\n",
+            "[telemetry]\nlisten = \"127.0.0.1:19464\"\n",
             "\"bootstrap.servers\" = \"k:9092\"",
             "[plugins]\ncache_dir = \"/tmp/c\"",
             "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { topic_prefix = \"p.\" }",

@@ -19,6 +19,7 @@ use crate::store::{
     AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering, SpecError,
     StoreOptions, TableSpec, validate_channel,
 };
+use crate::telemetry::TelemetrySettings;
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `database.url`, so secrets can stay out of the file.
@@ -77,6 +78,9 @@ pub struct Config {
     /// Per-tenant plugin settings, keyed by the value of the row's `tenant` column.
     #[serde(default)]
     pub tenants: BTreeMap<String, PluginSpec>,
+    /// `[telemetry]`: metrics and health endpoints (off unless `listen` is set).
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
 }
 
 /// `[database]`
@@ -194,6 +198,14 @@ impl Default for RelayConfig {
 impl Config {
     /// Reads, parses and validates a configuration file, applying environment overrides.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let config = Self::load_unchecked(path)?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file, applying environment overrides and resolving plugin paths,
+    /// without checking the values ([`Config::problems`] lists what is wrong).
+    pub fn load_unchecked(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
@@ -204,7 +216,6 @@ impl Config {
         }
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
-        config.validate(path)?;
         Ok(config)
     }
 
@@ -343,6 +354,9 @@ impl Config {
                      set relay.allow_weak_acks = true to accept that"
                 ),
             );
+        }
+        for (key, message) in self.telemetry.problems() {
+            add(&format!("telemetry.{key}"), message);
         }
         for (key, message) in self.plugins.problems() {
             add(&key, message);

@@ -19,6 +19,7 @@ pub mod relay;
 pub mod shutdown;
 pub mod sink;
 pub mod store;
+pub mod telemetry;
 pub mod text;
 
 pub use config::Config;

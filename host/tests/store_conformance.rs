@@ -693,6 +693,72 @@ mod bodies {
         f.cleanup().await;
     }
 
+    pub async fn the_backlog_sample_counts_per_tenant_and_reads_at_most_its_limit<F: Fixture>() {
+        let f = F::new().await;
+        let store = f.migrated(StoreOptions::default()).await;
+        assert!(
+            store.sample_backlog(100).await.unwrap().is_empty(),
+            "an empty table"
+        );
+        let inserted = f
+            .insert(&[
+                row(Some("acme"), "a", 1),
+                row(Some("acme"), "b", 2),
+                row(Some("globex"), "c", 3),
+                row(None, "d", 4),
+                row(None, "e", 5),
+                row(Some("acme"), "f", 6),
+            ])
+            .await;
+        let claim = store.claim(3, &[]).await.unwrap();
+        claim
+            .batch
+            .complete(BatchOutcome {
+                sent: int_ids(&inserted[1..2]),
+                failed: vec![
+                    failure(inserted[0], "fatal", Disposition::Dead),
+                    failure(inserted[2], "later", Disposition::Retry(HOUR)),
+                ],
+            })
+            .await
+            .unwrap();
+
+        // Unsent: acme 6 due and 1 dead, globex 3 waiting, no tenant 4 and 5 due.
+        let mut sample = store.sample_backlog(100).await.unwrap();
+        sample.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        let counts: Vec<(Option<&str>, i64, i64, bool)> = sample
+            .iter()
+            .map(|t| {
+                (
+                    t.tenant.as_deref(),
+                    t.due,
+                    t.dead,
+                    t.oldest_due_age.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                (None, 2, 0, true),
+                (Some("acme"), 1, 1, true),
+                (Some("globex"), 0, 0, false)
+            ]
+        );
+        for t in &sample {
+            if let Some(age) = t.oldest_due_age {
+                assert!(age < Duration::from_secs(600), "{t:?}: the rows are new");
+            }
+        }
+
+        // Two rows at most of each kind, in claim order: globex's waiting row and row 4.
+        let limited = store.sample_backlog(2).await.unwrap();
+        let due: i64 = limited.iter().map(|t| t.due).sum();
+        let dead: i64 = limited.iter().map(|t| t.dead).sum();
+        assert_eq!((due, dead), (1, 1), "{limited:?}");
+        f.cleanup().await;
+    }
+
     pub async fn has_due_and_backlog_follow_the_rows_states<F: Fixture>() {
         let f = F::new().await;
         let store = f.migrated(StoreOptions::default()).await;
@@ -1220,6 +1286,7 @@ macro_rules! conformance {
                 two_claimers_get_disjoint_rows,
                 paused_tenants_are_skipped,
                 has_due_and_backlog_follow_the_rows_states,
+                the_backlog_sample_counts_per_tenant_and_reads_at_most_its_limit,
                 failures_are_rescheduled_dead_lettered_or_waited_out,
                 marking_published_at_keeps_the_row_and_never_claims_it_again,
                 a_batch_naming_a_row_it_does_not_hold_fails_the_count_check_and_settle_records_the_rest,

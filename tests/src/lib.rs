@@ -651,3 +651,43 @@ impl Scenario {
 }
 
 pub mod databases;
+
+/// A plain HTTP/1.0 GET of `path` on `127.0.0.1:port`: the status code and the body, or
+/// `None` when nothing answers (the relay is not listening yet).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// The samples of a Prometheus text exposition: `name{labels}` → value.
+pub fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of every sample of metric `name` whose labels include each of `labels`
+/// (`key="value"` strings).
+pub fn metric_sum(samples: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| {
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            metric == name && labels.iter().all(|l| rest.contains(l))
+        })
+        .map(|(_, v)| v)
+        .sum()
+}

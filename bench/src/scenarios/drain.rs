@@ -103,6 +103,7 @@ async fn measure(
         kafka: settings.kafka.clone(),
         default_plugin: Some((plugin, prefix)),
         relay: settings.relay.clone(),
+        telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
     };
     let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;

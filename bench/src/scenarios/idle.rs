@@ -61,6 +61,7 @@ async fn measure(
         table: table.to_owned(),
         kafka: settings.kafka.clone(),
         default_plugin: Some((Plugin::Wasm(plugin), names::topic_prefix("idle"))),
+        telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
     };
     let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;

@@ -110,6 +110,7 @@ async fn measure(
             .chain(settings.relay.iter().cloned())
             .collect(),
         default_plugin: Some((Plugin::Wasm(plugin), prefix)),
+        telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
     };
     let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;

@@ -10,7 +10,8 @@ use crate::plugin::PluginRouter;
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
 use crate::sink::KafkaSink;
-use crate::store::{self, Store};
+use crate::store::{self, MarkMode, Store};
+use crate::telemetry::Metrics;
 
 /// How long start-up keeps trying a database that is not reachable yet (restarting, a
 /// connection cut while the table is checked) before giving up.
@@ -26,6 +27,8 @@ pub struct Parts {
     pub router: Arc<PluginRouter>,
     pub store: Arc<Store>,
     pub relay: Arc<AppRelay>,
+    /// With `[telemetry] listen`: what the relay records into.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 /// Loads the plugins, then connects the database and the producer. Returns `None` when
@@ -53,16 +56,28 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
         let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&properties))
             .await
             .context("creating the kafka producer")??;
-        let relay = Relay::new(
+        let mut relay = Relay::new(
             Arc::clone(&store),
             Arc::clone(&router),
             sink,
             config.relay.settings(),
         );
+        let metrics = config
+            .telemetry
+            .listen
+            .map(|_| super::telemetry::metrics(config, &router));
+        if let Some(metrics) = &metrics {
+            let mode = match config.relay.mark {
+                MarkMode::Delete => "delete",
+                MarkMode::PublishedAt => "published_at",
+            };
+            relay = relay.with_metrics(Arc::clone(metrics), mode);
+        }
         Ok::<_, anyhow::Error>(Parts {
             router,
             store,
             relay: Arc::new(relay),
+            metrics,
         })
     };
     tokio::select! {

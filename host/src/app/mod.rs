@@ -4,14 +4,22 @@
 //! - [`run`]: `sluice run` and `sluice drain` — plugins, store, sink and relay wired together,
 //!   background services started, everything joined at exit
 //! - [`admin`]: `sluice migrate` and `sluice dead …`
+//! - [`check`]: `sluice config check`
+//! - [`logging`]: text or JSON log lines
 //! - [`services`]: the start/stop shape every background service shares
 //! - [`progress`]: `sluice drain`'s progress bar or log lines
+//! - [`status`]: the per-tenant picture of `/status` and `sluice status`
+//! - `telemetry`: `[telemetry]` — metrics, the backlog sampler, the endpoints' answers
 
 pub mod admin;
 mod assemble;
+pub mod check;
+pub mod logging;
 mod plugin_watch;
 pub mod progress;
 mod run;
 pub mod services;
+pub mod status;
+mod telemetry;
 
 pub use run::{DrainReport, drain, run};

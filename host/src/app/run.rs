@@ -1,6 +1,6 @@
 //! `sluice run` (relay until stopped) and `sluice drain` (relay what is due, then exit).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -9,12 +9,16 @@ use super::assemble::{AppRelay, Parts, assemble};
 use super::plugin_watch;
 use super::progress;
 use super::services::Services;
+use super::telemetry::{self, AppEndpoints, LastSample};
 use crate::config::Config;
 use crate::maintenance::{pruner, wakeups};
+use crate::plugin::PluginRouter;
 use crate::relay::RelayStats;
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
-use crate::store::{Backlog, MarkMode, OutboxStore};
+use crate::store::{Backlog, MarkMode, OutboxStore, Store};
+use crate::telemetry::Metrics;
+use crate::telemetry::server::{self, Endpoints};
 
 /// Longest the producer may take to deliver what is still queued at shutdown (capped by
 /// `relay.shutdown_timeout`).
@@ -35,8 +39,12 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         router,
         store,
         relay,
+        metrics,
     } = parts;
     let mut services = Services::default();
+    if let Some(metrics) = metrics {
+        start_telemetry(&mut services, &config, &store, &relay, &router, metrics).await?;
+    }
     services.start("plugin watcher", |stop| plugin_watch::run(router, stop));
     if let Some(channel) = config.relay.notify_channel.clone() {
         let store = Arc::clone(&store);
@@ -70,6 +78,42 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
+/// the backlog sampler.
+async fn start_telemetry(
+    services: &mut Services,
+    config: &Config,
+    store: &Arc<Store>,
+    relay: &Arc<AppRelay>,
+    router: &Arc<PluginRouter>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<()> {
+    let settings = config.telemetry.clone();
+    let Some(addr) = settings.listen else {
+        return Ok(());
+    };
+    let listener = server::bind(addr)
+        .await
+        .with_context(|| format!("telemetry.listen: cannot listen on {addr}"))?;
+    tracing::info!(address = %addr, "serving /metrics, /healthz, /readyz and /status");
+    let last = Arc::new(Mutex::new(LastSample::default()));
+    let endpoints: Arc<dyn Endpoints> = Arc::new(AppEndpoints {
+        metrics: Arc::clone(&metrics),
+        router: Arc::clone(router),
+        last: Arc::clone(&last),
+        settings: settings.clone(),
+        workers: config.relay.workers,
+    });
+    services.start("telemetry server", move |stop| {
+        server::serve(listener, endpoints, stop)
+    });
+    let (store, relay) = (Arc::clone(store), Arc::clone(relay));
+    services.start("backlog sampler", move |stop| {
+        telemetry::sample(store, relay, metrics, last, settings, stop)
+    });
+    Ok(())
+}
+
 /// What `sluice drain` did, and what it left.
 #[derive(Debug, Clone)]
 pub struct DrainReport {
@@ -91,7 +135,16 @@ pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainRe
     let Some(parts) = assemble(&config, &mut stop).await? else {
         bail!("drain interrupted during start-up; nothing was relayed");
     };
-    let Parts { store, relay, .. } = parts;
+    let Parts {
+        store,
+        relay,
+        router,
+        metrics,
+    } = parts;
+    let mut services = Services::default();
+    if let Some(metrics) = metrics {
+        start_telemetry(&mut services, &config, &store, &relay, &router, metrics).await?;
+    }
     let before = store.backlog().await?;
     tracing::info!(table = %config.database.table, due = before.due, "draining");
     let (progress_done, progress_stop) = shutdown::channel();
@@ -103,6 +156,7 @@ pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainRe
     let drained = relay.drain(stop.clone()).await;
     progress_done.trigger();
     let _ = progress.await;
+    services.stop_and_join().await;
     let stats = relay.counters().snapshot();
     flush(relay, &config).await;
     let after = store.backlog().await?;

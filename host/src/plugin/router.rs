@@ -282,6 +282,7 @@ impl PluginRouter {
             .map(|(tenant, h)| TenantStatus {
                 tenant,
                 plugin: h.status.template().describe(),
+                digest: h.status.template().digest().map(str::to_owned),
                 configured: h.configured,
                 state: h.status.state(now),
                 instance: h.status.has_instance(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::outcome::Outcomes;
 use super::stats::BatchReport;
-use super::{BatchError, Relay, dead_letter};
+use super::{BatchError, Relay, dead_letter, telemetry};
 use crate::model::{OutboundMessage, OutboxId, OutboxRow};
 use crate::plugin::RowTransformer;
 use crate::sink::{Sink, SinkError};
@@ -34,7 +34,19 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         if self.pacer.idle() && !self.store.has_due(&paused).await? {
             return Ok(BatchReport::default());
         }
-        let claim = self.store.claim(self.settings.batch_size, &paused).await?;
+        let claiming = Instant::now();
+        let claim = match self.store.claim(self.settings.batch_size, &paused).await {
+            Ok(claim) => claim,
+            Err(e) => {
+                if let Some(m) = self.metrics() {
+                    m.claim_failed();
+                }
+                return Err(e.into());
+            }
+        };
+        if let Some(m) = self.metrics() {
+            m.claimed(claim.len(), claiming.elapsed());
+        }
         if claim.is_empty() {
             claim.batch.abandon().await?;
             return Ok(BatchReport::default());
@@ -68,11 +80,16 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             .into_iter()
             .partition(|r| self.held_back.is_held(&r.id, now));
         let rows: Arc<[OutboxRow]> = rows.into();
+        let transforming = Instant::now();
         let results = if rows.is_empty() {
             Vec::new()
         } else {
             self.transformer.transform(Arc::clone(&rows)).await
         };
+        if let Some(m) = self.metrics() {
+            m.transformed(transforming.elapsed());
+            telemetry::record_transforms(m, &rows, &results);
+        }
         let mut outcomes = match Outcomes::build(&rows, results, &self.settings.retry) {
             Ok(outcomes) => outcomes,
             Err(mismatch) => {
@@ -84,7 +101,14 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             }
         };
 
+        let publishing = Instant::now();
         let reports = self.publish(outcomes.messages()).await;
+        if let Some(m) = self.metrics() {
+            if !reports.is_empty() {
+                m.published(publishing.elapsed());
+            }
+            telemetry::record_reports(m, &outcomes, &reports);
+        }
         outcomes.apply_reports(reports, &self.settings.retry);
         self.record_publish(&outcomes);
         if let Some(topic) = &self.settings.dead_letter_topic {
@@ -106,8 +130,13 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 .cloned()
                 .collect(),
         );
+        let marking = Instant::now();
         match batch.complete(outcome).await {
             Ok(()) => {
+                if let Some(r) = &self.metrics {
+                    r.metrics.marked(r.mark_mode, marking.elapsed());
+                    telemetry::record_completed(&r.metrics, &outcomes, &rejected, None);
+                }
                 self.held_back.release(outcomes.recorded_ids());
                 Ok(report)
             }
@@ -137,6 +166,9 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 report.failed = 0;
                 report.dead = 0;
                 report.unsettled = rows;
+                if let Some(m) = self.metrics() {
+                    m.delivered_not_marked(outcome.sent.len() as u64);
+                }
                 return report;
             }
         };
@@ -162,6 +194,23 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             .filter(|id| dead.contains(id))
             .count();
         report.unsettled = settlement.refused.len() + settlement.skipped.len();
+        if let Some(m) = self.metrics() {
+            let recorded: HashSet<&OutboxId> = settlement
+                .marked
+                .iter()
+                .chain(&settlement.rescheduled)
+                .collect();
+            telemetry::record_completed(m, outcomes, rejected, Some(&recorded));
+            let sent: HashSet<&OutboxId> = outcome.sent.iter().collect();
+            let unmarked = settlement
+                .refused
+                .iter()
+                .map(|(id, _)| id)
+                .chain(&settlement.skipped)
+                .filter(|id| sent.contains(id))
+                .count();
+            m.delivered_not_marked(unmarked as u64);
+        }
         tracing::warn!(
             commit_error = %commit_error,
             marked = settlement.marked.len(),

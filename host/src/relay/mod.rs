@@ -23,6 +23,7 @@ pub mod pacer;
 pub mod retry;
 mod settings;
 mod stats;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -33,6 +34,7 @@ use crate::plugin::RowTransformer;
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{OutboxStore, StoreError};
+use crate::telemetry::Metrics;
 use held_back::HeldBack;
 pub use outcome::ResultCountMismatch;
 use pacer::{Fill, Pacer};
@@ -92,6 +94,34 @@ pub struct Relay<S, T, K> {
     pacer: Arc<Pacer>,
     counters: Arc<Counters>,
     held_back: HeldBack,
+    /// Where batches record what they did, when metrics are on.
+    metrics: Option<RelayMetrics>,
+}
+
+/// The relay's metrics and the `mode` label of its mark timings.
+struct RelayMetrics {
+    metrics: Arc<Metrics>,
+    mark_mode: &'static str,
+}
+
+/// Counts a worker loop as running until it ends, however it ends (a panic included).
+struct WorkerRunning<'a>(Option<&'a Metrics>);
+
+impl<'a> WorkerRunning<'a> {
+    fn start(metrics: Option<&'a Metrics>) -> Self {
+        if let Some(m) = metrics {
+            m.worker_started();
+        }
+        Self(metrics)
+    }
+}
+
+impl Drop for WorkerRunning<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.0 {
+            m.worker_ended();
+        }
+    }
 }
 
 impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
@@ -108,7 +138,19 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             pacer,
             counters: Arc::default(),
             held_back: HeldBack::default(),
+            metrics: None,
         }
+    }
+
+    /// Records what the relay does into `metrics`; `mark_mode` labels the mark timings
+    /// (`delete` or `published_at`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>, mark_mode: &'static str) -> Self {
+        self.metrics = Some(RelayMetrics { metrics, mark_mode });
+        self
+    }
+
+    fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref().map(|m| &*m.metrics)
     }
 
     pub fn sink(&self) -> &K {
@@ -184,6 +226,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
 
     /// One batch loop.
     async fn worker(&self, mut shutdown: Shutdown, mode: Mode) {
+        let _running = WorkerRunning::start(self.metrics());
         // Failed batches in a row, for the pause before the next one.
         let mut failures: u32 = 0;
         while !shutdown.is_shutdown() {

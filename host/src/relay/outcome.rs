@@ -119,6 +119,10 @@ impl<'a> Outcomes<'a> {
         &self.messages
     }
 
+    pub fn rows(&self) -> &[RowOutcome<'a>] {
+        &self.rows
+    }
+
     pub fn rows_mut(&mut self) -> &mut [RowOutcome<'a>] {
         &mut self.rows
     }

@@ -99,6 +99,18 @@ impl KafkaSink {
         })
     }
 
+    /// Whether the broker answers a metadata request within `timeout` (readiness). Blocks:
+    /// call it off the async reactor.
+    pub fn probe(&self, timeout: Duration) -> Result<(), SinkError> {
+        // A clone of the handle, so a slow answer does not hold the lock publishing needs.
+        let producer = self.inner.current().clone();
+        producer
+            .client()
+            .fetch_metadata(None, timeout)
+            .map(|_| ())
+            .map_err(|e| SinkError::Unreachable(e.to_string()))
+    }
+
     /// The topics of `messages` that the broker lacks, asking it about topics not seen yet.
     async fn missing_topics<'m>(
         &self,
@@ -213,6 +225,11 @@ fn create(config: &ClientConfig) -> Result<FutureProducer, SinkError> {
     config
         .create()
         .map_err(|e| SinkError::Config(e.to_string()))
+}
+
+/// The version of the librdkafka Sluice is built with (for `sluice_build_info`).
+pub fn librdkafka_version() -> String {
+    rdkafka::util::get_rdkafka_version().1
 }
 
 /// Asks the broker whether it has `topic`. Blocks up to [`METADATA_TIMEOUT`]. A broker that

@@ -9,7 +9,7 @@ pub mod topics;
 use std::future::Future;
 use std::time::Duration;
 
-pub use kafka::{KafkaSink, kafka_client_config, weak_acks};
+pub use kafka::{KafkaSink, kafka_client_config, librdkafka_version, weak_acks};
 
 use crate::model::OutboundMessage;
 
@@ -61,6 +61,9 @@ pub enum SinkError {
     },
     #[error("flush: {0}")]
     Flush(String),
+    /// The broker did not answer a metadata request (readiness probe).
+    #[error("broker not reachable: {0}")]
+    Unreachable(String),
 }
 
 impl SinkError {
@@ -68,7 +71,7 @@ impl SinkError {
     pub fn fault(&self) -> Option<PublishFault> {
         match self {
             Self::Publish { fault, .. } => Some(*fault),
-            Self::Config(_) | Self::Flush(_) => None,
+            Self::Config(_) | Self::Flush(_) | Self::Unreachable(_) => None,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::postgres::{self, PgBatch, PgStore};
 use super::sqlite::{self, LiteBatch, LiteStore};
 use super::{
     Backlog, BatchOutcome, Claim, ClaimedBatch, DeadRow, OutboxStore, ReplaySelection, Settlement,
-    StoreError, StoreOptions, TableSpec,
+    StoreError, StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::TenantId;
 
@@ -168,6 +168,10 @@ impl OutboxStore for Store {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         dispatch!(self, s => s.settle(outcome).await)
+    }
+
+    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
+        dispatch!(self, s => s.sample_backlog(limit).await)
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {

@@ -207,6 +207,16 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Unsent rows by state: what `sluice drain` has to do, and what it left.
     fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send;
 
+    /// Per tenant: rows due now, the age of the oldest due row, and dead rows — in one
+    /// statement that reads at most `limit` unsent rows in claim order (through the claim's
+    /// partial index) and at most `limit` dead ones, so its cost does not grow with the
+    /// backlog. Counts saturate: all tenants' due and waiting rows together, or their dead rows
+    /// together, reaching `limit` means "at least". What the metrics sampler reads.
+    fn sample_backlog(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<TenantBacklog>, StoreError>> + Send;
+
     // --- maintenance ---
 
     /// Deletes sent rows (`mark = "published_at"`) older than `retention`, in bounded chunks,
@@ -316,6 +326,33 @@ pub struct Backlog {
     pub dead: i64,
 }
 
+/// One tenant's unsent rows, as [`OutboxStore::sample_backlog`] saw them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantBacklog {
+    /// The tenant column's value (`None`: rows without a tenant).
+    pub tenant: Option<String>,
+    /// Rows due now (not counting locks and paused tenants).
+    pub due: i64,
+    /// Age of the oldest due row by the database's clock (`None`: no row is due).
+    pub oldest_due_age: Option<Duration>,
+    pub dead: i64,
+}
+
+/// The rows of [`OutboxStore::sample_backlog`] as the drivers read them: tenant, due, dead,
+/// and the oldest due row's age in microseconds.
+pub(crate) fn tenant_backlogs(
+    rows: Vec<(Option<String>, i64, i64, Option<i64>)>,
+) -> Vec<TenantBacklog> {
+    rows.into_iter()
+        .map(|(tenant, due, dead, age_us)| TenantBacklog {
+            tenant,
+            due,
+            dead,
+            oldest_due_age: age_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        })
+        .collect()
+}
+
 /// A dead-lettered row, as `sluice dead list` shows it.
 #[derive(Debug, Clone)]
 pub struct DeadRow {
@@ -362,6 +399,13 @@ impl<S: OutboxStore> OutboxStore for std::sync::Arc<S> {
         outcome: &BatchOutcome,
     ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
         S::settle(self, outcome)
+    }
+
+    fn sample_backlog(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<TenantBacklog>, StoreError>> + Send {
+        S::sample_backlog(self, limit)
     }
 
     fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send {

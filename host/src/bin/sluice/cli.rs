@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use sluice::app::admin::Target;
+use sluice::app::logging::LogFormat;
 use sluice::plugin::scaffold::Language;
 use sluice::store::DEFAULT_CHANNEL;
 
@@ -18,6 +19,30 @@ use sluice::store::DEFAULT_CHANNEL;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as text for people, or one JSON object per line for log collectors.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "SLUICE_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormatArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> Self {
+        match arg {
+            LogFormatArg::Text => Self::Text,
+            LogFormatArg::Json => Self::Json,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -49,6 +74,20 @@ pub enum Command {
     Drain {
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Backlog, oldest due row, dead rows, state and plugin per tenant: from the database, and
+    /// from a running relay's /status when `[telemetry] listen` names one that answers.
+    Status {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a configuration file.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Inspect or try out a plugin without a database or broker.
     Plugin {
@@ -91,6 +130,19 @@ impl TableTarget {
             },
         }
     }
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// List every problem of a configuration (exit 1), or none (exit 0): keys and the rules
+    /// between them, every plugin loads and accepts its tenant's config, allow-lists parse.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Also check the table's schema and that the broker answers.
+        #[arg(long)]
+        connect: bool,
+    },
 }
 
 #[derive(Subcommand)]

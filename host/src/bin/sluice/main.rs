@@ -1,18 +1,17 @@
 //! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print.
 
 mod cli;
+mod ops;
 mod print;
 
-use std::io::{BufReader, IsTerminal, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
-
-use cli::{Cli, Command, DeadCommand, PluginCommand};
+use cli::{Cli, Command, ConfigCommand, DeadCommand, PluginCommand};
 use sluice::app::admin::{self, TriggerChange};
 use sluice::config::Config;
 use sluice::plugin::PluginSource;
@@ -31,7 +30,7 @@ const EXPECT_DIFFERS: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    sluice::app::logging::init(cli.log_format.into());
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -39,16 +38,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, not for log files and collectors.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -87,6 +76,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 false => ExitCode::from(DRAIN_ROWS_FAILED),
             })
         }
+        Command::Status { config, json } => {
+            let config = Config::load(&config)?;
+            on_runtime(ops::status(&config, json)).map(ok)
+        }
+        Command::Config {
+            command: ConfigCommand::Check { config, connect },
+        } => on_runtime(ops::config_check(&config, connect)),
         Command::Plugin { command } => plugin(command),
         Command::Dead { target, command } => on_runtime(dead(target.target(), command)).map(ok),
     }

@@ -73,6 +73,14 @@ impl TenantTemplate {
         }
     }
 
+    /// The loaded file's content hash (WASM plugins).
+    pub fn digest(&self) -> Option<&str> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => Some(plugin.digest()),
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+        }
+    }
+
     /// How the plugin is named in logs and statuses.
     pub fn describe(&self) -> String {
         match &self.code {

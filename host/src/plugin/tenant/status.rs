@@ -11,6 +11,9 @@ pub struct TenantStatus {
     pub tenant: TenantId,
     /// The plugin file, or `builtin:<name>`.
     pub plugin: String,
+    /// The plugin file's content hash as loaded (`sha256:…`; none for builtins and files that
+    /// failed to load).
+    pub digest: Option<String>,
     /// Whether the tenant has its own `[tenants.<name>]` entry (else it runs
     /// `[plugins.default]` and counts against `max_unconfigured_instances`).
     pub configured: bool,

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
 use crate::plugin::PluginError;
@@ -19,6 +20,8 @@ pub struct LoadedPlugin {
     path: PathBuf,
     engine: Arc<PluginEngine>,
     pre: PluginPre<HostState>,
+    /// `sha256:` and the hex SHA-256 of the file as loaded (metrics, `/status`).
+    digest: String,
 }
 
 impl LoadedPlugin {
@@ -48,6 +51,7 @@ impl LoadedPlugin {
         // Cheap (no compilation): refuse imports the sandbox lacks before a compile that can
         // take seconds.
         imports::check(&bytes).map_err(bad)?;
+        let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
         let component = match cache {
             Some(cache) => compile_cached(engine, &bytes, path, cache)?,
             None => Component::new(engine.engine(), &bytes)
@@ -67,11 +71,17 @@ impl LoadedPlugin {
             path: path.to_owned(),
             engine: Arc::clone(engine),
             pre,
+            digest,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's content hash as loaded: changes with every reload of a new build.
+    pub fn digest(&self) -> &str {
+        &self.digest
     }
 
     pub fn engine(&self) -> &Arc<PluginEngine> {
@@ -81,6 +91,10 @@ impl LoadedPlugin {
     pub(crate) fn pre(&self) -> &PluginPre<HostState> {
         &self.pre
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn compile_cached(

@@ -18,6 +18,7 @@ mod batch;
 mod migrate;
 mod prune;
 mod rows;
+mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -33,7 +34,7 @@ pub use batch::MyBatch;
 
 use super::{
     Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec,
+    StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::TenantId;
 use schema::MySql;
@@ -171,6 +172,10 @@ impl OutboxStore for MyStore {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
+    }
+
+    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
+        sample::sample(&self.pool, &self.statements.sample, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {

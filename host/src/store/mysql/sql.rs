@@ -82,6 +82,7 @@ pub struct Statements {
     pub claim: WithPaused,
     pub due: WithPaused,
     pub backlog: Arc<str>,
+    pub sample: Arc<str>,
     mark: MarkMode,
 }
 
@@ -136,6 +137,7 @@ impl Statements {
             claim,
             due,
             backlog: backlog.into(),
+            sample: super::sample::statement(&sql).into(),
             mark: options.mark,
             sql,
         }

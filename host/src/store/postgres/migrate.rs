@@ -114,9 +114,10 @@ fn add_columns_sql(spec: &TableSpec, found: &[FoundColumn]) -> String {
 }
 
 /// The partial indexes on unsent rows: one in claim order (keeps the claim cheap however many
-/// sent rows `published_at` mode retains), one per key for `ordering = "key"`. Tables ordered
-/// by a column named `id` keep the index names of earlier versions.
-fn index_sql(layout: &Layout) -> [String; 2] {
+/// sent rows `published_at` mode retains), one per key for `ordering = "key"`, and one on dead
+/// rows (the metrics sampler counts them without reading the backlog). Tables ordered by a
+/// column named `id` keep the index names of earlier versions.
+fn index_sql(layout: &Layout) -> [String; 3] {
     let table = &layout.table;
     let order_columns = if layout.ordered_by_id() {
         layout.id.to_string()
@@ -141,6 +142,11 @@ fn index_sql(layout: &Layout) -> [String; 2] {
             at = layout.aggregate_type,
             ai = layout.aggregate_id,
         ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS \"{name}_dead{suffix}_idx\" ON {table} ({order_columns})
+                WHERE published_at IS NULL AND dead_at IS NOT NULL",
+            name = table.table()
+        ),
     ]
 }
 
@@ -152,7 +158,11 @@ mod tests {
 
     #[test]
     fn indexes_follow_the_order_column_and_keep_the_old_names_for_id() {
-        let [unsent, key] = index_sql(&sluice_layout());
+        let [unsent, key, dead] = index_sql(&sluice_layout());
+        assert!(
+            squash(&dead).contains("\"outbox_dead_idx\" ON \"outbox\" (\"id\") WHERE published_at IS NULL AND dead_at IS NOT NULL"),
+            "{dead}"
+        );
         assert!(
             squash(&unsent).starts_with(
                 "CREATE INDEX IF NOT EXISTS \"outbox_unsent_idx\" ON \"outbox\" (\"id\")"
@@ -160,7 +170,7 @@ mod tests {
             "{unsent}"
         );
         assert!(squash(&key).contains("\"outbox_unsent_key_idx\" ON \"outbox\" (\"aggregate_type\", \"aggregate_id\", \"id\")"), "{key}");
-        let [unsent, key] = index_sql(&debezium_layout());
+        let [unsent, key, _] = index_sql(&debezium_layout());
         assert!(
             squash(&unsent).contains(
                 "\"outboxevent_unsent_sluice_seq_idx\" ON \"outboxevent\" (\"sluice_seq\", \"id\")"

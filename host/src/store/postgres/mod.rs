@@ -18,6 +18,7 @@ mod listen;
 mod migrate;
 mod prune;
 mod rows;
+mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -35,7 +36,7 @@ pub use schema::Layout;
 
 use super::{
     Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec,
+    StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::TenantId;
 use sql::Statements;
@@ -160,6 +161,10 @@ impl OutboxStore for PgStore {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
+    }
+
+    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
+        sample::sample(&self.pool, &self.statements.sample, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {

@@ -46,6 +46,7 @@ pub struct Statements {
     pub claim: Arc<str>,
     pub due: Arc<str>,
     pub backlog: Arc<str>,
+    pub sample: Arc<str>,
     pub mark: Arc<str>,
     pub reschedule: Arc<str>,
 }
@@ -116,6 +117,7 @@ impl Statements {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim.into(),
             backlog: backlog.into(),
+            sample: super::sample::statement(layout).into(),
             mark: mark.into(),
             reschedule: reschedule.into(),
         }

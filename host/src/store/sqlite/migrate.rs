@@ -110,9 +110,9 @@ fn add_columns_sql(spec: &TableSpec, found: &[FoundColumn]) -> Vec<String> {
         .collect()
 }
 
-/// The partial indexes on unsent rows, in claim order and per key (SQLite puts an index's
-/// schema on its name, not on the table).
-fn index_sql(layout: &Layout) -> [String; 2] {
+/// The partial indexes on unsent rows, in claim order and per key, and on dead rows (for the
+/// metrics sampler). SQLite puts an index's schema on its name, not on the table.
+fn index_sql(layout: &Layout) -> [String; 3] {
     let name = layout.table.table();
     let prefix = layout.table.schema_prefix();
     let order_columns = if layout.ordered_by_id() {
@@ -134,6 +134,11 @@ fn index_sql(layout: &Layout) -> [String; 2] {
                 ({at}, {ai}, {order_columns}) WHERE published_at IS NULL",
             at = layout.aggregate_type,
             ai = layout.aggregate_id,
+        ),
+        // Dead rows, for the metrics sampler.
+        format!(
+            "CREATE INDEX IF NOT EXISTS {prefix}\"{name}_dead{suffix}_idx\" ON \"{name}\"
+                ({order_columns}) WHERE published_at IS NULL AND dead_at IS NOT NULL"
         ),
     ]
 }

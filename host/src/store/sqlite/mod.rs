@@ -20,6 +20,7 @@ mod admin;
 mod batch;
 mod migrate;
 mod rows;
+mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -38,7 +39,7 @@ pub use batch::LiteBatch;
 
 use super::{
     Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec,
+    StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::TenantId;
 use schema::LiteSql;
@@ -210,6 +211,10 @@ impl OutboxStore for LiteStore {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
+    }
+
+    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
+        sample::sample(&self.pool, &self.statements.sample, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {

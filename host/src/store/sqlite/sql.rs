@@ -72,6 +72,8 @@ pub struct Statements {
     pub due: Arc<str>,
     /// Binds: now.
     pub backlog: Arc<str>,
+    /// Binds: now, limit.
+    pub sample: Arc<str>,
     mark: MarkMode,
 }
 
@@ -134,6 +136,7 @@ impl Statements {
             .into(),
             claim: claim.into(),
             backlog: backlog.into(),
+            sample: super::sample::statement(&sql).into(),
             mark: options.mark,
             sql,
         }

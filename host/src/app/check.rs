@@ -1,0 +1,145 @@
+//! `sluice config check`: everything that can be checked before a relay starts, every problem
+//! listed. Offline: the file's shape and keys, the rules between keys, every plugin loads,
+//! instantiates and accepts its tenant's `configure`, allow-list patterns parse. With
+//! `--connect`: the table (columns, types, indexes as `sluice run` needs them) and the broker
+//! answering.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::{Config, ConfigError, Problem};
+use crate::plugin::{PluginRouter, PluginsSettings, TenantState};
+use crate::sink::KafkaSink;
+use crate::store::{self, StoreOptions};
+use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
+
+/// Checks the configuration file at `path`; an empty list means it is fine.
+pub async fn check(path: &Path, connect: bool) -> Vec<Problem> {
+    let problem = |key: &str, message: String| Problem {
+        key: key.to_owned(),
+        message,
+    };
+    let config = match Config::load_unchecked(path) {
+        Ok(config) => config,
+        // The file cannot be read or is not a configuration's shape: nothing else to check.
+        Err(ConfigError::Read { source, .. }) => return vec![problem("file", source.to_string())],
+        Err(ConfigError::Parse { message, .. }) => {
+            return vec![problem("file", one_line_parse_error(&message))];
+        }
+        Err(e) => return vec![problem("file", e.to_string())],
+    };
+    let mut problems = config.problems();
+    problems.extend(check_plugins(&config).await);
+    if connect {
+        problems.extend(check_database(&config).await);
+        problems.extend(check_broker(&config).await);
+    }
+    problems
+}
+
+/// Starts every tenant's plugin as `sluice run` would, quarantining instead of failing, and
+/// reports each quarantined tenant with its reason.
+async fn check_plugins(config: &Config) -> Vec<Problem> {
+    // Through the relay's compile cache: a check of a large (Python, JavaScript) plugin
+    // then also spares the next start its compile.
+    let plugins = PluginsSettings {
+        strict_startup: false,
+        ..config.plugins.clone()
+    };
+    let tenants = config.tenants.clone();
+    let started =
+        tokio::task::spawn_blocking(move || PluginRouter::from_settings(&plugins, &tenants)).await;
+    let router = match started {
+        Ok(Ok(router)) => Arc::new(router),
+        Ok(Err(e)) => {
+            return vec![Problem {
+                key: "plugins".into(),
+                message: e.to_string(),
+            }];
+        }
+        Err(e) => {
+            return vec![Problem {
+                key: "plugins".into(),
+                message: format!("loading the plugins failed: {e}"),
+            }];
+        }
+    };
+    router
+        .tenant_statuses()
+        .into_iter()
+        .filter_map(|s| match s.state {
+            TenantState::Quarantined { reason, .. } => Some(Problem {
+                key: match s.tenant.name() {
+                    Some(name) if s.configured && config.tenants.contains_key(name) => {
+                        format!("tenants.{name}")
+                    }
+                    _ => "plugins.default".to_owned(),
+                },
+                message: format!("{} cannot start: {reason}", s.plugin),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn check_database(config: &Config) -> Vec<Problem> {
+    let spec = match config.database.table_spec() {
+        Ok(spec) => spec,
+        // Already reported by `Config::problems`.
+        Err(_) => return Vec::new(),
+    };
+    match store::open(config.database_url(), &spec, StoreOptions::default(), 1).await {
+        Ok(_) => Vec::new(),
+        Err(e) => vec![Problem {
+            key: "database".into(),
+            message: e.to_string(),
+        }],
+    }
+}
+
+async fn check_broker(config: &Config) -> Vec<Problem> {
+    let properties = config.kafka_properties();
+    let probed = tokio::task::spawn_blocking(move || {
+        KafkaSink::new(&properties)?.probe(BROKER_PROBE_TIMEOUT)
+    })
+    .await;
+    let message = match probed {
+        Ok(Ok(())) => return Vec::new(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    vec![Problem {
+        key: "kafka".into(),
+        message,
+    }]
+}
+
+/// A TOML error on one line: what is wrong, then where (the parser's message spans several
+/// lines with a drawing of the spot).
+fn one_line_parse_error(message: &str) -> String {
+    let mut lines = message.lines();
+    let first = lines.next().unwrap_or_default();
+    // The last line that is neither blank nor part of the drawing (`  |`, `7 | …`).
+    let what = lines.rfind(|l| {
+        let l = l.trim_start();
+        !l.is_empty() && !l.starts_with('|') && !l.starts_with(|c: char| c.is_ascii_digit())
+    });
+    match (what, first.split_once(" at ")) {
+        (Some(what), Some((_, place))) => format!("{what} (at {place})"),
+        _ => message.replace('\n', " "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_toml_error_is_put_on_one_line_with_its_place() {
+        let message = "TOML parse error at line 7, column 1\n  |\n7 | batch_sise = 10\n  | ^^^^^^^^^^\nunknown field `batch_sise`, expected one of `batch_size`";
+        assert_eq!(
+            one_line_parse_error(message),
+            "unknown field `batch_sise`, expected one of `batch_size` (at line 7, column 1)"
+        );
+    }
+}

@@ -1,0 +1,30 @@
+//! Where the logs go and in which form: human-readable lines (the default), or one JSON
+//! object per line for log collectors (`--log-format json`, or `SLUICE_LOG_FORMAT=json`).
+//! `RUST_LOG` filters both (default `info`).
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+/// The form of log lines on standard error.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (the message and
+    /// every structured field), and the spans.
+    Json,
+}
+
+/// Installs the global subscriber. Call once, first thing.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        // Colour codes only for a person at a terminal, not for log files and collectors.
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}

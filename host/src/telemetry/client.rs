@@ -1,0 +1,58 @@
+//! A plain HTTP/1 GET against a relay's telemetry endpoints: what `sluice status` asks a
+//! running relay, and what the tests scrape.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Why a GET did not return a body.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("no answer from {addr} within {timeout:?}")]
+    Timeout { addr: SocketAddr, timeout: Duration },
+    #[error("{addr}: {message}")]
+    Failed { addr: SocketAddr, message: String },
+}
+
+/// GETs `path` from `addr`: the status code and the body as text.
+pub async fn get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), GetError> {
+    let failed = |message: String| GetError::Failed { addr, message };
+    let exchange = async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let driver = tokio::spawn(connection);
+        let request = Request::get(path)
+            .header(hyper::header::HOST, addr.to_string())
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| failed(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .to_bytes();
+        driver.abort();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| GetError::Timeout { addr, timeout })?
+}

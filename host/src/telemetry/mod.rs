@@ -1,0 +1,25 @@
+//! What a running relay tells an operator: Prometheus metrics (built on `prometheus-client`,
+//! exposed in the Prometheus text format) and the small HTTP server for `/metrics`,
+//! `/healthz`, `/readyz` and `/status`.
+//!
+//! This module sits at the bottom of the layers, beside `model`: the relay, the sink and the
+//! app record into [`Metrics`]; what the endpoints answer is supplied from above through
+//! [`server::Endpoints`].
+//!
+//! - [`client`]: a GET against a running relay's endpoints (`sluice status`, tests)
+//! - [`labels`]: bounded label values (only configured tenants get their own)
+//! - [`metrics`]: the metric families and the recording calls
+//! - [`process`]: process CPU, memory and start time, read at scrape time
+//! - [`server`]: the HTTP endpoints, one background service
+//! - [`settings`]: the `[telemetry]` section
+
+pub mod client;
+pub mod labels;
+pub mod metrics;
+pub mod process;
+pub mod server;
+pub mod settings;
+
+pub use labels::TenantLabels;
+pub use metrics::{Metrics, TenantSample};
+pub use settings::TelemetrySettings;

@@ -1,0 +1,136 @@
+//! `sluice config check`: one test per kind of mistake, each listed with its key, every
+//! problem of a file at once, exit 1; a good file exits 0. `--connect` adds the table and the
+//! broker.
+
+use std::process::Output;
+
+use sluice_e2e::databases::free_port;
+use sluice_e2e::*;
+
+fn check(config: &str, connect: bool) -> Output {
+    let mut args = vec!["config", "check"];
+    if connect {
+        args.push("--connect");
+    }
+    sluice_with_config(&args, config)
+}
+
+/// The lines of stdout naming a problem (`<file>: <key>: <message>`).
+fn problems(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.ends_with(')') || !l.contains(": OK ("))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn assert_problem(out: &Output, key: &str, says: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let problems = problems(out);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(&format!(": {key}: ")) && p.contains(says)),
+        "no problem at {key} saying {says:?}: {problems:#?}"
+    );
+}
+
+fn good(table: &str) -> String {
+    relay_config(table, &kafka_bootstrap(), "checked.", "", "")
+}
+
+#[test]
+fn a_good_file_passes_offline() {
+    let out = check(&good("outbox"), false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK (config and plugins)"));
+}
+
+#[test]
+fn an_unknown_key_is_named() {
+    let config = good("outbox").replace("[relay]\n", "[relay]\nbatch_sise = 10\n");
+    assert_problem(&check(&config, false), "file", "batch_sise");
+}
+
+#[test]
+fn every_bad_value_and_broken_rule_is_listed_not_just_the_first() {
+    let config = good("outbox")
+        .replace(
+            "[relay]\n",
+            "[relay]\nbatch_size = 0\nprune_interval = \"0s\"\n",
+        )
+        .replace("[database]\n", "[database]\nlease = \"1m\"\n");
+    let out = check(&config, false);
+    assert_problem(&out, "relay.batch_size", "");
+    assert_problem(&out, "relay.prune_interval", "greater than 0");
+    assert_problem(&out, "database.lease", "only SQLite");
+    assert!(problems(&out).len() >= 3);
+}
+
+#[test]
+fn a_missing_plugin_file_is_named_by_its_tenant() {
+    let config = good("outbox") + "[tenants.acme]\npath = \"/nonexistent/acme.wasm\"\n";
+    assert_problem(&check(&config, false), "tenants.acme", "cannot read file");
+}
+
+#[test]
+fn a_plugin_that_rejects_its_config_is_named() {
+    let config = good("outbox") + "[tenants.acme]\nconfig = { topic_prefx = \"a.\" }\n";
+    assert_problem(&check(&config, false), "tenants.acme", "topic_prefx");
+}
+
+#[test]
+fn a_default_plugin_that_is_not_a_component_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("bogus.wasm");
+    std::fs::write(&bogus, b"not wasm").unwrap();
+    let config = good("outbox").replace(
+        &reference_plugin().display().to_string(),
+        &bogus.display().to_string(),
+    );
+    assert_problem(&check(&config, false), "plugins.default", "not a valid");
+}
+
+#[test]
+fn an_allow_list_pattern_that_does_not_parse_is_named() {
+    let config = good("outbox") + "[tenants.acme]\nallowed_topics = [\"acme.**.x\"]\n";
+    assert_problem(&check(&config, false), "tenants.acme.allowed_topics", "");
+}
+
+#[test]
+fn a_telemetry_setting_out_of_range_is_named() {
+    let config = good("outbox") + "[telemetry]\nsample_interval = \"10ms\"\n";
+    assert_problem(
+        &check(&config, false),
+        "telemetry.sample_interval",
+        "at least 1s",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_checks_the_table_and_the_broker() {
+    let table = OutboxTable::create("checked").await;
+    let out = check(&good(&table.name), true);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // No such table, and nothing listening where the broker should be.
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let config = relay_config("no_such_table_here", &nobody, "checked.", "", "");
+    let out = check(&config, true);
+    assert_problem(&out, "database", "no_such_table_here");
+    assert_problem(&out, "kafka", "not reachable");
+    table.drop_table().await;
+}

@@ -1,0 +1,326 @@
+//! Operability end to end: `/metrics` scraped while rows flow agrees with what the database and
+//! the broker say happened; `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and
+//! resumed); trace context headers reach Kafka unchanged; JSON log lines.
+
+use std::time::Duration;
+
+use sluice_e2e::databases::{OwnTansu, free_port};
+use sluice_e2e::*;
+
+const SCRAPE_WAIT: Duration = Duration::from_secs(60);
+
+fn telemetry(port: u16) -> String {
+    format!("[telemetry]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"1s\"\n")
+}
+
+/// Scrapes until `ready` holds for the samples, returning the last exposition.
+async fn scrape_until(
+    port: u16,
+    ready: impl Fn(&std::collections::HashMap<String, f64>) -> bool,
+) -> String {
+    let mut last = String::new();
+    let reached = wait_until(SCRAPE_WAIT, || {
+        let got = http_get(port, "/metrics");
+        if let Some((200, text)) = got {
+            last = text;
+        }
+        let ok = ready(&parse_metrics(&last));
+        async move { ok }
+    })
+    .await;
+    assert!(reached, "metrics never got there:\n{last}");
+    last
+}
+
+/// Runs Debian's `promtool check metrics` on the exposition when it is installed
+/// (`scripts/test` installs it).
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("promtool not installed: exposition checked by the parser only");
+        return;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(text.as_bytes()).expect("write to promtool");
+    }
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
+    let s = Scenario::new("metrics", &["order", "customer"]).await;
+    s.table.insert_rows(40, None).await;
+    s.table.insert_rows(5, Some("refuser")).await;
+    s.table.insert_rows(6, Some("lost")).await;
+    let port = free_port();
+    // `lost` routes to topics the broker lacks: each row fails once and waits an hour.
+    let extra = s.tenant("refuser", "test_fail_permanent", "")
+        + "circuit_breaker_failures = 1000\n"
+        + &format!(
+            "[tenants.lost]\nbuiltin = \"route-by-aggregate\"\nconfig = {{ topic_prefix = \"{}missing.\" }}\ncircuit_breaker_failures = 1000\n",
+            s.prefix
+        )
+        + "[relay.retry]\ninitial = \"1h\"\nmax = \"1h\"\njitter = 0.0\n"
+        + &telemetry(port);
+    let relay = RelayProcess::start(&s.config("", &extra)).expect("start relay");
+    let settled = wait_until(SCENARIO_WAIT, || async {
+        s.table
+            .scalar_i64("SELECT count(*) FROM {t} WHERE tenant IS NULL")
+            .await
+            == 0
+            && s.table
+                .scalar_i64("SELECT count(*) FROM {t} WHERE attempts = 1")
+                .await
+                == 11
+    })
+    .await;
+    assert!(settled, "rows did not settle: {}", relay.log());
+
+    let text = scrape_until(port, |m| {
+        metric_sum(m, "sluice_outbox_dead_rows", &["tenant=\"refuser\""]) == 5.0
+            && metric_sum(m, "sluice_dependency_up", &[]) == 2.0
+    })
+    .await;
+    let m = parse_metrics(&text);
+    let completed = |tenant: &str, outcome: &str| {
+        metric_sum(
+            &m,
+            "sluice_rows_completed_total",
+            &[
+                &format!("tenant=\"{tenant}\""),
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    };
+    // The database's account: rows without a tenant are gone (sent), refuser's are dead,
+    // lost's wait with one attempt each.
+    let dead = s
+        .table
+        .scalar_i64("SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL")
+        .await;
+    let waiting = s
+        .table
+        .scalar_i64("SELECT count(*) FROM {t} WHERE dead_at IS NULL AND attempts = 1")
+        .await;
+    assert_eq!((dead, waiting), (5, 6));
+    assert_eq!(completed("_default", "sent"), 40.0, "{text}");
+    assert_eq!(completed("refuser", "dead"), dead as f64);
+    assert_eq!(completed("lost", "retry_scheduled"), waiting as f64);
+    assert_eq!(
+        completed("lost", "sent") + completed("refuser", "sent"),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_transform_calls_total",
+            &["tenant=\"refuser\"", "outcome=\"permanent\""]
+        ),
+        5.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_produce_errors_total",
+            &["error_type=\"refused\""]
+        ),
+        6.0
+    );
+    // What the broker received is what the counters say was produced.
+    let received = s.consume(40, Duration::from_secs(1));
+    assert_eq!(received.len(), 40);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_messages_produced_total",
+            &["tenant=\"_default\""]
+        ),
+        received.len() as f64
+    );
+    let bytes: usize = received
+        .iter()
+        .map(|r| r.payload.as_ref().map_or(0, Vec::len) + r.key.as_ref().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(
+        metric_sum(&m, "sluice_produced_bytes_total", &[]),
+        bytes as f64
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_end_to_end_latency_seconds_count",
+            &["tenant=\"_default\""]
+        ),
+        40.0
+    );
+    assert_eq!(metric_sum(&m, "sluice_outbox_due_rows", &[]), 0.0);
+    assert_eq!(
+        metric_sum(&m, "sluice_delivered_not_marked_total", &[]),
+        0.0
+    );
+    assert_eq!(metric_sum(&m, "sluice_relay_workers_running", &[]), 2.0);
+    assert!(metric_sum(&m, "process_resident_memory_bytes", &[]) > 0.0);
+    assert!(text.contains("sluice_build_info{"), "{text}");
+    assert!(
+        text.contains("sluice_plugin_info{tenant=\"refuser\""),
+        "{text}"
+    );
+    promtool_check(&text);
+
+    let (code, ready) = http_get(port, "/readyz").expect("readyz");
+    assert_eq!(code, 200, "{ready}");
+    let (code, _) = http_get(port, "/healthz").expect("healthz");
+    assert_eq!(code, 200);
+    let (code, status) = http_get(port, "/status").expect("status");
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    let refuser = status["tenants"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["tenant"] == "refuser"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(refuser["dead"], 5, "{status}");
+    assert!(
+        refuser["digest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")),
+        "{status}"
+    );
+
+    // `sluice status` reads the database and asks the running relay.
+    let out = sluice_with_config(&["status", "--json"], &s.config("", &extra));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let lost = cli["tenants"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["tenant"] == "lost"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(lost["due"], 0, "{cli}");
+    assert_eq!(lost["state"], "running", "{cli}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tenant states from the relay"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_turns_unready_while_the_broker_is_stopped_and_ready_when_it_resumes() {
+    let kafka_port = free_port();
+    let tansu = OwnTansu::start(kafka_port);
+    let bootstrap = format!("127.0.0.1:{kafka_port}");
+    let table = OutboxTable::create("readyz").await;
+    let prefix = format!("{}.", table.name);
+    let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
+    let created = wait_until(Duration::from_secs(30), || async {
+        create_topics(&bootstrap, &topics).await.is_ok()
+    })
+    .await;
+    assert!(created, "own broker did not start");
+    let port = free_port();
+    let config = relay_config(&table.name, &bootstrap, &prefix, "", &telemetry(port));
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let readyz =
+        |want: u16| async move { http_get(port, "/readyz").is_some_and(|(code, _)| code == want) };
+    assert!(
+        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        "never ready: {}",
+        relay.log()
+    );
+
+    tansu.signal("STOP");
+    let unready = wait_until(SCRAPE_WAIT, || readyz(503)).await;
+    let body = http_get(port, "/readyz")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    tansu.signal("CONT");
+    assert!(
+        unready,
+        "still ready with the broker stopped: {}",
+        relay.log()
+    );
+    assert!(body.contains("\"kafka\":false"), "{body}");
+    // Liveness is not readiness: the process and its workers are fine.
+    assert_eq!(http_get(port, "/healthz").map(|(c, _)| c), Some(200));
+
+    assert!(
+        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        "not ready again after the broker resumed: {}",
+        relay.log()
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    table.drop_table().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_context_headers_reach_kafka_unchanged() {
+    let s = Scenario::new("trace", &["order"]).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+    s.table
+        .execute(&format!(
+            "INSERT INTO {{t}} (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ('order', 'o-1', 'OrderCreated', '{{}}',
+                     jsonb_build_object('traceparent', '{traceparent}', 'tracestate', '{tracestate}'))"
+        ))
+        .await;
+    s.relay_until(&s.config("", ""), || async { s.table.count().await == 0 })
+        .await;
+    let got = s.consume(1, Duration::from_millis(500));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].header("traceparent").as_deref(), Some(traceparent));
+    assert_eq!(got[0].header("tracestate").as_deref(), Some(tracestate));
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn log_format_json_writes_one_json_object_per_line() {
+    let table = OutboxTable::create("jsonlog").await;
+    let config = relay_config(&table.name, &kafka_bootstrap(), "x.", "", "");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, config).expect("write config");
+    let out = sluice_with_env(
+        &["drain", "--config", &path.display().to_string()],
+        &[("SLUICE_LOG_FORMAT", "json"), ("RUST_LOG", "info")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let logs: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(
+        logs.iter()
+            .any(|l| l["fields"]["message"] == "draining" && l["level"] == "INFO"),
+        "{stderr}"
+    );
+    table.drop_table().await;
+}
