@@ -15,6 +15,8 @@ pub const DEFAULT_KAFKA: &str = "127.0.0.1:9092";
 
 const FULL_ROWS: u64 = 200_000;
 const QUICK_ROWS: u64 = 20_000;
+const FULL_LANGUAGE_ROWS: u64 = 100_000;
+const QUICK_LANGUAGE_ROWS: u64 = 20_000;
 const FULL_NAIVE_ROWS: u64 = 10_000;
 const QUICK_NAIVE_ROWS: u64 = 2_000;
 const FULL_DURATION: Duration = Duration::from_secs(60);
@@ -57,6 +59,10 @@ pub enum Command {
     Startup,
     /// Insert rate of single-row transactions without and with the NOTIFY trigger.
     NotifyCost,
+    /// The reference plugin in Rust, Python and JavaScript side by side: drain (rows/s, relay
+    /// CPU per 1,000 rows, peak RSS) and start-up with an empty and a filled compile cache.
+    /// Not part of `all`.
+    Languages,
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
     Databases,
@@ -85,7 +91,8 @@ pub struct Options {
     /// Kafka bootstrap servers.
     #[arg(long, global = true, env = "SLUICE_BENCH_KAFKA", default_value = DEFAULT_KAFKA)]
     kafka: String,
-    /// Backlog size of sql-ceiling, drain-* and noisy [default: 200000, --quick 20000].
+    /// Backlog size of sql-ceiling, drain-* and noisy [default: 200000, --quick 20000]; of
+    /// languages [default: 100000, --quick 20000].
     #[arg(long, global = true)]
     rows: Option<u64>,
     /// Measuring window of latency and idle [default: 60s, --quick 10s].
@@ -101,6 +108,16 @@ pub struct Options {
     /// <repo>/plugins/target/wasm32-wasip2/release/route_by_aggregate.wasm].
     #[arg(long, global = true)]
     plugin: Option<PathBuf>,
+    /// The Python reference plugin of `languages` [default:
+    /// <repo>/target/conformance/route_by_aggregate_py.wasm, built by tests/conformance/run or
+    /// `plugins/route-by-aggregate-py/build.sh OUT.wasm`].
+    #[arg(long, global = true)]
+    python_plugin: Option<PathBuf>,
+    /// The JavaScript (QuickJS) reference plugin of `languages` [default:
+    /// <repo>/target/conformance/route_by_aggregate_js.wasm, built by tests/conformance/run or
+    /// `plugins/route-by-aggregate-js/build.sh OUT.wasm`].
+    #[arg(long, global = true)]
+    js_plugin: Option<PathBuf>,
     /// Extra `[relay]` setting for the relays of drain-*, latency and noisy, as TOML
     /// (repeatable), e.g. `--relay workers=4 --relay batch_size=1000`: for trying settings
     /// side by side; the documented results use the defaults.
@@ -128,6 +145,8 @@ pub struct Settings {
     pub kafka: String,
     /// Backlog of sql-ceiling, drain-* and (good rows of) noisy.
     pub rows: u64,
+    /// Backlog of each drain of `languages`.
+    pub language_rows: u64,
     /// Backlog of the naive relay.
     pub naive_rows: u64,
     /// Window of latency and idle.
@@ -140,6 +159,9 @@ pub struct Settings {
     pub sluice: PathBuf,
     /// The WASM reference plugin (not checked until a scenario needs it).
     pub plugin: PathBuf,
+    /// The Python and JavaScript reference plugins (not checked until `languages` needs them).
+    pub python_plugin: PathBuf,
+    pub js_plugin: PathBuf,
     /// `tests/plugins/hostile`, used by noisy (not checked until needed).
     pub hostile_plugin: PathBuf,
     pub quick: bool,
@@ -169,6 +191,11 @@ impl Options {
         if rows == 0 {
             bail!("--rows must be at least 1");
         }
+        let language_rows = self.rows.unwrap_or(if self.quick {
+            QUICK_LANGUAGE_ROWS
+        } else {
+            FULL_LANGUAGE_ROWS
+        });
         let duration = self.duration.unwrap_or(if self.quick {
             QUICK_DURATION
         } else {
@@ -193,6 +220,7 @@ impl Options {
             mysql_url: self.mysql_url,
             kafka: self.kafka,
             rows,
+            language_rows,
             naive_rows: if self.quick {
                 QUICK_NAIVE_ROWS
             } else {
@@ -209,6 +237,10 @@ impl Options {
             telemetry: self.telemetry,
             sluice,
             plugin: self.plugin.unwrap_or_else(|| root.join(REFERENCE_PLUGIN)),
+            python_plugin: self
+                .python_plugin
+                .unwrap_or_else(|| root.join(PYTHON_PLUGIN)),
+            js_plugin: self.js_plugin.unwrap_or_else(|| root.join(JS_PLUGIN)),
             hostile_plugin: root.join(HOSTILE_PLUGIN),
             quick: self.quick,
             out: self.out,
@@ -217,6 +249,8 @@ impl Options {
 }
 
 const REFERENCE_PLUGIN: &str = "plugins/target/wasm32-wasip2/release/route_by_aggregate.wasm";
+const PYTHON_PLUGIN: &str = "target/conformance/route_by_aggregate_py.wasm";
+const JS_PLUGIN: &str = "target/conformance/route_by_aggregate_js.wasm";
 const HOSTILE_PLUGIN: &str = "tests/plugins/target/wasm32-wasip2/release/test_hostile.wasm";
 
 impl Settings {
@@ -225,6 +259,22 @@ impl Settings {
         existing_file(
             &self.plugin,
             "the reference plugin (build it with `cd plugins && cargo build --release --target wasm32-wasip2`, or pass --plugin)",
+        )
+    }
+
+    /// The Python reference plugin as an absolute path, or an error saying how to build it.
+    pub fn python_plugin(&self) -> anyhow::Result<PathBuf> {
+        existing_file(
+            &self.python_plugin,
+            "the Python reference plugin (build it with `plugins/route-by-aggregate-py/build.sh target/conformance/route_by_aggregate_py.wasm`, or pass --python-plugin)",
+        )
+    }
+
+    /// The JavaScript reference plugin as an absolute path, or an error saying how to build it.
+    pub fn js_plugin(&self) -> anyhow::Result<PathBuf> {
+        existing_file(
+            &self.js_plugin,
+            "the JavaScript reference plugin (build it with `plugins/route-by-aggregate-js/build.sh target/conformance/route_by_aggregate_js.wasm`, or pass --js-plugin)",
         )
     }
 

@@ -51,6 +51,11 @@
 //!   `mysql://root@127.0.0.1:3306/test`) and on a SQLite file in a temporary directory; then
 //!   `database-ratios`: each database's drain / its own ceiling. `sluice-bench databases` runs
 //!   sql-ceiling and drain-native on all three databases in one go.
+//!
+//! Not in `all`: `languages` — the reference plugin in Rust, Python and JavaScript
+//! (`--plugin`, `--python-plugin`, `--js-plugin`): per language, time to "relay started" with an
+//! empty and a filled compile cache (median of 3) and a drain of `--rows` (default 100,000;
+//! median of 3) with rows/s, relay CPU per 1,000 rows and peak RSS; then a side-by-side table.
 
 mod cli;
 mod db;

@@ -7,6 +7,8 @@
 //! runs [`RUNS`] times (a fresh backlog each time) and the median run is reported, with the
 //! CPU the database server and the broker used over its window, and the machine's load.
 
+use std::path::PathBuf;
+
 use super::THROUGHPUT;
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Rows};
@@ -54,11 +56,37 @@ const RUNS: usize = 3;
 
 pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Figure>> {
     let plugin = routing.plugin(settings)?;
+    let drain = Drain {
+        label: routing.label(),
+        stem: routing.stem(),
+        plugin,
+        rows: settings.rows,
+        cache_dir: None,
+    };
+    run_median(settings, &drain).await
+}
+
+/// What [`run_median`] drains.
+pub struct Drain<'a> {
+    /// Scenario label of the figures.
+    pub label: &'a str,
+    /// Table and topic names.
+    pub stem: &'a str,
+    pub plugin: Plugin,
+    pub rows: u64,
+    /// `[plugins] cache_dir`; `None` keeps Sluice's default.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Drains `drain.rows` through `drain.plugin` [`RUNS`] times; returns the median run's
+/// figures with the slowest and fastest rows/s.
+pub async fn run_median(settings: &Settings, drain: &Drain<'_>) -> anyhow::Result<Vec<Figure>> {
+    let Drain { label, stem, .. } = *drain;
     let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, routing.stem(), None).await?;
+    let table = OutboxTable::create(settings, &pool, stem, None).await?;
     let mut runs = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
-        match measure(settings, routing, plugin.clone(), &table).await {
+        match measure(settings, drain, &table).await {
             Ok(figures) => runs.push(figures),
             Err(e) => {
                 table.drop_table().await;
@@ -70,16 +98,16 @@ pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Fi
     table.drop_table().await;
     runs.sort_by(|a, b| a[0].value.total_cmp(&b[0].value));
     let all: Vec<String> = runs.iter().map(|r| format!("{:.0}", r[0].value)).collect();
-    eprintln!("    {} runs, rows/s: {}", routing.label(), all.join(", "));
+    eprintln!("    {label} runs, rows/s: {}", all.join(", "));
     let mut median = runs.swap_remove(RUNS / 2);
     median.push(Figure::new(
-        routing.label(),
+        label,
         "slowest run",
         runs[0][0].value,
         "rows/s",
     ));
     median.push(Figure::new(
-        routing.label(),
+        label,
         "fastest run",
         runs[runs.len() - 1][0].value,
         "rows/s",
@@ -89,19 +117,20 @@ pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Fi
 
 async fn measure(
     settings: &Settings,
-    routing: Routing,
-    plugin: Plugin,
+    drain: &Drain<'_>,
     table: &OutboxTable,
 ) -> anyhow::Result<Vec<Figure>> {
-    let prefix = names::topic_prefix(routing.stem());
+    let label = drain.label;
+    let prefix = names::topic_prefix(drain.stem);
     kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
-    table.fill(settings.rows, None).await?;
+    table.fill(drain.rows, None).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
     let config = RelayConfig {
         database_url: settings.database_url.clone(),
         table: table.name().to_owned(),
         kafka: settings.kafka.clone(),
-        default_plugin: Some((plugin, prefix)),
+        cache_dir: drain.cache_dir.clone(),
+        default_plugin: Some((drain.plugin.clone(), prefix)),
         relay: settings.relay.clone(),
         telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
@@ -110,7 +139,6 @@ async fn measure(
     let drained = watch.run(&mut relay).await?;
     let stopped = relay.stop().await?;
 
-    let label = routing.label();
     let cpu = cpu_seconds(
         stopped
             .last

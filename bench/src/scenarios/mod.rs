@@ -3,6 +3,7 @@
 mod db_drain;
 mod drain;
 mod idle;
+mod languages;
 mod latency;
 mod naive;
 mod noisy;
@@ -49,6 +50,7 @@ enum Step {
     Noisy,
     Startup,
     NotifyCost,
+    Languages,
     /// sql-ceiling on MariaDB or SQLite.
     SqlCeilingOn(Database),
     /// drain-native on MariaDB or SQLite.
@@ -81,6 +83,7 @@ impl Step {
             Self::Noisy => noisy::NAME,
             Self::Startup => startup::NAME,
             Self::NotifyCost => notify_cost::NAME,
+            Self::Languages => languages::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
         }
     }
@@ -101,6 +104,7 @@ impl Step {
             Self::Noisy => noisy::run(settings).await,
             Self::Startup => startup::run(settings).await,
             Self::NotifyCost => notify_cost::run(settings).await,
+            Self::Languages => languages::run(settings).await,
         }
     }
 }
@@ -135,6 +139,7 @@ fn steps(command: Command) -> Vec<Step> {
         Command::Noisy => vec![Step::Noisy],
         Command::Startup => vec![Step::Startup],
         Command::NotifyCost => vec![Step::NotifyCost],
+        Command::Languages => vec![Step::Languages],
         Command::Databases => vec![
             Step::SqlCeiling,
             Step::DrainNative,

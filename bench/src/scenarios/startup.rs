@@ -20,8 +20,8 @@ use crate::{db, names};
 pub const NAME: &str = "startup";
 
 const TENANTS: usize = 50;
-const READY_LINE: &str = "relay started";
-const CACHE_HIT_LINE: &str = "loaded precompiled plugin from cache";
+pub(super) const READY_LINE: &str = "relay started";
+pub(super) const CACHE_HIT_LINE: &str = "loaded precompiled plugin from cache";
 const LOG_POLL: Duration = Duration::from_millis(5);
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -95,7 +95,7 @@ async fn measure(
 }
 
 /// Starts a relay, waits for [`READY_LINE`] in its log, stops it; returns the wait and the log.
-async fn time_to_ready(
+pub(super) async fn time_to_ready(
     settings: &Settings,
     config: &RelayConfig,
 ) -> anyhow::Result<(Duration, String)> {
@@ -145,7 +145,7 @@ fn leb128(mut n: usize) -> Vec<u8> {
     }
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
