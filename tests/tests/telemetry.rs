@@ -177,6 +177,23 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
         text.contains("sluice_plugin_info{tenant=\"refuser\""),
         "{text}"
     );
+    // Each configured tenant's one instance, made at start; `refuser`'s permanent errors hit
+    // no sandbox limit.
+    for tenant in ["refuser", "lost"] {
+        assert_eq!(
+            metric_sum(
+                &m,
+                "sluice_plugin_instantiations_total",
+                &[&format!("tenant=\"{tenant}\""), "reason=\"start\""]
+            ),
+            1.0,
+            "{tenant}: {text}"
+        );
+    }
+    assert_eq!(
+        metric_sum(&m, "sluice_tenant_limit_hits_total", &["tenant=\"refuser\""]),
+        0.0
+    );
     promtool_check(&text);
 
     let (code, ready) = http_get(port, "/readyz").expect("readyz");

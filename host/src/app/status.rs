@@ -283,6 +283,8 @@ mod tests {
             },
             instance: true,
             counters: BTreeMap::new(),
+            instantiations: BTreeMap::new(),
+            limit_hits: BTreeMap::new(),
         }];
         let reports = tenant_reports(&backlog, &statuses);
         assert_eq!(reports.len(), 2);

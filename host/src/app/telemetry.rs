@@ -49,6 +49,18 @@ struct PluginLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    tenant: Arc<str>,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    tenant: Arc<str>,
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CustomLabels {
     tenant: Arc<str>,
     name: String,
@@ -74,6 +86,8 @@ impl Collector for RouterCollector {
         let quarantined: Family<TenantLabel, Gauge> = Family::default();
         let info: Family<PluginLabels, Gauge> = Family::default();
         let custom: Family<CustomLabels, Counter> = Family::default();
+        let instantiations: Family<ReasonLabels, Counter> = Family::default();
+        let limit_hits: Family<LimitLabels, Counter> = Family::default();
         for tenant in self.tenants.all() {
             let _ = paused.get_or_create(&TenantLabel {
                 tenant: Arc::clone(&tenant),
@@ -100,6 +114,22 @@ impl Collector for RouterCollector {
                     digest: s.digest.clone().unwrap_or_default(),
                 })
                 .set(1);
+                for (&reason, &n) in &s.instantiations {
+                    instantiations
+                        .get_or_create(&ReasonLabels {
+                            tenant: Arc::clone(&tenant),
+                            reason,
+                        })
+                        .inc_by(n);
+                }
+                for (&limit, &n) in &s.limit_hits {
+                    limit_hits
+                        .get_or_create(&LimitLabels {
+                            tenant: Arc::clone(&tenant),
+                            limit,
+                        })
+                        .inc_by(n);
+                }
                 for (name, value) in &s.counters {
                     custom
                         .get_or_create(&CustomLabels {
@@ -139,7 +169,23 @@ impl Collector for RouterCollector {
             None,
             custom.metric_type(),
         )?;
-        custom.encode(m)
+        custom.encode(m)?;
+        let m = encoder.encode_descriptor(
+            "sluice_plugin_instantiations",
+            "Plugin instances created, by reason: start, reload, after_trap, recycle \
+             (recycle_memory_percent), evicted (re-created after making room)",
+            None,
+            instantiations.metric_type(),
+        )?;
+        instantiations.encode(m)?;
+        let m = encoder.encode_descriptor(
+            "sluice_tenant_limit_hits",
+            "Sandbox limits a tenant's plugin ran into: call_timeout, memory, table_elements, \
+             output_copy, output (a refused message), batch_time_budget, batch_output_budget",
+            None,
+            limit_hits.metric_type(),
+        )?;
+        limit_hits.encode(m)
     }
 }
 

@@ -287,6 +287,8 @@ impl PluginRouter {
                 state: h.status.state(now),
                 instance: h.status.has_instance(),
                 counters: h.status.shared.counters(),
+                instantiations: h.status.instantiations.snapshot(),
+                limit_hits: h.status.limit_hits.snapshot(),
             })
             .collect();
         statuses.sort_by(|a, b| a.tenant.cmp(&b.tenant));

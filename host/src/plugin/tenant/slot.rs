@@ -12,6 +12,7 @@ use crate::plugin::builtin::Builtin;
 use crate::plugin::limits::{CallBatching, Limits};
 use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::quarantine::Quarantine;
+use crate::plugin::tenant::status::ReasonCounts;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::wasm::instance::{TenantInstance, Trapped};
@@ -178,6 +179,10 @@ pub struct SlotStatus {
     live: std::sync::atomic::AtomicBool,
     /// Instances replaced because their memory passed `recycle_memory_percent`.
     pub recycled: AtomicU64,
+    /// Instances created, by why.
+    pub instantiations: ReasonCounts,
+    /// Sandbox limits run into, by limit.
+    pub limit_hits: ReasonCounts,
 }
 
 fn clock_origin() -> Instant {
@@ -214,6 +219,8 @@ impl SlotStatus {
             shared: TenantShared::new(tenant),
             live: std::sync::atomic::AtomicBool::new(false),
             recycled: AtomicU64::new(0),
+            instantiations: ReasonCounts::default(),
+            limit_hits: ReasonCounts::default(),
         }
     }
 
@@ -306,6 +313,8 @@ pub struct TenantSlot {
     /// Whether rows go to `transform-batch`: after the tenant's probation of successful rows
     /// in a row ([`CallBatching`]), until a `transform-batch` call fails (see [`BatchMode`]).
     batch: BatchMode,
+    /// Why the next instance is created (a metrics label): why the last one went.
+    next_instance: &'static str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,6 +409,8 @@ impl BatchMode {
 struct OutputBudget {
     limit: usize,
     spent: usize,
+    /// Whether a row was deferred for it (counted once per batch as a limit hit).
+    hit: bool,
 }
 
 impl OutputBudget {
@@ -412,6 +423,7 @@ impl OutputBudget {
         };
         let bytes = output::output_bytes(messages);
         if self.spent > 0 && self.spent.saturating_add(bytes) > self.limit {
+            self.hit = true;
             return Err(TransformFailure::Deferred(format!(
                 "tenant {tenant}'s messages in this batch reached its max_batch_output_bytes ({} bytes)",
                 self.limit
@@ -440,6 +452,7 @@ impl TenantSlot {
             quota,
             status,
             batch,
+            next_instance: "start",
         };
         if let Some(runner) = runner {
             slot.install(runner);
@@ -459,9 +472,13 @@ impl TenantSlot {
                 "circuit breaker reset: the tenant switched to another plugin version");
         }
         match runner {
-            Some(runner) => self.install(runner),
+            Some(runner) => {
+                self.next_instance = "reload";
+                self.install(runner);
+            }
             None => self.drop_runner(),
         }
+        self.next_instance = "reload";
     }
 
     /// Installs a freshly created runner if the slot has none (a quarantined tenant's first
@@ -486,10 +503,12 @@ impl TenantSlot {
         }
         self.runner = Some(runner);
         self.status.live.store(true, Ordering::Release);
+        self.status.instantiations.add(self.next_instance);
     }
 
     /// Drops the live instance (after a trap, or to make room); the next row creates another.
     pub fn drop_runner(&mut self) {
+        self.next_instance = "evicted";
         self.runner = None;
         self.permit = None;
         self.status.live.store(false, Ordering::Release);
@@ -521,6 +540,7 @@ impl TenantSlot {
         let mut output = OutputBudget {
             limit: self.template.limits.max_batch_output_bytes,
             spent: 0,
+            hit: false,
         };
         let started = now;
         let mut results: Vec<RowResult> = Vec::with_capacity(rows.len());
@@ -538,6 +558,7 @@ impl TenantSlot {
                 break;
             }
             if !results.is_empty() && now - started >= budget {
+                self.status.limit_hits.add("batch_time_budget");
                 let why = format!(
                     "tenant {}'s plugin used up this batch's time budget ({})",
                     self.tenant,
@@ -566,6 +587,9 @@ impl TenantSlot {
             self.batch
                 .after_row(result.is_ok(), &self.template.limits.batching);
             results.push(output.admit(&self.tenant, result));
+        }
+        if output.hit {
+            self.status.limit_hits.add("batch_output_budget");
         }
         results
     }
@@ -669,7 +693,9 @@ impl TenantSlot {
                     reason = %trapped.reason, guest_output = trapped.guest_output.as_deref().unwrap_or(""),
                     single_rows = probation,
                     "plugin's transform-batch failed; calling this tenant's plugin row by row for a while, then in batches again");
+                self.count_limit(&trapped);
                 self.drop_runner();
+                self.next_instance = "after_trap";
                 None
             }
         }
@@ -693,6 +719,7 @@ impl TenantSlot {
             started_with_bytes = baseline, threshold_bytes = threshold, replaced,
             "replacing the tenant's plugin instance: its memory passed recycle_memory_percent of memory_mb");
         self.drop_runner();
+        self.next_instance = "recycle";
     }
 
     /// A trapped Store is poisoned: drop it, re-create it for the next row.
@@ -701,13 +728,24 @@ impl TenantSlot {
         tracing::warn!(tenant = %self.tenant, row, error.type = if trapped.deadline { "deadline" } else { "trap" },
             reason = %trapped.reason, guest_output = trapped.guest_output.as_deref().unwrap_or(""),
             "plugin trapped; discarding the tenant's instance");
+        self.count_limit(&trapped);
         self.drop_runner();
+        self.next_instance = "after_trap";
         trapped.into_failure()
+    }
+
+    fn count_limit(&self, trapped: &Trapped) {
+        if let Some(limit) = trapped.limit {
+            self.status.limit_hits.add(limit);
+        }
     }
 
     /// Feeds a row's outcome to the circuit breaker and logs its transitions. Only the
     /// instance's health counts: a row's own `permanent` error or refused output does not.
     fn record(&self, result: &RowResult) {
+        if let Err(TransformFailure::InvalidOutput(_)) = result {
+            self.status.limit_hits.add("output");
+        }
         let transition = {
             let mut breaker = lock(&self.status.breaker);
             match result {
@@ -946,6 +984,33 @@ mod tests {
             };
             assert!(why.contains("max_batch_output_bytes"), "{why}");
         }
+    }
+
+    #[test]
+    fn instances_and_limit_hits_are_counted_by_reason() {
+        let limits = Limits {
+            max_batch_output_bytes: 1,
+            ..Limits::default()
+        };
+        let mut slot = slot(builtin(limits), None);
+        let rows: Vec<OutboxRow> = (0..3).map(|_| row(4)).collect();
+        let refs: Vec<&OutboxRow> = rows.iter().collect();
+        slot.run_group(&refs);
+        slot.record(&Err(TransformFailure::InvalidOutput("topic".into())));
+        let hits = slot.status.limit_hits.snapshot();
+        // One budget hit per batch, however many rows it deferred.
+        assert_eq!(hits.get("batch_output_budget"), Some(&1));
+        assert_eq!(hits.get("output"), Some(&1));
+        assert_eq!(slot.status.instantiations.snapshot().get("start"), Some(&1));
+
+        slot.drop_runner();
+        slot.next_instance = "recycle";
+        slot.run_group(&refs[..1]);
+        slot.replace(builtin(Limits::default()), None);
+        slot.run_group(&refs[..1]);
+        let made = slot.status.instantiations.snapshot();
+        assert_eq!(made.get("recycle"), Some(&1));
+        assert_eq!(made.get("reload"), Some(&1));
     }
 
     #[test]

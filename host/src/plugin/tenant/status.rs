@@ -1,6 +1,7 @@
 //! What the plugin runtime reports about each tenant: the read side for `/status` and metrics.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::model::TenantId;
@@ -22,6 +23,34 @@ pub struct TenantStatus {
     pub instance: bool,
     /// Its plugin's `counter-add` totals (at most 32 names, `_overflow` included).
     pub counters: BTreeMap<String, u64>,
+    /// Plugin instances created, by why (`start`, `reload`, `after_trap`, `recycle`,
+    /// `evicted`: re-created after making room for other tenants).
+    pub instantiations: BTreeMap<&'static str, u64>,
+    /// Sandbox limits its plugin ran into, by limit (`call_timeout`, `memory`,
+    /// `table_elements`, `output_copy`, `output`: a refused message, `batch_time_budget`,
+    /// `batch_output_budget`).
+    pub limit_hits: BTreeMap<&'static str, u64>,
+}
+
+/// Event counts by a fixed set of reasons (bounded: the reasons are compiled in).
+#[derive(Debug, Default)]
+pub struct ReasonCounts(Mutex<BTreeMap<&'static str, u64>>);
+
+impl ReasonCounts {
+    pub fn add(&self, reason: &'static str) {
+        let mut counts = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *counts.entry(reason).or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<&'static str, u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// Whether a tenant's rows are being run.

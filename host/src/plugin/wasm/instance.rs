@@ -180,6 +180,7 @@ impl TenantInstance {
                 ),
                 deadline: false,
                 guest_output: None,
+                limit: None,
             });
         }
         Ok(answers)
@@ -200,6 +201,8 @@ pub struct Trapped {
     /// [`GUEST_OUTPUT_TAIL`] bytes before escaping), for the log; its last
     /// [`GUEST_OUTPUT_IN_REASON`] bytes are in `reason` too.
     pub guest_output: Option<String>,
+    /// The sandbox limit the call ran into, if that is why it stopped (a metrics label).
+    pub limit: Option<&'static str>,
 }
 
 /// Bytes of the guest's output quoted in a trap's reason: with the trap's own text (at most
@@ -212,6 +215,7 @@ impl Trapped {
             reason: describe_trap(error, limits),
             deadline: matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)),
             guest_output: None,
+            limit: limit_hit(error),
         }
     }
 
@@ -224,6 +228,7 @@ impl Trapped {
             ),
             deadline: true,
             guest_output: None,
+            limit: Some("call_timeout"),
         }
     }
 
@@ -267,6 +272,21 @@ const FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 
 /// Human-readable reason for a failed guest call: deadline, memory cap, copy budget or other
 /// trap. Bounded: the trap text carries guest-chosen function names in its backtrace.
+/// Which sandbox limit stopped the call, if one did.
+fn limit_hit(error: &wasmtime::Error) -> Option<&'static str> {
+    if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
+        return Some("call_timeout");
+    }
+    match error.downcast_ref::<LimitExceeded>() {
+        Some(LimitExceeded::Memory(_)) => return Some("memory"),
+        Some(LimitExceeded::TableElements) => return Some("table_elements"),
+        None => {}
+    }
+    format!("{error:#}")
+        .contains(FUEL_EXHAUSTED)
+        .then_some("output_copy")
+}
+
 fn describe_trap(error: &wasmtime::Error, limits: &Limits) -> String {
     if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
         return format!(
