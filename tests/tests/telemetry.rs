@@ -191,7 +191,11 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
         );
     }
     assert_eq!(
-        metric_sum(&m, "sluice_tenant_limit_hits_total", &["tenant=\"refuser\""]),
+        metric_sum(
+            &m,
+            "sluice_tenant_limit_hits_total",
+            &["tenant=\"refuser\""]
+        ),
         0.0
     );
     promtool_check(&text);
