@@ -130,10 +130,18 @@ impl PluginRouter {
             let code = match LoadedPlugin::load_cached(&engine, path, cache.as_ref()) {
                 Ok(plugin) => PluginCode::Wasm(Arc::new(plugin)),
                 Err(e) if strict => return Err(e),
-                Err(e) => PluginCode::Broken {
-                    path: path.clone(),
-                    reason: bounded(&e.to_string(), MAX_LOGGED).into_owned(),
-                },
+                Err(e) => {
+                    // The reason is reported as the plugin's (`plugin <path>: <reason>`): keep
+                    // the path out of it.
+                    let reason = match &e {
+                        PluginError::BadPlugin { message, .. } => message.clone(),
+                        other => other.to_string(),
+                    };
+                    PluginCode::Broken {
+                        path: path.clone(),
+                        reason: bounded(&reason, MAX_LOGGED).into_owned(),
+                    }
+                }
             };
             files.insert(path.clone(), code.clone());
             Ok(code)

@@ -41,6 +41,9 @@ pub async fn config_check(path: &Path, connect: bool) -> anyhow::Result<ExitCode
     for problem in &problems {
         println!("{}: {problem}", path.display());
     }
-    eprintln!("{} problems", problems.len());
+    match problems.len() {
+        1 => eprintln!("1 problem"),
+        n => eprintln!("{n} problems"),
+    }
     Ok(ExitCode::FAILURE)
 }
