@@ -20,6 +20,19 @@ async fn retries_follow_the_backoff_policy_and_the_row_dies_at_max_attempts() {
         &format!("topic_prefix = \"{}\", fail_attempts = 100", s.prefix),
     ) + "circuit_breaker_failures = 1000\n"
         + "[relay.retry]\ninitial = \"300ms\"\nmultiplier = 2.0\njitter = 0.0\nmax_attempts = 4\n";
+    // Each change of `attempts`, stamped with the time of the transaction that made it (the
+    // `now()` the relay's due check and its `next_attempt_at` use): gaps measured by the
+    // database, not by when this test happened to look.
+    let log = format!("{}_attempts", s.table.name);
+    s.table
+        .execute(&format!(
+            "CREATE TABLE \"{log}\" (attempts int, at timestamptz);
+             CREATE FUNCTION \"{log}_fn\"() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN INSERT INTO \"{log}\" VALUES (NEW.attempts, now()); RETURN NEW; END $$;
+             CREATE TRIGGER \"{log}_tr\" AFTER UPDATE OF attempts ON {{t}} FOR EACH ROW
+               WHEN (NEW.attempts IS DISTINCT FROM OLD.attempts) EXECUTE FUNCTION \"{log}_fn\"();"
+        ))
+        .await;
     let relay = RelayProcess::start(
         &s.config("poll_interval = \"20ms\"", &extra)
             .replace("poll_interval = \"100ms\"\n", ""),
@@ -54,8 +67,26 @@ async fn retries_follow_the_backoff_policy_and_the_row_dies_at_max_attempts() {
         1,
         "dead after max_attempts"
     );
-    for (k, expected_ms) in [(1usize, 300u128), (2, 600), (3, 1200)] {
-        let gap = (seen[k].1 - seen[k - 1].1).as_millis();
+    let stamps = s
+        .table
+        .text_rows(&format!(
+            "SELECT attempts::text, (extract(epoch FROM at) * 1000)::int8::text
+               FROM \"{log}\" ORDER BY at, attempts"
+        ))
+        .await;
+    let at_ms: Vec<(i64, i64)> = stamps
+        .iter()
+        .map(|r| {
+            let num = |i: usize| r[i].as_deref().unwrap_or("0").parse::<i64>().unwrap();
+            (num(0), num(1))
+        })
+        .collect();
+    assert_eq!(
+        at_ms.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    for (k, expected_ms) in [(1usize, 300i64), (2, 600), (3, 1200)] {
+        let gap = at_ms[k].1 - at_ms[k - 1].1;
         assert!(
             gap + 60 >= expected_ms && gap <= expected_ms + 700,
             "retry {k}: waited {gap} ms, policy says {expected_ms} ms"
@@ -63,6 +94,11 @@ async fn retries_follow_the_backoff_policy_and_the_row_dies_at_max_attempts() {
     }
     let (_, _, error) = s.table.unsent_rows().await.remove(0);
     assert!(error.unwrap_or_default().contains("fails on purpose"));
+    s.table
+        .execute(&format!(
+            "DROP TRIGGER \"{log}_tr\" ON {{t}}; DROP FUNCTION \"{log}_fn\"(); DROP TABLE \"{log}\";"
+        ))
+        .await;
     s.finish().await;
 }
 
