@@ -49,6 +49,17 @@ pub enum Command {
     DrainNative,
     /// `sluice run` with the WASM reference plugin on the --rows backlog.
     DrainWasm,
+    /// The drain (defaults, WASM reference plugin) as a ratio of the pipeline limit
+    /// 1/(1/SQL ceiling + 1/produce ceiling), all three measured in each of 3 runs, each
+    /// against a freshly started broker.
+    Pipeline,
+    /// Where a drain's time goes, per stage (claim, transform, produce, mark + commit), from
+    /// the relay's own metrics; `--baseline` compares with another sluice binary, `--plot`
+    /// draws it.
+    Stages,
+    /// One, two and four `sluice run` processes on one table: aggregate drain rate and the
+    /// share of the rows each sent.
+    ScaleOut,
     /// Commit → Kafka latency at 1,000 rows/s, polling only and with NOTIFY.
     Latency,
     /// Database transactions/s and CPU % of a relay on an empty outbox.
@@ -98,6 +109,9 @@ pub struct Options {
     /// Measuring window of latency and idle [default: 60s, --quick 10s].
     #[arg(long, global = true, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
+    /// Rows per second the latency scenario offers.
+    #[arg(long, global = true, default_value_t = 1000)]
+    rate: u64,
     /// Concurrent connections of sql-ceiling (the relay's default relay.workers).
     #[arg(long, global = true, default_value_t = 2)]
     workers: usize,
@@ -128,6 +142,13 @@ pub struct Options {
     /// without it.
     #[arg(long, global = true, value_name = "ADDR")]
     telemetry: Option<String>,
+    /// `stages`: another sluice binary (e.g. a build of an earlier commit) whose drain is
+    /// broken down next to this one's.
+    #[arg(long, global = true)]
+    baseline: Option<PathBuf>,
+    /// `stages`: also draw the breakdown as an SVG bar chart into this file.
+    #[arg(long, global = true)]
+    plot: Option<PathBuf>,
     /// Smaller sizes for a smoke test: 20,000 rows, 10 s windows.
     #[arg(long, global = true)]
     quick: bool,
@@ -155,6 +176,8 @@ pub struct Settings {
     pub notify_cost_duration: Duration,
     /// Connections of sql-ceiling.
     pub workers: usize,
+    /// Rows per second offered by `latency`.
+    pub rate: u64,
     /// The `sluice` binary (absolute).
     pub sluice: PathBuf,
     /// The WASM reference plugin (not checked until a scenario needs it).
@@ -170,6 +193,10 @@ pub struct Settings {
     pub relay: Vec<(String, String)>,
     /// `--telemetry`: `[telemetry] listen` of the drain, latency and idle relays.
     pub telemetry: Option<String>,
+    /// `--baseline`: a second sluice binary for `stages` (absolute).
+    pub baseline: Option<PathBuf>,
+    /// `--plot`: where `stages` draws its chart.
+    pub plot: Option<PathBuf>,
 }
 
 fn parse_setting(s: &str) -> Result<(String, String), String> {
@@ -233,6 +260,7 @@ impl Options {
                 FULL_NOTIFY_COST_DURATION
             },
             workers: self.workers,
+            rate: self.rate,
             relay: self.relay,
             telemetry: self.telemetry,
             sluice,
@@ -244,6 +272,11 @@ impl Options {
             hostile_plugin: root.join(HOSTILE_PLUGIN),
             quick: self.quick,
             out: self.out,
+            baseline: self
+                .baseline
+                .map(|path| existing_file(&path, "the --baseline sluice binary"))
+                .transpose()?,
+            plot: self.plot,
         })
     }
 }

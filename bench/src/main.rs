@@ -57,6 +57,7 @@
 //! empty and a filled compile cache (median of 3) and a drain of `--rows` (default 100,000;
 //! median of 3) with rows/s, relay CPU per 1,000 rows and peak RSS; then a side-by-side table.
 
+mod broker;
 mod cli;
 mod db;
 mod dbtable;
@@ -70,6 +71,7 @@ mod relay;
 mod relay_config;
 mod report;
 mod scenarios;
+mod scrape;
 mod stats;
 
 use std::process::ExitCode;

@@ -125,8 +125,10 @@ impl DatabaseConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
     pub batch_size: usize,
-    /// Concurrent batch pipelines in this process.
+    /// Most batches in flight at once in this process.
     pub workers: usize,
+    /// Let the number of batches in flight follow the pipeline (up to `workers`).
+    pub adaptive_concurrency: bool,
     /// Longest wait between polls when the outbox is empty.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -155,6 +157,7 @@ impl RelayConfig {
         RelaySettings {
             batch_size: self.batch_size,
             workers: self.workers,
+            adaptive_concurrency: self.adaptive_concurrency,
             min_poll_interval: self.min_poll_interval,
             poll_interval: self.poll_interval,
             retry: RetryPolicy::new(&self.retry),
@@ -180,6 +183,7 @@ impl Default for RelayConfig {
         Self {
             batch_size: DEFAULT_BATCH_SIZE,
             workers: DEFAULT_WORKERS,
+            adaptive_concurrency: true,
             poll_interval: DEFAULT_POLL_INTERVAL,
             min_poll_interval: DEFAULT_MIN_POLL_INTERVAL,
             notify_channel: None,

@@ -662,6 +662,46 @@ mod bodies {
         f.cleanup().await;
     }
 
+    /// While a backlog drains, a claim may start past the rows claimed last (the PostgreSQL
+    /// driver's claim cursor); rows put back behind it must still come round, soon.
+    pub async fn rows_put_back_behind_full_claims_are_claimed_again<F: Fixture>() {
+        let f = F::new().await;
+        let store = f.migrated(StoreOptions::default()).await;
+        let inserted = f
+            .insert(
+                &(1..=8)
+                    .map(|n| row(None, &format!("k{n}"), n))
+                    .collect::<Vec<_>>(),
+            )
+            .await;
+        let first = store.claim(2, &[]).await.unwrap();
+        let second = store.claim(2, &[]).await.unwrap();
+        assert_eq!(ids(&first.rows), int_ids(&inserted[..2]));
+        assert_eq!(ids(&second.rows), int_ids(&inserted[2..4]));
+        first.batch.abandon().await.unwrap();
+        // `second` stays open (its rows locked) while later claims are sent at once.
+        let mut seen = ids(&second.rows);
+        let started = Instant::now();
+        while !int_ids(&inserted[..2]).iter().all(|id| seen.contains(id)) {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "rows put back were not claimed again within 3 s; claimed: {seen:?}"
+            );
+            let claim = store.claim(2, &[]).await.unwrap();
+            let claimed = ids(&claim.rows);
+            for id in &claimed {
+                assert!(!seen.contains(id), "{id} claimed twice");
+                seen.push(id.clone());
+            }
+            claim.batch.complete(sent(claimed)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let held = ids(&second.rows);
+        second.batch.complete(sent(held)).await.unwrap();
+        assert_eq!(f.count().await, 8 - seen.len() as i64);
+        f.cleanup().await;
+    }
+
     pub async fn paused_tenants_are_skipped<F: Fixture>() {
         let f = F::new().await;
         let store = f.migrated(StoreOptions::default()).await;
@@ -1284,6 +1324,7 @@ macro_rules! conformance {
             conformance!(@tests $fixture;
                 claims_decode_rows_in_insertion_order,
                 two_claimers_get_disjoint_rows,
+                rows_put_back_behind_full_claims_are_claimed_again,
                 paused_tenants_are_skipped,
                 has_due_and_backlog_follow_the_rows_states,
                 the_backlog_sample_counts_per_tenant_and_reads_at_most_its_limit,

@@ -115,11 +115,21 @@ pub async fn run_median(settings: &Settings, drain: &Drain<'_>) -> anyhow::Resul
     Ok(median)
 }
 
-async fn measure(
+pub(super) async fn measure(
     settings: &Settings,
     drain: &Drain<'_>,
     table: &OutboxTable,
 ) -> anyhow::Result<Vec<Figure>> {
+    Ok(measure_with_metrics(settings, drain, table).await?.0)
+}
+
+/// [`measure`], and with `settings.telemetry` set, the relay's `/metrics` as scraped right
+/// after the drain (before the relay is stopped).
+pub(super) async fn measure_with_metrics(
+    settings: &Settings,
+    drain: &Drain<'_>,
+    table: &OutboxTable,
+) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
     let label = drain.label;
     let prefix = names::topic_prefix(drain.stem);
     kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
@@ -137,6 +147,10 @@ async fn measure(
     };
     let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
     let drained = watch.run(&mut relay).await?;
+    let metrics = match &settings.telemetry {
+        Some(listen) => Some(crate::scrape::metrics(listen).await?),
+        None => None,
+    };
     let stopped = relay.stop().await?;
 
     let cpu = cpu_seconds(
@@ -147,7 +161,7 @@ async fn measure(
     );
     let (postgres, tansu, busy) = drained.system.0.until(&drained.system.1);
     let per_1k = |cpu: f64| cpu / drained.rows as f64 * 1000.0;
-    Ok(vec![
+    let figures = vec![
         Figure::new(label, THROUGHPUT, drained.rows_per_second(), "rows/s"),
         Figure::new(label, "relay CPU per 1,000 rows", per_1k(cpu), "CPU s"),
         Figure::new(
@@ -161,5 +175,6 @@ async fn measure(
         Figure::new(label, "relay peak RSS", stopped.last.peak_rss_mib(), "MiB"),
         Figure::new(label, "rows in window", drained.rows as f64, "rows"),
         Figure::new(label, "drain time", drained.elapsed.as_secs_f64(), "s"),
-    ])
+    ];
+    Ok((figures, metrics))
 }

@@ -1,8 +1,10 @@
-//! `latency`: how long a row takes from its COMMIT to Kafka at a steady 1,000 rows/s, with
+//! `latency`: how long a row takes from its COMMIT to Kafka at a steady 1,000 rows/s (or
+//! `--rate`), with
 //! `sluice run` on default `[relay]` settings, once relying on polling (`latency-poll`) and once
 //! woken by the NOTIFY trigger (`latency-notify`, `notify_channel = "sluice_outbox"`).
 //!
-//! After a 3 s warm-up an inserter commits 10 rows every 10 ms for `--duration` and notes the
+//! After a 3 s warm-up an inserter commits 10 rows (`--rate` / 100) every 10 ms for
+//! `--duration` and notes the
 //! wall-clock time right after each COMMIT returns. A consumer assigned to every partition reads
 //! each message's `sluice-outbox-id` header and notes (a) the producer's CreateTime (Tansu
 //! 0.6 has no LogAppendTime): commit → produce, a lower bound of commit → acknowledged, in ms
@@ -40,7 +42,6 @@ const WARM_UP: Duration = Duration::from_secs(3);
 /// Rows committed this long after the load began are left out of the steady-state
 /// percentiles (see `figures`).
 const RAMP: Duration = Duration::from_secs(1);
-const ROWS_PER_TRANSACTION: i64 = 10;
 const INSERT_EVERY: Duration = Duration::from_millis(10);
 /// Longest wait after the last insert for the consumer to see every row.
 const CATCH_UP: Duration = Duration::from_secs(15);
@@ -115,7 +116,13 @@ async fn measure(
     };
     let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
     relay.sleep(WARM_UP).await?;
-    let inserted = insert_load(&settings.database_url, table, settings.duration).await?;
+    let inserted = insert_load(
+        &settings.database_url,
+        table,
+        settings.duration,
+        rows_per_transaction(settings.rate)?,
+    )
+    .await?;
     let catch_up_until = Instant::now() + CATCH_UP;
     while consumer.seen() < inserted.commits.len() && Instant::now() < catch_up_until {
         relay.sleep(Duration::from_millis(50)).await?;
@@ -131,12 +138,22 @@ struct Inserted {
     elapsed: Duration,
 }
 
-/// Commits [`ROWS_PER_TRANSACTION`] rows every [`INSERT_EVERY`] for `duration` (a late tick
+/// Rows per transaction for `rate` rows/s, one transaction every [`INSERT_EVERY`].
+fn rows_per_transaction(rate: u64) -> anyhow::Result<i64> {
+    let per_tick = rate * INSERT_EVERY.as_millis() as u64 / 1000;
+    if per_tick == 0 {
+        anyhow::bail!("--rate must be at least 100 rows/s (one row every 10 ms)");
+    }
+    i64::try_from(per_tick).context("--rate is too large")
+}
+
+/// Commits `rows_per_transaction` rows every [`INSERT_EVERY`] for `duration` (a late tick
 /// delays the following ones rather than bursting).
 async fn insert_load(
     url: &str,
     table: &OutboxTable,
     duration: Duration,
+    rows_per_transaction: i64,
 ) -> anyhow::Result<Inserted> {
     let mut conn = db::connection(url).await?;
     let sql = format!(
@@ -153,14 +170,14 @@ async fn insert_load(
         let mut tx = conn.begin().await.context("BEGIN failed")?;
         let ids: Vec<i64> = sqlx::query_scalar::<Postgres, i64>(AssertSqlSafe(sql.as_str()))
             .bind(next)
-            .bind(next + ROWS_PER_TRANSACTION - 1)
+            .bind(next + rows_per_transaction - 1)
             .fetch_all(&mut *tx)
             .await
             .context("insert failed")?;
         tx.commit().await.context("COMMIT failed")?;
         let committed = now_us();
         commits.extend(ids.into_iter().map(|id| (id, committed)));
-        next += ROWS_PER_TRANSACTION;
+        next += rows_per_transaction;
     }
     Ok(Inserted {
         commits,

@@ -8,8 +8,11 @@ mod latency;
 mod naive;
 mod noisy;
 mod notify_cost;
+mod pipeline;
 mod ratios;
+mod scale_out;
 mod sql_ceiling;
+mod stages;
 mod startup;
 
 use anyhow::Context;
@@ -44,6 +47,9 @@ enum Step {
     DrainNative,
     DrainWasm,
     Ratios,
+    Pipeline,
+    Stages,
+    ScaleOut,
     LatencyPoll,
     LatencyNotify,
     Idle,
@@ -77,6 +83,9 @@ impl Step {
             Self::DrainNative => drain::Routing::Native.label(),
             Self::DrainWasm => drain::Routing::Wasm.label(),
             Self::Ratios => ratios::NAME,
+            Self::Pipeline => pipeline::NAME,
+            Self::Stages => stages::NAME,
+            Self::ScaleOut => scale_out::NAME,
             Self::LatencyPoll => latency::Wakeup::Poll.label(),
             Self::LatencyNotify => latency::Wakeup::Notify.label(),
             Self::Idle => idle::NAME,
@@ -98,6 +107,9 @@ impl Step {
             Self::DrainNative => drain::run(settings, drain::Routing::Native).await,
             Self::DrainWasm => drain::run(settings, drain::Routing::Wasm).await,
             Self::Ratios => ratios::figures(report),
+            Self::Pipeline => pipeline::run(settings).await,
+            Self::Stages => stages::run(settings).await,
+            Self::ScaleOut => scale_out::run(settings).await,
             Self::LatencyPoll => latency::run(settings, latency::Wakeup::Poll).await,
             Self::LatencyNotify => latency::run(settings, latency::Wakeup::Notify).await,
             Self::Idle => idle::run(settings).await,
@@ -118,6 +130,9 @@ fn steps(command: Command) -> Vec<Step> {
             Step::DrainNative,
             Step::DrainWasm,
             Step::Ratios,
+            Step::Pipeline,
+            Step::Stages,
+            Step::ScaleOut,
             Step::LatencyPoll,
             Step::LatencyNotify,
             Step::Idle,
@@ -134,6 +149,9 @@ fn steps(command: Command) -> Vec<Step> {
         Command::Naive => vec![Step::Naive],
         Command::DrainNative => vec![Step::DrainNative],
         Command::DrainWasm => vec![Step::DrainWasm],
+        Command::Pipeline => vec![Step::Pipeline],
+        Command::Stages => vec![Step::Stages],
+        Command::ScaleOut => vec![Step::ScaleOut],
         Command::Latency => vec![Step::LatencyPoll, Step::LatencyNotify],
         Command::Idle => vec![Step::Idle],
         Command::Noisy => vec![Step::Noisy],

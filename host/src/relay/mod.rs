@@ -8,6 +8,7 @@
 //! before the commit re-publishes the batch later: delivery is at-least-once.
 //!
 //! - [`batch`]: one batch, start to end (and settling a failed commit)
+//! - [`concurrency`]: how many of the loops may have a batch in flight
 //! - [`outcome`]: what became of each row of a batch
 //! - [`dead_letter`]: copies of rows that go dead
 //! - [`held_back`]: rows whose outcome the database refused to record
@@ -16,6 +17,7 @@
 //! - [`settings`], [`stats`]: `[relay]` and what the relay did
 
 mod batch;
+pub mod concurrency;
 mod dead_letter;
 mod held_back;
 mod outcome;
@@ -35,6 +37,7 @@ use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{OutboxStore, StoreError};
 use crate::telemetry::Metrics;
+use concurrency::ConcurrencyLimit;
 use held_back::HeldBack;
 pub use outcome::ResultCountMismatch;
 use pacer::{Fill, Pacer};
@@ -92,6 +95,8 @@ pub struct Relay<S, T, K> {
     sink: K,
     settings: RelaySettings,
     pacer: Arc<Pacer>,
+    /// Slots for batches in flight.
+    concurrency: ConcurrencyLimit,
     counters: Arc<Counters>,
     held_back: HeldBack,
     /// Where batches record what they did, when metrics are on.
@@ -130,12 +135,19 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             settings.min_poll_interval,
             settings.poll_interval,
         ));
+        let workers = settings.workers.max(1);
+        let concurrency = if settings.adaptive_concurrency {
+            ConcurrencyLimit::adaptive(workers)
+        } else {
+            ConcurrencyLimit::fixed(workers)
+        };
         Self {
             store,
             transformer,
             sink,
             settings,
             pacer,
+            concurrency,
             counters: Arc::default(),
             held_back: HeldBack::default(),
             metrics: None,
@@ -230,6 +242,10 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         // Failed batches in a row, for the pause before the next one.
         let mut failures: u32 = 0;
         while !shutdown.is_shutdown() {
+            let slot = tokio::select! {
+                slot = self.concurrency.acquire() => slot,
+                _ = shutdown.recv() => break,
+            };
             let batch = self.run_batch();
             tokio::pin!(batch);
             let outcome = tokio::select! {
@@ -246,13 +262,24 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             };
             let failed = match outcome {
                 Ok(report) => {
+                    slot.record(
+                        report.commit_error.is_none()
+                            && report.deferred == 0
+                            && report.claimed >= self.settings.batch_size,
+                    );
                     self.counters.add(&report);
                     log_report(&report);
                     match report.commit_error {
                         Some(_) => true,
                         None => {
                             failures = 0;
-                            if self.pace(&report, mode, &mut shutdown).await {
+                            // The slot is kept while pacing: only the loops the limit lets
+                            // run take turns polling, so a partly busy outbox is polled by
+                            // as many loops as the limit allows, each after its wait, not
+                            // by every idle loop in a row.
+                            let done = self.pace(&report, mode, &mut shutdown).await;
+                            drop(slot);
+                            if done {
                                 break;
                             }
                             false
@@ -266,6 +293,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 }
             };
             if failed {
+                // Any slot was dropped with the outcome: other loops run during the pause.
                 failures = failures.saturating_add(1);
                 tokio::select! {
                     _ = tokio::time::sleep(store_error_pause(failures)) => {}

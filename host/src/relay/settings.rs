@@ -19,10 +19,11 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// publish latency at 1,000 rows/s well under 10 ms at p50 while an idle relay backs off to
 /// `poll_interval` within about 2.5 s.
 pub const DEFAULT_MIN_POLL_INTERVAL: Duration = Duration::from_millis(5);
-/// Concurrent batches per process: while one batch waits for its acknowledgements or its
-/// commit, the next is already being claimed and transformed. Two fill both cores of a small
-/// machine; more mostly adds row-lock and connection overhead (docs/benchmarks.md).
-pub const DEFAULT_WORKERS: usize = 2;
+/// Most batches in flight per process. With adaptive concurrency (the default) the relay runs
+/// between 1 and this many, as batch times show ([`super::concurrency`]); measured on 2 cores
+/// (docs/benchmarks.md) it settles around 3–4 while a backlog drains, and beyond about 6 fixed
+/// batches the claims slow each other down. Each holds a database connection while in flight.
+pub const DEFAULT_WORKERS: usize = 8;
 /// Most concurrent batches a process may run (each holds a database connection).
 pub const MAX_WORKERS: usize = 64;
 /// How long the batch in hand may take after SIGTERM before it is rolled back; covers the
@@ -33,8 +34,11 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
     pub batch_size: usize,
-    /// Concurrent batch loops.
+    /// Batch loops: the most batches in flight at once.
     pub workers: usize,
+    /// Whether the batches in flight follow the pipeline between 1 and `workers`
+    /// ([`super::concurrency`]) rather than all `workers` running.
+    pub adaptive_concurrency: bool,
     /// Wait after a partial batch, and the first back-off step after an empty poll.
     pub min_poll_interval: Duration,
     /// Longest wait between polls of an empty outbox.

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use wasmtime::{Store, Trap};
 
-use crate::model::OutboxRow;
+use crate::model::{OutboxId, OutboxRow};
 use crate::plugin::limits::{LimitExceeded, Limits};
 use crate::plugin::wasm::bindings::Plugin;
 use crate::plugin::wasm::bindings::types::{self as wit, PluginInfo};
@@ -46,11 +46,15 @@ impl TenantInstance {
     ) -> Result<Self, PluginError> {
         let mut instance = Self::instantiate(plugin, shared, limits)?;
         let tenant = shared.tenant();
+        let config: Vec<(&str, &str)> = config
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let configured = instance
             .call(|bindings, store| {
                 bindings
                     .sluice_plugin_transformer()
-                    .call_configure(store, config)
+                    .call_configure(store, &config)
             })
             .map_err(|trapped| PluginError::Instantiate {
                 path: plugin.path().to_owned(),
@@ -154,18 +158,24 @@ impl TenantInstance {
     /// poisoned and must be dropped; the plugin's own answer (messages or error) is `Ok`, to
     /// be checked with [`crate::plugin::output::accept`].
     pub fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
-        let input = to_wit_row(row);
+        let parts = WitParts::of(row);
+        let input = parts.row(row);
         self.call(|bindings, store| {
             bindings
                 .sluice_plugin_transformer()
-                .call_transform(store, &input)
+                .call_transform(store, input)
         })
     }
 
     /// Runs several rows through the plugin's `transform-batch` in one call (one deadline for
     /// the whole call). A result list of the wrong length is refused.
     pub fn transform_batch(&mut self, rows: &[&OutboxRow]) -> Result<Vec<Answer>, Trapped> {
-        let input: Vec<wit::OutboxRow> = rows.iter().map(|row| to_wit_row(row)).collect();
+        let parts: Vec<WitParts<'_>> = rows.iter().map(|row| WitParts::of(row)).collect();
+        let input: Vec<wit::OutboxRow<'_>> = parts
+            .iter()
+            .zip(rows)
+            .map(|(parts, row)| parts.row(row))
+            .collect();
         let answers = self.call(|bindings, store| {
             bindings
                 .sluice_plugin_transformer()
@@ -251,18 +261,41 @@ impl Trapped {
     }
 }
 
-/// Converts a claimed row to the WIT record.
-pub fn to_wit_row(row: &OutboxRow) -> wit::OutboxRow {
-    wit::OutboxRow {
-        id: row.id.to_string(),
-        tenant: row.tenant.as_str().to_owned(),
-        aggregate_type: row.aggregate_type.clone(),
-        aggregate_id: row.aggregate_id.clone(),
-        event_type: row.event_type.clone(),
-        payload: row.payload.clone(),
-        headers: row.headers.clone(),
-        created_at_ms: row.created_at.timestamp_millis(),
-        attempt: u32::try_from(row.attempts.saturating_add(1)).unwrap_or(1),
+/// What a row's WIT record needs that the row does not hold in that form: its id as text
+/// and its headers as borrowed pairs. Everything else is borrowed from the row as it is.
+pub struct WitParts<'r> {
+    id: std::borrow::Cow<'r, str>,
+    headers: Vec<(&'r str, &'r [u8])>,
+}
+
+impl<'r> WitParts<'r> {
+    pub fn of(row: &'r OutboxRow) -> Self {
+        Self {
+            id: match &row.id {
+                OutboxId::Int(id) => std::borrow::Cow::Owned(id.to_string()),
+                OutboxId::Text(id) => std::borrow::Cow::Borrowed(id),
+            },
+            headers: row
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect(),
+        }
+    }
+
+    /// The WIT record of `row` (the row these parts were made from).
+    pub fn row<'a>(&'a self, row: &'a OutboxRow) -> wit::OutboxRow<'a> {
+        wit::OutboxRow {
+            id: &self.id,
+            tenant: row.tenant.as_str(),
+            aggregate_type: &row.aggregate_type,
+            aggregate_id: &row.aggregate_id,
+            event_type: &row.event_type,
+            payload: &row.payload,
+            headers: &self.headers,
+            created_at_ms: row.created_at.timestamp_millis(),
+            attempt: u32::try_from(row.attempts.saturating_add(1)).unwrap_or(1),
+        }
     }
 }
 

@@ -25,6 +25,7 @@ fn settings() -> RelaySettings {
     RelaySettings {
         batch_size: 100,
         workers: 1,
+        adaptive_concurrency: true,
         min_poll_interval: Duration::from_millis(1),
         poll_interval: Duration::from_millis(10),
         retry: RetryPolicy::new(&RetrySettings {

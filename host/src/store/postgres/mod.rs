@@ -7,6 +7,7 @@
 //! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
 //! - [`migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule, backlog)
+//! - [`cursor`]: where the next claim starts while a backlog drains
 //! - [`rows`]: decoding claimed rows
 //! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
 //! - [`settle`]: recording an outcome after a failed commit
@@ -14,6 +15,7 @@
 
 mod admin;
 mod batch;
+mod cursor;
 mod listen;
 mod migrate;
 mod prune;
@@ -25,7 +27,7 @@ mod sql;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -38,7 +40,8 @@ use super::{
     Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
     StoreOptions, TableSpec, TenantBacklog,
 };
-use crate::model::TenantId;
+use crate::model::{OutboxId, TenantId};
+use cursor::ClaimCursor;
 use sql::Statements;
 
 /// How long to wait for a connection before reporting the database as unreachable.
@@ -88,6 +91,7 @@ pub struct PgStore {
     // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
     // `AssertSqlSafe`.
     statements: Statements,
+    cursor: ClaimCursor,
 }
 
 impl PgStore {
@@ -109,6 +113,7 @@ impl PgStore {
             options: connect_options(url)?,
             layout: Arc::new(layout),
             statements,
+            cursor: ClaimCursor::default(),
         })
     }
 
@@ -133,13 +138,30 @@ impl OutboxStore for PgStore {
 
     async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let wanted = limit;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
-        let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
-            .bind(&paused)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
+        let after = match &self.statements.claim_after {
+            Some(sql) => self.cursor.start(Instant::now()).map(|id| (sql, id)),
+            None => None,
+        };
+        let raw = match after {
+            Some((sql, id)) => {
+                sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+                    .bind(&paused)
+                    .bind(limit)
+                    .bind(id)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+            None => {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
+                    .bind(&paused)
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+        };
         let mut rows = Vec::with_capacity(raw.len());
         let mut rejected = Vec::new();
         for row in &raw {
@@ -147,6 +169,19 @@ impl OutboxStore for PgStore {
                 Ok(r) => rows.push(r),
                 Err(failure) => rejected.push(failure),
             }
+        }
+        if self.statements.claim_after.is_some() {
+            let highest = rows
+                .iter()
+                .map(|r| &r.id)
+                .chain(rejected.iter().map(|f| &f.id))
+                .filter_map(|id| match id {
+                    OutboxId::Int(id) => Some(*id),
+                    OutboxId::Text(_) => None,
+                })
+                .max();
+            self.cursor
+                .claimed(after.map(|(_, id)| id), raw.len(), wanted, highest);
         }
         Ok(Claim {
             batch: PgBatch::new(

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::schema::{Layout, PgSql};
+use super::schema::{KeyKind, Layout, PgSql};
 use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
 
 /// In key order, a row is claimable only when no earlier row of its key is still unsent:
@@ -44,6 +44,9 @@ fn key_order_filter(layout: &Layout, ordering: Ordering, after_dead: AfterDead) 
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 pub struct Statements {
     pub claim: Arc<str>,
+    /// The claim past a given id (`$3`), when rows are claimed in integer id order (see
+    /// [`super::cursor`]).
+    pub claim_after: Option<Arc<str>>,
     pub due: Arc<str>,
     pub backlog: Arc<str>,
     pub sample: Arc<str>,
@@ -65,26 +68,30 @@ impl Statements {
             tenant = layout.tenant_expr("o"),
             key_order = key_order_filter(layout, options.ordering, options.after_dead),
         );
-        let claim = format!(
-            "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
+        let claim = |after: &str| {
+            format!(
+                "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
                     o.{ai}::text AS aggregate_id, o.{et}::text AS event_type,
                     {payload} AS payload, COALESCE(o.{headers}::text, '{{}}') AS headers,
                     {created_at} AS created_at, o.attempts
                FROM {table} AS o
-              WHERE {due}
+              WHERE {due} {after}
               ORDER BY {order_by}
               LIMIT $2
                 FOR UPDATE OF o SKIP LOCKED",
-            id = layout.id_expr("o"),
-            tenant = layout.tenant_expr("o"),
-            at = layout.aggregate_type,
-            ai = layout.aggregate_id,
-            et = layout.event_type,
-            payload = layout.payload_expr("o"),
-            headers = layout.headers,
-            created_at = layout.created_at_expr("o"),
-            order_by = layout.order_by("o"),
-        );
+                id = layout.id_expr("o"),
+                tenant = layout.tenant_expr("o"),
+                at = layout.aggregate_type,
+                ai = layout.aggregate_id,
+                et = layout.event_type,
+                payload = layout.payload_expr("o"),
+                headers = layout.headers,
+                created_at = layout.created_at_expr("o"),
+                order_by = layout.order_by("o"),
+            )
+        };
+        let claim_after = (layout.ordered_by_id() && matches!(layout.key, KeyKind::Int))
+            .then(|| claim(&format!("AND o.{} > $3", layout.id)).into());
         let keys = layout.key_array("$1");
         let mark = match options.mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", layout.id),
@@ -115,7 +122,8 @@ impl Statements {
         );
         Self {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
-            claim: claim.into(),
+            claim: claim("").into(),
+            claim_after,
             backlog: backlog.into(),
             sample: super::sample::statement(layout).into(),
             mark: mark.into(),

@@ -1,0 +1,270 @@
+//! `pipeline`: how close a drain comes to what the database and the broker allow together.
+//!
+//! Each of [`RUNS`] runs measures, one after the other:
+//! - the SQL ceiling: [`sql_ceiling`] on PostgreSQL (claim + decode + `DELETE`, 2 connections,
+//!   no broker);
+//! - the produce ceiling: the drain's messages (same keys, 256-byte payloads, headers and
+//!   topics) produced by one librdkafka producer with `acks=all` and idempotence, all enqueued
+//!   at once, every delivery report awaited — against a broker started for this measurement;
+//! - the drain: `sluice run` with default settings and the WASM reference plugin on the same
+//!   backlog, against another fresh broker.
+//!
+//! The pipeline limit is `1 / (1/sql + 1/produce)`: the rate at which one machine could move
+//! rows if every row cost the database's time plus the broker's time and nothing else. The
+//! drain is reported as a ratio of it, per run and as the median.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::future::join_all;
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::drain::Drain;
+use super::{THROUGHPUT, drain, sql_ceiling};
+use crate::broker::OwnBroker;
+use crate::cli::Settings;
+use crate::dbtable::Database;
+use crate::outbox::OutboxTable;
+use crate::relay_config::Plugin;
+use crate::report::Figure;
+use crate::{db, kafka, names};
+
+pub const NAME: &str = "pipeline";
+/// Runs; medians are reported.
+const RUNS: usize = 3;
+/// Aggregate ids of the standard rows (`bench/src/outbox.rs`).
+const AGGREGATES: u64 = 1_000;
+
+pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+    let plugin = Plugin::Wasm(settings.reference_plugin()?);
+    let pool = db::pool(&settings.database_url).await?;
+    let table = OutboxTable::create(settings, &pool, "pipeline", None).await?;
+    let result = runs(settings, &table, &plugin).await;
+    table.drop_table().await;
+    let runs = result?;
+
+    let mut figures = Vec::new();
+    let column = |pick: fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(pick).collect() };
+    let series: [(&str, &'static str, Vec<f64>); 7] = [
+        ("SQL ceiling", "rows/s", column(|r| r.sql)),
+        ("produce ceiling", "messages/s", column(|r| r.produce)),
+        ("pipeline limit", "rows/s", column(|r| r.limit())),
+        (THROUGHPUT, "rows/s", column(|r| r.drain)),
+        ("drain / pipeline limit", "ratio", column(|r| r.ratio())),
+        (
+            "relay CPU per 1,000 rows",
+            "CPU s",
+            column(|r| r.relay_cpu_per_1k),
+        ),
+        ("machine busy during the drain", "%", column(|r| r.busy)),
+    ];
+    for (name, unit, values) in series {
+        let list: Vec<String> = values
+            .iter()
+            .map(|v| crate::report::format_value(*v))
+            .collect();
+        eprintln!("    {name}: runs {}", list.join(" / "));
+        let (low, mid, high) = spread(&values);
+        let figure = Figure::new(NAME, &format!("{name} (median of {RUNS})"), mid, unit);
+        figures.push(if name == "drain / pipeline limit" {
+            figure.at_least(0.80)
+        } else {
+            figure
+        });
+        figures.push(Figure::new(NAME, &format!("{name}: lowest"), low, unit));
+        figures.push(Figure::new(NAME, &format!("{name}: highest"), high, unit));
+    }
+    Ok(figures)
+}
+
+/// One run's measurements.
+struct Run {
+    sql: f64,
+    produce: f64,
+    drain: f64,
+    relay_cpu_per_1k: f64,
+    busy: f64,
+}
+
+impl Run {
+    fn limit(&self) -> f64 {
+        1.0 / (1.0 / self.sql + 1.0 / self.produce)
+    }
+
+    fn ratio(&self) -> f64 {
+        self.drain / self.limit()
+    }
+}
+
+async fn runs(
+    settings: &Settings,
+    table: &OutboxTable,
+    plugin: &Plugin,
+) -> anyhow::Result<Vec<Run>> {
+    let mut runs = Vec::with_capacity(RUNS);
+    for n in 1..=RUNS {
+        let sql = figure(
+            &sql_ceiling::run(settings, Database::Postgres).await?,
+            THROUGHPUT,
+        )?;
+        let produce = {
+            let broker = OwnBroker::start()?;
+            produce_ceiling(broker.bootstrap(), settings.rows, "pipeline_produce").await?
+        };
+        let drained = {
+            let broker = OwnBroker::start()?;
+            let settings = Settings {
+                kafka: broker.bootstrap().to_owned(),
+                relay: Vec::new(),
+                telemetry: None,
+                ..settings.clone()
+            };
+            let drain = Drain {
+                label: NAME,
+                stem: "pipeline",
+                plugin: plugin.clone(),
+                rows: settings.rows,
+                cache_dir: None,
+            };
+            let figures = drain::measure(&settings, &drain, table).await;
+            table.truncate().await?;
+            figures?
+        };
+        let run = Run {
+            sql,
+            produce,
+            drain: figure(&drained, THROUGHPUT)?,
+            relay_cpu_per_1k: figure(&drained, "relay CPU per 1,000 rows")?,
+            busy: figure(&drained, "machine busy during the drain")?,
+        };
+        eprintln!(
+            "    run {run_no}: SQL {sql:.0} rows/s, produce {produce:.0} msg/s, limit {limit:.0}, drain {drain:.0} rows/s: {ratio:.2}",
+            run_no = n,
+            sql = run.sql,
+            produce = run.produce,
+            limit = run.limit(),
+            drain = run.drain,
+            ratio = run.ratio()
+        );
+        runs.push(run);
+    }
+    Ok(runs)
+}
+
+/// The value of the figure called `name`.
+fn figure(figures: &[Figure], name: &str) -> anyhow::Result<f64> {
+    figures
+        .iter()
+        .find(|f| f.name == name)
+        .map(|f| f.value)
+        .with_context(|| format!("no figure {name:?} was measured"))
+}
+
+/// (lowest, median, highest).
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+    (
+        sorted.first().copied().unwrap_or(f64::NAN),
+        median,
+        sorted.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+/// Produces `rows` messages shaped like the drain's to a fresh `bootstrap` as fast as one
+/// producer can: every message enqueued without waiting (a full local queue is waited out),
+/// then every delivery report awaited. Returns acknowledged messages per second.
+pub async fn produce_ceiling(bootstrap: &str, rows: u64, stem: &str) -> anyhow::Result<f64> {
+    let prefix = names::topic_prefix(stem);
+    let topics = kafka::topics(&prefix);
+    kafka::create_topics(bootstrap, &topics).await?;
+    // librdkafka's defaults (as confluent-kafka has them), with the guarantees Sluice needs.
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .create()
+        .context("cannot create the produce-ceiling producer")?;
+    let messages: Vec<Shaped> = (1..=rows).map(Shaped::new).collect();
+    let start = Instant::now();
+    let mut reports = Vec::with_capacity(messages.len());
+    for m in &messages {
+        let mut record = m.record(&topics);
+        loop {
+            match producer.send_result(record) {
+                Ok(report) => {
+                    reports.push(report);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err((e, _)) => bail!("cannot enqueue a message: {e}"),
+            }
+        }
+    }
+    let mut failed: HashMap<String, u64> = HashMap::new();
+    for report in join_all(reports).await {
+        match report {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => *failed.entry(e.to_string()).or_default() += 1,
+            Err(_) => *failed.entry("delivery report lost".into()).or_default() += 1,
+        }
+    }
+    let elapsed = start.elapsed();
+    if !failed.is_empty() {
+        bail!("the produce ceiling's messages failed: {failed:?}");
+    }
+    Ok(rows as f64 / elapsed.as_secs_f64())
+}
+
+/// A message as `sluice run` produces it for standard row `g` with the reference plugin.
+struct Shaped {
+    /// Index into the two topics: `order` for even `g`, `customer` for odd.
+    topic: usize,
+    key: String,
+    payload: String,
+    id: String,
+}
+
+impl Shaped {
+    fn new(g: u64) -> Self {
+        Self {
+            topic: usize::from(g % 2 != 0),
+            key: format!("agg-{}", g % AGGREGATES),
+            // jsonb's text form of the row's payload: 256 bytes.
+            payload: format!(r#"{{"n": {g}, "pad": "{}"}}"#, "x".repeat(236)),
+            id: g.to_string(),
+        }
+    }
+
+    fn record<'a>(&'a self, topics: &'a [String]) -> FutureRecord<'a, String, String> {
+        let headers = OwnedHeaders::new_with_capacity(4)
+            .insert(Header {
+                key: "id",
+                value: Some(self.id.as_bytes()),
+            })
+            .insert(Header {
+                key: "event-type",
+                value: Some("Created".as_bytes()),
+            })
+            .insert(Header {
+                key: "sluice-tenant",
+                value: Some("default".as_bytes()),
+            })
+            .insert(Header {
+                key: "sluice-outbox-id",
+                value: Some(self.id.as_bytes()),
+            });
+        FutureRecord::to(&topics[self.topic])
+            .key(&self.key)
+            .payload(&self.payload)
+            .headers(headers)
+    }
+}
