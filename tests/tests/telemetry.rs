@@ -1,6 +1,7 @@
 //! Operability end to end: `/metrics` scraped while rows flow agrees with what the database and
 //! the broker say happened; `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and
-//! resumed); trace context headers reach Kafka unchanged; JSON log lines.
+//! resumed); `sluice_plugin_info` follows a hot reload; trace context headers reach Kafka
+//! unchanged; JSON log lines.
 
 use std::time::Duration;
 
@@ -173,8 +174,19 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     assert_eq!(metric_sum(&m, "sluice_relay_workers_running", &[]), 2.0);
     assert!(metric_sum(&m, "process_resident_memory_bytes", &[]) > 0.0);
     assert!(text.contains("sluice_build_info{"), "{text}");
+    // The version each plugin reports about itself; Sluice's own for a builtin.
     assert!(
-        text.contains("sluice_plugin_info{tenant=\"refuser\""),
+        text.contains(&format!(
+            "sluice_plugin_info{{tenant=\"refuser\",plugin=\"{}\",plugin_version=\"0.1.0\",digest=\"sha256:",
+            test_plugin("test_fail_permanent").display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "sluice_plugin_info{{tenant=\"lost\",plugin=\"builtin:route-by-aggregate\",plugin_version=\"{}\"",
+            env!("CARGO_PKG_VERSION")
+        )),
         "{text}"
     );
     // Each configured tenant's one instance, made at start; `refuser`'s permanent errors hit
@@ -344,4 +356,72 @@ async fn log_format_json_writes_one_json_object_per_line() {
         "{stderr}"
     );
     table.drop_table().await;
+}
+
+/// The `plugin_version` and `digest` labels of a tenant's `sluice_plugin_info` series.
+fn plugin_info(text: &str, tenant: &str) -> Option<(String, String, String)> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("sluice_plugin_info{{tenant=\"{tenant}\",")))?;
+    let label = |name: &str| {
+        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+        let len = line[start..].find('"')?;
+        Some(line[start..start + len].to_owned())
+    };
+    Some((label("plugin")?, label("plugin_version")?, label("digest")?))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_info_shows_the_version_and_digest_a_hot_reload_brought() {
+    let s = Scenario::new("pluginfo", &["order", "customer", "a", "b"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("acme.wasm");
+    std::fs::copy(reference_plugin(), &plugin).unwrap();
+    let port = free_port();
+    let extra = format!(
+        "[tenants.acme]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}\n{}",
+        plugin.display(),
+        s.prefix,
+        telemetry(port)
+    );
+    let relay = RelayProcess::start(&s.config("", &extra)).expect("start relay");
+    let before = scrape_until(port, |m| {
+        metric_sum(m, "sluice_plugin_info", &["tenant=\"acme\""]) == 1.0
+    })
+    .await;
+    let (path, version, digest) = plugin_info(&before, "acme").expect("acme's plugin info");
+    assert_eq!(path, plugin.display().to_string());
+    assert_eq!(version, "0.1.0", "the reference plugin's info(): {before}");
+
+    // Replaced by the fan-out test plugin, which reports version 0.2.0.
+    let tmp = dir.path().join("acme.wasm.new");
+    std::fs::copy(test_plugin("test_fanout"), &tmp).unwrap();
+    std::fs::rename(&tmp, &plugin).unwrap();
+    let after = scrape_until(port, |m| {
+        metric_sum(
+            m,
+            "sluice_plugin_info",
+            &["tenant=\"acme\"", "plugin_version=\"0.2.0\""],
+        ) == 1.0
+    })
+    .await;
+    let (path_after, _, digest_after) = plugin_info(&after, "acme").expect("acme's plugin info");
+    assert_eq!(
+        path_after, path,
+        "the plugin label stays the configured path"
+    );
+    assert_ne!(digest_after, digest, "{after}");
+    // One series per tenant: the old version's is gone.
+    assert_eq!(
+        metric_sum(
+            &parse_metrics(&after),
+            "sluice_plugin_info",
+            &["tenant=\"acme\""]
+        ),
+        1.0,
+        "{after}"
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    s.finish().await;
 }

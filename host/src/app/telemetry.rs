@@ -45,6 +45,7 @@ struct TenantLabel {
 struct PluginLabels {
     tenant: Arc<str>,
     plugin: String,
+    plugin_version: String,
     digest: String,
 }
 
@@ -111,6 +112,7 @@ impl Collector for RouterCollector {
                 info.get_or_create(&PluginLabels {
                     tenant: Arc::clone(&tenant),
                     plugin: s.plugin.clone(),
+                    plugin_version: s.version.clone().unwrap_or_default(),
                     digest: s.digest.clone().unwrap_or_default(),
                 })
                 .set(1);
@@ -158,7 +160,7 @@ impl Collector for RouterCollector {
         }
         let m = encoder.encode_descriptor(
             "sluice_plugin_info",
-            "The plugin a tenant runs, with the loaded file's digest (changes on hot reload)",
+            "The plugin a tenant runs: its version (from its info()) and the loaded file's digest, both change on hot reload",
             None,
             info.metric_type(),
         )?;

@@ -287,16 +287,20 @@ impl PluginRouter {
             .collect();
         let mut statuses: Vec<TenantStatus> = handles
             .into_iter()
-            .map(|(tenant, h)| TenantStatus {
-                tenant,
-                plugin: h.status.template().describe(),
-                digest: h.status.template().digest().map(str::to_owned),
-                configured: h.configured,
-                state: h.status.state(now),
-                instance: h.status.has_instance(),
-                counters: h.status.shared.counters(),
-                instantiations: h.status.instantiations.snapshot(),
-                limit_hits: h.status.limit_hits.snapshot(),
+            .map(|(tenant, h)| {
+                let template = h.status.template();
+                TenantStatus {
+                    tenant,
+                    plugin: template.describe(),
+                    digest: template.digest().map(str::to_owned),
+                    version: template.version().map(str::to_owned),
+                    configured: h.configured,
+                    state: h.status.state(now),
+                    instance: h.status.has_instance(),
+                    counters: h.status.shared.counters(),
+                    instantiations: h.status.instantiations.snapshot(),
+                    limit_hits: h.status.limit_hits.snapshot(),
+                }
             })
             .collect();
         statuses.sort_by(|a, b| a.tenant.cmp(&b.tenant));
