@@ -1,8 +1,10 @@
 //! Operability end to end: `/metrics` scraped while rows flow agrees with what the database and
-//! the broker say happened; `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and
-//! resumed); `sluice_plugin_info` follows a hot reload; trace context headers reach Kafka
-//! unchanged; JSON log lines.
+//! the broker say happened, and has every metric the shipped dashboard and alerts use;
+//! `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and resumed);
+//! `sluice_plugin_info` follows a hot reload; trace context headers reach Kafka unchanged; JSON
+//! log lines.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sluice_e2e::databases::{OwnTansu, free_port};
@@ -57,6 +59,72 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Every metric name (`sluice_…`, `process_…`) the files under `deploy/` use.
+fn deployed_metric_names() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for file in [
+        "deploy/grafana/sluice-dashboard.json",
+        "deploy/prometheus/sluice-alerts.yml",
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut rest = text.as_str();
+        while let Some(at) = ["sluice_", "process_"]
+            .iter()
+            .filter_map(|p| rest.find(p))
+            .min()
+        {
+            // Only whole identifiers: not the tail of a longer word.
+            let starts_word = rest[..at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '_');
+            let tail = &rest[at..];
+            let len = tail
+                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .unwrap_or(tail.len());
+            if starts_word {
+                names.insert(tail[..len].to_owned());
+            }
+            rest = &tail[len..];
+        }
+    }
+    names
+}
+
+/// The metric names an exposition has: every sample's, and those its `# TYPE` lines declare
+/// (with the `_total`, `_bucket`, `_sum` and `_count` series of counters and histograms, which
+/// exist even before their first sample).
+fn exposed_metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(declared) = line.strip_prefix("# TYPE ") {
+            let mut parts = declared.split_whitespace();
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            names.insert(name.to_owned());
+            match kind {
+                "counter" => {
+                    names.insert(format!("{}_total", name.trim_end_matches("_total")));
+                }
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.insert(format!("{name}{suffix}"));
+                    }
+                }
+                _ => {}
+            }
+        } else if !line.starts_with('#') {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            if !name.is_empty() {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -123,13 +191,79 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
         completed("lost", "sent") + completed("refuser", "sent"),
         0.0
     );
+    let fail_permanent = format!(
+        "plugin=\"{}\"",
+        test_plugin("test_fail_permanent").display()
+    );
     assert_eq!(
         metric_sum(
             &m,
             "sluice_transform_calls_total",
-            &["tenant=\"refuser\"", "outcome=\"permanent\""]
+            &[
+                "tenant=\"refuser\"",
+                &fail_permanent,
+                "outcome=\"permanent\""
+            ]
         ),
-        5.0
+        5.0,
+        "{text}"
+    );
+    // Why rows went dead: the plugin said so.
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_dead_letters_total",
+            &["tenant=\"refuser\"", "reason=\"permanent\""]
+        ),
+        5.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_dead_letters_total",
+            &["reason=\"attempts_exhausted\""]
+        ),
+        0.0
+    );
+    // Plugin time per tenant and plugin: each tenant's rows ran at least once.
+    let builtin = "plugin=\"builtin:route-by-aggregate\"";
+    assert!(
+        metric_sum(
+            &m,
+            "sluice_transform_duration_seconds_count",
+            &["tenant=\"refuser\"", &fail_permanent]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        metric_sum(
+            &m,
+            "sluice_transform_duration_seconds_count",
+            &["tenant=\"lost\"", builtin]
+        ) >= 1.0,
+        "{text}"
+    );
+    // An idle relay's waits end on its timer; nothing notifies it, and the series exist.
+    assert!(
+        metric_sum(&m, "sluice_poll_wakeups_total", &["cause=\"timer\""]) > 0.0,
+        "{text}"
+    );
+    for cause in ["notify", "refill"] {
+        assert!(
+            m.contains_key(&format!("sluice_poll_wakeups_total{{cause=\"{cause}\"}}")),
+            "{cause}: {text}"
+        );
+    }
+    assert_eq!(
+        metric_sum(&m, "sluice_poll_wakeups_total", &["cause=\"notify\""]),
+        0.0
+    );
+    // Read from librdkafka's statistics: everything was acknowledged.
+    assert_eq!(
+        m.get("sluice_producer_queue_messages"),
+        Some(&0.0),
+        "{text}"
     );
     assert_eq!(
         metric_sum(
@@ -188,6 +322,16 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
             env!("CARGO_PKG_VERSION")
         )),
         "{text}"
+    );
+    // The shipped dashboard and alert rules use only metrics that exist.
+    let exposed = exposed_metric_names(&text);
+    let missing: Vec<String> = deployed_metric_names()
+        .into_iter()
+        .filter(|name| !exposed.contains(name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "deploy/ uses metrics /metrics does not have: {missing:?}"
     );
     // Each configured tenant's one instance, made at start; `refuser`'s permanent errors hit
     // no sandbox limit.

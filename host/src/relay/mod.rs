@@ -282,8 +282,11 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             Mode::Drain => fill == Fill::Empty,
             Mode::Continuous => {
                 self.pacer.record(fill);
-                if fill != Fill::Full {
-                    self.pacer.wait_turn(shutdown).await;
+                if fill != Fill::Full
+                    && let Some(cause) = self.pacer.wait_turn(shutdown).await
+                    && let Some(m) = self.metrics()
+                {
+                    m.poll_woken(cause.label());
                 }
                 false
             }
