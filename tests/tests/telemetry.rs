@@ -1,8 +1,8 @@
 //! Operability end to end: `/metrics` scraped while rows flow agrees with what the database and
 //! the broker say happened, and has every metric the shipped dashboard and alerts use;
-//! `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and resumed);
-//! `sluice_plugin_info` follows a hot reload; trace context headers reach Kafka unchanged; JSON
-//! log lines.
+//! `/readyz` follows the broker and `/healthz` a worker stuck in a batch (a test-owned Tansu,
+//! SIGSTOPped and resumed); `sluice_plugin_info` follows a hot reload; trace context headers
+//! reach Kafka unchanged; JSON log lines.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -568,4 +568,64 @@ async fn plugin_info_shows_the_version_and_digest_a_hot_reload_brought() {
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
     s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_fails_while_a_worker_is_stuck_in_a_batch_and_recovers_after() {
+    let kafka_port = free_port();
+    let tansu = OwnTansu::start(kafka_port);
+    let bootstrap = format!("127.0.0.1:{kafka_port}");
+    let table = OutboxTable::create("healthz").await;
+    let prefix = format!("{}.", table.name);
+    let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
+    let created = wait_until(Duration::from_secs(30), || async {
+        create_topics(&bootstrap, &topics).await.is_ok()
+    })
+    .await;
+    assert!(created, "own broker did not start");
+    let port = free_port();
+    // A batch waits up to a minute for its acknowledgements; 3 s in hand counts as stuck.
+    let extra = telemetry(port) + "stalled_after = \"3s\"\n";
+    let config = relay_config(&table.name, &bootstrap, &prefix, "", &extra).replace(
+        "\"bootstrap.servers\"",
+        "\"message.timeout.ms\" = \"60000\"\n\"bootstrap.servers\"",
+    );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let healthz =
+        |want: u16| async move { http_get(port, "/healthz").is_some_and(|(code, _)| code == want) };
+    table.insert_rows(4, None).await;
+    let delivered = wait_until(SCRAPE_WAIT, || async { table.count().await == 0 }).await;
+    assert!(delivered, "{}", relay.log());
+    assert!(
+        wait_until(SCRAPE_WAIT, || healthz(200)).await,
+        "{}",
+        relay.log()
+    );
+
+    // The broker stalls with a batch in flight: its worker waits for acknowledgements.
+    tansu.signal("STOP");
+    table.insert_rows(4, None).await;
+    let stuck = wait_until(SCRAPE_WAIT, || healthz(503)).await;
+    let body = http_get(port, "/healthz")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    tansu.signal("CONT");
+    assert!(stuck, "still healthy with a stuck worker: {}", relay.log());
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    assert!(
+        body["workers_stalled"].as_u64().is_some_and(|n| n >= 1),
+        "{body}"
+    );
+
+    // The batch completes once the broker answers: healthy again, rows delivered.
+    assert!(
+        wait_until(SCRAPE_WAIT, || healthz(200)).await,
+        "not healthy again after the broker resumed: {}",
+        relay.log()
+    );
+    let delivered = wait_until(SCRAPE_WAIT, || async { table.count().await == 0 }).await;
+    assert!(delivered, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    table.drop_table().await;
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -135,6 +135,8 @@ pub struct Metrics {
     dependency_up: Family<DependencyLabel, Gauge>,
     workers_running: Gauge,
     workers_started: AtomicI64,
+    /// When each worker loop's batch in hand started (`None`: between batches), by worker.
+    batches_in_hand: Mutex<Vec<Option<Instant>>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -229,6 +231,7 @@ impl Metrics {
             dependency_up: Family::default(),
             workers_running: Gauge::default(),
             workers_started: AtomicI64::new(0),
+            batches_in_hand: Mutex::default(),
         };
         let build: Family<BuildLabels, Gauge> = Family::default();
         build
@@ -633,6 +636,30 @@ impl Metrics {
 
     pub fn worker_ended(&self) {
         self.workers_running.dec();
+    }
+
+    /// Worker `worker` claimed a batch (`Some(now)`), or is done with it (`None`).
+    pub fn batch_in_hand(&self, worker: usize, since: Option<Instant>) {
+        let mut batches = self
+            .batches_in_hand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if batches.len() <= worker {
+            batches.resize(worker + 1, None);
+        }
+        batches[worker] = since;
+    }
+
+    /// Worker loops whose batch in hand started more than `after` ago: stuck, since every
+    /// step of a batch is bounded well below that (see `telemetry.stalled_after`).
+    pub fn stalled_workers(&self, after: Duration, now: Instant) -> usize {
+        self.batches_in_hand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .filter(|since| now.saturating_duration_since(**since) > after)
+            .count()
     }
 
     /// Worker loops started so far, and running now.
