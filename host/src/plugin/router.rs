@@ -419,9 +419,14 @@ impl RowTransformer for PluginRouter {
         for (handle, group) in routed {
             let indices = group.clone();
             let rows = Arc::clone(&rows);
-            let tenant = handle.status.shared.tenant().clone();
-            // The configured file (or builtin): a reload changes its content, not its name.
-            let plugin = handle.status.template().describe();
+            // For the metrics only: the tenant, and its configured file (or builtin) — a reload
+            // changes the file's content, not its name.
+            let labels = self.metrics.get().map(|_| {
+                (
+                    handle.status.shared.tenant().clone(),
+                    handle.status.template().describe(),
+                )
+            });
             // Guest calls are synchronous CPU work: keep them off the reactor threads.
             let task = tokio::task::spawn_blocking(move || {
                 let group: Vec<&OutboxRow> = group.iter().map(|&i| &rows[i]).collect();
@@ -445,9 +450,9 @@ impl RowTransformer for PluginRouter {
                     }
                 }
             });
-            tasks.push((tenant, plugin, indices, task));
+            tasks.push((labels, indices, task));
         }
-        for (tenant, plugin, indices, task) in tasks {
+        for (labels, indices, task) in tasks {
             let (outputs, took) = match task.await {
                 // One result per row, or the whole group fails cleanly.
                 Ok((outputs, took)) if outputs.len() == indices.len() => (outputs, took),
@@ -475,8 +480,8 @@ impl RowTransformer for PluginRouter {
                     (failed, None)
                 }
             };
-            if let Some(m) = self.metrics.get() {
-                metrics::record_group(m, &tenant, &plugin, took, &outputs);
+            if let (Some(m), Some((tenant, plugin))) = (self.metrics.get(), &labels) {
+                metrics::record_group(m, tenant, plugin, took, &outputs);
             }
             for (index, output) in indices.into_iter().zip(outputs) {
                 results[index] = Some(output);
