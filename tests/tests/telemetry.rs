@@ -160,6 +160,8 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     let text = scrape_until(port, |m| {
         metric_sum(m, "sluice_outbox_dead_rows", &["tenant=\"refuser\""]) == 5.0
             && metric_sum(m, "sluice_dependency_up", &[]) == 2.0
+            // Statistics come every second: wait for one after the last acknowledgement.
+            && m.get("sluice_producer_queue_messages") == Some(&0.0)
     })
     .await;
     let m = parse_metrics(&text);
