@@ -83,6 +83,25 @@ fn a_missing_plugin_file_is_named_by_its_tenant() {
 }
 
 #[test]
+fn the_output_is_the_list_of_problems_and_nothing_else() {
+    // A tenant the plugin router quarantines (it would log an ERROR line when it runs).
+    let config = good("outbox") + "[tenants.acme]\nconfig = { topic_prefx = \"a.\" }\n";
+    let out = check(&config, false);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert!(lines[0].contains(": tenants.acme: "), "{stdout}");
+    assert_eq!(stderr, "1 problem\n", "stderr is the count only");
+
+    let out = check(&good("outbox"), false);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "nothing logged");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
+
+#[test]
 fn a_plugin_that_rejects_its_config_is_named() {
     let config = good("outbox") + "[tenants.acme]\nconfig = { topic_prefx = \"a.\" }\n";
     assert_problem(&check(&config, false), "tenants.acme", "topic_prefx");
@@ -132,5 +151,7 @@ async fn connect_checks_the_table_and_the_broker() {
     let out = check(&config, true);
     assert_problem(&out, "database", "no_such_table_here");
     assert_problem(&out, "kafka", "not reachable");
+    // librdkafka's complaints about the broker are not printed besides the problem.
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "2 problems\n");
     table.drop_table().await;
 }

@@ -34,11 +34,12 @@ async fn a_notification_wakes_an_idle_relay_long_before_its_next_poll() {
     let channel = s.table.name.clone();
     migrate_with_trigger(&s.table.name, &channel);
     // Polls only once a minute: a row can arrive within seconds only through NOTIFY.
+    let port = sluice_e2e::databases::free_port();
     let config = s.config(
         &format!(
             "min_poll_interval = \"60s\"\nnotify_channel = \"{channel}\"\n[relay.retry]\ninitial = \"1s\""
         ),
-        "",
+        &format!("[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"),
     )
     .replace("poll_interval = \"100ms\"", "poll_interval = \"60s\"");
     let relay = RelayProcess::start(&config).unwrap();
@@ -60,6 +61,19 @@ async fn a_notification_wakes_an_idle_relay_long_before_its_next_poll() {
     assert!(
         took < Duration::from_secs(20),
         "took {took:?}, as long as polling would"
+    );
+    // The metrics say why the idle wait ended: a notification, not the (minute-long) timer.
+    let (code, text) = http_get(port, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    let m = parse_metrics(&text);
+    assert!(
+        metric_sum(&m, "sluice_poll_wakeups_total", &["cause=\"notify\""]) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_poll_wakeups_total", &["cause=\"timer\""]),
+        0.0,
+        "{text}"
     );
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);

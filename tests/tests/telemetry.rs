@@ -1,7 +1,10 @@
 //! Operability end to end: `/metrics` scraped while rows flow agrees with what the database and
-//! the broker say happened; `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and
-//! resumed); trace context headers reach Kafka unchanged; JSON log lines.
+//! the broker say happened, and has every metric the shipped dashboard and alerts use;
+//! `/readyz` follows the broker and `/healthz` a worker stuck in a batch (a test-owned Tansu,
+//! SIGSTOPped and resumed); `sluice_plugin_info` follows a hot reload; trace context headers
+//! reach Kafka unchanged; JSON log lines.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sluice_e2e::databases::{OwnTansu, free_port};
@@ -58,6 +61,72 @@ fn promtool_check(text: &str) {
     );
 }
 
+/// Every metric name (`sluice_…`, `process_…`) the files under `deploy/` use.
+fn deployed_metric_names() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for file in [
+        "deploy/grafana/sluice-dashboard.json",
+        "deploy/prometheus/sluice-alerts.yml",
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut rest = text.as_str();
+        while let Some(at) = ["sluice_", "process_"]
+            .iter()
+            .filter_map(|p| rest.find(p))
+            .min()
+        {
+            // Only whole identifiers: not the tail of a longer word.
+            let starts_word = rest[..at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '_');
+            let tail = &rest[at..];
+            let len = tail
+                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .unwrap_or(tail.len());
+            if starts_word {
+                names.insert(tail[..len].to_owned());
+            }
+            rest = &tail[len..];
+        }
+    }
+    names
+}
+
+/// The metric names an exposition has: every sample's, and those its `# TYPE` lines declare
+/// (with the `_total`, `_bucket`, `_sum` and `_count` series of counters and histograms, which
+/// exist even before their first sample).
+fn exposed_metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(declared) = line.strip_prefix("# TYPE ") {
+            let mut parts = declared.split_whitespace();
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            names.insert(name.to_owned());
+            match kind {
+                "counter" => {
+                    names.insert(format!("{}_total", name.trim_end_matches("_total")));
+                }
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.insert(format!("{name}{suffix}"));
+                    }
+                }
+                _ => {}
+            }
+        } else if !line.starts_with('#') {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            if !name.is_empty() {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     let s = Scenario::new("metrics", &["order", "customer"]).await;
@@ -91,6 +160,8 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     let text = scrape_until(port, |m| {
         metric_sum(m, "sluice_outbox_dead_rows", &["tenant=\"refuser\""]) == 5.0
             && metric_sum(m, "sluice_dependency_up", &[]) == 2.0
+            // Statistics come every second: wait for one after the last acknowledgement.
+            && m.get("sluice_producer_queue_messages") == Some(&0.0)
     })
     .await;
     let m = parse_metrics(&text);
@@ -122,13 +193,79 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
         completed("lost", "sent") + completed("refuser", "sent"),
         0.0
     );
+    let fail_permanent = format!(
+        "plugin=\"{}\"",
+        test_plugin("test_fail_permanent").display()
+    );
     assert_eq!(
         metric_sum(
             &m,
             "sluice_transform_calls_total",
-            &["tenant=\"refuser\"", "outcome=\"permanent\""]
+            &[
+                "tenant=\"refuser\"",
+                &fail_permanent,
+                "outcome=\"permanent\""
+            ]
         ),
-        5.0
+        5.0,
+        "{text}"
+    );
+    // Why rows went dead: the plugin said so.
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_dead_letters_total",
+            &["tenant=\"refuser\"", "reason=\"permanent\""]
+        ),
+        5.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "sluice_dead_letters_total",
+            &["reason=\"attempts_exhausted\""]
+        ),
+        0.0
+    );
+    // Plugin time per tenant and plugin: each tenant's rows ran at least once.
+    let builtin = "plugin=\"builtin:route-by-aggregate\"";
+    assert!(
+        metric_sum(
+            &m,
+            "sluice_transform_duration_seconds_count",
+            &["tenant=\"refuser\"", &fail_permanent]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        metric_sum(
+            &m,
+            "sluice_transform_duration_seconds_count",
+            &["tenant=\"lost\"", builtin]
+        ) >= 1.0,
+        "{text}"
+    );
+    // An idle relay's waits end on its timer; nothing notifies it, and the series exist.
+    assert!(
+        metric_sum(&m, "sluice_poll_wakeups_total", &["cause=\"timer\""]) > 0.0,
+        "{text}"
+    );
+    for cause in ["notify", "refill"] {
+        assert!(
+            m.contains_key(&format!("sluice_poll_wakeups_total{{cause=\"{cause}\"}}")),
+            "{cause}: {text}"
+        );
+    }
+    assert_eq!(
+        metric_sum(&m, "sluice_poll_wakeups_total", &["cause=\"notify\""]),
+        0.0
+    );
+    // Read from librdkafka's statistics: everything was acknowledged.
+    assert_eq!(
+        m.get("sluice_producer_queue_messages"),
+        Some(&0.0),
+        "{text}"
     );
     assert_eq!(
         metric_sum(
@@ -175,9 +312,30 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     assert_eq!(metric_sum(&m, "sluice_relay_workers_running", &[]), 8.0);
     assert!(metric_sum(&m, "process_resident_memory_bytes", &[]) > 0.0);
     assert!(text.contains("sluice_build_info{"), "{text}");
+    // The version each plugin reports about itself; Sluice's own for a builtin.
     assert!(
-        text.contains("sluice_plugin_info{tenant=\"refuser\""),
+        text.contains(&format!(
+            "sluice_plugin_info{{tenant=\"refuser\",plugin=\"{}\",plugin_version=\"0.1.0\",digest=\"sha256:",
+            test_plugin("test_fail_permanent").display()
+        )),
         "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "sluice_plugin_info{{tenant=\"lost\",plugin=\"builtin:route-by-aggregate\",plugin_version=\"{}\"",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    // The shipped dashboard and alert rules use only metrics that exist.
+    let exposed = exposed_metric_names(&text);
+    let missing: Vec<String> = deployed_metric_names()
+        .into_iter()
+        .filter(|name| !exposed.contains(name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "deploy/ uses metrics /metrics does not have: {missing:?}"
     );
     // Each configured tenant's one instance, made at start; `refuser`'s permanent errors hit
     // no sandbox limit.
@@ -345,5 +503,133 @@ async fn log_format_json_writes_one_json_object_per_line() {
             .any(|l| l["fields"]["message"] == "draining" && l["level"] == "INFO"),
         "{stderr}"
     );
+    table.drop_table().await;
+}
+
+/// The `plugin_version` and `digest` labels of a tenant's `sluice_plugin_info` series.
+fn plugin_info(text: &str, tenant: &str) -> Option<(String, String, String)> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("sluice_plugin_info{{tenant=\"{tenant}\",")))?;
+    let label = |name: &str| {
+        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+        let len = line[start..].find('"')?;
+        Some(line[start..start + len].to_owned())
+    };
+    Some((label("plugin")?, label("plugin_version")?, label("digest")?))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_info_shows_the_version_and_digest_a_hot_reload_brought() {
+    let s = Scenario::new("pluginfo", &["order", "customer", "a", "b"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("acme.wasm");
+    std::fs::copy(reference_plugin(), &plugin).unwrap();
+    let port = free_port();
+    let extra = format!(
+        "[tenants.acme]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}\n{}",
+        plugin.display(),
+        s.prefix,
+        telemetry(port)
+    );
+    let relay = RelayProcess::start(&s.config("", &extra)).expect("start relay");
+    let before = scrape_until(port, |m| {
+        metric_sum(m, "sluice_plugin_info", &["tenant=\"acme\""]) == 1.0
+    })
+    .await;
+    let (path, version, digest) = plugin_info(&before, "acme").expect("acme's plugin info");
+    assert_eq!(path, plugin.display().to_string());
+    assert_eq!(version, "0.1.0", "the reference plugin's info(): {before}");
+
+    // Replaced by the fan-out test plugin, which reports version 0.2.0.
+    let tmp = dir.path().join("acme.wasm.new");
+    std::fs::copy(test_plugin("test_fanout"), &tmp).unwrap();
+    std::fs::rename(&tmp, &plugin).unwrap();
+    let after = scrape_until(port, |m| {
+        metric_sum(
+            m,
+            "sluice_plugin_info",
+            &["tenant=\"acme\"", "plugin_version=\"0.2.0\""],
+        ) == 1.0
+    })
+    .await;
+    let (path_after, _, digest_after) = plugin_info(&after, "acme").expect("acme's plugin info");
+    assert_eq!(
+        path_after, path,
+        "the plugin label stays the configured path"
+    );
+    assert_ne!(digest_after, digest, "{after}");
+    // One series per tenant: the old version's is gone.
+    assert_eq!(
+        metric_sum(
+            &parse_metrics(&after),
+            "sluice_plugin_info",
+            &["tenant=\"acme\""]
+        ),
+        1.0,
+        "{after}"
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_fails_while_a_worker_is_stuck_in_a_batch_and_recovers_after() {
+    let kafka_port = free_port();
+    let tansu = OwnTansu::start(kafka_port);
+    let bootstrap = format!("127.0.0.1:{kafka_port}");
+    let table = OutboxTable::create("healthz").await;
+    let prefix = format!("{}.", table.name);
+    let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
+    let created = wait_until(Duration::from_secs(30), || async {
+        create_topics(&bootstrap, &topics).await.is_ok()
+    })
+    .await;
+    assert!(created, "own broker did not start");
+    let port = free_port();
+    // A batch waits up to a minute for its acknowledgements; 3 s in hand counts as stuck.
+    let extra = telemetry(port) + "stalled_after = \"3s\"\n";
+    let config = relay_config(&table.name, &bootstrap, &prefix, "", &extra).replace(
+        "\"bootstrap.servers\"",
+        "\"message.timeout.ms\" = \"60000\"\n\"bootstrap.servers\"",
+    );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let healthz =
+        |want: u16| async move { http_get(port, "/healthz").is_some_and(|(code, _)| code == want) };
+    table.insert_rows(4, None).await;
+    let delivered = wait_until(SCRAPE_WAIT, || async { table.count().await == 0 }).await;
+    assert!(delivered, "{}", relay.log());
+    assert!(
+        wait_until(SCRAPE_WAIT, || healthz(200)).await,
+        "{}",
+        relay.log()
+    );
+
+    // The broker stalls with a batch in flight: its worker waits for acknowledgements.
+    tansu.signal("STOP");
+    table.insert_rows(4, None).await;
+    let stuck = wait_until(SCRAPE_WAIT, || healthz(503)).await;
+    let body = http_get(port, "/healthz")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    tansu.signal("CONT");
+    assert!(stuck, "still healthy with a stuck worker: {}", relay.log());
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    assert!(
+        body["workers_stalled"].as_u64().is_some_and(|n| n >= 1),
+        "{body}"
+    );
+
+    // The batch completes once the broker answers: healthy again, rows delivered.
+    assert!(
+        wait_until(SCRAPE_WAIT, || healthz(200)).await,
+        "not healthy again after the broker resumed: {}",
+        relay.log()
+    );
+    let delivered = wait_until(SCRAPE_WAIT, || async { table.count().await == 0 }).await;
+    assert!(delivered, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
     table.drop_table().await;
 }

@@ -51,22 +51,30 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
             tracing::warn!(key, value = %value,
                 "kafka acks weaker than \"all\" (allowed by relay.allow_weak_acks): a broker failure can lose messages of rows already marked sent");
         }
+        let metrics = config
+            .telemetry
+            .listen
+            .map(|_| super::telemetry::metrics(config, &router));
         let properties = config.kafka_properties();
+        let observed = metrics
+            .clone()
+            .map(|m| (m, config.telemetry.sample_interval));
         // Creating a producer starts librdkafka's threads: blocking work.
-        let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&properties))
-            .await
-            .context("creating the kafka producer")??;
+        let sink = tokio::task::spawn_blocking(move || match observed {
+            // Statistics only with metrics on: librdkafka computes them for nothing otherwise.
+            Some((metrics, interval)) => KafkaSink::with_metrics(&properties, metrics, interval),
+            None => KafkaSink::new(&properties),
+        })
+        .await
+        .context("creating the kafka producer")??;
         let mut relay = Relay::new(
             Arc::clone(&store),
             Arc::clone(&router),
             sink,
             config.relay.settings(),
         );
-        let metrics = config
-            .telemetry
-            .listen
-            .map(|_| super::telemetry::metrics(config, &router));
         if let Some(metrics) = &metrics {
+            router.record_into(Arc::clone(metrics));
             let mode = match config.relay.mark {
                 MarkMode::Delete => "delete",
                 MarkMode::PublishedAt => "published_at",

@@ -29,6 +29,9 @@ pub struct TenantReport {
     /// The plugin file (or `builtin:<name>`).
     pub plugin: Option<String>,
     pub digest: Option<String>,
+    /// The version the plugin reports about itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_version: Option<String>,
     /// Why the tenant is quarantined (its plugin failed to start).
     pub last_error: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -78,6 +81,7 @@ pub fn tenant_reports(backlog: &[TenantBacklog], statuses: &[TenantStatus]) -> V
         r.state = Some(state_name(&s.state).to_owned());
         r.plugin = Some(s.plugin.clone());
         r.digest = s.digest.clone();
+        r.plugin_version = s.version.clone();
         r.counters = s.counters.clone();
         match &s.state {
             TenantState::Paused { remaining } => r.paused_until = after(now, *remaining),
@@ -155,6 +159,7 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
                 r.paused_until = t.paused_until;
                 r.plugin = t.plugin.or(r.plugin.take());
                 r.digest = t.digest;
+                r.plugin_version = t.plugin_version;
                 r.last_error = t.last_error;
                 r.counters = t.counters;
             }
@@ -277,6 +282,7 @@ mod tests {
             tenant: TenantId::named("acme"),
             plugin: "acme.wasm".into(),
             digest: Some("sha256:ab".into()),
+            version: Some("1.2.0".into()),
             configured: true,
             state: TenantState::Paused {
                 remaining: Duration::from_secs(30),

@@ -45,6 +45,7 @@ struct TenantLabel {
 struct PluginLabels {
     tenant: Arc<str>,
     plugin: String,
+    plugin_version: String,
     digest: String,
 }
 
@@ -111,6 +112,7 @@ impl Collector for RouterCollector {
                 info.get_or_create(&PluginLabels {
                     tenant: Arc::clone(&tenant),
                     plugin: s.plugin.clone(),
+                    plugin_version: s.version.clone().unwrap_or_default(),
                     digest: s.digest.clone().unwrap_or_default(),
                 })
                 .set(1);
@@ -158,7 +160,7 @@ impl Collector for RouterCollector {
         }
         let m = encoder.encode_descriptor(
             "sluice_plugin_info",
-            "The plugin a tenant runs, with the loaded file's digest (changes on hot reload)",
+            "The plugin a tenant runs: its version (from its info()) and the loaded file's digest, both change on hot reload",
             None,
             info.metric_type(),
         )?;
@@ -288,12 +290,19 @@ impl Endpoints for AppEndpoints {
     fn health(&self) -> Check {
         let (started, running) = self.metrics.workers();
         let expected = i64::try_from(self.workers.max(1)).unwrap_or(i64::MAX);
+        let stalled = self
+            .metrics
+            .stalled_workers(self.settings.stalled_after, std::time::Instant::now());
         // Before the workers start (start-up), the process is alive; after, every worker
-        // must still be running.
-        let ok = started == 0 || running >= expected;
+        // must still be running, and none stuck in one batch.
+        let ok = (started == 0 || running >= expected) && stalled == 0;
         Check {
             ok,
-            body: json!({ "workers_running": running, "workers": expected }),
+            body: json!({
+                "workers_running": running,
+                "workers": expected,
+                "workers_stalled": stalled,
+            }),
         }
     }
 
@@ -361,6 +370,23 @@ mod tests {
         let check = e.health();
         assert!(!check.ok);
         assert_eq!(check.body["workers_running"], 1);
+    }
+
+    #[test]
+    fn healthz_fails_while_a_worker_is_stuck_in_one_batch() {
+        let mut e = endpoints(2);
+        e.settings.stalled_after = std::time::Duration::from_secs(60);
+        e.metrics.worker_started();
+        e.metrics.worker_started();
+        let now = std::time::Instant::now();
+        e.metrics.batch_in_hand(0, Some(now));
+        e.metrics
+            .batch_in_hand(1, now.checked_sub(std::time::Duration::from_secs(61)));
+        let check = e.health();
+        assert!(!check.ok);
+        assert_eq!(check.body["workers_stalled"], 1);
+        e.metrics.batch_in_hand(1, None);
+        assert!(e.health().ok, "the batch finished");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - `wasm/`: the wasmtime side — engine and epoch ticker, loading a component, a tenant's
 //!   Store and the guest calls (each bounded in wall-clock time), the host API guests call
 //! - [`limits`]: a tenant's sandbox limits as data, the topic allow-list, the Store limiter
+//! - [`metrics`]: what a batch's plugin calls record (time and outcomes per tenant)
 //! - [`output`]: what the host accepts from a plugin, and the headers it stamps
 //! - [`builtin`]: routing plugins compiled into the host (no WASM)
 //! - [`reload`]: hot reload and quarantine retries
@@ -22,6 +23,7 @@
 
 pub mod builtin;
 pub mod limits;
+pub mod metrics;
 pub mod output;
 mod reload;
 mod router;

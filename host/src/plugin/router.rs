@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::model::{OutboxRow, TenantId};
@@ -22,7 +22,8 @@ use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::TenantShared;
-use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure};
+use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, metrics};
+use crate::telemetry::Metrics;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A tenant's slot, and what may be read without waiting for its lock.
@@ -66,6 +67,8 @@ pub struct PluginRouter {
     quota: Arc<InstanceQuota>,
     /// Advances once per batch; orders unconfigured tenants by last use.
     clock: AtomicU64,
+    /// Where plugin calls are recorded, when metrics are on.
+    metrics: OnceLock<Arc<Metrics>>,
 }
 
 /// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
@@ -203,7 +206,22 @@ impl PluginRouter {
             files: Mutex::new(files),
             quota: InstanceQuota::new(plugins.max_unconfigured_instances),
             clock: AtomicU64::new(0),
+            metrics: OnceLock::new(),
         })
+    }
+
+    /// Records plugin calls (time and outcome per tenant and plugin) into `metrics` from now
+    /// on, and starts the series of every tenant with its own entry (and rows without a
+    /// tenant) at 0.
+    pub fn record_into(&self, metrics: Arc<Metrics>) {
+        let plugins: Vec<(Arc<str>, String)> = self
+            .tenant_statuses()
+            .into_iter()
+            .filter(|s| s.configured)
+            .map(|s| (metrics.tenant(&s.tenant), s.plugin))
+            .collect();
+        metrics.initialise_plugins(plugins.iter().map(|(t, p)| (Arc::clone(t), p.as_str())));
+        let _ = self.metrics.set(metrics);
     }
 
     /// The slot of `tenant`, created (without an instance) for a tenant seen for the first
@@ -287,16 +305,20 @@ impl PluginRouter {
             .collect();
         let mut statuses: Vec<TenantStatus> = handles
             .into_iter()
-            .map(|(tenant, h)| TenantStatus {
-                tenant,
-                plugin: h.status.template().describe(),
-                digest: h.status.template().digest().map(str::to_owned),
-                configured: h.configured,
-                state: h.status.state(now),
-                instance: h.status.has_instance(),
-                counters: h.status.shared.counters(),
-                instantiations: h.status.instantiations.snapshot(),
-                limit_hits: h.status.limit_hits.snapshot(),
+            .map(|(tenant, h)| {
+                let template = h.status.template();
+                TenantStatus {
+                    tenant,
+                    plugin: template.describe(),
+                    digest: template.digest().map(str::to_owned),
+                    version: template.version().map(str::to_owned),
+                    configured: h.configured,
+                    state: h.status.state(now),
+                    instance: h.status.has_instance(),
+                    counters: h.status.shared.counters(),
+                    instantiations: h.status.instantiations.snapshot(),
+                    limit_hits: h.status.limit_hits.snapshot(),
+                }
             })
             .collect();
         statuses.sort_by(|a, b| a.tenant.cmp(&b.tenant));
@@ -383,6 +405,9 @@ impl RowTransformer for PluginRouter {
                     for &index in group {
                         results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
                     }
+                    if let Some(m) = self.metrics.get() {
+                        metrics::record_no_plugin(m, tenant, group.len());
+                    }
                 }
             }
         }
@@ -394,49 +419,72 @@ impl RowTransformer for PluginRouter {
         for (handle, group) in routed {
             let indices = group.clone();
             let rows = Arc::clone(&rows);
+            // For the metrics only: the tenant, and its configured file (or builtin) — a reload
+            // changes the file's content, not its name.
+            let labels = self.metrics.get().map(|_| {
+                (
+                    handle.status.shared.tenant().clone(),
+                    handle.status.template().describe(),
+                )
+            });
             // Guest calls are synchronous CPU work: keep them off the reactor threads.
             let task = tokio::task::spawn_blocking(move || {
                 let group: Vec<&OutboxRow> = group.iter().map(|&i| &rows[i]).collect();
                 match lock_unless_stalled(&handle.slot, &handle.status) {
-                    Some(mut slot) => slot.run_group(&group),
-                    None => group
-                        .iter()
-                        .map(|_| {
-                            Err(TransformFailure::Deferred(
-                                "the tenant's plugin is busy with a slow call in another batch"
-                                    .into(),
-                            ))
-                        })
-                        .collect(),
-                }
-            });
-            tasks.push((indices, task));
-        }
-        for (indices, task) in tasks {
-            match task.await {
-                // One result per row, or the whole group fails cleanly.
-                Ok(outputs) if outputs.len() == indices.len() => {
-                    for (index, output) in indices.into_iter().zip(outputs) {
-                        results[index] = Some(output);
+                    Some(mut slot) => {
+                        let started = Instant::now();
+                        let outputs = slot.run_group(&group);
+                        (outputs, Some(started.elapsed()))
+                    }
+                    None => {
+                        let deferred = group
+                            .iter()
+                            .map(|_| {
+                                Err(TransformFailure::Deferred(
+                                    "the tenant's plugin is busy with a slow call in another batch"
+                                        .into(),
+                                ))
+                            })
+                            .collect();
+                        (deferred, None)
                     }
                 }
-                Ok(outputs) => {
+            });
+            tasks.push((labels, indices, task));
+        }
+        for (labels, indices, task) in tasks {
+            let (outputs, took) = match task.await {
+                // One result per row, or the whole group fails cleanly.
+                Ok((outputs, took)) if outputs.len() == indices.len() => (outputs, took),
+                Ok((outputs, took)) => {
                     let why = format!(
                         "plugin worker returned {} results for {} rows",
                         outputs.len(),
                         indices.len()
                     );
-                    for index in indices {
-                        results[index] = Some(Err(TransformFailure::Unavailable(why.clone())));
-                    }
+                    let failed = indices
+                        .iter()
+                        .map(|_| Err(TransformFailure::Unavailable(why.clone())))
+                        .collect();
+                    (failed, took)
                 }
                 Err(e) => {
-                    for index in indices {
-                        results[index] = Some(Err(TransformFailure::Unavailable(format!(
-                            "plugin worker failed: {e}"
-                        ))));
-                    }
+                    let failed = indices
+                        .iter()
+                        .map(|_| {
+                            Err(TransformFailure::Unavailable(format!(
+                                "plugin worker failed: {e}"
+                            )))
+                        })
+                        .collect();
+                    (failed, None)
                 }
+            };
+            if let (Some(m), Some((tenant, plugin))) = (self.metrics.get(), &labels) {
+                metrics::record_group(m, tenant, plugin, took, &outputs);
+            }
+            for (index, output) in indices.into_iter().zip(outputs) {
+                results[index] = Some(output);
             }
         }
         results

@@ -80,16 +80,12 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             .into_iter()
             .partition(|r| self.held_back.is_held(&r.id, now));
         let rows: Arc<[OutboxRow]> = rows.into();
-        let transforming = Instant::now();
+        // The transformer records its own calls (time and outcome per tenant and plugin).
         let results = if rows.is_empty() {
             Vec::new()
         } else {
             self.transformer.transform(Arc::clone(&rows)).await
         };
-        if let Some(m) = self.metrics() {
-            m.transformed(transforming.elapsed());
-            telemetry::record_transforms(m, &rows, &results);
-        }
         let mut outcomes = match Outcomes::build(&rows, results, &self.settings.retry) {
             Ok(outcomes) => outcomes,
             Err(mismatch) => {

@@ -30,7 +30,7 @@ mod telemetry;
 mod tests;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::plugin::RowTransformer;
 use crate::shutdown::{self, Shutdown};
@@ -129,6 +129,27 @@ impl Drop for WorkerRunning<'_> {
     }
 }
 
+/// Marks worker `.1`'s batch as in hand from its claim until dropped (the batch finished or was
+/// abandoned): the heartbeat `/healthz` reads to find a worker stuck in one batch.
+struct BatchInHand<'a>(Option<&'a Metrics>, usize);
+
+impl<'a> BatchInHand<'a> {
+    fn start(metrics: Option<&'a Metrics>, worker: usize) -> Self {
+        if let Some(m) = metrics {
+            m.batch_in_hand(worker, Some(Instant::now()));
+        }
+        Self(metrics, worker)
+    }
+}
+
+impl Drop for BatchInHand<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.0 {
+            m.batch_in_hand(self.1, None);
+        }
+    }
+}
+
 impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     pub fn new(store: S, transformer: T, sink: K, settings: RelaySettings) -> Self {
         let pacer = Arc::new(Pacer::new(
@@ -208,10 +229,10 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             })
         };
         let mut workers = tokio::task::JoinSet::new();
-        for _ in 0..self.settings.workers.max(1) {
+        for index in 0..self.settings.workers.max(1) {
             let relay = Arc::clone(self);
             let stop = workers_stop.clone();
-            workers.spawn(async move { relay.worker(stop, mode).await });
+            workers.spawn(async move { relay.worker(index, stop, mode).await });
         }
         let mut failure = None;
         while let Some(ended) = workers.join_next().await {
@@ -236,8 +257,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         }
     }
 
-    /// One batch loop.
-    async fn worker(&self, mut shutdown: Shutdown, mode: Mode) {
+    /// One batch loop; `index` tells it from the others in the metrics.
+    async fn worker(&self, index: usize, mut shutdown: Shutdown, mode: Mode) {
         let _running = WorkerRunning::start(self.metrics());
         // Failed batches in a row, for the pause before the next one.
         let mut failures: u32 = 0;
@@ -246,6 +267,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 slot = self.concurrency.acquire() => slot,
                 _ = shutdown.recv() => break,
             };
+            let in_hand = BatchInHand::start(self.metrics(), index);
             let batch = self.run_batch();
             tokio::pin!(batch);
             let outcome = tokio::select! {
@@ -260,6 +282,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                     break;
                 }
             };
+            drop(in_hand);
             let failed = match outcome {
                 Ok(report) => {
                     slot.record(
@@ -310,8 +333,11 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             Mode::Drain => fill == Fill::Empty,
             Mode::Continuous => {
                 self.pacer.record(fill);
-                if fill != Fill::Full {
-                    self.pacer.wait_turn(shutdown).await;
+                if fill != Fill::Full
+                    && let Some(cause) = self.pacer.wait_turn(shutdown).await
+                    && let Some(m) = self.metrics()
+                {
+                    m.poll_woken(cause.label());
                 }
                 false
             }

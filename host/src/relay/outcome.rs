@@ -36,6 +36,8 @@ pub struct Failure {
     /// The broker refused one of its messages for a reason of the tenant's own making (a
     /// topic it lacks, a message too large, no authorization).
     pub refused: bool,
+    /// The plugin said the row can never succeed: dead at once, whatever its attempts.
+    pub permanent: bool,
 }
 
 /// One claimed row and its fate.
@@ -232,14 +234,12 @@ fn missing_report() -> SinkError {
 }
 
 fn transform_failure(row: &OutboxRow, failure: TransformFailure, retry: &RetryPolicy) -> Failure {
-    let disposition = match &failure {
-        TransformFailure::Permanent { .. } => retry.after_failure(row.attempts, true),
-        _ => retry.after_failure(row.attempts, false),
-    };
+    let permanent = matches!(failure, TransformFailure::Permanent { .. });
     Failure {
         error: failure.to_string(),
-        disposition,
+        disposition: retry.after_failure(row.attempts, permanent),
         refused: false,
+        permanent,
     }
 }
 
@@ -253,6 +253,7 @@ fn publish_failure(row: &OutboxRow, error: &SinkError, retry: &RetryPolicy) -> F
         error: error.to_string(),
         disposition,
         refused: fault == PublishFault::Refused,
+        permanent: false,
     }
 }
 

@@ -6,12 +6,14 @@
 //! issues one poll per `poll_interval` however many workers it has, and a busy one never
 //! waits. A wake-up (a NOTIFY, or a full batch elsewhere) cuts the sleep short.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use crate::shutdown::Shutdown;
+use crate::telemetry::metrics::wake_cause;
 
 /// How full the last claim was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +22,31 @@ pub enum Fill {
     Partial,
     Full,
 }
+
+/// Why an idle wait ended (`sluice_poll_wakeups_total{cause}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeCause {
+    /// The wait ran its course.
+    Timer,
+    /// [`Pacer::wake`]: a NOTIFY arrived (or LISTEN reconnected).
+    Notify,
+    /// Another worker found rows waiting (a full batch, or rows after a quiet spell).
+    Refill,
+}
+
+impl WakeCause {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Timer => wake_cause::TIMER,
+            Self::Notify => wake_cause::NOTIFY,
+            Self::Refill => wake_cause::REFILL,
+        }
+    }
+}
+
+/// What the last wake-up signal was, for the waiter it wakes.
+const WOKEN_BY_NOTIFY: u8 = 1;
+const WOKEN_BY_REFILL: u8 = 2;
 
 /// The shared poll clock of one relay process.
 #[derive(Debug)]
@@ -31,6 +58,8 @@ pub struct Pacer {
     /// Held by the one idle worker whose sleep decides the next poll.
     turn: tokio::sync::Mutex<()>,
     wake: Notify,
+    /// Who sent the pending wake-up signal (one of `WOKEN_BY_*`); the last sender wins.
+    woken_by: AtomicU8,
 }
 
 impl Pacer {
@@ -41,6 +70,7 @@ impl Pacer {
             empty_streak: Mutex::new(0),
             turn: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
+            woken_by: AtomicU8::new(WOKEN_BY_REFILL),
         }
     }
 
@@ -65,6 +95,7 @@ impl Pacer {
                 let was_idle = *streak > 0;
                 *streak = 0;
                 if fill == Fill::Full || was_idle {
+                    self.woken_by.store(WOKEN_BY_REFILL, Ordering::Relaxed);
                     self.wake.notify_one();
                 }
             }
@@ -73,6 +104,7 @@ impl Pacer {
 
     /// Cuts the current sleep short (a NOTIFY arrived).
     pub fn wake(&self) {
+        self.woken_by.store(WOKEN_BY_NOTIFY, Ordering::Relaxed);
         self.wake.notify_one();
     }
 
@@ -85,17 +117,20 @@ impl Pacer {
     }
 
     /// Waits until this worker should poll: its turn on the clock, then the current wait,
-    /// cut short by a wake-up or shutdown.
-    pub async fn wait_turn(&self, shutdown: &mut Shutdown) {
+    /// cut short by a wake-up or shutdown. Returns why the wait ended (`None`: shutdown).
+    pub async fn wait_turn(&self, shutdown: &mut Shutdown) -> Option<WakeCause> {
         let _turn = tokio::select! {
             turn = self.turn.lock() => turn,
-            _ = shutdown.recv() => return,
+            _ = shutdown.recv() => return None,
         };
         let wait = self.next_wait();
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = self.wake.notified() => {}
-            _ = shutdown.recv() => {}
+            _ = tokio::time::sleep(wait) => Some(WakeCause::Timer),
+            _ = self.wake.notified() => Some(match self.woken_by.load(Ordering::Relaxed) {
+                WOKEN_BY_NOTIFY => WakeCause::Notify,
+                _ => WakeCause::Refill,
+            }),
+            _ = shutdown.recv() => None,
         }
     }
 }
@@ -137,10 +172,40 @@ mod tests {
         };
         tokio::time::sleep(20 * MS).await;
         p.wake();
-        tokio::time::timeout(Duration::from_secs(5), waiter)
+        let cause = tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
             .expect("woken long before the 60 s wait")
             .unwrap();
+        assert_eq!(cause, Some(WakeCause::Notify));
+    }
+
+    #[tokio::test]
+    async fn each_wait_says_what_ended_it() {
+        let p = std::sync::Arc::new(Pacer::new(5 * MS, 60_000 * MS));
+        let (_trigger, mut shutdown) = crate::shutdown::channel();
+        // The first wait after rows is `min`: it runs its course.
+        assert_eq!(p.wait_turn(&mut shutdown).await, Some(WakeCause::Timer));
+        for _ in 0..30 {
+            p.record(Fill::Empty);
+        }
+        let waiter = {
+            let p = std::sync::Arc::clone(&p);
+            let mut shutdown = shutdown.clone();
+            tokio::spawn(async move { p.wait_turn(&mut shutdown).await })
+        };
+        tokio::time::sleep(20 * MS).await;
+        // Another worker's claim came back full.
+        p.record(Fill::Full);
+        let cause = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken long before the 60 s wait")
+            .unwrap();
+        assert_eq!(cause, Some(WakeCause::Refill));
+        let (stop, mut stopped) = crate::shutdown::channel();
+        stop.trigger();
+        p.record(Fill::Empty);
+        p.record(Fill::Empty);
+        assert_eq!(p.wait_turn(&mut stopped).await, None);
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
-//! What a batch records into the relay's [`Metrics`]: transform outcomes, acknowledged
-//! messages and bytes per tenant and topic, produce errors, end-to-end latency, and each row's
-//! recorded fate. Counts are summed per batch first, so a batch costs a few label lookups,
-//! not one per row.
+//! What a batch records into the relay's [`Metrics`]: acknowledged messages and bytes per
+//! tenant and topic, produce errors, end-to-end latency, and each row's recorded fate (with
+//! why rows went dead). The plugin calls are recorded by the transformer itself. Counts are
+//! summed per batch first, so a batch costs a few label lookups, not one per row.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,44 +10,10 @@ use chrono::Utc;
 
 use super::outcome::{Fate, Outcomes};
 use crate::model::{OutboxId, TenantId};
-use crate::plugin::{RowResult, TransformFailure};
 use crate::sink::{PublishFault, SinkError};
 use crate::store::{Disposition, RowFailure};
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::outcome;
-
-/// The `outcome` label of a plugin's result for one row; `None` for rows not run (deferred,
-/// tenant paused).
-fn transform_outcome(result: &RowResult) -> Option<&'static str> {
-    Some(match result {
-        Ok(_) => "ok",
-        Err(TransformFailure::Retryable { .. }) => "retryable",
-        Err(TransformFailure::Permanent { .. }) => "permanent",
-        Err(TransformFailure::Trapped(_)) => "trap",
-        Err(TransformFailure::DeadlineExceeded(_)) => "timeout",
-        Err(TransformFailure::InvalidOutput(_)) => "invalid_output",
-        Err(TransformFailure::NoPlugin(_)) => "no_plugin",
-        Err(TransformFailure::Unavailable(_)) => "unavailable",
-        Err(TransformFailure::Deferred(_) | TransformFailure::Paused { .. }) => return None,
-    })
-}
-
-/// Counts the plugins' results by tenant and outcome.
-pub(super) fn record_transforms(
-    metrics: &Metrics,
-    rows: &[crate::model::OutboxRow],
-    results: &[RowResult],
-) {
-    let mut counts: HashMap<(&TenantId, &'static str), u64> = HashMap::new();
-    for (row, result) in rows.iter().zip(results) {
-        if let Some(outcome) = transform_outcome(result) {
-            *counts.entry((&row.tenant, outcome)).or_default() += 1;
-        }
-    }
-    for ((tenant, outcome), n) in counts {
-        metrics.transform_calls(&metrics.tenant(tenant), outcome, n);
-    }
-}
+use crate::telemetry::metrics::{dead_reason, outcome};
 
 fn error_type(error: &SinkError) -> &'static str {
     match error.fault() {
@@ -139,6 +105,7 @@ pub(super) fn record_completed(
 ) {
     let recorded = |id: &OutboxId| only.is_none_or(|ids| ids.contains(id));
     let mut counts: HashMap<(&TenantId, &'static str), u64> = HashMap::new();
+    let mut dead: HashMap<(&TenantId, &'static str), u64> = HashMap::new();
     for o in outcomes.rows() {
         if !recorded(&o.row.id) {
             continue;
@@ -146,7 +113,17 @@ pub(super) fn record_completed(
         let outcome = match &o.fate {
             Fate::Sent { .. } => outcome::SENT,
             Fate::Dropped => outcome::DROPPED,
-            Fate::Failed(f) => failure_outcome(f.disposition),
+            Fate::Failed(f) => {
+                if f.disposition == Disposition::Dead {
+                    let reason = if f.permanent {
+                        dead_reason::PERMANENT
+                    } else {
+                        dead_reason::ATTEMPTS_EXHAUSTED
+                    };
+                    *dead.entry((&o.row.tenant, reason)).or_default() += 1;
+                }
+                failure_outcome(f.disposition)
+            }
             Fate::Deferred => continue,
         };
         *counts.entry((&o.row.tenant, outcome)).or_default() += 1;
@@ -154,9 +131,102 @@ pub(super) fn record_completed(
     for ((tenant, outcome), n) in counts {
         metrics.rows_completed(&metrics.tenant(tenant), outcome, n);
     }
+    for ((tenant, reason), n) in dead {
+        metrics.dead_letters(&metrics.tenant(tenant), reason, n);
+    }
     // Rows the store could not decode have no tenant to go by.
     let other = metrics.tenant(&TenantId::none());
     for f in rejected.iter().filter(|f| recorded(&f.id)) {
         metrics.rows_completed(&other, failure_outcome(f.disposition), 1);
+        if f.disposition == Disposition::Dead {
+            metrics.dead_letters(&other, dead_reason::INVALID_ROW, 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::OutboxRow;
+    use crate::plugin::TransformFailure;
+    use crate::relay::{RetryPolicy, RetrySettings};
+    use crate::telemetry::TenantLabels;
+
+    fn row(id: i64, attempts: i32) -> OutboxRow {
+        OutboxRow {
+            id: OutboxId::Int(id),
+            tenant: TenantId::named("acme"),
+            aggregate_type: "order".into(),
+            aggregate_id: id.to_string(),
+            event_type: "E".into(),
+            payload: Vec::new(),
+            headers: Vec::new(),
+            created_at: Utc::now(),
+            attempts,
+        }
+    }
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn rows_going_dead_are_counted_by_why() {
+        let metrics = Metrics::new(TenantLabels::new(["acme"]), "test");
+        let retry = RetryPolicy::new(&RetrySettings {
+            max_attempts: 3,
+            ..RetrySettings::default()
+        });
+        let (code, message) = ("bad".to_owned(), "no".to_owned());
+        let rows = [row(1, 0), row(2, 2), row(3, 0)];
+        let results = vec![
+            Err(TransformFailure::Permanent {
+                code: code.clone(),
+                message: message.clone(),
+            }),
+            // Its third attempt: the last one.
+            Err(TransformFailure::Retryable {
+                code: code.clone(),
+                message: message.clone(),
+            }),
+            Err(TransformFailure::Retryable { code, message }),
+        ];
+        let outcomes = Outcomes::build(&rows, results, &retry).unwrap();
+        let unreadable = [RowFailure {
+            id: OutboxId::Int(4),
+            error: "cannot decode".into(),
+            disposition: Disposition::Dead,
+        }];
+        record_completed(&metrics, &outcomes, &unreadable, None);
+        let text = metrics.encode().unwrap();
+        let dead = |tenant: &str, reason: &str| {
+            sample(
+                &text,
+                &format!("sluice_dead_letters_total{{tenant=\"{tenant}\",reason=\"{reason}\"}}"),
+            )
+        };
+        assert_eq!(dead("acme", "permanent"), Some(1.0), "{text}");
+        assert_eq!(dead("acme", "attempts_exhausted"), Some(1.0));
+        assert_eq!(dead("_default", "invalid_row"), Some(1.0));
+        assert_eq!(
+            dead("_default", "permanent"),
+            Some(0.0),
+            "known label sets start at 0"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "sluice_rows_completed_total{tenant=\"acme\",outcome=\"dead\"}"
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "sluice_rows_completed_total{tenant=\"acme\",outcome=\"retry_scheduled\"}"
+            ),
+            Some(1.0)
+        );
     }
 }

@@ -10,14 +10,36 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::future::join_all;
 use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::statistics::Statistics;
 use rdkafka::util::Timeout;
 
 use super::topics::{Known, TopicCache};
 use super::{PublishFault, Sink, SinkError};
 use crate::model::OutboundMessage;
+use crate::telemetry::Metrics;
+
+/// The producer, with the context that reads librdkafka's statistics into the metrics.
+type FutureProducer = rdkafka::producer::FutureProducer<SinkContext>;
+
+/// The producer's client context: librdkafka's log lines go to `tracing` as by default; its
+/// statistics (emitted only when `statistics.interval.ms` is set, i.e. with metrics on) set
+/// `sluice_producer_queue_messages`.
+#[derive(Clone, Default)]
+pub struct SinkContext {
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl ClientContext for SinkContext {
+    fn stats(&self, statistics: Statistics) {
+        if let Some(m) = &self.metrics {
+            m.set_producer_queue(statistics.msg_cnt);
+        }
+    }
+}
 
 /// Sluice's producer defaults; any `[kafka]` property overrides them.
 /// - idempotence + acks=all: no duplicates from producer retries, no loss on leader change.
@@ -67,6 +89,9 @@ pub fn weak_acks(properties: &BTreeMap<String, String>) -> Option<(&'static str,
         })
 }
 
+/// The `statistics.interval.ms` property: librdkafka computes no statistics without it.
+const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
+
 /// Publishes to Kafka. Re-creates its producer after a fatal (idempotence) error.
 pub struct KafkaSink {
     inner: Arc<Inner>,
@@ -75,6 +100,7 @@ pub struct KafkaSink {
 /// The sink's state, shared with the blocking tasks that work on the producer.
 struct Inner {
     config: ClientConfig,
+    context: SinkContext,
     producer: Mutex<FutureProducer>,
     topics: TopicCache,
 }
@@ -83,16 +109,44 @@ impl KafkaSink {
     /// Creates the producer; invalid or unknown librdkafka properties are reported here.
     /// Creating a producer starts librdkafka's threads: call it off the async reactor.
     pub fn new(properties: &BTreeMap<String, String>) -> Result<Self, SinkError> {
+        Self::create(properties, SinkContext::default(), None)
+    }
+
+    /// [`KafkaSink::new`], with the producer's queue depth read into `metrics` every
+    /// `interval` from librdkafka's statistics (unless `[kafka]` sets
+    /// `statistics.interval.ms` itself). Without metrics librdkafka computes no statistics.
+    pub fn with_metrics(
+        properties: &BTreeMap<String, String>,
+        metrics: Arc<Metrics>,
+        interval: Duration,
+    ) -> Result<Self, SinkError> {
+        let context = SinkContext {
+            metrics: Some(metrics),
+        };
+        Self::create(properties, context, Some(interval))
+    }
+
+    fn create(
+        properties: &BTreeMap<String, String>,
+        context: SinkContext,
+        statistics: Option<Duration>,
+    ) -> Result<Self, SinkError> {
         if !properties.contains_key("bootstrap.servers") {
             return Err(SinkError::Config(
                 "[kafka] needs \"bootstrap.servers\"".to_owned(),
             ));
         }
-        let config = kafka_client_config(properties);
-        let producer = create(&config)?;
+        let mut config = kafka_client_config(properties);
+        if let Some(interval) = statistics
+            && !properties.contains_key(STATISTICS_INTERVAL)
+        {
+            config.set(STATISTICS_INTERVAL, interval.as_millis().max(1).to_string());
+        }
+        let producer = create(&config, &context)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
+                context,
                 producer: Mutex::new(producer),
                 topics: TopicCache::default(),
             }),
@@ -191,7 +245,7 @@ impl Inner {
         }
         let fatal = broken.client().fatal_error();
         tracing::error!(?fatal, "kafka producer is unusable; re-creating it");
-        match create(&self.config) {
+        match create(&self.config, &self.context) {
             Ok(new) => {
                 let mut current = self.current();
                 if same_producer(&current, &broken) {
@@ -221,9 +275,9 @@ fn drop_off_reactor(producers: Vec<FutureProducer>) {
     }
 }
 
-fn create(config: &ClientConfig) -> Result<FutureProducer, SinkError> {
+fn create(config: &ClientConfig, context: &SinkContext) -> Result<FutureProducer, SinkError> {
     config
-        .create()
+        .create_with_context(context.clone())
         .map_err(|e| SinkError::Config(e.to_string()))
 }
 
@@ -470,6 +524,63 @@ mod tests {
             headers: Vec::new(),
             partition: None,
         }
+    }
+
+    /// With metrics, the queue depth comes from librdkafka's statistics: messages to a broker
+    /// that does not answer stay queued, and the gauge says how many.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_producer_queue_gauge_follows_librdkafkas_statistics() {
+        let metrics = Arc::new(Metrics::new(
+            crate::telemetry::TenantLabels::new(None::<&str>),
+            "test",
+        ));
+        let mut props = BTreeMap::new();
+        // Nothing listens there: every message waits in the queue.
+        props.insert("bootstrap.servers".to_owned(), "127.0.0.1:1".to_owned());
+        props.insert("message.timeout.ms".to_owned(), "60000".to_owned());
+        let sink = {
+            let metrics = Arc::clone(&metrics);
+            tokio::task::spawn_blocking(move || {
+                KafkaSink::with_metrics(&props, metrics, Duration::from_millis(100))
+            })
+            .await
+            .unwrap()
+            .unwrap()
+        };
+        let sink = Arc::new(sink);
+        let publishing = {
+            let sink = Arc::clone(&sink);
+            tokio::spawn(async move {
+                sink.publish(&[message("t"), message("t"), message("t")])
+                    .await
+            })
+        };
+        let queue = |m: &Metrics| {
+            m.encode().unwrap().lines().find_map(|l| {
+                l.strip_prefix("sluice_producer_queue_messages ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while queue(&metrics) != Some(3.0) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(queue(&metrics), Some(3.0), "{}", metrics.encode().unwrap());
+        publishing.abort();
+        let _ = publishing.await;
+        let sink = Arc::try_unwrap(sink).ok();
+        tokio::task::spawn_blocking(move || drop(sink))
+            .await
+            .unwrap();
+    }
+
+    #[test]
+    fn without_metrics_librdkafka_computes_no_statistics() {
+        let mut props = BTreeMap::new();
+        props.insert("bootstrap.servers".to_owned(), "127.0.0.1:1".to_owned());
+        let sink = KafkaSink::new(&props).unwrap();
+        assert_eq!(sink.inner.config.get(STATISTICS_INTERVAL), None);
     }
 
     /// With a mock cluster (librdkafka's in-process broker): a message to a topic the broker

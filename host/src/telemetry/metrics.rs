@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -39,6 +39,30 @@ struct TenantLabel {
 struct TenantOutcome {
     tenant: Arc<str>,
     outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantPlugin {
+    tenant: Arc<str>,
+    plugin: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantPluginOutcome {
+    tenant: Arc<str>,
+    plugin: Arc<str>,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantReason {
+    tenant: Arc<str>,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -91,13 +115,16 @@ pub struct Metrics {
     claims: Family<ResultLabel, Counter>,
     claim_duration: Histogram,
     claim_batch_rows: Histogram,
-    transform_duration: Histogram,
-    transform_calls: Family<TenantOutcome, Counter>,
+    transform_duration: HistogramFamily<TenantPlugin>,
+    transform_calls: Family<TenantPluginOutcome, Counter>,
+    poll_wakeups: Family<CauseLabel, Counter>,
     rows_completed: Family<TenantOutcome, Counter>,
+    dead_letters: Family<TenantReason, Counter>,
     messages_produced: Family<TenantTopic, Counter>,
     produced_bytes: Family<TenantTopic, Counter>,
     produce_errors: Family<TopicError, Counter>,
     produce_duration: Histogram,
+    producer_queue: Gauge,
     mark_duration: HistogramFamily<ModeLabel>,
     delivered_not_marked: Counter,
     end_to_end: HistogramFamily<TenantLabel>,
@@ -108,6 +135,8 @@ pub struct Metrics {
     dependency_up: Family<DependencyLabel, Gauge>,
     workers_running: Gauge,
     workers_started: AtomicI64,
+    /// When each worker loop's batch in hand started (`None`: between batches), by worker.
+    batches_in_hand: Mutex<Vec<Option<Instant>>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -129,6 +158,41 @@ pub mod outcome {
     pub const DEAD: &str = "dead";
 }
 
+/// The `reason` label values of `sluice_dead_letters_total`.
+pub mod dead_reason {
+    /// The plugin said the row can never succeed (`permanent`).
+    pub const PERMANENT: &str = "permanent";
+    /// The row failed `max_attempts` times.
+    pub const ATTEMPTS_EXHAUSTED: &str = "attempts_exhausted";
+    /// The store could not read the row (a column it cannot decode).
+    pub const INVALID_ROW: &str = "invalid_row";
+}
+
+/// The `cause` label values of `sluice_poll_wakeups_total`.
+pub mod wake_cause {
+    /// The idle wait ran out.
+    pub const TIMER: &str = "timer";
+    /// A NOTIFY (or the LISTEN connection coming back) cut it short.
+    pub const NOTIFY: &str = "notify";
+    /// Another worker found rows (a full batch, or rows after a quiet spell).
+    pub const REFILL: &str = "refill";
+}
+
+/// The `outcome` label values of `sluice_transform_calls_total` that a tenant's plugin can
+/// produce (`no_plugin` is only ever seen with `plugin="_none"`).
+pub const PLUGIN_OUTCOMES: &[&str] = &[
+    "ok",
+    "retryable",
+    "permanent",
+    "trap",
+    "timeout",
+    "invalid_output",
+    "unavailable",
+];
+
+/// The `plugin` label value of rows no plugin could take (no `[plugins.default]`).
+pub const NO_PLUGIN: &str = "_none";
+
 /// The dependencies of `sluice_dependency_up`.
 pub mod dependency {
     pub const DATABASE: &str = "database";
@@ -147,13 +211,16 @@ impl Metrics {
             claims: Family::default(),
             claim_duration: latency_histogram(),
             claim_batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
-            transform_duration: latency_histogram(),
+            transform_duration: Family::new_with_constructor(latency_histogram),
             transform_calls: Family::default(),
+            poll_wakeups: Family::default(),
             rows_completed: Family::default(),
+            dead_letters: Family::default(),
             messages_produced: Family::default(),
             produced_bytes: Family::default(),
             produce_errors: Family::default(),
             produce_duration: latency_histogram(),
+            producer_queue: Gauge::default(),
             mark_duration: Family::new_with_constructor(latency_histogram),
             delivered_not_marked: Counter::default(),
             end_to_end: Family::new_with_constructor(end_to_end_histogram),
@@ -164,6 +231,7 @@ impl Metrics {
             dependency_up: Family::default(),
             workers_running: Gauge::default(),
             workers_started: AtomicI64::new(0),
+            batches_in_hand: Mutex::default(),
         };
         let build: Family<BuildLabels, Gauge> = Family::default();
         build
@@ -198,19 +266,29 @@ impl Metrics {
         );
         r.register_with_unit(
             "transform_duration",
-            "Time to run one batch's rows through the plugins",
+            "Time to run one batch's rows of a tenant through its plugin, by tenant and plugin",
             Unit::Seconds,
             m.transform_duration.clone(),
         );
         r.register(
             "transform_calls",
-            "Rows run through a plugin, by tenant and outcome (ok, retryable, permanent, trap, timeout, invalid_output, unavailable, no_plugin)",
+            "Rows run through a plugin, by tenant, plugin and outcome (ok, retryable, permanent, trap, timeout, invalid_output, unavailable, no_plugin)",
             m.transform_calls.clone(),
+        );
+        r.register(
+            "poll_wakeups",
+            "Idle waits of the poll clock that ended, by cause (timer, notify, refill)",
+            m.poll_wakeups.clone(),
         );
         r.register(
             "rows_completed",
             "Rows whose fate was recorded, by tenant and outcome (sent, dropped, retry_scheduled, dead)",
             m.rows_completed.clone(),
+        );
+        r.register(
+            "dead_letters",
+            "Rows that went dead, by tenant and reason (permanent, attempts_exhausted, invalid_row)",
+            m.dead_letters.clone(),
         );
         r.register(
             "messages_produced",
@@ -233,6 +311,11 @@ impl Metrics {
             "Time from sending a batch's messages to the last delivery report",
             Unit::Seconds,
             m.produce_duration.clone(),
+        );
+        r.register(
+            "producer_queue_messages",
+            "Messages in the producer's queues, not yet acknowledged (librdkafka statistics msg_cnt)",
+            m.producer_queue.clone(),
         );
         r.register_with_unit(
             "mark_duration",
@@ -295,6 +378,9 @@ impl Metrics {
         for result in ["rows", "empty", "error"] {
             let _ = self.claims.get_or_create(&ResultLabel { result });
         }
+        for cause in [wake_cause::TIMER, wake_cause::NOTIFY, wake_cause::REFILL] {
+            let _ = self.poll_wakeups.get_or_create(&CauseLabel { cause });
+        }
         for tenant in self.tenants.all() {
             for outcome in [
                 outcome::SENT,
@@ -307,12 +393,42 @@ impl Metrics {
                     outcome,
                 });
             }
+            for reason in [
+                dead_reason::PERMANENT,
+                dead_reason::ATTEMPTS_EXHAUSTED,
+                dead_reason::INVALID_ROW,
+            ] {
+                let _ = self.dead_letters.get_or_create(&TenantReason {
+                    tenant: Arc::clone(&tenant),
+                    reason,
+                });
+            }
         }
         self.set_samples(&[]);
         for dependency in [dependency::DATABASE, dependency::KAFKA] {
             let _ = self
                 .dependency_up
                 .get_or_create(&DependencyLabel { dependency });
+        }
+    }
+
+    /// Starts the transform series of each configured tenant (and `_default`) with the
+    /// plugin it runs at 0. The plugin a tenant runs is fixed by the config (a reload changes
+    /// the file's content, not its path), so these are the label sets there will be.
+    pub fn initialise_plugins<'a>(&self, plugins: impl IntoIterator<Item = (Arc<str>, &'a str)>) {
+        for (tenant, plugin) in plugins {
+            let plugin: Arc<str> = Arc::from(plugin);
+            let _ = self.transform_duration.get_or_create(&TenantPlugin {
+                tenant: Arc::clone(&tenant),
+                plugin: Arc::clone(&plugin),
+            });
+            for &outcome in PLUGIN_OUTCOMES {
+                let _ = self.transform_calls.get_or_create(&TenantPluginOutcome {
+                    tenant: Arc::clone(&tenant),
+                    plugin: Arc::clone(&plugin),
+                    outcome,
+                });
+            }
         }
     }
 
@@ -365,18 +481,55 @@ impl Metrics {
             .inc();
     }
 
-    pub fn transformed(&self, took: Duration) {
-        self.transform_duration.observe(took.as_secs_f64());
+    /// One batch's rows of `tenant` ran through `plugin` in `took` (`None`: not run, e.g.
+    /// no plugin), with these counts by outcome.
+    pub fn transformed(
+        &self,
+        tenant: &TenantId,
+        plugin: &str,
+        took: Option<Duration>,
+        outcomes: &[(&'static str, u64)],
+    ) {
+        let tenant = self.tenant(tenant);
+        let plugin: Arc<str> = Arc::from(plugin);
+        if let Some(took) = took {
+            self.transform_duration
+                .get_or_create(&TenantPlugin {
+                    tenant: Arc::clone(&tenant),
+                    plugin: Arc::clone(&plugin),
+                })
+                .observe(took.as_secs_f64());
+        }
+        for &(outcome, rows) in outcomes {
+            self.transform_calls
+                .get_or_create(&TenantPluginOutcome {
+                    tenant: Arc::clone(&tenant),
+                    plugin: Arc::clone(&plugin),
+                    outcome,
+                })
+                .inc_by(rows);
+        }
     }
 
-    /// `rows` rows of `tenant` came out of their plugin with `outcome`.
-    pub fn transform_calls(&self, tenant: &Arc<str>, outcome: &'static str, rows: u64) {
-        self.transform_calls
-            .get_or_create(&TenantOutcome {
+    /// An idle wait of the poll clock ended for `cause` (see [`wake_cause`]).
+    pub fn poll_woken(&self, cause: &'static str) {
+        self.poll_wakeups.get_or_create(&CauseLabel { cause }).inc();
+    }
+
+    /// `rows` rows of `tenant` went dead for `reason` (see [`dead_reason`]).
+    pub fn dead_letters(&self, tenant: &Arc<str>, reason: &'static str, rows: u64) {
+        self.dead_letters
+            .get_or_create(&TenantReason {
                 tenant: Arc::clone(tenant),
-                outcome,
+                reason,
             })
             .inc_by(rows);
+    }
+
+    /// Messages in the producer's queues, from librdkafka's statistics.
+    pub fn set_producer_queue(&self, messages: u64) {
+        self.producer_queue
+            .set(i64::try_from(messages).unwrap_or(i64::MAX));
     }
 
     pub fn rows_completed(&self, tenant: &Arc<str>, outcome: &'static str, rows: u64) {
@@ -483,6 +636,30 @@ impl Metrics {
 
     pub fn worker_ended(&self) {
         self.workers_running.dec();
+    }
+
+    /// Worker `worker` claimed a batch (`Some(now)`), or is done with it (`None`).
+    pub fn batch_in_hand(&self, worker: usize, since: Option<Instant>) {
+        let mut batches = self
+            .batches_in_hand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if batches.len() <= worker {
+            batches.resize(worker + 1, None);
+        }
+        batches[worker] = since;
+    }
+
+    /// Worker loops whose batch in hand started more than `after` ago: stuck, since every
+    /// step of a batch is bounded well below that (see `telemetry.stalled_after`).
+    pub fn stalled_workers(&self, after: Duration, now: Instant) -> usize {
+        self.batches_in_hand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .filter(|since| now.saturating_duration_since(**since) > after)
+            .count()
     }
 
     /// Worker loops started so far, and running now.

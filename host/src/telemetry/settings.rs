@@ -12,6 +12,10 @@ pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 /// Rows one sample reads at most (unsent, then dead): the gauges saturate there, so the
 /// sample stays cheap however large the backlog grows.
 pub const DEFAULT_SAMPLE_LIMIT: i64 = 10_000;
+/// How long one batch may be in a worker's hands before `/healthz` calls the worker stuck. A
+/// batch's steps are each bounded far below it (the producer gives up after
+/// `message.timeout.ms`, 30 s by default); a worker past it is wedged and a restart helps.
+pub const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(300);
 /// How long a readiness check waits for the broker.
 pub const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -25,6 +29,9 @@ pub struct TelemetrySettings {
     #[serde(with = "humantime_serde")]
     pub sample_interval: Duration,
     pub sample_limit: i64,
+    /// A worker whose batch has been in hand longer than this fails `/healthz`.
+    #[serde(with = "humantime_serde")]
+    pub stalled_after: Duration,
 }
 
 impl Default for TelemetrySettings {
@@ -33,6 +40,7 @@ impl Default for TelemetrySettings {
             listen: None,
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
             sample_limit: DEFAULT_SAMPLE_LIMIT,
+            stalled_after: DEFAULT_STALLED_AFTER,
         }
     }
 }
@@ -43,6 +51,9 @@ impl TelemetrySettings {
         let mut problems = Vec::new();
         if self.sample_interval < Duration::from_secs(1) {
             problems.push(("sample_interval", "must be at least 1s".to_owned()));
+        }
+        if self.stalled_after < Duration::from_secs(1) {
+            problems.push(("stalled_after", "must be at least 1s".to_owned()));
         }
         if self.sample_limit < 1 {
             problems.push(("sample_limit", "must be at least 1".to_owned()));

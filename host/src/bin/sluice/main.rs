@@ -23,7 +23,11 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 const DRAIN_ROWS_FAILED: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    sluice::app::logging::init(cli.log_format.into());
+    // `config check` reports what it finds as its list of problems: the log lines of the work
+    // it does (a plugin that cannot start, a broker that does not answer) would say it twice.
+    if !matches!(cli.command, Command::Config { .. }) {
+        sluice::app::logging::init(cli.log_format.into());
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {

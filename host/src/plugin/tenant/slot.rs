@@ -82,6 +82,16 @@ impl TenantTemplate {
         }
     }
 
+    /// The version the plugin reports about itself: a WASM plugin's `info()` (known once an
+    /// instance was created), Sluice's own for builtins.
+    pub fn version(&self) -> Option<&str> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => plugin.version(),
+            PluginCode::Builtin(_) => Some(env!("CARGO_PKG_VERSION")),
+            PluginCode::Broken { .. } => None,
+        }
+    }
+
     /// How the plugin is named in logs and statuses.
     pub fn describe(&self) -> String {
         match &self.code {

@@ -15,6 +15,9 @@ pub struct TenantStatus {
     /// The plugin file's content hash as loaded (`sha256:…`; none for builtins and files that
     /// failed to load).
     pub digest: Option<String>,
+    /// The version the plugin reports about itself (`info()`; Sluice's for builtins); `None`
+    /// before it ever started.
+    pub version: Option<String>,
     /// Whether the tenant has its own `[tenants.<name>]` entry (else it runs
     /// `[plugins.default]` and counts against `max_unconfigured_instances`).
     pub configured: bool,

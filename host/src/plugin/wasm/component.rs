@@ -2,7 +2,7 @@
 //! resulting [`PluginPre`] (one per file) from which every tenant instance is created.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
@@ -22,6 +22,8 @@ pub struct LoadedPlugin {
     pre: PluginPre<HostState>,
     /// `sha256:` and the hex SHA-256 of the file as loaded (metrics, `/status`).
     digest: String,
+    /// The version the plugin reports in `info()`, asked once by its first instance.
+    version: OnceLock<String>,
 }
 
 impl LoadedPlugin {
@@ -72,6 +74,7 @@ impl LoadedPlugin {
             engine: Arc::clone(engine),
             pre,
             digest,
+            version: OnceLock::new(),
         })
     }
 
@@ -82,6 +85,17 @@ impl LoadedPlugin {
     /// The file's content hash as loaded: changes with every reload of a new build.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The version from the plugin's `info()` (empty when `info()` failed); `None` until an
+    /// instance was created.
+    pub fn version(&self) -> Option<&str> {
+        self.version.get().map(String::as_str)
+    }
+
+    /// Records the version the first instance reported; later calls change nothing.
+    pub(crate) fn set_version(&self, version: String) {
+        let _ = self.version.set(version);
     }
 
     pub fn engine(&self) -> &Arc<PluginEngine> {

@@ -45,6 +45,17 @@ impl TenantInstance {
         limits: &Limits,
     ) -> Result<Self, PluginError> {
         let mut instance = Self::instantiate(plugin, shared, limits)?;
+        if plugin.version().is_none() {
+            // Once per loaded file, so `sluice_plugin_info` shows the version a reload brought.
+            match instance.info() {
+                Ok(info) => plugin.set_version(info.version),
+                Err(_) => {
+                    plugin.set_version(String::new());
+                    // A failed call leaves the Store unusable: start from a fresh one.
+                    instance = Self::instantiate(plugin, shared, limits)?;
+                }
+            }
+        }
         let tenant = shared.tenant();
         let config: Vec<(&str, &str)> = config
             .iter()

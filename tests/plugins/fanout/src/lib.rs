@@ -8,7 +8,8 @@ struct Fanout {
 
 impl Plugin for Fanout {
     const NAME: &'static str = "test-fanout";
-    const VERSION: &'static str = "0.1.0";
+    // Not the reference plugin's version: the telemetry test tells a hot reload by it.
+    const VERSION: &'static str = "0.2.0";
 
     fn configure(config: Config) -> Result<Self, String> {
         config.allow_only(&["topic_prefix"])?;

@@ -1,0 +1,52 @@
+//! What the plugin router records into the relay's [`Metrics`]: per tenant and plugin, how
+//! long a batch's rows took in the plugin and how each came out. Recorded once per tenant per
+//! batch (counts summed first), so the cost does not grow with the rows.
+
+use std::time::Duration;
+
+use crate::model::TenantId;
+use crate::plugin::{RowResult, TransformFailure};
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::NO_PLUGIN;
+
+/// The `outcome` label of a plugin's result for one row; `None` for rows not run (deferred,
+/// tenant paused).
+pub fn outcome_label(result: &RowResult) -> Option<&'static str> {
+    Some(match result {
+        Ok(_) => "ok",
+        Err(TransformFailure::Retryable { .. }) => "retryable",
+        Err(TransformFailure::Permanent { .. }) => "permanent",
+        Err(TransformFailure::Trapped(_)) => "trap",
+        Err(TransformFailure::DeadlineExceeded(_)) => "timeout",
+        Err(TransformFailure::InvalidOutput(_)) => "invalid_output",
+        Err(TransformFailure::NoPlugin(_)) => "no_plugin",
+        Err(TransformFailure::Unavailable(_)) => "unavailable",
+        Err(TransformFailure::Deferred(_) | TransformFailure::Paused { .. }) => return None,
+    })
+}
+
+/// Records one tenant's group of a batch: `plugin` ran it in `took` (`None`: it did not run).
+pub fn record_group(
+    metrics: &Metrics,
+    tenant: &TenantId,
+    plugin: &str,
+    took: Option<Duration>,
+    results: &[RowResult],
+) {
+    let mut counts: Vec<(&'static str, u64)> = Vec::new();
+    for outcome in results.iter().filter_map(outcome_label) {
+        match counts.iter_mut().find(|(o, _)| *o == outcome) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((outcome, 1)),
+        }
+    }
+    if took.is_none() && counts.is_empty() {
+        return;
+    }
+    metrics.transformed(tenant, plugin, took, &counts);
+}
+
+/// Records rows no plugin could take (no `[plugins.default]` for their tenant).
+pub fn record_no_plugin(metrics: &Metrics, tenant: &TenantId, rows: usize) {
+    metrics.transformed(tenant, NO_PLUGIN, None, &[("no_plugin", rows as u64)]);
+}
