@@ -236,7 +236,7 @@ struct Shaped {
 impl Shaped {
     fn new(g: u64) -> Self {
         Self {
-            topic: usize::from(g % 2 != 0),
+            topic: usize::from(!g.is_multiple_of(2)),
             key: format!("agg-{}", g % AGGREGATES),
             // jsonb's text form of the row's payload: 256 bytes.
             payload: format!(r#"{{"n": {g}, "pad": "{}"}}"#, "x".repeat(236)),
