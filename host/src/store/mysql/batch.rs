@@ -31,15 +31,14 @@ impl MyBatch {
 
 impl ClaimedBatch for MyBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        if !outcome.sent.is_empty() {
-            let affected = mark(&mut self.tx, &self.statements, &outcome.sent).await?;
-            check_count(outcome.sent.len(), affected)?;
+        if let Err(e) = self.record(&outcome).await {
+            // Rolled back now rather than when the connection is next used, so the rows'
+            // locks are gone before the caller settles the outcome in a fresh transaction.
+            if let Err(rollback) = self.tx.rollback().await {
+                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
+            }
+            return Err(e);
         }
-        if !outcome.failed.is_empty() {
-            let affected = self.reschedule(&outcome.failed).await?;
-            check_count(outcome.failed.len(), affected)?;
-        }
-        // A mismatch above returns early and drops `tx`, which rolls back.
         self.tx.commit().await?;
         Ok(())
     }
@@ -51,6 +50,19 @@ impl ClaimedBatch for MyBatch {
 }
 
 impl MyBatch {
+    /// Marks and reschedules the outcome's rows, checking each count.
+    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
+        if !outcome.sent.is_empty() {
+            let affected = mark(&mut self.tx, &self.statements, &outcome.sent).await?;
+            check_count(outcome.sent.len(), affected)?;
+        }
+        if !outcome.failed.is_empty() {
+            let affected = self.reschedule(&outcome.failed).await?;
+            check_count(outcome.failed.len(), affected)?;
+        }
+        Ok(())
+    }
+
     /// Reschedules or dead-letters `failed` with their errors made safe to store; should the
     /// database refuse the texts, records [`UNSTORABLE_ERROR`] instead (inside a savepoint),
     /// so the commit of a published batch cannot fail on text.

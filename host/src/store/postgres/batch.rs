@@ -38,6 +38,27 @@ impl PgBatch {
 
 impl ClaimedBatch for PgBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
+        if let Err(e) = self.record(&outcome).await {
+            // Rolled back now rather than when the connection is next used, so the rows'
+            // locks are gone before the caller settles the outcome in a fresh transaction.
+            if let Err(rollback) = self.tx.rollback().await {
+                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
+            }
+            return Err(e);
+        }
+        self.tx.commit().await?;
+        Ok(())
+    }
+
+    async fn abandon(self) -> Result<(), StoreError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
+
+impl PgBatch {
+    /// Marks and reschedules the outcome's rows, checking each count.
+    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
         if !outcome.sent.is_empty() {
             let ids = key_params(outcome.sent.iter());
             let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.mark_sql)))
@@ -51,18 +72,9 @@ impl ClaimedBatch for PgBatch {
             let affected = self.reschedule(&outcome.failed).await?;
             check_count(outcome.failed.len(), affected)?;
         }
-        // A mismatch above returns early and drops `tx`, which rolls back.
-        self.tx.commit().await?;
         Ok(())
     }
 
-    async fn abandon(self) -> Result<(), StoreError> {
-        self.tx.rollback().await?;
-        Ok(())
-    }
-}
-
-impl PgBatch {
     /// Reschedules or dead-letters `failed`, recording each error made safe to store
     /// ([`bounded`]: no NUL or other control characters, at most [`MAX_STORED`] bytes). Runs
     /// inside a savepoint: should the database still refuse the texts (a constraint or trigger
