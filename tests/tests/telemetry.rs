@@ -310,6 +310,12 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     // Every loop of `relay.workers` (default 8) runs; adaptive concurrency decides how many
     // have a batch in flight, not how many run.
     assert_eq!(metric_sum(&m, "sluice_relay_workers_running", &[]), 8.0);
+    // Adaptive concurrency starts at 2 and stays between 1 and relay.workers.
+    let concurrency = metric_sum(&m, "sluice_relay_batch_concurrency", &[]);
+    assert!(
+        (1.0..=8.0).contains(&concurrency),
+        "sluice_relay_batch_concurrency = {concurrency}\n{text}"
+    );
     assert!(metric_sum(&m, "process_resident_memory_bytes", &[]) > 0.0);
     assert!(text.contains("sluice_build_info{"), "{text}");
     // The version each plugin reports about itself; Sluice's own for a builtin.

@@ -260,6 +260,9 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     /// One batch loop; `index` tells it from the others in the metrics.
     async fn worker(&self, index: usize, mut shutdown: Shutdown, mode: Mode) {
         let _running = WorkerRunning::start(self.metrics());
+        if let Some(m) = self.metrics() {
+            m.batch_concurrency(self.concurrency.limit());
+        }
         // Failed batches in a row, for the pause before the next one.
         let mut failures: u32 = 0;
         while !shutdown.is_shutdown() {
@@ -290,6 +293,9 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                             && report.deferred == 0
                             && report.claimed >= self.settings.batch_size,
                     );
+                    if let Some(m) = self.metrics() {
+                        m.batch_concurrency(self.concurrency.limit());
+                    }
                     self.counters.add(&report);
                     log_report(&report);
                     match report.commit_error {

@@ -134,6 +134,7 @@ pub struct Metrics {
     dead_rows: Family<TenantLabel, Gauge>,
     dependency_up: Family<DependencyLabel, Gauge>,
     workers_running: Gauge,
+    batch_concurrency: Gauge,
     workers_started: AtomicI64,
     /// When each worker loop's batch in hand started (`None`: between batches), by worker.
     batches_in_hand: Mutex<Vec<Option<Instant>>>,
@@ -230,6 +231,7 @@ impl Metrics {
             dead_rows: Family::default(),
             dependency_up: Family::default(),
             workers_running: Gauge::default(),
+            batch_concurrency: Gauge::default(),
             workers_started: AtomicI64::new(0),
             batches_in_hand: Mutex::default(),
         };
@@ -365,6 +367,11 @@ impl Metrics {
             "relay_workers_running",
             "Relay worker loops running now",
             m.workers_running.clone(),
+        );
+        r.register(
+            "relay_batch_concurrency",
+            "Batches the relay lets be in flight at once now (relay.adaptive_concurrency moves it between 1 and relay.workers)",
+            m.batch_concurrency.clone(),
         );
         registry.register_collector(Box::new(ProcessCollector::default()));
         let mut m = m;
@@ -636,6 +643,12 @@ impl Metrics {
 
     pub fn worker_ended(&self) {
         self.workers_running.dec();
+    }
+
+    /// The limit on batches in flight.
+    pub fn batch_concurrency(&self, limit: usize) {
+        self.batch_concurrency
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     /// Worker `worker` claimed a batch (`Some(now)`), or is done with it (`None`).
