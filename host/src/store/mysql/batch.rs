@@ -9,7 +9,7 @@ use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
+use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError, commit_if_recorded};
 use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
 
 /// Recorded as `last_error` when the database refuses a failure's own text (a constraint, a
@@ -31,16 +31,8 @@ impl MyBatch {
 
 impl ClaimedBatch for MyBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        if let Err(e) = self.record(&outcome).await {
-            // Rolled back now rather than when the connection is next used, so the rows'
-            // locks are gone before the caller settles the outcome in a fresh transaction.
-            if let Err(rollback) = self.tx.rollback().await {
-                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
-            }
-            return Err(e);
-        }
-        self.tx.commit().await?;
-        Ok(())
+        let recorded = self.record(&outcome).await;
+        commit_if_recorded(self.tx, recorded).await
     }
 
     async fn abandon(self) -> Result<(), StoreError> {

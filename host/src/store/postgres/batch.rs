@@ -7,7 +7,9 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::rows::key_params;
-use crate::store::{BatchOutcome, ClaimedBatch, Disposition, RowFailure, StoreError};
+use crate::store::{
+    BatchOutcome, ClaimedBatch, Disposition, RowFailure, StoreError, commit_if_recorded,
+};
 use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
 
 /// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
@@ -38,16 +40,8 @@ impl PgBatch {
 
 impl ClaimedBatch for PgBatch {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        if let Err(e) = self.record(&outcome).await {
-            // Rolled back now rather than when the connection is next used, so the rows'
-            // locks are gone before the caller settles the outcome in a fresh transaction.
-            if let Err(rollback) = self.tx.rollback().await {
-                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
-            }
-            return Err(e);
-        }
-        self.tx.commit().await?;
-        Ok(())
+        let recorded = self.record(&outcome).await;
+        commit_if_recorded(self.tx, recorded).await
     }
 
     async fn abandon(self) -> Result<(), StoreError> {
