@@ -137,6 +137,35 @@ impl OutboxTable {
         db::execute(&self.pool, format!("VACUUM ANALYZE {}", self.quoted)).await
     }
 
+    /// Runs `step` once per item in order, emptying the table after each, then drops the
+    /// table — also when a step fails, whose error is then returned.
+    pub async fn for_each<I, T>(
+        self,
+        items: impl IntoIterator<Item = I>,
+        mut step: impl AsyncFnMut(&OutboxTable, I) -> anyhow::Result<T>,
+    ) -> anyhow::Result<Vec<T>> {
+        let mut results = Vec::new();
+        let mut failure = None;
+        for item in items {
+            match step(&self, item).await {
+                Ok(result) => results.push(result),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            if let Err(e) = self.truncate().await {
+                failure = Some(e);
+                break;
+            }
+        }
+        self.drop_table().await;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    }
+
     /// Deletes every row.
     pub async fn truncate(&self) -> anyhow::Result<()> {
         db::execute(&self.pool, format!("TRUNCATE {}", self.quoted)).await

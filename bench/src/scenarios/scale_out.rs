@@ -23,26 +23,12 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let pool = db::pool(&settings.database_url).await?;
     let table = OutboxTable::create(settings, &pool, "scale_out", None).await?;
-    let mut figures = Vec::new();
-    let mut failure = None;
-    for relays in RELAYS {
-        match measure(settings, &table, &plugin, relays).await {
-            Ok(mut f) => figures.append(&mut f),
-            Err(e) => {
-                failure = Some(e);
-                break;
-            }
-        }
-        if let Err(e) = table.truncate().await {
-            failure = Some(e);
-            break;
-        }
-    }
-    table.drop_table().await;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(figures),
-    }
+    let figures = table
+        .for_each(RELAYS, async |table, relays| {
+            measure(settings, table, &plugin, relays).await
+        })
+        .await?;
+    Ok(figures.into_iter().flatten().collect())
 }
 
 async fn measure(

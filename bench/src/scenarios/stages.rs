@@ -55,25 +55,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     }
     let pool = db::pool(&settings.database_url).await?;
     let table = OutboxTable::create(settings, &pool, "stages", None).await?;
-    let mut breakdowns = Vec::new();
-    let mut failure = None;
-    for (label, sluice) in &binaries {
-        match measure(settings, &table, &plugin, label, sluice).await {
-            Ok(b) => breakdowns.push(b),
-            Err(e) => {
-                failure = Some(e);
-                break;
-            }
-        }
-        if let Err(e) = table.truncate().await {
-            failure = Some(e);
-            break;
-        }
-    }
-    table.drop_table().await;
-    if let Some(e) = failure {
-        return Err(e);
-    }
+    let breakdowns = table
+        .for_each(&binaries, async |table, (label, sluice)| {
+            measure(settings, table, &plugin, label, sluice).await
+        })
+        .await?;
     if let Some(path) = &settings.plot {
         std::fs::write(path, svg(&breakdowns))
             .with_context(|| format!("cannot write the plot to {}", path.display()))?;
