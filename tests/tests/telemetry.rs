@@ -412,12 +412,13 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
     s.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn readyz_turns_unready_while_the_broker_is_stopped_and_ready_when_it_resumes() {
+/// A Tansu of the test's own (to stop and resume), a fresh outbox table, and the reference
+/// router's two topics on that broker: (broker, bootstrap, table, topic prefix).
+async fn own_broker_and_table(stem: &str) -> (OwnTansu, String, OutboxTable, String) {
     let kafka_port = free_port();
     let tansu = OwnTansu::start(kafka_port);
     let bootstrap = format!("127.0.0.1:{kafka_port}");
-    let table = OutboxTable::create("readyz").await;
+    let table = OutboxTable::create(stem).await;
     let prefix = format!("{}.", table.name);
     let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
     let created = wait_until(Duration::from_secs(30), || async {
@@ -425,6 +426,12 @@ async fn readyz_turns_unready_while_the_broker_is_stopped_and_ready_when_it_resu
     })
     .await;
     assert!(created, "own broker did not start");
+    (tansu, bootstrap, table, prefix)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_turns_unready_while_the_broker_is_stopped_and_ready_when_it_resumes() {
+    let (tansu, bootstrap, table, prefix) = own_broker_and_table("readyz").await;
     let port = free_port();
     let config = relay_config(&table.name, &bootstrap, &prefix, "", &telemetry(port));
     let relay = RelayProcess::start(&config).expect("start relay");
@@ -582,17 +589,7 @@ async fn plugin_info_shows_the_version_and_digest_a_hot_reload_brought() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn healthz_fails_while_a_worker_is_stuck_in_a_batch_and_recovers_after() {
-    let kafka_port = free_port();
-    let tansu = OwnTansu::start(kafka_port);
-    let bootstrap = format!("127.0.0.1:{kafka_port}");
-    let table = OutboxTable::create("healthz").await;
-    let prefix = format!("{}.", table.name);
-    let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
-    let created = wait_until(Duration::from_secs(30), || async {
-        create_topics(&bootstrap, &topics).await.is_ok()
-    })
-    .await;
-    assert!(created, "own broker did not start");
+    let (tansu, bootstrap, table, prefix) = own_broker_and_table("healthz").await;
     let port = free_port();
     // A batch waits up to a minute for its acknowledgements; 3 s in hand counts as stuck.
     let extra = telemetry(port) + "stalled_after = \"3s\"\n";
