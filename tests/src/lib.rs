@@ -651,6 +651,7 @@ impl Scenario {
 }
 
 pub mod databases;
+pub mod stall;
 
 /// A plain HTTP/1.0 GET of `path` on `127.0.0.1:port`: the status code and the body, or
 /// `None` when nothing answers (the relay is not listening yet).

@@ -21,7 +21,7 @@ use crate::shutdown::Shutdown;
 use crate::store::{OutboxStore, Store, TenantBacklog};
 use crate::telemetry::metrics::dependency;
 use crate::telemetry::server::{Check, Endpoints};
-use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
+use crate::telemetry::settings::{BROKER_PROBE_TIMEOUT, DATABASE_PROBE_TIMEOUT};
 use crate::telemetry::{Metrics, TelemetrySettings, TenantLabels, TenantSample};
 
 /// The metrics of a relay configured by `config`, with the router's tenants read at scrape
@@ -227,8 +227,13 @@ async fn sample_once(
     last: &Mutex<LastSample>,
     settings: &TelemetrySettings,
 ) {
-    match store.sample_backlog(settings.sample_limit).await {
-        Ok(backlog) => {
+    let sampled = tokio::time::timeout(
+        DATABASE_PROBE_TIMEOUT,
+        store.sample_backlog(settings.sample_limit),
+    )
+    .await;
+    match sampled {
+        Ok(Ok(backlog)) => {
             metrics.set_dependency_up(dependency::DATABASE, true);
             let samples: Vec<(Arc<str>, TenantSample)> = backlog
                 .iter()
@@ -252,9 +257,16 @@ async fn sample_once(
             last.at = Some(Utc::now());
             last.backlog = backlog;
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             metrics.set_dependency_up(dependency::DATABASE, false);
             tracing::warn!(error = %e, "sampling the outbox backlog failed");
+        }
+        Err(_) => {
+            metrics.set_dependency_up(dependency::DATABASE, false);
+            tracing::warn!(
+                timeout = ?DATABASE_PROBE_TIMEOUT,
+                "the database did not answer the backlog sample in time"
+            );
         }
     }
     let probe = {

@@ -18,6 +18,9 @@ pub const DEFAULT_SAMPLE_LIMIT: i64 = 10_000;
 pub const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(300);
 /// How long a readiness check waits for the broker.
 pub const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a readiness check waits for the database (the backlog sample): a database that
+/// accepts connections but does not answer is as good as down.
+pub const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[telemetry]`; unset keys take their defaults. Without `listen`, no endpoint is served and
 /// nothing is sampled.
