@@ -1,36 +1,40 @@
-//! Kafka sink on rdkafka's `FutureProducer`: every message of a batch is enqueued before any
-//! delivery report is awaited. Messages to topics the broker lacks fail at once (see
-//! [`super::topics`]). librdkafka calls that block — metadata requests, creating and
-//! destroying a producer, flushing — run on tokio's blocking threads, never on the reactor.
+//! Kafka sink on rdkafka's `ThreadedProducer`: every message of a batch is enqueued before
+//! any delivery report is awaited, and the producer's poll thread files each report under its
+//! batch ([`super::deliveries`]), so a batch waits once, not once per message. Messages to
+//! topics the broker lacks fail at once (see [`super::topics`]). librdkafka calls that block
+//! — metadata requests, creating and destroying a producer, flushing — run on tokio's
+//! blocking threads, never on the reactor.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use futures::future::join_all;
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::statistics::Statistics;
 use rdkafka::util::Timeout;
 
+use super::deliveries::{Deliveries, Opaque, Pending};
 use super::topics::{Known, TopicCache};
 use super::{PublishFault, Sink, SinkError};
 use crate::model::OutboundMessage;
 use crate::telemetry::Metrics;
 
-/// The producer, with the context that reads librdkafka's statistics into the metrics.
-type FutureProducer = rdkafka::producer::FutureProducer<SinkContext>;
+/// The producer, with the context that files delivery reports and reads librdkafka's
+/// statistics into the metrics. Shared by the batches that publish through it.
+type KafkaProducer = Arc<rdkafka::producer::ThreadedProducer<SinkContext>>;
 
-/// The producer's client context: librdkafka's log lines go to `tracing` as by default; its
-/// statistics (emitted only when `statistics.interval.ms` is set, i.e. with metrics on) set
-/// `sluice_producer_queue_messages`.
+/// The producer's client context: delivery reports go to the batch waiting for them;
+/// librdkafka's log lines go to `tracing` as by default; its statistics (emitted only when
+/// `statistics.interval.ms` is set, i.e. with metrics on) set `sluice_producer_queue_messages`.
 #[derive(Clone, Default)]
 pub struct SinkContext {
     metrics: Option<Arc<Metrics>>,
+    deliveries: Arc<Deliveries>,
 }
 
 impl ClientContext for SinkContext {
@@ -38,6 +42,18 @@ impl ClientContext for SinkContext {
         if let Some(m) = &self.metrics {
             m.set_producer_queue(statistics.msg_cnt);
         }
+    }
+}
+
+impl ProducerContext for SinkContext {
+    type DeliveryOpaque = Opaque;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Opaque) {
+        let report = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(e.clone()),
+        };
+        self.deliveries.file(opaque, report);
     }
 }
 
@@ -54,8 +70,10 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("linger.ms", "1"),
 ];
 
-/// How long `send` may wait for room in librdkafka's local queue before failing the message.
+/// How long enqueueing may wait for room in librdkafka's local queue before failing the
+/// message, and how often it looks again meanwhile.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(10);
+const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
 /// How long a metadata request about a topic not seen before may take. A healthy broker
 /// answers in milliseconds; when it does not answer, the messages are sent anyway and the
 /// batch waits for their reports as it would have without the check.
@@ -101,7 +119,7 @@ pub struct KafkaSink {
 struct Inner {
     config: ClientConfig,
     context: SinkContext,
-    producer: Mutex<FutureProducer>,
+    producer: Mutex<KafkaProducer>,
     topics: TopicCache,
 }
 
@@ -122,6 +140,7 @@ impl KafkaSink {
     ) -> Result<Self, SinkError> {
         let context = SinkContext {
             metrics: Some(metrics),
+            deliveries: Arc::default(),
         };
         Self::create(properties, context, Some(interval))
     }
@@ -157,7 +176,7 @@ impl KafkaSink {
     /// call it off the async reactor.
     pub fn probe(&self, timeout: Duration) -> Result<(), SinkError> {
         // A clone of the handle, so a slow answer does not hold the lock publishing needs.
-        let producer = self.inner.current().clone();
+        let producer = Arc::clone(&self.inner.current());
         producer
             .client()
             .fetch_metadata(None, timeout)
@@ -168,7 +187,7 @@ impl KafkaSink {
     /// The topics of `messages` that the broker lacks, asking it about topics not seen yet.
     async fn missing_topics<'m>(
         &self,
-        producer: &FutureProducer,
+        producer: &KafkaProducer,
         messages: &'m [OutboundMessage],
     ) -> HashSet<&'m str> {
         let now = Instant::now();
@@ -185,7 +204,7 @@ impl KafkaSink {
             .collect();
         let answers: Vec<(String, Known)> = futures::stream::iter(unknown)
             .map(|topic| {
-                let producer = producer.clone();
+                let producer = Arc::clone(producer);
                 async move {
                     let asked = {
                         let topic = topic.clone();
@@ -219,7 +238,7 @@ impl KafkaSink {
     /// Replaces a producer that can no longer send. Creating the new producer and dropping
     /// the old one (which flushes and joins librdkafka's threads) block, so both happen on
     /// blocking threads; the next batch already gets the new producer.
-    async fn replace_broken(&self, broken: FutureProducer) {
+    async fn replace_broken(&self, broken: KafkaProducer) {
         let inner = Arc::clone(&self.inner);
         match tokio::task::spawn_blocking(move || inner.replace(broken)).await {
             Ok(retired) => drop_off_reactor(retired),
@@ -229,17 +248,17 @@ impl KafkaSink {
 }
 
 impl Inner {
-    fn current(&self) -> std::sync::MutexGuard<'_, FutureProducer> {
+    fn current(&self) -> std::sync::MutexGuard<'_, KafkaProducer> {
         self.producer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn is_current(&self, producer: &FutureProducer) -> bool {
+    fn is_current(&self, producer: &KafkaProducer) -> bool {
         same_producer(&self.current(), producer)
     }
 
     /// Swaps in a new producer for `broken`, unless another batch did so already. Returns
     /// the producers to drop. Blocks.
-    fn replace(&self, broken: FutureProducer) -> Vec<FutureProducer> {
+    fn replace(&self, broken: KafkaProducer) -> Vec<KafkaProducer> {
         if !self.is_current(&broken) {
             return vec![broken];
         }
@@ -263,21 +282,22 @@ impl Inner {
     }
 }
 
-fn same_producer(a: &FutureProducer, b: &FutureProducer) -> bool {
+fn same_producer(a: &KafkaProducer, b: &KafkaProducer) -> bool {
     std::ptr::eq(a.client().native_ptr(), b.client().native_ptr())
 }
 
 /// Drops producers on a blocking thread: the last handle of a producer flushes and joins
 /// librdkafka's threads when dropped.
-fn drop_off_reactor(producers: Vec<FutureProducer>) {
+fn drop_off_reactor(producers: Vec<KafkaProducer>) {
     if !producers.is_empty() {
         tokio::task::spawn_blocking(move || drop(producers));
     }
 }
 
-fn create(config: &ClientConfig, context: &SinkContext) -> Result<FutureProducer, SinkError> {
+fn create(config: &ClientConfig, context: &SinkContext) -> Result<KafkaProducer, SinkError> {
     config
         .create_with_context(context.clone())
+        .map(Arc::new)
         .map_err(|e| SinkError::Config(e.to_string()))
 }
 
@@ -289,7 +309,7 @@ pub fn librdkafka_version() -> String {
 /// Asks the broker whether it has `topic`. Blocks up to [`METADATA_TIMEOUT`]. A broker that
 /// does not answer, or answers with another error (e.g. a leader election), leaves the
 /// question open: the message is sent and its delivery report tells.
-fn ask_broker(producer: &FutureProducer, topic: &str) -> Known {
+fn ask_broker(producer: &KafkaProducer, topic: &str) -> Known {
     match producer
         .client()
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
@@ -320,7 +340,7 @@ fn missing_topic(topic: &str) -> SinkError {
     }
 }
 
-fn record(m: &OutboundMessage) -> FutureRecord<'_, [u8], [u8]> {
+fn record(m: &OutboundMessage, opaque: Opaque) -> BaseRecord<'_, [u8], [u8], Opaque> {
     let headers = m.headers.iter().fold(
         OwnedHeaders::new_with_capacity(m.headers.len()),
         |h, (key, value)| {
@@ -330,7 +350,7 @@ fn record(m: &OutboundMessage) -> FutureRecord<'_, [u8], [u8]> {
             })
         },
     );
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&m.topic).headers(headers);
+    let mut record = BaseRecord::with_opaque_to(&m.topic, opaque).headers(headers);
     if let Some(key) = &m.key {
         record = record.key(key.as_slice());
     }
@@ -343,34 +363,76 @@ fn record(m: &OutboundMessage) -> FutureRecord<'_, [u8], [u8]> {
     record
 }
 
+/// Hands `record` to librdkafka, waiting out a full local queue for up to
+/// [`QUEUE_FULL_WAIT`]. An error means the message never reached librdkafka: no report
+/// will come for it.
+async fn enqueue(
+    producer: &KafkaProducer,
+    mut record: BaseRecord<'_, [u8], [u8], Opaque>,
+) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + QUEUE_FULL_WAIT;
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                if Instant::now() < deadline =>
+            {
+                record = back;
+                tokio::time::sleep(QUEUE_FULL_RETRY).await;
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// Enqueues every message of a batch (none to a topic in `missing`); returns the batch's
+/// reports, one per message, `None` for a missing topic.
+async fn send_all(
+    producer: &KafkaProducer,
+    messages: &[OutboundMessage],
+    missing: &HashSet<&str>,
+) -> Vec<Result<(), Option<KafkaError>>> {
+    let pending: Pending<'_> = producer.context().deliveries.open(messages.len());
+    for (index, m) in messages.iter().enumerate() {
+        if missing.contains(m.topic.as_str()) {
+            // Filed as cancelled; told apart from librdkafka's reports below.
+            pending.settle(index, Err(KafkaError::Canceled));
+            continue;
+        }
+        if let Err(e) = enqueue(producer, record(m, pending.opaque(index))).await {
+            pending.settle(index, Err(e));
+        }
+    }
+    pending
+        .reports()
+        .await
+        .into_iter()
+        .zip(messages)
+        .map(|(report, m)| match report {
+            Ok(()) => Ok(()),
+            Err(_) if missing.contains(m.topic.as_str()) => Err(None),
+            Err(e) => Err(Some(e)),
+        })
+        .collect()
+}
+
 impl Sink for KafkaSink {
     async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
-        let producer = self.inner.current().clone();
+        let producer = Arc::clone(&self.inner.current());
         let missing = self.missing_topics(&producer, messages).await;
-        // `join_all` polls every send future before awaiting any: all messages are in
-        // flight together, and librdkafka batches them per partition.
-        let sends = messages.iter().map(|m| {
-            let producer = &producer;
-            let missing = missing.contains(m.topic.as_str());
-            async move {
-                if missing {
-                    return Err(None);
-                }
-                producer
-                    .send(record(m), Timeout::After(QUEUE_FULL_WAIT))
-                    .await
-                    .map(|_| ())
-                    .map_err(|(e, _)| Some(e))
-            }
-        });
-        let reports = join_all(sends).await;
+        // Every message is in flight before any report is awaited: librdkafka batches them
+        // per partition.
+        let reports = send_all(&producer, messages, &missing).await;
         let mut fenced = false;
+        // One look into the topic cache per topic, not per message.
+        let mut acknowledged: HashSet<&str> = HashSet::new();
+        let mut unknown: HashSet<&str> = HashSet::new();
         let results = reports
             .into_iter()
             .zip(messages)
             .map(|(report, m)| match report {
                 Ok(()) => {
-                    self.inner.topics.found(&m.topic);
+                    acknowledged.insert(m.topic.as_str());
                     Ok(())
                 }
                 Err(None) => Err(missing_topic(&m.topic)),
@@ -378,7 +440,7 @@ impl Sink for KafkaSink {
                     let code = e.rdkafka_error_code();
                     fenced |= code.is_some_and(producer_is_broken);
                     if code.is_some_and(is_unknown_topic) {
-                        self.inner.topics.forget(&m.topic);
+                        unknown.insert(m.topic.as_str());
                     }
                     Err(SinkError::Publish {
                         topic: m.topic.clone(),
@@ -388,6 +450,12 @@ impl Sink for KafkaSink {
                 }
             })
             .collect();
+        for topic in acknowledged.difference(&unknown) {
+            self.inner.topics.found(topic);
+        }
+        for topic in unknown {
+            self.inner.topics.forget(topic);
+        }
         if fenced || producer.client().fatal_error().is_some() {
             self.replace_broken(producer).await;
         } else if !self.inner.is_current(&producer) {
@@ -398,7 +466,7 @@ impl Sink for KafkaSink {
     }
 
     fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
-        let producer = self.inner.current().clone();
+        let producer = Arc::clone(&self.inner.current());
         producer
             .flush(Timeout::After(timeout))
             .map_err(|e| SinkError::Flush(e.to_string()))

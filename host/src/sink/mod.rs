@@ -1,8 +1,10 @@
 //! The sink seam: where messages are published. Implementations: [`KafkaSink`].
 //!
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
 //! - [`topics`]: which topics the broker has, so messages to missing ones fail at once
 
+mod deliveries;
 mod kafka;
 pub mod topics;
 
