@@ -57,6 +57,10 @@ pub enum Command {
     /// the relay's own metrics; `--baseline` compares with another sluice binary, `--plot`
     /// draws it.
     Stages,
+    /// What metrics cost a drain: `--pairs` pairs of drains with metrics off and on (order
+    /// alternating, a fresh broker each), the median of the per-pair throughput ratios. Not
+    /// part of `all`.
+    MetricsOverhead,
     /// One, two and four `sluice run` processes on one table: aggregate drain rate and the
     /// share of the rows each sent.
     ScaleOut,
@@ -149,6 +153,9 @@ pub struct Options {
     /// `stages`: also draw the breakdown as an SVG bar chart into this file.
     #[arg(long, global = true)]
     plot: Option<PathBuf>,
+    /// `metrics-overhead`: pairs of drains (metrics off, on) [default: 10, --quick 2].
+    #[arg(long, global = true)]
+    pairs: Option<usize>,
     /// Smaller sizes for a smoke test: 20,000 rows, 10 s windows.
     #[arg(long, global = true)]
     quick: bool,
@@ -197,6 +204,8 @@ pub struct Settings {
     pub baseline: Option<PathBuf>,
     /// `--plot`: where `stages` draws its chart.
     pub plot: Option<PathBuf>,
+    /// Pairs of drains of `metrics-overhead`.
+    pub pairs: usize,
 }
 
 fn parse_setting(s: &str) -> Result<(String, String), String> {
@@ -230,6 +239,10 @@ impl Options {
         });
         if duration.is_zero() {
             bail!("--duration must be longer than 0");
+        }
+        let pairs = self.pairs.unwrap_or(if self.quick { 2 } else { 10 });
+        if pairs == 0 {
+            bail!("--pairs must be at least 1");
         }
         let sluice = match self.sluice {
             Some(path) => path,
@@ -277,6 +290,7 @@ impl Options {
                 .map(|path| existing_file(&path, "the --baseline sluice binary"))
                 .transpose()?,
             plot: self.plot,
+            pairs,
         })
     }
 }

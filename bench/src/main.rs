@@ -52,7 +52,12 @@
 //!   `database-ratios`: each database's drain / its own ceiling. `sluice-bench databases` runs
 //!   sql-ceiling and drain-native on all three databases in one go.
 //!
-//! Not in `all`: `languages` — the reference plugin in Rust, Python and JavaScript
+//! Not in `all`: `metrics-overhead` — `--pairs` (default 10) pairs of `drain-wasm`-style drains,
+//! one with metrics off and one with `[telemetry] listen` set, the order alternating, each
+//! against a broker started for it: the median of the per-pair throughput ratios on / off
+//! (target ≥ 0.97, i.e. metrics cost ≤ 3 %) with its quartiles, and relay CPU per 1,000 rows.
+//!
+//! Also not in `all`: `languages` — the reference plugin in Rust, Python and JavaScript
 //! (`--plugin`, `--python-plugin`, `--js-plugin`): per language, time to "relay started" with an
 //! empty and a filled compile cache (median of 3) and a drain of `--rows` (default 100,000;
 //! median of 3) with rows/s, relay CPU per 1,000 rows and peak RSS; then a side-by-side table.

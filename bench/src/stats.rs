@@ -1,4 +1,4 @@
-//! Percentiles of latency samples (nearest rank on a sorted copy).
+//! Percentiles of samples (nearest rank on a sorted copy).
 
 /// p50, p95, p99 and max of a set of samples.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -11,8 +11,7 @@ pub struct Summary {
 
 /// The summary of `samples`, or `None` if there are none.
 pub fn summarize(samples: &[f64]) -> Option<Summary> {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
+    let sorted = sorted(samples.to_vec());
     Some(Summary {
         p50: percentile(&sorted, 50.0)?,
         p95: percentile(&sorted, 95.0)?,
@@ -21,9 +20,25 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
     })
 }
 
+/// `values` in ascending order.
+pub fn sorted(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+/// (lowest, median, highest) of `values`; NaN for none.
+pub fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let sorted = sorted(values.to_vec());
+    (
+        sorted.first().copied().unwrap_or(f64::NAN),
+        sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN),
+        sorted.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
 /// The nearest-rank `p`-th percentile of ascending `sorted`: the smallest sample with at least
 /// p % of the samples at or below it.
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }

@@ -5,6 +5,7 @@ mod drain;
 mod idle;
 mod languages;
 mod latency;
+mod metrics_overhead;
 mod naive;
 mod noisy;
 mod notify_cost;
@@ -49,6 +50,7 @@ enum Step {
     Ratios,
     Pipeline,
     Stages,
+    MetricsOverhead,
     ScaleOut,
     LatencyPoll,
     LatencyNotify,
@@ -85,6 +87,7 @@ impl Step {
             Self::Ratios => ratios::NAME,
             Self::Pipeline => pipeline::NAME,
             Self::Stages => stages::NAME,
+            Self::MetricsOverhead => metrics_overhead::NAME,
             Self::ScaleOut => scale_out::NAME,
             Self::LatencyPoll => latency::Wakeup::Poll.label(),
             Self::LatencyNotify => latency::Wakeup::Notify.label(),
@@ -109,6 +112,7 @@ impl Step {
             Self::Ratios => ratios::figures(report),
             Self::Pipeline => pipeline::run(settings).await,
             Self::Stages => stages::run(settings).await,
+            Self::MetricsOverhead => metrics_overhead::run(settings).await,
             Self::ScaleOut => scale_out::run(settings).await,
             Self::LatencyPoll => latency::run(settings, latency::Wakeup::Poll).await,
             Self::LatencyNotify => latency::run(settings, latency::Wakeup::Notify).await,
@@ -151,6 +155,7 @@ fn steps(command: Command) -> Vec<Step> {
         Command::DrainWasm => vec![Step::DrainWasm],
         Command::Pipeline => vec![Step::Pipeline],
         Command::Stages => vec![Step::Stages],
+        Command::MetricsOverhead => vec![Step::MetricsOverhead],
         Command::ScaleOut => vec![Step::ScaleOut],
         Command::Latency => vec![Step::LatencyPoll, Step::LatencyNotify],
         Command::Idle => vec![Step::Idle],

@@ -5,23 +5,31 @@
 //!   no broker);
 //! - the produce ceiling: the drain's messages (same keys, 256-byte payloads, headers and
 //!   topics) produced by one librdkafka producer with `acks=all` and idempotence, all enqueued
-//!   at once, every delivery report awaited — against a broker started for this measurement;
+//!   at once, delivery reports counted by a callback until all are in (as confluent-kafka's
+//!   producer does it) — against a broker started for this measurement;
 //! - the drain: `sluice run` with default settings and the WASM reference plugin on the same
 //!   backlog, against another fresh broker.
 //!
 //! The pipeline limit is `1 / (1/sql + 1/produce)`: the rate at which one machine could move
 //! rows if every row cost the database's time plus the broker's time and nothing else. The
 //! drain is reported as a ratio of it, per run and as the median.
+//!
+//! Next to the relay's CPU per 1,000 rows it reports what the two ceilings cost this process:
+//! the SQL ceiling's client side (Sluice's driver: statements, TLS, decoding) per 1,000 rows
+//! and the producer's per 1,000 messages. Their sum is what a relay spends on moving rows
+//! before any transform, grouping or bookkeeping of its own.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use futures::future::join_all;
 use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 
 use super::drain::Drain;
 use super::{THROUGHPUT, drain, sql_ceiling};
@@ -31,7 +39,8 @@ use crate::dbtable::Database;
 use crate::outbox::OutboxTable;
 use crate::relay_config::Plugin;
 use crate::report::Figure;
-use crate::{db, kafka, names};
+use crate::stats::spread;
+use crate::{db, kafka, names, procstat};
 
 pub const NAME: &str = "pipeline";
 /// Runs; medians are reported.
@@ -49,7 +58,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
     let mut figures = Vec::new();
     let column = |pick: fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(pick).collect() };
-    let series: [(&str, &'static str, Vec<f64>); 7] = [
+    let series: [(&str, &'static str, Vec<f64>); 9] = [
         ("SQL ceiling", "rows/s", column(|r| r.sql)),
         ("produce ceiling", "messages/s", column(|r| r.produce)),
         ("pipeline limit", "rows/s", column(|r| r.limit())),
@@ -61,6 +70,16 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
             column(|r| r.relay_cpu_per_1k),
         ),
         ("machine busy during the drain", "%", column(|r| r.busy)),
+        (
+            "SQL ceiling's client CPU per 1,000 rows",
+            "CPU s",
+            column(|r| r.sql_cpu_per_1k),
+        ),
+        (
+            "produce ceiling's producer CPU per 1,000 messages",
+            "CPU s",
+            column(|r| r.produce_cpu_per_1k),
+        ),
     ];
     for (name, unit, values) in series {
         let list: Vec<String> = values
@@ -84,7 +103,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 /// One run's measurements.
 struct Run {
     sql: f64,
+    sql_cpu_per_1k: f64,
     produce: f64,
+    produce_cpu_per_1k: f64,
     drain: f64,
     relay_cpu_per_1k: f64,
     busy: f64,
@@ -107,11 +128,10 @@ async fn runs(
 ) -> anyhow::Result<Vec<Run>> {
     let mut runs = Vec::with_capacity(RUNS);
     for n in 1..=RUNS {
-        let sql = figure(
-            &sql_ceiling::run(settings, Database::Postgres).await?,
-            THROUGHPUT,
-        )?;
-        let produce = {
+        let ceiling = sql_ceiling::run(settings, Database::Postgres).await?;
+        let sql = figure(&ceiling, THROUGHPUT)?;
+        let sql_cpu_per_1k = figure(&ceiling, sql_ceiling::CLIENT_CPU)?;
+        let (produce, produce_cpu_per_1k) = {
             let broker = OwnBroker::start()?;
             produce_ceiling(broker.bootstrap(), settings.rows, "pipeline_produce").await?
         };
@@ -136,7 +156,9 @@ async fn runs(
         };
         let run = Run {
             sql,
+            sql_cpu_per_1k,
             produce,
+            produce_cpu_per_1k,
             drain: figure(&drained, THROUGHPUT)?,
             relay_cpu_per_1k: figure(&drained, "relay CPU per 1,000 rows")?,
             busy: figure(&drained, "machine busy during the drain")?,
@@ -164,43 +186,31 @@ fn figure(figures: &[Figure], name: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("no figure {name:?} was measured"))
 }
 
-/// (lowest, median, highest).
-fn spread(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
-    (
-        sorted.first().copied().unwrap_or(f64::NAN),
-        median,
-        sorted.last().copied().unwrap_or(f64::NAN),
-    )
-}
-
 /// Produces `rows` messages shaped like the drain's to a fresh `bootstrap` as fast as one
 /// producer can: every message enqueued without waiting (a full local queue is waited out),
-/// then every delivery report awaited. Returns acknowledged messages per second.
-pub async fn produce_ceiling(bootstrap: &str, rows: u64, stem: &str) -> anyhow::Result<f64> {
+/// delivery reports counted by a callback on librdkafka's poll thread (as confluent-kafka's
+/// `on_delivery` does), until every message is reported. Returns acknowledged messages per
+/// second and this process's CPU seconds per 1,000 messages (the producer's side alone:
+/// building the records, librdkafka, the delivery reports).
+pub async fn produce_ceiling(bootstrap: &str, rows: u64, stem: &str) -> anyhow::Result<(f64, f64)> {
     let prefix = names::topic_prefix(stem);
     let topics = kafka::topics(&prefix);
     kafka::create_topics(bootstrap, &topics).await?;
     // librdkafka's defaults (as confluent-kafka has them), with the guarantees Sluice needs.
-    let producer: FutureProducer = ClientConfig::new()
+    let producer: ThreadedProducer<Counted> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("acks", "all")
         .set("enable.idempotence", "true")
-        .create()
+        .create_with_context(Counted::default())
         .context("cannot create the produce-ceiling producer")?;
     let messages: Vec<Shaped> = (1..=rows).map(Shaped::new).collect();
+    let cpu_before = procstat::sample(std::process::id())?.cpu_ticks;
     let start = Instant::now();
-    let mut reports = Vec::with_capacity(messages.len());
     for m in &messages {
         let mut record = m.record(&topics);
         loop {
-            match producer.send_result(record) {
-                Ok(report) => {
-                    reports.push(report);
-                    break;
-                }
+            match producer.send(record) {
+                Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -209,19 +219,50 @@ pub async fn produce_ceiling(bootstrap: &str, rows: u64, stem: &str) -> anyhow::
             }
         }
     }
-    let mut failed: HashMap<String, u64> = HashMap::new();
-    for report in join_all(reports).await {
-        match report {
-            Ok(Ok(_)) => {}
-            Ok(Err((e, _))) => *failed.entry(e.to_string()).or_default() += 1,
-            Err(_) => *failed.entry("delivery report lost".into()).or_default() += 1,
-        }
+    let counted = producer.context();
+    while counted.reported.load(Ordering::Relaxed) < rows {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = start.elapsed();
+    let cpu = procstat::cpu_seconds(procstat::sample(std::process::id())?.cpu_ticks - cpu_before);
+    let failed = counted.failures();
     if !failed.is_empty() {
         bail!("the produce ceiling's messages failed: {failed:?}");
     }
-    Ok(rows as f64 / elapsed.as_secs_f64())
+    Ok((
+        rows as f64 / elapsed.as_secs_f64(),
+        cpu / rows as f64 * 1000.0,
+    ))
+}
+
+/// Counts delivery reports, and failures by error.
+#[derive(Default)]
+struct Counted {
+    reported: AtomicU64,
+    failed: Mutex<HashMap<String, u64>>,
+}
+
+impl Counted {
+    fn failures(&self) -> HashMap<String, u64> {
+        self.failed
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+}
+
+impl ClientContext for Counted {}
+
+impl ProducerContext for Counted {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            *failed.entry(e.to_string()).or_default() += 1;
+        }
+        self.reported.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A message as `sluice run` produces it for standard row `g` with the reference plugin.
@@ -244,7 +285,7 @@ impl Shaped {
         }
     }
 
-    fn record<'a>(&'a self, topics: &'a [String]) -> FutureRecord<'a, String, String> {
+    fn record<'a>(&'a self, topics: &'a [String]) -> BaseRecord<'a, String, String> {
         let headers = OwnedHeaders::new_with_capacity(4)
             .insert(Header {
                 key: "id",
@@ -262,7 +303,7 @@ impl Shaped {
                 key: "sluice-outbox-id",
                 value: Some(self.id.as_bytes()),
             });
-        FutureRecord::to(&topics[self.topic])
+        BaseRecord::to(&topics[self.topic])
             .key(&self.key)
             .payload(&self.payload)
             .headers(headers)

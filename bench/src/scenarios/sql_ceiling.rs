@@ -15,12 +15,16 @@ use sluice::store::{
 use super::rate_figures;
 use crate::cli::Settings;
 use crate::dbtable::{Database, DbTable};
+use crate::procstat;
 use crate::report::Figure;
 
 /// Rows per claim: Sluice's default `relay.batch_size`.
 pub const BATCH_SIZE: usize = 500;
 
 pub const NAME: &str = "sql-ceiling";
+/// The figure of this process's CPU time (the driver's side: statements, TLS, decoding) per
+/// 1,000 rows, for comparison with a relay's CPU per row.
+pub const CLIENT_CPU: &str = "client CPU per 1,000 rows";
 
 /// The scenario's label on `database` (PostgreSQL keeps the plain name the ratios use).
 pub fn label(database: Database) -> String {
@@ -34,9 +38,15 @@ pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<
     let table = DbTable::create(settings, database, "sql_ceiling").await?;
     let measured = measure(settings, &table).await;
     table.drop_table().await;
-    let (rows, elapsed) = measured?;
+    let (rows, elapsed, cpu) = measured?;
     let label = label(database);
     let mut figures = rate_figures(&label, rows, elapsed);
+    figures.push(Figure::new(
+        &label,
+        CLIENT_CPU,
+        cpu / rows as f64 * 1000.0,
+        "CPU s",
+    ));
     figures.push(Figure::new(
         &label,
         "connections",
@@ -46,8 +56,9 @@ pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<
     Ok(figures)
 }
 
-/// Fills the table, then drains it with the workers; returns rows deleted and the time taken.
-async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration)> {
+/// Fills the table, then drains it with the workers; returns rows deleted, the time taken and
+/// this process's CPU seconds meanwhile (nothing else runs in it then).
+async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration, f64)> {
     table.fill(settings.rows).await?;
     let spec = TableSpec::new(TableName::parse(table.name())?);
     let connections = u32::try_from(settings.workers).unwrap_or(u32::MAX);
@@ -56,6 +67,7 @@ async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, D
             .await
             .context("cannot open the store")?,
     );
+    let cpu_before = procstat::sample(std::process::id())?.cpu_ticks;
     let start = Instant::now();
     let workers: Vec<_> = (0..settings.workers)
         .map(|_| tokio::spawn(worker(Arc::clone(&store))))
@@ -65,10 +77,11 @@ async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, D
         rows += worker.await.context("an sql-ceiling worker panicked")??;
     }
     let elapsed = start.elapsed();
+    let cpu_ticks = procstat::sample(std::process::id())?.cpu_ticks - cpu_before;
     if rows != settings.rows {
         bail!("deleted {rows} rows, expected {}", settings.rows);
     }
-    Ok((rows, elapsed))
+    Ok((rows, elapsed, procstat::cpu_seconds(cpu_ticks)))
 }
 
 /// One worker's loop; returns the rows it deleted.
