@@ -431,25 +431,36 @@ async fn own_broker_and_table(stem: &str) -> (OwnTansu, String, OutboxTable, Str
     (tansu, bootstrap, table, prefix)
 }
 
+/// Whether `/readyz` on `port` answers `want` within [`SCRAPE_WAIT`].
+async fn readyz_becomes(port: u16, want: u16) -> bool {
+    wait_until(SCRAPE_WAIT, || async move {
+        http_get(port, "/readyz").is_some_and(|(code, _)| code == want)
+    })
+    .await
+}
+
+/// What `/readyz` on `port` answers now (empty when nothing answers).
+fn readyz_body(port: u16) -> String {
+    http_get(port, "/readyz")
+        .map(|(_, b)| b)
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn readyz_turns_unready_while_the_broker_is_stopped_and_ready_when_it_resumes() {
     let (tansu, bootstrap, table, prefix) = own_broker_and_table("readyz").await;
     let port = free_port();
     let config = relay_config(&table.name, &bootstrap, &prefix, "", &telemetry(port));
     let relay = RelayProcess::start(&config).expect("start relay");
-    let readyz =
-        |want: u16| async move { http_get(port, "/readyz").is_some_and(|(code, _)| code == want) };
     assert!(
-        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        readyz_becomes(port, 200).await,
         "never ready: {}",
         relay.log()
     );
 
     tansu.signal("STOP");
-    let unready = wait_until(SCRAPE_WAIT, || readyz(503)).await;
-    let body = http_get(port, "/readyz")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
+    let unready = readyz_becomes(port, 503).await;
+    let body = readyz_body(port);
     tansu.signal("CONT");
     assert!(
         unready,
@@ -461,7 +472,7 @@ async fn readyz_turns_unready_while_the_broker_is_stopped_and_ready_when_it_resu
     assert_eq!(http_get(port, "/healthz").map(|(c, _)| c), Some(200));
 
     assert!(
-        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        readyz_becomes(port, 200).await,
         "not ready again after the broker resumed: {}",
         relay.log()
     );
@@ -492,19 +503,15 @@ async fn readyz_turns_unready_while_the_database_does_not_answer() {
     let config = s.config("", &telemetry(port)).replace(&db, &proxied);
     assert!(config.contains(&proxied), "{config}");
     let relay = RelayProcess::start(&config).expect("start relay");
-    let readyz =
-        |want: u16| async move { http_get(port, "/readyz").is_some_and(|(code, _)| code == want) };
     assert!(
-        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        readyz_becomes(port, 200).await,
         "never ready: {}",
         relay.log()
     );
 
     proxy.freeze();
-    let unready = wait_until(SCRAPE_WAIT, || readyz(503)).await;
-    let body = http_get(port, "/readyz")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
+    let unready = readyz_becomes(port, 503).await;
+    let body = readyz_body(port);
     proxy.thaw();
     assert!(
         unready,
@@ -515,7 +522,7 @@ async fn readyz_turns_unready_while_the_database_does_not_answer() {
     assert!(body.contains("\"kafka\":true"), "{body}");
 
     assert!(
-        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        readyz_becomes(port, 200).await,
         "not ready again after the database answered again: {}",
         relay.log()
     );
@@ -539,10 +546,8 @@ async fn readyz_turns_unready_while_the_outbox_table_is_locked_and_ready_after()
     let s = Scenario::new("readyz_lock", &["order", "customer"]).await;
     let port = free_port();
     let relay = RelayProcess::start(&s.config("", &telemetry(port))).expect("start relay");
-    let readyz =
-        |want: u16| async move { http_get(port, "/readyz").is_some_and(|(code, _)| code == want) };
     assert!(
-        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        readyz_becomes(port, 200).await,
         "never ready: {}",
         relay.log()
     );
@@ -555,10 +560,8 @@ async fn readyz_turns_unready_while_the_outbox_table_is_locked_and_ready_after()
     .execute(&mut *lock)
     .await
     .expect("lock the outbox table");
-    let unready = wait_until(SCRAPE_WAIT, || readyz(503)).await;
-    let body = http_get(port, "/readyz")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
+    let unready = readyz_becomes(port, 503).await;
+    let body = readyz_body(port);
     lock.rollback().await.expect("release the lock");
     assert!(
         unready,
@@ -568,7 +571,7 @@ async fn readyz_turns_unready_while_the_outbox_table_is_locked_and_ready_after()
     assert!(body.contains("\"database\":false"), "{body}");
 
     assert!(
-        wait_until(SCRAPE_WAIT, || readyz(200)).await,
+        readyz_becomes(port, 200).await,
         "not ready again after the lock was released: {}",
         relay.log()
     );
