@@ -66,6 +66,12 @@ impl Deliveries {
         }
     }
 
+    /// No batch is waiting.
+    #[cfg(test)]
+    pub fn is_idle(&self) -> bool {
+        self.waiting().is_empty()
+    }
+
     /// Files the report of the message enqueued with `opaque` (called on the producer's
     /// poll thread). Reports of batches no longer waiting (given up on) are dropped.
     pub fn file(&self, opaque: Opaque, report: Report) {

@@ -45,6 +45,14 @@ impl ClientContext for SinkContext {
     }
 }
 
+#[cfg(test)]
+impl SinkContext {
+    /// No batch is waiting for reports (none left behind).
+    fn deliveries_idle(&self) -> bool {
+        self.deliveries.is_idle()
+    }
+}
+
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = Opaque;
 
@@ -649,6 +657,29 @@ mod tests {
         props.insert("bootstrap.servers".to_owned(), "127.0.0.1:1".to_owned());
         let sink = KafkaSink::new(&props).unwrap();
         assert_eq!(sink.inner.config.get(STATISTICS_INTERVAL), None);
+    }
+
+    /// A batch larger than librdkafka's local queue waits for room (reports free it) and is
+    /// delivered whole, every message reported once, in the batch's order.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_larger_than_the_local_queue_waits_for_room_and_is_delivered() {
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        mock.create_topic("t", 3, 1).unwrap();
+        let mut props = BTreeMap::new();
+        props.insert("bootstrap.servers".to_owned(), mock.bootstrap_servers());
+        props.insert("queue.buffering.max.messages".to_owned(), "5".to_owned());
+        let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&props))
+            .await
+            .unwrap()
+            .unwrap();
+        let messages: Vec<OutboundMessage> = (0..60).map(|_| message("t")).collect();
+        let results = sink.publish(&messages).await;
+        assert_eq!(results.len(), 60);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert!(sink.inner.current().context().deliveries_idle());
+        tokio::task::spawn_blocking(move || drop(sink))
+            .await
+            .unwrap();
     }
 
     /// With a mock cluster (librdkafka's in-process broker): a message to a topic the broker
