@@ -1,4 +1,6 @@
 //! Decoding claimed rows: the claim's columns (already cast in SQL) into [`OutboxRow`]s.
+//! Columns are read by position ([`column`]), not by name: a lookup by name hashes the name
+//! for every column of every row.
 
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -7,6 +9,33 @@ use super::schema::{KeyKind, Layout};
 use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::store::rows::parse_headers;
 use crate::store::{ColumnName, Disposition, RowFailure, StoreError};
+
+/// The claim's columns, in the order its `SELECT` lists them (`sql.rs`; a test there holds
+/// the two together).
+pub mod column {
+    pub const ID: usize = 0;
+    pub const TENANT: usize = 1;
+    pub const AGGREGATE_TYPE: usize = 2;
+    pub const AGGREGATE_ID: usize = 3;
+    pub const EVENT_TYPE: usize = 4;
+    pub const PAYLOAD: usize = 5;
+    pub const HEADERS: usize = 6;
+    pub const CREATED_AT: usize = 7;
+    pub const ATTEMPTS: usize = 8;
+    /// The aliases, in that order.
+    #[cfg(test)]
+    pub const ALIASES: [&str; 9] = [
+        "id",
+        "tenant",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "created_at",
+        "attempts",
+    ];
+}
 
 /// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
 /// own id, dead-lettered with the reason (retrying cannot help until someone fixes the row).
@@ -18,9 +47,9 @@ pub fn decode_row(
     layout: &Layout,
 ) -> Result<Result<OutboxRow, RowFailure>, StoreError> {
     let id = match layout.key {
-        KeyKind::Int => row.try_get::<i64, _>("id").map(OutboxId::Int),
+        KeyKind::Int => row.try_get::<i64, _>(column::ID).map(OutboxId::Int),
         KeyKind::Text { .. } => row
-            .try_get::<String, _>("id")
+            .try_get::<String, _>(column::ID)
             .map(|id| OutboxId::Text(id.into())),
     }
     .map_err(|e| StoreError::Key {
@@ -40,32 +69,32 @@ pub fn decode_row(
 fn decode_columns(row: &PgRow, layout: &Layout, id: OutboxId) -> Result<OutboxRow, String> {
     let cannot =
         |column: &ColumnName, e: sqlx::Error| format!("cannot decode column {column}: {e}");
-    let text = |alias: &str, column: &ColumnName| match row.try_get::<Option<String>, _>(alias) {
+    let text = |index: usize, name: &ColumnName| match row.try_get::<Option<String>, _>(index) {
         Ok(Some(value)) => Ok(value),
-        Ok(None) => Err(format!("column {column} is NULL")),
-        Err(e) => Err(cannot(column, e)),
+        Ok(None) => Err(format!("column {name} is NULL")),
+        Err(e) => Err(cannot(name, e)),
     };
     let tenant = match &layout.tenant {
-        Some(column) => row.try_get("tenant").map_err(|e| cannot(column, e))?,
+        Some(name) => row.try_get(column::TENANT).map_err(|e| cannot(name, e))?,
         None => None,
     };
-    let headers = text("headers", &layout.headers)?;
+    let headers = text(column::HEADERS, &layout.headers)?;
     Ok(OutboxRow {
         id,
         tenant: TenantId::from_column(tenant),
-        aggregate_type: text("aggregate_type", &layout.aggregate_type)?,
-        aggregate_id: text("aggregate_id", &layout.aggregate_id)?,
-        event_type: text("event_type", &layout.event_type)?,
+        aggregate_type: text(column::AGGREGATE_TYPE, &layout.aggregate_type)?,
+        aggregate_id: text(column::AGGREGATE_ID, &layout.aggregate_id)?,
+        event_type: text(column::EVENT_TYPE, &layout.event_type)?,
         payload: row
-            .try_get::<Option<Vec<u8>>, _>("payload")
+            .try_get::<Option<Vec<u8>>, _>(column::PAYLOAD)
             .map_err(|e| cannot(&layout.payload, e))?
             .unwrap_or_default(),
         headers: parse_headers(&headers)?,
         created_at: row
-            .try_get("created_at")
+            .try_get(column::CREATED_AT)
             .map_err(|e| cannot(&layout.created_at, e))?,
         attempts: row
-            .try_get("attempts")
+            .try_get(column::ATTEMPTS)
             .map_err(|e| format!("cannot decode column attempts: {e}"))?,
     })
 }

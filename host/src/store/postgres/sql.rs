@@ -161,6 +161,42 @@ mod tests {
         );
     }
 
+    /// The claimed rows are decoded by position: the claims list their columns in the order
+    /// `rows::column` names them, for every layout and with or without the cursor.
+    #[test]
+    fn claims_list_their_columns_in_the_order_rows_are_decoded_in() {
+        for layout in [debezium_layout(), sluice_layout()] {
+            let s = Statements::new(&layout, StoreOptions::default());
+            for claim in std::iter::once(&s.claim).chain(s.claim_after.as_ref()) {
+                let select = squash(claim);
+                let list = select
+                    .strip_prefix("SELECT ")
+                    .and_then(|rest| rest.split(" FROM ").next())
+                    .expect("a SELECT list");
+                // Items are split at top-level commas only (COALESCE(…, …) is one item).
+                let mut items = vec![String::new()];
+                let mut depth = 0i32;
+                for c in list.chars() {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        ',' if depth == 0 => {
+                            items.push(String::new());
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    items.last_mut().expect("one item at least").push(c);
+                }
+                let aliases: Vec<&str> = items
+                    .iter()
+                    .map(|item| item.trim().rsplit([' ', '.']).next().unwrap_or(item))
+                    .collect();
+                assert_eq!(aliases, super::super::rows::column::ALIASES, "{select}");
+            }
+        }
+    }
+
     #[test]
     fn integer_keys_keep_the_primary_key_usable() {
         let options = StoreOptions {
