@@ -659,19 +659,27 @@ mod tests {
         assert_eq!(sink.inner.config.get(STATISTICS_INTERVAL), None);
     }
 
+    /// A sink on `mock` with one more property (created off the reactor: it starts threads).
+    async fn sink_on(
+        mock: &rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
+        (key, value): (&str, &str),
+    ) -> KafkaSink {
+        let mut props = BTreeMap::new();
+        props.insert("bootstrap.servers".to_owned(), mock.bootstrap_servers());
+        props.insert(key.to_owned(), value.to_owned());
+        tokio::task::spawn_blocking(move || KafkaSink::new(&props))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     /// A batch larger than librdkafka's local queue waits for room (reports free it) and is
     /// delivered whole, every message reported once, in the batch's order.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_batch_larger_than_the_local_queue_waits_for_room_and_is_delivered() {
         let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
         mock.create_topic("t", 3, 1).unwrap();
-        let mut props = BTreeMap::new();
-        props.insert("bootstrap.servers".to_owned(), mock.bootstrap_servers());
-        props.insert("queue.buffering.max.messages".to_owned(), "5".to_owned());
-        let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&props))
-            .await
-            .unwrap()
-            .unwrap();
+        let sink = sink_on(&mock, ("queue.buffering.max.messages", "5")).await;
         let messages: Vec<OutboundMessage> = (0..60).map(|_| message("t")).collect();
         let results = sink.publish(&messages).await;
         assert_eq!(results.len(), 60);
@@ -688,14 +696,8 @@ mod tests {
     async fn a_message_to_a_missing_topic_fails_at_once_and_the_others_are_delivered() {
         let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
         mock.create_topic("present", 1, 1).unwrap();
-        let mut props = BTreeMap::new();
-        props.insert("bootstrap.servers".to_owned(), mock.bootstrap_servers());
         // The mock broker would create the topic when asked about it.
-        props.insert("allow.auto.create.topics".to_owned(), "false".to_owned());
-        let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&props))
-            .await
-            .unwrap()
-            .unwrap();
+        let sink = sink_on(&mock, ("allow.auto.create.topics", "false")).await;
         let started = Instant::now();
         let results = sink
             .publish(&[message("present"), message("ghost"), message("present")])
