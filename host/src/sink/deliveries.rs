@@ -62,6 +62,7 @@ impl Deliveries {
         Pending {
             deliveries: self,
             batch,
+            messages,
             finished,
         }
     }
@@ -104,6 +105,7 @@ impl Waiting {
 pub struct Pending<'d> {
     deliveries: &'d Deliveries,
     batch: u32,
+    messages: usize,
     finished: oneshot::Receiver<()>,
 }
 
@@ -122,15 +124,19 @@ impl Pending<'_> {
     pub async fn reports(mut self) -> Vec<Report> {
         // The sender lives in the entry until the last report; it cannot be dropped first.
         let _ = (&mut self.finished).await;
-        let entry = self.deliveries.waiting().remove(&self.batch);
-        entry
-            .map(|e| {
-                e.reports
-                    .into_iter()
-                    .map(|r| r.unwrap_or(Err(KafkaError::Canceled)))
-                    .collect()
-            })
-            .unwrap_or_default()
+        let reports = self
+            .deliveries
+            .waiting()
+            .remove(&self.batch)
+            .map(|e| e.reports)
+            .unwrap_or_default();
+        // Exactly one per message, whatever happened: a missing one reads as cancelled.
+        let mut reports: Vec<Report> = reports
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(KafkaError::Canceled)))
+            .collect();
+        reports.resize(self.messages, Err(KafkaError::Canceled));
+        reports
     }
 }
 
