@@ -151,6 +151,7 @@ mod tests {
     use crate::plugin::TransformFailure;
     use crate::relay::{RetryPolicy, RetrySettings};
     use crate::telemetry::TenantLabels;
+    use crate::telemetry::metrics::tests::sample_value as sample;
 
     fn row(id: i64, attempts: i32) -> OutboxRow {
         OutboxRow {
@@ -164,11 +165,6 @@ mod tests {
             created_at: Utc::now(),
             attempts,
         }
-    }
-
-    fn sample(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
     #[test]

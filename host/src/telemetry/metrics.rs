@@ -685,10 +685,11 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample_value(text: &str, series: &str) -> Option<f64> {
+    /// The value of `series` (name and labels, as exposed) in the exposition `text`.
+    pub(crate) fn sample_value(text: &str, series: &str) -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
