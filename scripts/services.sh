@@ -77,7 +77,9 @@ tansu_bin() {
 ensure_tansu() {
     if [ -z "$(tansu_bin)" ]; then
         log "installing tansu $TANSU_VERSION from crates.io (once per machine; ~20 min on 2 cores)"
-        cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
+        # libsql: the SQLite storage engine, the only one here that keeps SCRAM users
+        # (tests/tests/secure_kafka.rs; see docs/security.md, "Testing against Tansu").
+        cargo install tansu --version "$TANSU_VERSION" --features dynostore,libsql --locked
     fi
     export TANSU_BIN
     TANSU_BIN="$(tansu_bin)"

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::secret;
+
 use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
 use crate::plugin::{PluginSpec, PluginsSettings};
 use crate::relay::{
@@ -81,6 +83,13 @@ pub struct Config {
     /// `[telemetry]`: metrics and health endpoints (off unless `listen` is set).
     #[serde(default)]
     pub telemetry: TelemetrySettings,
+    /// `${env:…}`/`${file:…}` references that could not be resolved (see [`crate::secret`]),
+    /// reported first by [`Config::problems`].
+    #[serde(skip)]
+    pub unresolved: Vec<Problem>,
+    /// The file this configuration was loaded from (re-read on SIGHUP for rotated secrets).
+    #[serde(skip)]
+    pub origin: Option<PathBuf>,
 }
 
 /// `[database]`
@@ -216,19 +225,51 @@ impl Config {
         })?;
         let mut config = Self::parse(&text, path)?;
         if let Ok(url) = std::env::var(DATABASE_URL_ENV) {
+            secret::register(secret::url_password(&url));
             config.database.url = Some(url);
         }
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
+        config.origin = Some(path.to_owned());
         Ok(config)
     }
 
-    /// Parses configuration text; `path` is only used in error messages.
+    /// Parses configuration text, resolving `${env:…}` and `${file:…}` references (relative
+    /// paths from `path`'s directory) and registering the secrets among the values for
+    /// scrubbing (see [`crate::secret`]). Unresolvable references are kept for
+    /// [`Config::problems`]; `path` is otherwise only used in error messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string().trim_end().to_owned(),
-        })
+        };
+        let mut tree: toml::Value = toml::from_str(text).map_err(parse_error)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolved = secret::resolve(&mut tree, &secret::Environment::new(base));
+        secret::register(&resolved.secrets);
+        let mut config = match tree.try_into::<Self>() {
+            Ok(config) => config,
+            // The file's own text gives the better message (line and column), unless it is
+            // only the resolved values that are wrong.
+            Err(e) => {
+                return Err(toml::from_str::<Self>(text).err().map_or_else(
+                    || ConfigError::Parse {
+                        path: path.to_owned(),
+                        message: e.to_string().trim_end().to_owned(),
+                    },
+                    parse_error,
+                ));
+            }
+        };
+        config.unresolved = resolved
+            .errors
+            .into_iter()
+            .map(|e| Problem {
+                key: e.key,
+                message: e.message,
+            })
+            .collect();
+        Ok(config)
     }
 
     fn resolve_paths(&mut self, base: &Path) {
@@ -267,6 +308,18 @@ impl Config {
     /// Everything wrong with this configuration that can be found without a database,
     /// broker or plugin file: each key's value, and the rules between keys.
     pub fn problems(&self) -> Vec<Problem> {
+        let mut problems = self.unresolved.clone();
+        // A key whose reference did not resolve has no real value to check.
+        let unresolved: Vec<String> = self.unresolved.iter().map(|p| p.key.clone()).collect();
+        problems.extend(
+            self.value_problems()
+                .into_iter()
+                .filter(|p| !unresolved.contains(&p.key)),
+        );
+        problems
+    }
+
+    fn value_problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut add = |key: &str, message: String| {
             problems.push(Problem {
@@ -385,6 +438,19 @@ impl Config {
             }
         }
         problems
+    }
+
+    /// What is valid but may not do what its author expects, each with its key: `config
+    /// check` lists these as warnings (they do not fail it, and `sluice run` starts).
+    pub fn warnings(&self) -> Vec<Problem> {
+        let default = self.plugins.default.as_ref();
+        self.tenants
+            .iter()
+            .flat_map(|(name, tenant)| {
+                tenant.inheritance_warnings(&format!("tenants.{name}"), default)
+            })
+            .map(|(key, message)| Problem { key, message })
+            .collect()
     }
 
     /// How the store claims and marks rows: `[relay]`'s keys and `database.lease`.
@@ -511,6 +577,29 @@ mod tests {
     }
 
     #[test]
+    fn an_unresolved_reference_is_the_only_problem_of_its_key() {
+        let err = parse("[database]\nurl = \"${env:SLUICE_UNIT_TEST_NEVER_SET}\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "database.url: environment variable SLUICE_UNIT_TEST_NEVER_SET is not set"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("is empty"), "not reported twice: {err}");
+        // A resolved value is checked like a written one.
+        let err =
+            parse("[database]\nurl = \"x\"\n[relay]\nbatch_size = 0\nnotify_channel = \"$${x}\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("relay.notify_channel"),
+            "`${{x}}` is checked: {err}"
+        );
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let err = parse("[database]\nurl = \"x\"\n[relay]\nbatchsize = 3\n").unwrap_err();
         assert!(err.to_string().contains("batchsize"), "{err}");
@@ -580,6 +669,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("tenants.acme.path"), "{err}");
+    }
+
+    #[test]
+    fn surprising_tenant_inheritance_is_a_warning_not_a_problem() {
+        let c = parse(
+            "[database]\nurl = \"x\"\n[plugins.default]\nbuiltin = \"route-by-aggregate\"\n\
+             config = { topic_prefix = \"d.\" }\nallowed_topics = [\"d.*\"]\n\
+             [tenants.acme]\npath = \"acme.wasm\"\n[tenants.plain]\nmemory_mb = 8\n",
+        )
+        .unwrap();
+        let keys: Vec<String> = c.warnings().into_iter().map(|w| w.key).collect();
+        assert_eq!(
+            keys,
+            ["tenants.acme.config", "tenants.acme.allowed_topics"],
+            "only the tenant with its own plugin"
+        );
+        let plain = parse("[database]\nurl = \"x\"\n").unwrap();
+        assert!(plain.warnings().is_empty());
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod maintenance;
 pub mod model;
 pub mod plugin;
 pub mod relay;
+pub mod secret;
 pub mod shutdown;
 pub mod sink;
 pub mod store;

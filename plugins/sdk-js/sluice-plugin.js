@@ -37,7 +37,8 @@
 //
 // WIT values as this runtime sees them: records are objects with camelCase fields
 // (`row.aggregateId`, `row.createdAtMs`), `list<u8>` is a Uint8Array, headers are arrays of
-// `[name, Uint8Array]`, `option` is the value or null.
+// `[name, Uint8Array]`, `option` is the value or null. `row.id` is the outbox id as a string
+// ("42" for an integer id, a uuid's canonical text, a text id as stored).
 
 import * as host from "sluice:plugin/host@0.1.0";
 
@@ -244,8 +245,8 @@ export class TransformError extends Error {
   }
 }
 
-/** A bad `config` table: its message becomes `configure`'s error, which stops `sluice run`
- * at start-up. */
+/** A bad `config` table: its message becomes `configure`'s error, with which `sluice run`
+ * quarantines the tenant (its rows wait; with `strict_startup` it refuses to start). */
 export class ConfigError extends Error {
   constructor(message) {
     super(message);

@@ -261,21 +261,70 @@ fn tansu_bin() -> PathBuf {
 /// A Tansu broker of the test's own on `port` (in-memory storage), killed on drop.
 pub struct OwnTansu(Child);
 
+/// How [`OwnTansu::launch`] starts a broker.
+pub struct TansuLaunch<'a> {
+    /// Where it listens (127.0.0.1).
+    pub port: u16,
+    /// The port it tells clients to connect to (127.0.0.1), when something (a TLS proxy)
+    /// stands in front of it; default: `port`.
+    pub advertised_port: Option<u16>,
+    /// `--storage-engine`; `sqlite://NAME` is a file NAME in `dir`.
+    pub storage: &'a str,
+    /// More arguments, e.g. `--authentication`.
+    pub extra_args: &'a [&'a str],
+    /// Its working directory, where it also writes its log (`tansu.log`); default: none, log
+    /// discarded.
+    pub dir: Option<&'a std::path::Path>,
+}
+
+impl Default for TansuLaunch<'_> {
+    fn default() -> Self {
+        Self {
+            port: 0,
+            advertised_port: None,
+            storage: "memory://tansu/",
+            extra_args: &[],
+            dir: None,
+        }
+    }
+}
+
 impl OwnTansu {
     pub fn start(port: u16) -> Self {
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(tansu_bin())
+        Self::launch(&TansuLaunch {
+            port,
+            ..TansuLaunch::default()
+        })
+    }
+
+    /// Starts a broker as `launch` says (see [`TansuLaunch`]).
+    pub fn launch(launch: &TansuLaunch<'_>) -> Self {
+        let url = format!("tcp://127.0.0.1:{}", launch.port);
+        let advertised = format!(
+            "tcp://127.0.0.1:{}",
+            launch.advertised_port.unwrap_or(launch.port)
+        );
+        let mut command = Command::new(tansu_bin());
+        command
             .args([
                 "broker",
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
-            .args(["--storage-engine", "memory://tansu/"])
+            .args(["--storage-engine", launch.storage])
+            .args(launch.extra_args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(dir) = launch.dir {
+            command.current_dir(dir);
+            if let Ok(log) = std::fs::File::create(dir.join("tansu.log")) {
+                command.stderr(log);
+            }
+        }
+        let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", tansu_bin().display()));
         Self(child)

@@ -188,9 +188,16 @@ impl OutboxTable {
 
 /// Creates topics (3 partitions each) through the Kafka admin API; existing topics are fine.
 pub async fn create_topics(bootstrap: &str, topics: &[String]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+    create_topics_with(
+        ClientConfig::new().set("bootstrap.servers", bootstrap),
+        topics,
+    )
+    .await
+}
+
+/// [`create_topics`] with a client made from `config` (e.g. with SASL and TLS properties).
+pub async fn create_topics_with(config: &ClientConfig, topics: &[String]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = config.create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1)))
@@ -260,10 +267,22 @@ pub fn consume_until(
     topics: &[String],
     timeout: Duration,
     settle: Duration,
+    done: impl FnMut(&[Received]) -> bool,
+) -> anyhow::Result<Vec<Received>> {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    consume_until_with(config, topics, timeout, settle, done)
+}
+
+/// [`consume_until`] with a consumer made from `config` (e.g. with SASL and TLS properties).
+pub fn consume_until_with(
+    mut config: ClientConfig,
+    topics: &[String],
+    timeout: Duration,
+    settle: Duration,
     mut done: impl FnMut(&[Received]) -> bool,
 ) -> anyhow::Result<Vec<Received>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let consumer: BaseConsumer = config
         .set("group.id", unique("test-consumer"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -387,6 +406,19 @@ impl RelayProcess {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Sends SIGHUP: the relay re-reads its config's secrets (and reloads plugins).
+    pub fn hangup(&self) {
+        let _ = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    /// The process id (for `/proc` or signals a test sends itself).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Peak resident memory of the process so far (`VmHWM` of `/proc/<pid>/status`), in KiB.
@@ -651,6 +683,7 @@ impl Scenario {
 }
 
 pub mod databases;
+pub mod secure_broker;
 pub mod stall;
 
 /// A plain HTTP/1.0 GET of `path` on `127.0.0.1:port`: the status code and the body, or

@@ -187,7 +187,7 @@ fn plugin_test_prints_routed_messages_and_errors_as_json_lines() {
         &reference_plugin().display().to_string(),
         "--input",
         &rows.display().to_string(),
-        "--config",
+        "--set",
         "topic_prefix=shop.",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -225,6 +225,201 @@ fn plugin_test_names_a_bad_input_line() {
         stdout.contains("line 1") && stdout.contains("aggregate_id"),
         "{stdout}"
     );
+}
+
+/// The JSON lines `plugin test` printed.
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The value of header `name` of one output message.
+fn header<'a>(message: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    message["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == name)
+        .map(|h| &h[1])
+}
+
+#[test]
+fn plugin_test_takes_uuid_and_text_ids_as_the_table_gives_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    let uuid = "0b9f4c1e-7d0a-4c55-9a55-3f1c1b8e2d10";
+    let mut f = std::fs::File::create(&rows).unwrap();
+    for id in [format!("\"{uuid}\""), "\"evt-01\"".into(), "42".into()] {
+        writeln!(f, r#"{{"id": {id}, "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "OrderCreated"}}"#).unwrap();
+    }
+    drop(f);
+    let out = plugin_test(
+        &reference_plugin(),
+        &["--input", &rows.display().to_string()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0]["row"], uuid);
+    assert_eq!(
+        header(&lines[0], "sluice-outbox-id"),
+        Some(&serde_json::json!(uuid))
+    );
+    assert_eq!(lines[1]["row"], "evt-01");
+    assert_eq!(
+        header(&lines[1], "sluice-outbox-id"),
+        Some(&serde_json::json!("evt-01"))
+    );
+    assert_eq!(lines[2]["row"], 42, "an integer key stays a number");
+    assert_eq!(
+        header(&lines[2], "sluice-outbox-id"),
+        Some(&serde_json::json!("42"))
+    );
+}
+
+/// A sluice.toml (no database URL: `plugin test` needs none) whose tenant `acme` runs its own
+/// copy of the reference plugin (a path relative to the file) with its own config and a
+/// narrow allow-list, and whose default runs the builtin for `shop.*`.
+fn tenant_config(dir: &tempfile::TempDir) -> String {
+    std::fs::copy(reference_plugin(), dir.path().join("acme.wasm")).unwrap();
+    write_config(
+        dir,
+        "[database]\n\
+         [plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { topic_prefix = \"shop.\" }\n\
+         allowed_topics = [\"shop.*\"]\n\
+         [tenants.acme]\npath = \"acme.wasm\"\nconfig = { topic_prefix = \"acme.\" }\n\
+         allowed_topics = [\"acme.order\"]\n",
+    )
+}
+
+/// Rows of aggregate `order` and `payment`, as `plugin test` input in `dir`.
+fn order_and_payment(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("mixed.jsonl");
+    std::fs::write(
+        &path,
+        "{\"id\": 1, \"aggregate_type\": \"order\", \"aggregate_id\": \"o-1\", \"event_type\": \"E\"}\n\
+         {\"id\": 2, \"aggregate_type\": \"payment\", \"aggregate_id\": \"p-1\", \"event_type\": \"E\"}\n",
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn plugin_test_runs_as_a_tenant_of_a_sluice_toml_with_its_config_and_allow_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tenant_config(&dir);
+    let rows = order_and_payment(&dir);
+    let as_tenant = |tenant: &str, extra: &[&str]| {
+        let mut args = vec!["plugin", "test"];
+        args.extend_from_slice(extra);
+        args.extend(["--input", &rows, "--config", &config, "--tenant", tenant]);
+        sluice(&args)
+    };
+
+    let acme = as_tenant("acme", &[]);
+    assert!(acme.status.success(), "{}", stderr(&acme));
+    let lines = json_lines(&acme);
+    assert_eq!(
+        lines[0]["topic"], "acme.order",
+        "its config reached the plugin"
+    );
+    assert_eq!(
+        header(&lines[0], "sluice-tenant"),
+        Some(&serde_json::json!("acme"))
+    );
+    assert_eq!(lines[1]["kind"], "invalid-output", "{lines:?}");
+    assert!(
+        lines[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("allowed_topics"),
+        "its allow-list refused acme.payment: {lines:?}"
+    );
+    assert!(
+        stderr(&acme).contains("tenant \"acme\": [tenants.acme] of")
+            && stderr(&acme).contains("acme.wasm"),
+        "{}",
+        stderr(&acme)
+    );
+
+    // A plugin given as well replaces the tenant's; its config and allow-list stay.
+    let rebuilt = as_tenant("acme", &["--builtin", "route-by-aggregate"]);
+    assert!(rebuilt.status.success(), "{}", stderr(&rebuilt));
+    let lines = json_lines(&rebuilt);
+    assert_eq!(lines[0]["topic"], "acme.order");
+    assert_eq!(lines[1]["kind"], "invalid-output");
+
+    // A tenant without an entry runs [plugins.default], as the relay does, and is told so.
+    let zeta = as_tenant("zeta", &[]);
+    assert!(zeta.status.success(), "{}", stderr(&zeta));
+    let lines = json_lines(&zeta);
+    assert_eq!(lines[0]["topic"], "shop.order");
+    assert_eq!(lines[1]["topic"], "shop.payment");
+    assert!(
+        stderr(&zeta).contains("no [tenants.zeta] entry")
+            && stderr(&zeta).contains("[plugins.default]"),
+        "{}",
+        stderr(&zeta)
+    );
+
+    // --tenant needs a file.
+    let alone = sluice(&["plugin", "test", "--input", &rows, "--tenant", "acme"]);
+    assert_eq!(alone.status.code(), Some(2), "{}", stderr(&alone));
+    let alone = sluice(&[
+        "plugin", "test", "--input", &rows, "--tenant", "acme", "--config", "x=1",
+    ]);
+    assert_eq!(alone.status.code(), Some(1), "{}", stderr(&alone));
+    assert!(
+        stderr(&alone).contains("--tenant needs --config sluice.toml"),
+        "{}",
+        stderr(&alone)
+    );
+}
+
+#[test]
+fn plugin_test_config_key_value_is_deprecated_and_refused_when_ambiguous() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = order_and_payment(&dir);
+    let old = plugin_test(
+        &reference_plugin(),
+        &["--input", &rows, "--config", "topic_prefix=shop."],
+    );
+    assert!(old.status.success(), "{}", stderr(&old));
+    assert_eq!(
+        json_lines(&old)[0]["topic"],
+        "shop.order",
+        "still a plugin setting"
+    );
+    assert!(
+        stderr(&old).contains("deprecated") && stderr(&old).contains("--set topic_prefix=shop."),
+        "{}",
+        stderr(&old)
+    );
+    let new = plugin_test(
+        &reference_plugin(),
+        &["--input", &rows, "--set", "topic_prefix=shop."],
+    );
+    assert_eq!(new.stdout, old.stdout);
+    assert!(!stderr(&new).contains("deprecated"), "{}", stderr(&new));
+
+    // A file named like the setting, where the command runs: refused, not guessed.
+    std::fs::write(dir.path().join("topic_prefix=shop."), "").unwrap();
+    let ambiguous = std::process::Command::new(sluice_bin())
+        .current_dir(dir.path())
+        .args(["plugin", "test"])
+        .arg(reference_plugin())
+        .args(["--input", &rows, "--config", "topic_prefix=shop."])
+        .output()
+        .unwrap();
+    assert_eq!(ambiguous.status.code(), Some(1));
+    assert!(
+        stderr(&ambiguous).contains("--set topic_prefix=shop.")
+            && stderr(&ambiguous).contains("--config ./topic_prefix=shop."),
+        "{}",
+        stderr(&ambiguous)
+    );
+    assert!(ambiguous.stdout.is_empty());
 }
 
 #[test]
@@ -324,14 +519,7 @@ fn plugin_test(plugin: &std::path::Path, args: &[&str]) -> std::process::Output 
 
 fn hostile(mode: &str, input: &str, extra: &[&str]) -> std::process::Output {
     let mode = format!("mode={mode}");
-    let mut args = vec![
-        "--input",
-        input,
-        "--config",
-        &mode,
-        "--config",
-        "topic_prefix=t.",
-    ];
+    let mut args = vec!["--input", input, "--set", &mode, "--set", "topic_prefix=t."];
     args.extend_from_slice(extra);
     plugin_test(&test_plugin("test_hostile"), &args)
 }
@@ -596,4 +784,48 @@ fn plugin_new_writes_a_project_per_language_with_its_name_filled_in() {
         "{}",
         stderr(&bad)
     );
+}
+
+/// The golden file of every `plugin new` project is exactly what the builtin route-by-aggregate
+/// publishes for its sample rows (topics under `outbox.event.`, the row's headers plus `id` and
+/// `event-type`). The conformance suite builds each template and holds it to that file, so a
+/// template cannot drift from the builtin a tenant may be moving away from.
+#[test]
+fn plugin_new_golden_output_is_what_the_builtin_route_by_aggregate_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    for lang in ["rust", "python", "js"] {
+        let dest = dir.path().join(lang);
+        let new = sluice(&[
+            "plugin",
+            "new",
+            "order-router",
+            "--lang",
+            lang,
+            "--dir",
+            &dest.display().to_string(),
+        ]);
+        assert!(new.status.success(), "{}", stderr(&new));
+        let expected = dest.join("expected.jsonl");
+        let test = sluice(&[
+            "plugin",
+            "test",
+            "--builtin",
+            "route-by-aggregate",
+            "--input",
+            &dest.join("rows.jsonl").display().to_string(),
+            "--expect",
+            &expected.display().to_string(),
+        ]);
+        assert!(
+            test.status.success(),
+            "{lang}: the template's expected.jsonl is not the builtin's output:\n{}{}",
+            String::from_utf8_lossy(&test.stdout),
+            stderr(&test)
+        );
+        let golden = std::fs::read_to_string(&expected).unwrap();
+        assert!(
+            golden.contains(r#"["id","1"]"#) && golden.contains(r#""topic":"outbox.event.order""#),
+            "{lang}: {golden}"
+        );
+    }
 }

@@ -84,8 +84,10 @@ fn a_missing_plugin_file_is_named_by_its_tenant() {
 
 #[test]
 fn the_output_is_the_list_of_problems_and_nothing_else() {
-    // A tenant the plugin router quarantines (it would log an ERROR line when it runs).
-    let config = good("outbox") + "[tenants.acme]\nconfig = { topic_prefx = \"a.\" }\n";
+    // A tenant the plugin router quarantines (it would log an ERROR line when it runs); it
+    // repeats the default's key, which leaves nothing to warn about.
+    let config = good("outbox")
+        + "[tenants.acme]\nconfig = { topic_prefix = \"a.\", topic_prefx = \"a.\" }\n";
     let out = check(&config, false);
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -105,6 +107,75 @@ fn the_output_is_the_list_of_problems_and_nothing_else() {
 fn a_plugin_that_rejects_its_config_is_named() {
     let config = good("outbox") + "[tenants.acme]\nconfig = { topic_prefx = \"a.\" }\n";
     assert_problem(&check(&config, false), "tenants.acme", "topic_prefx");
+}
+
+/// `good` with the hostile test plugin as the default (it takes `mode`, which the reference
+/// plugin refuses), its allow-list `checked.*`, and tenant `acme` running the reference
+/// plugin with `acme_extra` in its entry.
+fn own_plugin_tenant(acme_extra: &str) -> String {
+    let reference = reference_plugin().display().to_string();
+    good("outbox")
+        .replace(&reference, &test_plugin("test_hostile").display().to_string())
+        .replace(
+            "config = { topic_prefix = \"checked.\" }",
+            "config = { mode = \"good\", topic_prefix = \"checked.\" }\nallowed_topics = [\"checked.*\"]",
+        )
+        + &format!("[tenants.acme]\npath = \"{reference}\"\n{acme_extra}")
+}
+
+#[test]
+fn a_tenant_with_its_own_plugin_gets_no_default_config_and_is_warned_about_it() {
+    // Were the default's config passed on, the reference plugin would refuse `mode`.
+    let out = check(&own_plugin_tenant(""), false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "warnings alone pass: {stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].contains(": warning: tenants.acme.config: ")
+            && lines[0].contains("keys mode, topic_prefix")
+            && lines[0].contains("config = {}"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].contains(": warning: tenants.acme.allowed_topics: ")
+            && lines[1].contains("checked.*")
+            && lines[1].contains("any topic"),
+        "{stdout}"
+    );
+    assert!(lines[2].contains(": OK (config and plugins)"), "{stdout}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "2 warnings\n");
+
+    // Said explicitly, there is nothing to warn about.
+    let out = check(
+        &own_plugin_tenant("config = {}\nallowed_topics = [\"*\"]\n"),
+        false,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[test]
+fn warnings_come_after_the_problems_and_do_not_change_the_exit_status() {
+    // A tenant on the default plugin whose config drops the default's topic_prefix (a
+    // warning) and misspells it (a problem: the plugin refuses it).
+    let config = good("outbox") + "[tenants.acme]\nconfig = { topic_prefx = \"a.\" }\n";
+    let out = check(&config, false);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].contains(": tenants.acme: "), "{stdout}");
+    assert!(
+        lines[1].contains(": warning: tenants.acme.config: replaces")
+            && lines[1].contains("`topic_prefix`"),
+        "{stdout}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "1 problem, 1 warning\n"
+    );
 }
 
 #[test]

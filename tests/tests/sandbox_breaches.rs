@@ -320,9 +320,9 @@ fn plugin_check_and_plugin_test_are_bounded_in_wall_clock_time() {
             &hostile_path(),
             "--input",
             &input,
-            "--config",
+            "--set",
             &format!("mode={mode}"),
-            "--config",
+            "--set",
             "topic_prefix=x.",
         ])
     };

@@ -56,6 +56,28 @@ async fn sigterm_during_start_up_exits_0_without_relaying() {
     assert!(!exit.log.contains("relay started"), "{}", exit.log);
 }
 
+#[test]
+fn surprising_tenant_inheritance_is_logged_as_a_warning_at_start_up() {
+    // The table does not exist, so the relay stops right after the warnings.
+    let config = relay_config("no_such_table_here", &kafka_bootstrap(), "unused.", "", "")
+        + "[tenants.acme]\nbuiltin = \"route-by-aggregate\"\n";
+    let out = run_config(&config);
+    assert!(!out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("tenants.acme.config"))
+        .unwrap_or_else(|| panic!("no warning about tenants.acme.config: {log}"));
+    let message = warning
+        .split_once("not set")
+        .map(|(_, m)| m)
+        .unwrap_or_default();
+    assert!(
+        message.contains("`topic_prefix`") && !message.contains("  "),
+        "{warning}"
+    );
+}
+
 fn run_config(config: &str) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sluice.toml");

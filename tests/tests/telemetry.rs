@@ -748,3 +748,275 @@ async fn healthz_fails_while_a_worker_is_stuck_in_a_batch_and_recovers_after() {
     assert!(exit.success, "{}", exit.log);
     table.drop_table().await;
 }
+
+/// A GET of `path` on `127.0.0.1:port` with `authorization` as the `Authorization` header:
+/// the status code, the `WWW-Authenticate` header and the body (`None`: nothing answers).
+fn get_with(
+    port: u16,
+    path: &str,
+    authorization: Option<&str>,
+) -> Option<(u16, Option<String>, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    let header = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{header}\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let challenge = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("www-authenticate")
+            .then(|| value.trim().to_owned())
+    });
+    Some((code, challenge, body.to_owned()))
+}
+
+/// Waits until the relay on `port` is ready (probes need no credentials).
+async fn ready_without_credentials(port: u16, relay: &RelayProcess) {
+    assert!(
+        readyz_becomes(port, 200).await,
+        "never ready: {}",
+        relay.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bearer_token_from_a_file_guards_metrics_and_status_but_not_the_probes() {
+    let s = Scenario::new("tel_token", &["order", "customer"]).await;
+    let port = free_port();
+    let secrets = tempfile::tempdir().expect("temporary directory");
+    let token = format!("tok-{}", unique("t"));
+    let token_file = secrets.path().join("metrics-token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("token file");
+    let extra =
+        telemetry(port) + &format!("bearer_token = \"${{file:{}}}\"\n", token_file.display());
+    let config = s.config("", &extra);
+    let relay = RelayProcess::start(&config).expect("start relay");
+    ready_without_credentials(port, &relay).await;
+
+    let bearer = format!("Bearer {token}");
+    for path in ["/metrics", "/status"] {
+        let (code, challenge, _) = get_with(port, path, None).expect(path);
+        assert_eq!(code, 401, "{path} without credentials");
+        assert_eq!(
+            challenge.as_deref(),
+            Some("Bearer realm=\"sluice\""),
+            "{path}"
+        );
+        let (code, _, _) = get_with(port, path, Some("Bearer not-the-token")).expect(path);
+        assert_eq!(code, 401, "{path} with a wrong token");
+        let (code, _, _) = get_with(port, path, Some(&format!("{bearer}x"))).expect(path);
+        assert_eq!(code, 401, "{path} with a longer token");
+        let (code, _, body) = get_with(port, path, Some(&bearer)).expect(path);
+        assert_eq!(code, 200, "{path} with the token: {body}");
+    }
+    let (_, _, metrics) = get_with(port, "/metrics", Some(&bearer)).expect("metrics");
+    assert!(metrics.contains("sluice_dependency_up"), "{metrics}");
+    for path in ["/healthz", "/readyz"] {
+        let (code, _, body) = get_with(port, path, None).expect(path);
+        assert_eq!(code, 200, "{path} without credentials: {body}");
+    }
+
+    // `sluice status` sends the credentials of the config it is given.
+    let out = sluice_with_config(&["status", "--json"], &config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("tenant states from the relay"), "{stderr}");
+    let without = config.replace(
+        &format!("bearer_token = \"${{file:{}}}\"\n", token_file.display()),
+        "",
+    );
+    let out = sluice_with_config(&["status", "--json"], &without);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("answered 401"), "{stderr}");
+    assert!(!stderr.contains(&token), "{stderr}");
+
+    // A rotated token file and SIGHUP: the new token is required from then on.
+    let rotated = format!("tok-{}", unique("r"));
+    std::fs::write(&token_file, format!("{rotated}\n")).expect("token file");
+    relay.hangup();
+    let new_bearer = format!("Bearer {rotated}");
+    let took_new = wait_until(SCRAPE_WAIT, || {
+        let code = get_with(port, "/metrics", Some(&new_bearer)).map(|(c, _, _)| c);
+        async move { code == Some(200) }
+    })
+    .await;
+    assert!(
+        took_new,
+        "the rotated token was not accepted: {}",
+        relay.log()
+    );
+    let (code, _, _) = get_with(port, "/status", Some(&bearer)).expect("status");
+    assert_eq!(code, 401, "the old token after rotation");
+
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    for secret in [&token, &rotated] {
+        assert!(
+            !exit.log.contains(secret.as_str()),
+            "a token was logged: {}",
+            exit.log
+        );
+    }
+    assert!(
+        exit.log
+            .contains("/metrics and /status take the re-read [telemetry] credentials"),
+        "{}",
+        exit.log
+    );
+    assert!(exit.log.contains("access=\"bearer token\""), "{}", exit.log);
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn basic_auth_guards_metrics_and_status_but_not_the_probes() {
+    let s = Scenario::new("tel_basic", &["order", "customer"]).await;
+    let port = free_port();
+    let extra = telemetry(port)
+        + "basic_auth_username = \"prometheus\"\nbasic_auth_password = \"pa:ss w0rd\"\n";
+    let relay = RelayProcess::start(&s.config("", &extra)).expect("start relay");
+    ready_without_credentials(port, &relay).await;
+
+    let basic = |user_pass: &str| {
+        format!(
+            "Basic {}",
+            openssl::base64::encode_block(user_pass.as_bytes())
+        )
+    };
+    for path in ["/metrics", "/status"] {
+        let (code, challenge, _) = get_with(port, path, None).expect(path);
+        assert_eq!(code, 401, "{path} without credentials");
+        assert_eq!(
+            challenge.as_deref(),
+            Some("Basic realm=\"sluice\""),
+            "{path}"
+        );
+        for wrong in ["prometheus:pa:ss", "grafana:pa:ss w0rd", "prometheus:"] {
+            let (code, _, _) = get_with(port, path, Some(&basic(wrong))).expect(path);
+            assert_eq!(code, 401, "{path} as {wrong}");
+        }
+        let (code, _, body) =
+            get_with(port, path, Some(&basic("prometheus:pa:ss w0rd"))).expect(path);
+        assert_eq!(code, 200, "{path} with the credentials: {body}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (code, _, body) = get_with(port, path, None).expect(path);
+        assert_eq!(code, 200, "{path} without credentials: {body}");
+    }
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn listen_takes_a_host_name() {
+    let s = Scenario::new("tel_host", &["order", "customer"]).await;
+    let port = free_port();
+    let config = s.config("", &telemetry(port)).replace(
+        &format!("listen = \"127.0.0.1:{port}\""),
+        &format!("listen = \"localhost:{port}\""),
+    );
+    assert!(config.contains("localhost:"), "{config}");
+    let out = sluice_with_config(&["config", "check"], &config);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let healthy = wait_until(SCRAPE_WAIT, || async {
+        http_get(port, "/healthz").is_some_and(|(code, _)| code == 200)
+    })
+    .await;
+    assert!(
+        healthy,
+        "/healthz never answered on localhost: {}",
+        relay.log()
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    assert!(
+        exit.log.contains(&format!("listen=localhost:{port}")),
+        "{}",
+        exit.log
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_check_names_a_listen_address_without_a_port_or_that_does_not_resolve() {
+    let base = relay_config(
+        "outbox",
+        &kafka_bootstrap(),
+        "outbox.",
+        "",
+        &telemetry(9464),
+    );
+    for (listen, says) in [
+        ("localhost", "has no port"),
+        (
+            "no-such-host.invalid:9464",
+            "cannot resolve no-such-host.invalid:9464",
+        ),
+    ] {
+        let config = base.replace("127.0.0.1:9464", listen);
+        let out = sluice_with_config(&["config", "check"], &config);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{listen}: {stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("telemetry.listen"))
+            .unwrap_or_else(|| panic!("{listen}: no telemetry.listen problem in {stdout}"));
+        assert!(line.contains(says), "{listen}: {line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_check_refuses_conflicting_or_empty_telemetry_credentials() {
+    let base = relay_config(
+        "outbox",
+        &kafka_bootstrap(),
+        "outbox.",
+        "",
+        &telemetry(9464),
+    );
+    for (extra, key, says) in [
+        (
+            "bearer_token = \"abc-secret\"\nbasic_auth_username = \"u\"\nbasic_auth_password = \"abc-secret\"\n",
+            "telemetry.bearer_token",
+            "not both",
+        ),
+        (
+            "bearer_token = \"\"\n",
+            "telemetry.bearer_token",
+            "is empty",
+        ),
+        (
+            "basic_auth_username = \"u\"\n",
+            "telemetry.basic_auth_password",
+            "missing",
+        ),
+    ] {
+        let out = sluice_with_config(&["config", "check"], &(base.clone() + extra));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{extra}: {stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(key))
+            .unwrap_or_else(|| panic!("{extra}: no {key} problem in {stdout}"));
+        assert!(line.contains(says), "{extra}: {line}");
+        assert!(!stdout.contains("abc-secret"), "{stdout}");
+    }
+}

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::config::Config;
+use crate::maintenance::pruner::Retention;
 use crate::plugin::PluginRouter;
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
@@ -35,6 +36,10 @@ pub struct Parts {
 /// `stop` fired meanwhile: start-up is abandoned before anything was claimed.
 pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Option<Parts>> {
     let starting = async {
+        // Valid, but maybe not what was meant (`config check` lists these as warnings).
+        for warning in config.warnings() {
+            tracing::warn!(key = %warning.key, "{}", warning.message);
+        }
         // Plugins first: a broken plugin file is reported without touching the database.
         // Compiling and instantiating are blocking work.
         let (plugins, tenants) = (config.plugins.clone(), config.tenants.clone());
@@ -46,6 +51,9 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
         // One connection per worker's open batch, plus one for probes and maintenance.
         let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);
         let store = open_store(config, connections).await?;
+        // A missing grant stops start-up with the privilege named, rather than failing every
+        // batch (without DELETE, after publishing it).
+        store.check_privileges(&privileges_needed(config)).await?;
         let store = Arc::new(store);
         if let Some((key, value)) = config.weak_acks() {
             tracing::warn!(key, value = %value,
@@ -54,6 +62,7 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
         let metrics = config
             .telemetry
             .listen
+            .as_ref()
             .map(|_| super::telemetry::metrics(config, &router));
         let properties = config.kafka_properties();
         let observed = metrics
@@ -92,6 +101,12 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
         started = starting => started.map(Some),
         _ = stop.recv() => Ok(None),
     }
+}
+
+/// The table privileges `sluice run` and `sluice drain` need with `config`'s `[relay]`.
+pub fn privileges_needed(config: &Config) -> Vec<store::Need> {
+    let prunes = matches!(config.relay.retention, Retention::Keep(_));
+    store::relay_needs(config.relay.mark, prunes)
 }
 
 /// Opens the store, trying again on connection errors for up to

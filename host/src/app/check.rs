@@ -1,8 +1,10 @@
 //! `sluice config check`: everything that can be checked before a relay starts, every problem
 //! listed. Offline: the file's shape and keys, the rules between keys, every plugin loads,
-//! instantiates and accepts its tenant's `configure`, allow-list patterns parse. With
+//! instantiates and accepts its tenant's `configure`, allow-list patterns parse, `[telemetry]
+//! listen`'s host resolves. With
 //! `--connect`: the table (columns, types, indexes as `sluice run` needs them) and the broker
-//! answering.
+//! answering. Valid settings that may not do what was meant (how a tenant inherits from
+//! `[plugins.default]`) are listed as warnings, which do not fail the check.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,28 +15,63 @@ use crate::sink::KafkaSink;
 use crate::store::{self, StoreOptions};
 use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
 
-/// Checks the configuration file at `path`; an empty list means it is fine.
-pub async fn check(path: &Path, connect: bool) -> Vec<Problem> {
-    let problem = |key: &str, message: String| Problem {
-        key: key.to_owned(),
-        message,
+/// What `config check` found: problems (`sluice run` would refuse the file, or a tenant would
+/// not start) and warnings (valid, but maybe not what was meant; see [`Config::warnings`]).
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    pub problems: Vec<Problem>,
+    pub warnings: Vec<Problem>,
+}
+
+/// Checks the configuration file at `path`; no problems means it is fine.
+pub async fn check(path: &Path, connect: bool) -> CheckReport {
+    let problem = |key: &str, message: String| CheckReport {
+        problems: vec![Problem {
+            key: key.to_owned(),
+            message,
+        }],
+        warnings: Vec::new(),
     };
     let config = match Config::load_unchecked(path) {
         Ok(config) => config,
         // The file cannot be read or is not a configuration's shape: nothing else to check.
-        Err(ConfigError::Read { source, .. }) => return vec![problem("file", source.to_string())],
+        Err(ConfigError::Read { source, .. }) => return problem("file", source.to_string()),
         Err(ConfigError::Parse { message, .. }) => {
-            return vec![problem("file", one_line_parse_error(&message))];
+            return problem("file", one_line_parse_error(&message));
         }
-        Err(e) => return vec![problem("file", e.to_string())],
+        Err(e) => return problem("file", e.to_string()),
     };
     let mut problems = config.problems();
+    problems.extend(check_listen(&config).await);
     problems.extend(check_plugins(&config).await);
     if connect {
         problems.extend(check_database(&config).await);
         problems.extend(check_broker(&config).await);
     }
-    problems
+    CheckReport {
+        problems,
+        warnings: config.warnings(),
+    }
+}
+
+/// How long resolving `[telemetry] listen`'s host may take.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves `[telemetry] listen`'s host as `sluice run` will (its form is checked by
+/// `Config::problems`): a name this machine cannot resolve fails the start.
+async fn check_listen(config: &Config) -> Option<Problem> {
+    let Some(Ok(listen)) = config.telemetry.listen_addr() else {
+        return None;
+    };
+    let message = match tokio::time::timeout(RESOLVE_TIMEOUT, listen.resolve()).await {
+        Ok(Ok(_)) => return None,
+        Ok(Err(e)) => format!("cannot resolve {listen}: {e}"),
+        Err(_) => format!("cannot resolve {listen}: no answer within {RESOLVE_TIMEOUT:?}"),
+    };
+    Some(Problem {
+        key: "telemetry.listen".into(),
+        message,
+    })
 }
 
 /// Starts every tenant's plugin as `sluice run` would, quarantining instead of failing, and
@@ -88,8 +125,17 @@ async fn check_database(config: &Config) -> Vec<Problem> {
         // Already reported by `Config::problems`.
         Err(_) => return Vec::new(),
     };
-    match store::open(config.database_url(), &spec, StoreOptions::default(), 1).await {
-        Ok(_) => Vec::new(),
+    let opened = match store::open(config.database_url(), &spec, StoreOptions::default(), 1).await {
+        // The grants `sluice run` checks at start-up.
+        Ok(store) => {
+            store
+                .check_privileges(&super::assemble::privileges_needed(config))
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match opened {
+        Ok(()) => Vec::new(),
         Err(e) => vec![Problem {
             key: "database".into(),
             message: e.to_string(),

@@ -6,6 +6,8 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
+use crate::secret::ScrubbingWriter;
+
 /// The form of log lines on standard error.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LogFormat {
@@ -16,12 +18,14 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber. Call once, first thing.
+/// Installs the global subscriber. Call once, first thing. Every line is scrubbed of the
+/// configuration's secrets ([`crate::secret`]), whoever logged it: Sluice, librdkafka's log
+/// and error callbacks (which echo parts of its configuration), a plugin's `log`.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| ScrubbingWriter(std::io::stderr()));
     match format {
         // Colour codes only for a person at a terminal, not for log files and collectors.
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),

@@ -6,6 +6,8 @@
 //! - [`admin`]: `sluice migrate` and `sluice dead …`
 //! - [`check`]: `sluice config check`
 //! - [`logging`]: text or JSON log lines
+//! - `rotate`: SIGHUP re-reads the config's secrets and replaces the producer and the
+//!   database connections' credentials
 //! - [`services`]: the start/stop shape every background service shares
 //! - [`progress`]: `sluice drain`'s progress bar or log lines
 //! - [`status`]: the per-tenant picture of `/status` and `sluice status`
@@ -17,6 +19,7 @@ pub mod check;
 pub mod logging;
 mod plugin_watch;
 pub mod progress;
+mod rotate;
 mod run;
 pub mod services;
 pub mod status;

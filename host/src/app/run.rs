@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use super::assemble::{AppRelay, Parts, assemble};
 use super::plugin_watch;
 use super::progress;
+use super::rotate;
 use super::services::Services;
 use super::telemetry::{self, AppEndpoints, LastSample};
 use crate::config::Config;
@@ -18,6 +19,7 @@ use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{Backlog, MarkMode, OutboxStore, Store};
 use crate::telemetry::Metrics;
+use crate::telemetry::auth::SharedAccess;
 use crate::telemetry::server::{self, Endpoints};
 
 /// Longest the producer may take to deliver what is still queued at shutdown (capped by
@@ -42,10 +44,20 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         metrics,
     } = parts;
     let mut services = Services::default();
-    if let Some(metrics) = metrics {
-        start_telemetry(&mut services, &config, &store, &relay, &router, metrics).await?;
-    }
+    let access = match metrics {
+        Some(metrics) => {
+            start_telemetry(&mut services, &config, &store, &relay, &router, metrics).await?
+        }
+        None => None,
+    };
     services.start("plugin watcher", |stop| plugin_watch::run(router, stop));
+    if let Some(path) = config.origin.clone() {
+        let (relay, store) = (Arc::clone(&relay), Arc::clone(&store));
+        let applied = rotate::Applied::of(&config).with_telemetry(access);
+        services.start("credential rotation", move |stop| {
+            rotate::run(path, applied, relay, store, stop)
+        });
+    }
     if let Some(channel) = config.relay.notify_channel.clone() {
         let store = Arc::clone(&store);
         let pacer = relay.pacer();
@@ -79,7 +91,7 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
 }
 
 /// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
-/// the backlog sampler.
+/// the backlog sampler. Returns the endpoints' credentials, for SIGHUP to replace.
 async fn start_telemetry(
     services: &mut Services,
     config: &Config,
@@ -87,15 +99,21 @@ async fn start_telemetry(
     relay: &Arc<AppRelay>,
     router: &Arc<PluginRouter>,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<Arc<SharedAccess>>> {
     let settings = config.telemetry.clone();
-    let Some(addr) = settings.listen else {
-        return Ok(());
+    let Some(listen) = settings.listen_addr() else {
+        return Ok(None);
     };
-    let listener = server::bind(addr)
+    // Checked when the config was loaded; a name is resolved only now.
+    let listen = listen.map_err(|e| anyhow::anyhow!("telemetry.listen: {e}"))?;
+    let listener = server::bind(&listen)
         .await
-        .with_context(|| format!("telemetry.listen: cannot listen on {addr}"))?;
-    tracing::info!(address = %addr, "serving /metrics, /healthz, /readyz and /status");
+        .with_context(|| format!("telemetry.listen: cannot listen on {listen}"))?;
+    let access = Arc::new(SharedAccess::new(settings.access()));
+    let address =
+        server::local_addr(&listener).map_or_else(|| listen.to_string(), |a| a.to_string());
+    tracing::info!(address, listen = %listen, access = access.current().describe(),
+        "serving /metrics, /healthz, /readyz and /status");
     let last = Arc::new(Mutex::new(LastSample::default()));
     let endpoints: Arc<dyn Endpoints> = Arc::new(AppEndpoints {
         metrics: Arc::clone(&metrics),
@@ -104,14 +122,15 @@ async fn start_telemetry(
         settings: settings.clone(),
         workers: config.relay.workers,
     });
+    let served = Arc::clone(&access);
     services.start("telemetry server", move |stop| {
-        server::serve(listener, endpoints, stop)
+        server::serve(listener, endpoints, served, stop)
     });
     let (store, relay) = (Arc::clone(store), Arc::clone(relay));
     services.start("backlog sampler", move |stop| {
         telemetry::sample(store, relay, metrics, last, settings, stop)
     });
-    Ok(())
+    Ok(Some(access))
 }
 
 /// What `sluice drain` did, and what it left.

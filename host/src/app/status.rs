@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::plugin::{PluginSource, TenantState, TenantStatus};
 use crate::store::{self, OutboxStore, StoreOptions, TenantBacklog};
+use crate::telemetry::auth::Access;
 use crate::telemetry::client::get;
+use crate::telemetry::listen::{ListenAddr, reachable};
 
 /// One tenant's line of the status.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -137,21 +139,12 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
             r.plugin = Some(describe(&default));
         }
     }
-    let Some(addr) = config.telemetry.listen else {
+    let Some(listen) = config.telemetry.listen_addr() else {
         return Ok((report, StatusSource::Database { relay: None }));
     };
-    // A relay listening on every interface answers on the loopback one.
-    let addr = match addr.ip().is_unspecified() {
-        true => SocketAddr::from(([127, 0, 0, 1], addr.port())),
-        false => addr,
-    };
-    let relay = match get(addr, "/status", RELAY_STATUS_TIMEOUT).await {
-        Ok((200, body)) => serde_json::from_str::<StatusReport>(&body).map_err(|e| e.to_string()),
-        Ok((code, _)) => Err(format!("{addr}/status answered {code}")),
-        Err(e) => Err(e.to_string()),
-    };
+    let relay = relay_status(listen, &config.telemetry.access()).await;
     match relay {
-        Ok(relay) => {
+        Ok((relay, addr)) => {
             report.kafka_up = relay.kafka_up;
             for t in relay.tenants {
                 let r = entry(&mut report.tenants, t.tenant.as_deref());
@@ -167,6 +160,49 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
         }
         Err(why) => Ok((report, StatusSource::Database { relay: Some(why) })),
     }
+}
+
+/// A running relay's `/status`, asked at `[telemetry] listen` with the credentials of the same
+/// `[telemetry]` section: the report and where it came from, or why there is none. A name
+/// that resolves to several addresses is asked at each in turn (IPv4 first, as the relay binds).
+async fn relay_status(
+    listen: Result<ListenAddr, String>,
+    access: &Access,
+) -> Result<(StatusReport, SocketAddr), String> {
+    let listen = listen.map_err(|e| format!("telemetry.listen: {e}"))?;
+    let addrs = listen
+        .resolve()
+        .await
+        .map_err(|e| format!("telemetry.listen: cannot resolve {listen}: {e}"))?;
+    let authorization = access.authorization();
+    let mut why = Vec::new();
+    // A relay listening on every interface answers on the loopback one.
+    for addr in addrs.into_iter().map(reachable) {
+        match get(
+            addr,
+            "/status",
+            authorization.as_ref(),
+            RELAY_STATUS_TIMEOUT,
+        )
+        .await
+        {
+            Ok((200, body)) => {
+                return serde_json::from_str::<StatusReport>(&body)
+                    .map(|report| (report, addr))
+                    .map_err(|e| format!("{addr}/status: {e}"));
+            }
+            Ok((401, _)) => {
+                return Err(format!(
+                    "{addr}/status answered 401: the relay requires credentials; give this \
+                     config the relay's [telemetry] bearer_token or basic_auth_username and \
+                     basic_auth_password"
+                ));
+            }
+            Ok((code, _)) => return Err(format!("{addr}/status answered {code}")),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    Err(why.join("; "))
 }
 
 /// A plugin as `/status` names it: its file, or `builtin:<name>`.

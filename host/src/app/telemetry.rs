@@ -196,6 +196,8 @@ impl Collector for RouterCollector {
 pub struct LastSample {
     pub at: Option<chrono::DateTime<Utc>>,
     pub backlog: Vec<TenantBacklog>,
+    /// Why the last broker check failed (authentication, TLS, unreachable), for `/readyz`.
+    pub kafka_error: Option<String>,
 }
 
 /// Samples the backlog gauges and checks the database and the broker every
@@ -273,15 +275,22 @@ async fn sample_once(
         let relay = Arc::clone(relay);
         tokio::task::spawn_blocking(move || relay.sink().probe(BROKER_PROBE_TIMEOUT))
     };
-    let up = match probe.await {
-        Ok(Ok(())) => true,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "the broker did not answer the readiness check");
-            false
-        }
-        Err(_) => false,
+    let kafka_error = match probe.await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(format!("the readiness check did not finish: {e}")),
     };
-    metrics.set_dependency_up(dependency::KAFKA, up);
+    metrics.set_dependency_up(dependency::KAFKA, kafka_error.is_none());
+    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+    // Logged when the answer changes, not every sample: an outage lasts many samples. The
+    // error names its cause as the sink's own log line does (see sink/connection.rs).
+    if kafka_error != last.kafka_error {
+        match &kafka_error {
+            Some(e) => tracing::warn!(error = %e, "the broker did not answer the readiness check"),
+            None => tracing::info!("the broker answers the readiness check again"),
+        }
+        last.kafka_error = kafka_error;
+    }
 }
 
 /// What the endpoints answer, from memory: the metrics, the router and the last sample.
@@ -333,9 +342,20 @@ impl Endpoints for AppEndpoints {
             })
             .map(|s| s.tenant.to_string())
             .collect();
+        let kafka_error = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .kafka_error
+            .clone();
         Check {
             ok: database && kafka,
-            body: json!({ "database": database, "kafka": kafka, "paused_tenants": paused }),
+            body: json!({
+                "database": database,
+                "kafka": kafka,
+                "kafka_error": kafka_error,
+                "paused_tenants": paused,
+            }),
         }
     }
 
@@ -413,5 +433,13 @@ mod tests {
         let check = e.ready();
         assert!(!check.ok);
         assert_eq!(check.body["kafka"], false);
+        assert_eq!(check.body["kafka_error"], serde_json::Value::Null);
+        // The body names why, as the log does.
+        e.last.lock().unwrap().kafka_error =
+            Some("authentication with the broker failed: SASL".to_owned());
+        assert_eq!(
+            e.ready().body["kafka_error"],
+            "authentication with the broker failed: SASL"
+        );
     }
 }

@@ -618,9 +618,46 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn a_tenant_with_its_own_plugin_gets_neither_the_default_config_nor_its_allow_list() {
+        let toml = format!(
+            "{BUILTIN}config = {{ topic_prefix = \"d.\" }}\nallowed_topics = [\"d.*\"]\n\
+             [tenants.own]\nbuiltin = \"route-by-aggregate\"\n\
+             [tenants.plain]\nmemory_mb = 16\n"
+        );
+        let results = router(&toml)
+            .unwrap()
+            .transform(rows(&["own", "plain", "other"]))
+            .await;
+        let topic = |i: usize| match &results[i] {
+            Ok(messages) => messages[0].topic.clone(),
+            Err(e) => panic!("row {i}: {e}"),
+        };
+        assert_eq!(
+            topic(0),
+            "outbox.event.order",
+            "its own plugin with its own (empty) config, and no allow-list"
+        );
+        assert_eq!(
+            topic(1),
+            "d.order",
+            "the default plugin with the default config"
+        );
+        assert_eq!(topic(2), "d.order");
+        // Without its own plugin a tenant keeps the default's allow-list.
+        let narrowed =
+            format!("{BUILTIN}allowed_topics = [\"d.*\"]\n[tenants.plain]\nmemory_mb = 16\n");
+        let results = router(&narrowed).unwrap().transform(rows(&["plain"])).await;
+        assert!(
+            matches!(&results[0], Err(TransformFailure::InvalidOutput(m)) if m.contains("allowed_topics")),
+            "{:?}",
+            results[0]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn a_failing_default_plugin_quarantines_tenants_first_seen_later() {
         let toml = "[plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { nope = 1 }\n\
-                    [tenants.own]\nbuiltin = \"route-by-aggregate\"\nconfig = {}\n";
+                    [tenants.own]\nbuiltin = \"route-by-aggregate\"\n";
         let router = router(toml).unwrap();
         let results = router
             .transform(rows(&["own", "default", "newcomer"]))

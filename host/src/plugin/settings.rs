@@ -1,7 +1,8 @@
 //! The plugin settings as written in `sluice.toml` — `[plugins]`, `[plugins.default]`,
 //! `[tenants.<name>]` — with their defaults and the checks each key gets on its own. How a
-//! tenant inherits from `[plugins.default]` is here too ([`PluginSpec::inherit`]); the
-//! router only applies it.
+//! tenant inherits from `[plugins.default]` is here too ([`PluginSpec::inherit`]), and what
+//! `config check` warns about in it ([`PluginSpec::inheritance_warnings`]); the router and
+//! `plugin test --tenant` only apply it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -111,9 +112,9 @@ fn default_max_unconfigured_instances() -> usize {
 }
 
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
-/// a `path` or `builtin`) and `[tenants.<name>]` (where every key left out is taken from
-/// `[plugins.default]`, the plugin and its `config` included).
-#[derive(Debug, Clone, Default, Deserialize)]
+/// a `path` or `builtin`) and `[tenants.<name>]` (keys left out are taken from
+/// `[plugins.default]` as [`PluginSpec::inherit`] says).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
     /// Path to the `.wasm` component; relative paths are resolved against the config file.
@@ -156,7 +157,8 @@ pub struct PluginSpec {
     pub call_batch_rows: Option<usize>,
 }
 
-/// Sandbox limits as written; unset fields inherit from `[plugins.default]`, then from
+/// Sandbox limits as written; unset fields inherit from `[plugins.default]` (`allowed_topics`
+/// only for a tenant that runs the default plugin: [`PluginSpec::inherit`]), then from
 /// Sluice's defaults.
 #[derive(Debug, Clone, Default)]
 pub struct LimitsSpec {
@@ -200,21 +202,37 @@ impl PluginsSettings {
 }
 
 impl PluginSpec {
-    /// This tenant's entry with every key it leaves out taken from `[plugins.default]` — the
-    /// plugin (`path`/`builtin`), its `config` and each limit: the one inheritance rule.
+    /// This tenant's entry completed from `[plugins.default]` — the one inheritance rule:
+    ///
+    /// - a tenant that names no plugin (no `path`, no `builtin`) runs the default plugin and
+    ///   takes every key it leaves out from `[plugins.default]`: the plugin, its `config` (as a
+    ///   whole: a tenant's `config` replaces the default's, tables are not merged), its
+    ///   `allowed_topics` and each sandbox limit;
+    /// - a tenant that names its own plugin takes neither `config` nor `allowed_topics` from
+    ///   `[plugins.default]` — they describe the default plugin's routing, which its own
+    ///   plugin does not share — only the sandbox limits it leaves out (`memory_mb`,
+    ///   `call_timeout`, `max_*`, the circuit breaker …), which are the platform's.
     pub fn inherit(&self, default: Option<&PluginSpec>) -> PluginSpec {
         let Some(default) = default else {
             return self.clone();
         };
-        let limits = self.limits().or(&default.limits());
-        let (path, builtin) = match (&self.path, &self.builtin) {
-            (None, None) => (default.path.clone(), default.builtin.clone()),
-            own => (own.0.clone(), own.1.clone()),
+        let own_plugin = self.names_plugin();
+        let mut limits = self.limits().or(&default.limits());
+        if own_plugin {
+            limits.allowed_topics = self.allowed_topics.clone();
+        }
+        let (path, builtin) = match own_plugin {
+            true => (self.path.clone(), self.builtin.clone()),
+            false => (default.path.clone(), default.builtin.clone()),
+        };
+        let config = match own_plugin {
+            true => self.config.clone(),
+            false => self.config.clone().or_else(|| default.config.clone()),
         };
         PluginSpec {
             path,
             builtin,
-            config: self.config.clone().or_else(|| default.config.clone()),
+            config,
             memory_mb: limits.memory_mb,
             call_timeout: limits.call_timeout,
             recycle_memory_percent: limits.recycle_memory_percent,
@@ -227,6 +245,68 @@ impl PluginSpec {
             circuit_breaker_cooldown: limits.circuit_breaker_cooldown,
             call_batch_rows: limits.call_batch_rows,
         }
+    }
+
+    /// Whether this entry names its own plugin (`path` or `builtin`).
+    pub fn names_plugin(&self) -> bool {
+        self.path.is_some() || self.builtin.is_some()
+    }
+
+    /// Where [`PluginSpec::inherit`] may not do what this tenant's author expects, each as
+    /// (`key` + sub-key, what happens and how to say it explicitly): `config check` warns
+    /// about them without failing.
+    pub fn inheritance_warnings(
+        &self,
+        key: &str,
+        default: Option<&PluginSpec>,
+    ) -> Vec<(String, String)> {
+        let Some(default) = default else {
+            return Vec::new();
+        };
+        let mut warnings = Vec::new();
+        let default_config = default.config.as_ref().filter(|c| !c.is_empty());
+        if self.names_plugin() {
+            if let (None, Some(inherited)) = (&self.config, default_config) {
+                warnings.push((
+                    format!("{key}.config"),
+                    format!(
+                        "not set, and a tenant with its own plugin does not take \
+                         [plugins.default]'s config: its plugin gets no {} (set `config` \
+                         here, or `config = {{}}` if it needs none)",
+                        keys(inherited)
+                    ),
+                ));
+            }
+            if let (None, Some(inherited)) = (&self.allowed_topics, &default.allowed_topics) {
+                warnings.push((
+                    format!("{key}.allowed_topics"),
+                    format!(
+                        "not set, and a tenant with its own plugin does not take \
+                         [plugins.default]'s allowed_topics ({}): its plugin may route to any \
+                         topic (set `allowed_topics` here, or [\"*\"] to allow any topic)",
+                        inherited.join(", ")
+                    ),
+                ));
+            }
+        } else if let (Some(own), Some(inherited)) = (&self.config, default_config) {
+            let dropped: BTreeMap<String, toml::Value> = inherited
+                .iter()
+                .filter(|(k, _)| !own.contains_key(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if !dropped.is_empty() {
+                warnings.push((
+                    format!("{key}.config"),
+                    format!(
+                        "replaces [plugins.default]'s config as a whole (the tables are not \
+                         merged): the default plugin gets no {} for this tenant (repeat the \
+                         keys it needs here)",
+                        keys(&dropped)
+                    ),
+                ));
+            }
+        }
+        warnings
     }
 
     /// Problems with this entry on its own, each as (`key` + sub-key, what is wrong);
@@ -313,6 +393,16 @@ impl LimitsSpec {
 /// thousands, but every header is an allocation on each of them.
 pub const MAX_HEADERS_PER_MESSAGE: usize = 10_000;
 
+/// A `config` table's keys for a message: `topic_prefix` or `keys a, b`. Names only: the
+/// values may be secrets.
+fn keys(table: &BTreeMap<String, toml::Value>) -> String {
+    let names: Vec<&str> = table.keys().map(String::as_str).collect();
+    match names.as_slice() {
+        [one] => format!("`{one}`"),
+        many => format!("keys {}", many.join(", ")),
+    }
+}
+
 /// Converts a plugin `config` table to the string pairs `configure` receives.
 pub fn config_pairs(table: &BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
     table
@@ -388,4 +478,122 @@ fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
         TopicPattern::parse(pattern).map_err(|m| ("allowed_topics".to_owned(), m))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(toml: &str) -> PluginSpec {
+        toml::from_str(toml).unwrap()
+    }
+
+    const DEFAULT: &str = "builtin = \"route-by-aggregate\"\nconfig = { topic_prefix = \"d.\" }\n\
+                           allowed_topics = [\"d.*\"]\nmemory_mb = 64\ncall_timeout = \"50ms\"\n";
+
+    #[test]
+    fn a_tenant_with_its_own_plugin_keeps_the_platform_limits_but_not_the_default_routing() {
+        let default = spec(DEFAULT);
+        for own in ["path = \"own.wasm\"", "builtin = \"route-by-aggregate\""] {
+            let tenant = spec(&format!("{own}\nmax_outputs_per_row = 3\n"));
+            let resolved = tenant.inherit(Some(&default));
+            assert_eq!(resolved.source(), tenant.source(), "{own}");
+            assert_eq!(resolved.config, None, "{own}: not the default's config");
+            assert!(resolved.config_pairs().is_empty(), "{own}");
+            assert_eq!(resolved.allowed_topics, None, "{own}: any topic");
+            assert_eq!(resolved.memory_mb, Some(64), "{own}: platform limit");
+            assert_eq!(resolved.call_timeout, Some(Duration::from_millis(50)));
+            assert_eq!(
+                resolved.max_outputs_per_row,
+                Some(3),
+                "{own}: its own limit"
+            );
+        }
+        // Its own config and allow-list are its own.
+        let tenant =
+            spec("path = \"own.wasm\"\nconfig = { x = 1 }\nallowed_topics = [\"own.*\"]\n");
+        let resolved = tenant.inherit(Some(&default));
+        assert_eq!(resolved.config_pairs(), vec![("x".into(), "1".into())]);
+        assert_eq!(resolved.allowed_topics, Some(vec!["own.*".to_owned()]));
+    }
+
+    #[test]
+    fn a_tenant_without_its_own_plugin_runs_the_default_with_overrides() {
+        let default = spec(DEFAULT);
+        let resolved = spec("memory_mb = 16\n").inherit(Some(&default));
+        assert_eq!(resolved.source(), default.source());
+        assert_eq!(
+            resolved.config_pairs(),
+            vec![("topic_prefix".into(), "d.".into())]
+        );
+        assert_eq!(resolved.allowed_topics, Some(vec!["d.*".to_owned()]));
+        assert_eq!(resolved.memory_mb, Some(16));
+        assert_eq!(resolved.call_timeout, Some(Duration::from_millis(50)));
+        // `config` and `allowed_topics` replace the default's as a whole.
+        let resolved =
+            spec("config = { other = \"o\" }\nallowed_topics = [\"t\"]\n").inherit(Some(&default));
+        assert_eq!(resolved.config_pairs(), vec![("other".into(), "o".into())]);
+        assert_eq!(resolved.allowed_topics, Some(vec!["t".to_owned()]));
+        // Without [plugins.default] an entry is what it says.
+        let alone = spec("path = \"own.wasm\"\n");
+        assert_eq!(alone.inherit(None).source(), alone.source());
+    }
+
+    fn warned(tenant: &str, default: &str) -> Vec<String> {
+        spec(tenant)
+            .inheritance_warnings("tenants.acme", Some(&spec(default)))
+            .into_iter()
+            .map(|(k, m)| format!("{k}: {m}"))
+            .collect()
+    }
+
+    #[test]
+    fn surprising_inheritance_is_warned_about_and_silenced_by_saying_it() {
+        let w = warned("path = \"own.wasm\"\n", DEFAULT);
+        assert_eq!(w.len(), 2, "{w:#?}");
+        assert!(
+            w[0].starts_with("tenants.acme.config: ")
+                && w[0].contains("`topic_prefix`")
+                && w[0].contains("config = {}"),
+            "{w:#?}"
+        );
+        assert!(
+            w[1].starts_with("tenants.acme.allowed_topics: ")
+                && w[1].contains("d.*")
+                && w[1].contains("any topic"),
+            "{w:#?}"
+        );
+        assert!(
+            w.iter().all(|m| !m.contains("  ")),
+            "one line of text each: {w:#?}"
+        );
+        // Said explicitly: nothing to warn about.
+        let w = warned(
+            "path = \"own.wasm\"\nconfig = {}\nallowed_topics = [\"*\"]\n",
+            DEFAULT,
+        );
+        assert!(w.is_empty(), "{w:#?}");
+        // The default plugin with a config that drops some of the default's keys.
+        let w = warned(
+            "config = { a = 1 }\n",
+            "path = \"d.wasm\"\nconfig = { a = 2, topic_prefix = \"d.\", secret = \"s\" }\n",
+        );
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].starts_with("tenants.acme.config: replaces")
+                && w[0].contains("keys secret, topic_prefix")
+                && !w[0].contains("\"s\""),
+            "names keys, never values: {w:#?}"
+        );
+        // Overriding every key, or nothing, is plain.
+        assert!(warned("config = { topic_prefix = \"a.\" }\n", DEFAULT).is_empty());
+        assert!(warned("memory_mb = 8\n", DEFAULT).is_empty());
+        // A default without config or allow-list leaves nothing to miss.
+        assert!(warned("path = \"own.wasm\"\n", "path = \"d.wasm\"\n").is_empty());
+        assert!(
+            spec("path = \"own.wasm\"\n")
+                .inheritance_warnings("tenants.acme", None)
+                .is_empty()
+        );
+    }
 }

@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::statistics::Statistics;
 use rdkafka::util::Timeout;
 
+use super::connection::ConnectionWatch;
 use super::deliveries::{Deliveries, Opaque, Pending};
 use super::topics::{Known, TopicCache};
 use super::{PublishFault, Sink, SinkError};
@@ -30,17 +32,47 @@ type KafkaProducer = Arc<rdkafka::producer::ThreadedProducer<SinkContext>>;
 
 /// The producer's client context: delivery reports go to the batch waiting for them;
 /// librdkafka's log lines go to `tracing` as by default; its statistics (emitted only when
-/// `statistics.interval.ms` is set, i.e. with metrics on) set `sluice_producer_queue_messages`.
+/// `statistics.interval.ms` is set, i.e. with metrics on) set `sluice_producer_queue_messages`;
+/// its error events (authentication, TLS, unreachable broker) set the connection state, which
+/// is logged once per change and named by [`KafkaSink::probe`].
 #[derive(Clone, Default)]
 pub struct SinkContext {
     metrics: Option<Arc<Metrics>>,
     deliveries: Arc<Deliveries>,
+    connection: Arc<ConnectionWatch>,
 }
 
 impl ClientContext for SinkContext {
     fn stats(&self, statistics: Statistics) {
         if let Some(m) = &self.metrics {
             m.set_producer_queue(statistics.msg_cnt);
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(code) => {
+                self.connection.report(code, reason);
+            }
+            None => tracing::error!(target: "librdkafka", "librdkafka: {error}: {reason}"),
+        }
+    }
+
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        use RDKafkaLogLevel::*;
+        match level {
+            // A broker connection failing at error level ("FAIL") also arrives as an error
+            // event, which `error` logs once per change of state; logging each retry's line
+            // too would repeat it every few seconds.
+            Emerg | Alert | Critical | Error if fac == "FAIL" => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            Emerg | Alert | Critical | Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            Notice | Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
         }
     }
 }
@@ -58,7 +90,11 @@ impl ProducerContext for SinkContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Opaque) {
         let report = match result {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // An acknowledgement: whatever was wrong with the connection is over.
+                self.connection.works();
+                Ok(())
+            }
             Err((e, _)) => Err(e.clone()),
         };
         self.deliveries.file(opaque, report);
@@ -125,7 +161,11 @@ pub struct KafkaSink {
 
 /// The sink's state, shared with the blocking tasks that work on the producer.
 struct Inner {
-    config: ClientConfig,
+    /// What a new producer is created from: after a fatal error, or on
+    /// [`KafkaSink::reconfigure`].
+    config: Mutex<ClientConfig>,
+    /// The statistics interval Sluice sets when metrics are on (kept across reconfiguring).
+    statistics: Option<Duration>,
     context: SinkContext,
     producer: Mutex<KafkaProducer>,
     topics: TopicCache,
@@ -148,7 +188,7 @@ impl KafkaSink {
     ) -> Result<Self, SinkError> {
         let context = SinkContext {
             metrics: Some(metrics),
-            deliveries: Arc::default(),
+            ..SinkContext::default()
         };
         Self::create(properties, context, Some(interval))
     }
@@ -158,21 +198,12 @@ impl KafkaSink {
         context: SinkContext,
         statistics: Option<Duration>,
     ) -> Result<Self, SinkError> {
-        if !properties.contains_key("bootstrap.servers") {
-            return Err(SinkError::Config(
-                "[kafka] needs \"bootstrap.servers\"".to_owned(),
-            ));
-        }
-        let mut config = kafka_client_config(properties);
-        if let Some(interval) = statistics
-            && !properties.contains_key(STATISTICS_INTERVAL)
-        {
-            config.set(STATISTICS_INTERVAL, interval.as_millis().max(1).to_string());
-        }
+        let config = producer_config(properties, statistics)?;
         let producer = create(&config, &context)?;
         Ok(Self {
             inner: Arc::new(Inner {
-                config,
+                config: Mutex::new(config),
+                statistics,
                 context,
                 producer: Mutex::new(producer),
                 topics: TopicCache::default(),
@@ -180,16 +211,44 @@ impl KafkaSink {
         })
     }
 
-    /// Whether the broker answers a metadata request within `timeout` (readiness). Blocks:
-    /// call it off the async reactor.
+    /// Replaces the producer with one made from `properties` (rotated credentials, on
+    /// SIGHUP). Batches in flight finish on the producer they started with, which is dropped
+    /// (flushed) after the last of them; the next batch gets the new one, so no message is
+    /// lost or sent twice by the swap. Invalid properties leave the current producer in
+    /// place. Creating a producer blocks: call it off the async reactor.
+    pub fn reconfigure(&self, properties: &BTreeMap<String, String>) -> Result<(), SinkError> {
+        let config = producer_config(properties, self.inner.statistics)?;
+        let new = create(&config, &self.inner.context)?;
+        *self
+            .inner
+            .config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = config;
+        let old = std::mem::replace(&mut *self.inner.current(), new);
+        // Without a batch holding it, this is the last handle: dropping it flushes and joins
+        // librdkafka's threads, so not under the lock and not on the reactor (we are on a
+        // blocking thread already).
+        drop(old);
+        Ok(())
+    }
+
+    /// Whether the broker answers a metadata request within `timeout` (readiness). When it
+    /// does not, the error names the cause librdkafka reported (authentication, TLS,
+    /// unreachable), the same the log says. Blocks: call it off the async reactor.
     pub fn probe(&self, timeout: Duration) -> Result<(), SinkError> {
         // A clone of the handle, so a slow answer does not hold the lock publishing needs.
         let producer = Arc::clone(&self.inner.current());
-        producer
-            .client()
-            .fetch_metadata(None, timeout)
-            .map(|_| ())
-            .map_err(|e| SinkError::Unreachable(e.to_string()))
+        let connection = &producer.context().connection;
+        match producer.client().fetch_metadata(None, timeout) {
+            Ok(_) => {
+                connection.works();
+                Ok(())
+            }
+            Err(e) => Err(match connection.problem() {
+                Some((problem, reason)) => problem.error(&reason),
+                None => SinkError::Unreachable(e.to_string()),
+            }),
+        }
     }
 
     /// The topics of `messages` that the broker lacks, asking it about topics not seen yet.
@@ -272,7 +331,12 @@ impl Inner {
         }
         let fatal = broken.client().fatal_error();
         tracing::error!(?fatal, "kafka producer is unusable; re-creating it");
-        match create(&self.config, &self.context) {
+        let config = self
+            .config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match create(&config, &self.context) {
             Ok(new) => {
                 let mut current = self.current();
                 if same_producer(&current, &broken) {
@@ -300,6 +364,26 @@ fn drop_off_reactor(producers: Vec<KafkaProducer>) {
     if !producers.is_empty() {
         tokio::task::spawn_blocking(move || drop(producers));
     }
+}
+
+/// The producer's configuration: Sluice's defaults, the user's properties, and the statistics
+/// interval with metrics on (unless `[kafka]` sets it).
+fn producer_config(
+    properties: &BTreeMap<String, String>,
+    statistics: Option<Duration>,
+) -> Result<ClientConfig, SinkError> {
+    if !properties.contains_key("bootstrap.servers") {
+        return Err(SinkError::Config(
+            "[kafka] needs \"bootstrap.servers\"".to_owned(),
+        ));
+    }
+    let mut config = kafka_client_config(properties);
+    if let Some(interval) = statistics
+        && !properties.contains_key(STATISTICS_INTERVAL)
+    {
+        config.set(STATISTICS_INTERVAL, interval.as_millis().max(1).to_string());
+    }
+    Ok(config)
 }
 
 fn create(config: &ClientConfig, context: &SinkContext) -> Result<KafkaProducer, SinkError> {
@@ -656,7 +740,10 @@ mod tests {
         let mut props = BTreeMap::new();
         props.insert("bootstrap.servers".to_owned(), "127.0.0.1:1".to_owned());
         let sink = KafkaSink::new(&props).unwrap();
-        assert_eq!(sink.inner.config.get(STATISTICS_INTERVAL), None);
+        assert_eq!(
+            sink.inner.config.lock().unwrap().get(STATISTICS_INTERVAL),
+            None
+        );
     }
 
     /// A sink on `mock` with one more property (created off the reactor: it starts threads).

@@ -1,9 +1,12 @@
 //! The sink seam: where messages are published. Implementations: [`KafkaSink`].
 //!
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,
+//!   unreachable), logged once per change
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
 //! - [`topics`]: which topics the broker has, so messages to missing ones fail at once
 
+mod connection;
 mod deliveries;
 mod kafka;
 pub mod topics;
@@ -66,6 +69,13 @@ pub enum SinkError {
     /// The broker did not answer a metadata request (readiness probe).
     #[error("broker not reachable: {0}")]
     Unreachable(String),
+    /// The broker refused the client's SASL credentials (readiness probe).
+    #[error("authentication with the broker failed: {0}")]
+    Authentication(String),
+    /// The TLS handshake with the broker failed, e.g. its certificate does not verify
+    /// (readiness probe).
+    #[error("TLS with the broker failed: {0}")]
+    Tls(String),
 }
 
 impl SinkError {
@@ -73,7 +83,11 @@ impl SinkError {
     pub fn fault(&self) -> Option<PublishFault> {
         match self {
             Self::Publish { fault, .. } => Some(*fault),
-            Self::Config(_) | Self::Flush(_) | Self::Unreachable(_) => None,
+            Self::Config(_)
+            | Self::Flush(_)
+            | Self::Unreachable(_)
+            | Self::Authentication(_)
+            | Self::Tls(_) => None,
         }
     }
 }

@@ -70,7 +70,9 @@ pub async fn open(
     options: StoreOptions,
     connections: u32,
 ) -> Result<Store, StoreError> {
-    match Driver::of(url)? {
+    let driver = Driver::of(url)?;
+    super::tls::check_files(url)?;
+    match driver {
         Driver::Postgres => Ok(Store::Postgres(
             PgStore::open(url, spec, options, connections).await?,
         )),
@@ -86,7 +88,9 @@ pub async fn open(
 /// Creates the outbox table, or upgrades one the application created, then checks it as
 /// [`open`] would (`sluice migrate`). Returns a one-line description of the table.
 pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
-    match Driver::of(url)? {
+    let driver = Driver::of(url)?;
+    super::tls::check_files(url)?;
+    match driver {
         Driver::Postgres => postgres::migrate(url, spec).await,
         Driver::Mysql => mysql::migrate(url, spec).await,
         Driver::Sqlite => sqlite::migrate(url, spec).await,
@@ -100,6 +104,44 @@ pub enum Store {
     Postgres(PgStore),
     Mysql(MyStore),
     Sqlite(LiteStore),
+}
+
+impl Store {
+    /// Opens new connections with `url` from now on: rotated credentials or TLS files, on
+    /// SIGHUP. Connections in use and their transactions are not touched, so no claimed row
+    /// is affected. The error is that of a trial connection with the new URL (it is in use
+    /// all the same). SQLite has no credentials: its URL is fixed at start.
+    pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(s) => s.use_url(url).await,
+            Store::Mysql(s) => s.use_url(url).await,
+            Store::Sqlite(_) => Ok(()),
+        }
+    }
+}
+
+/// Checks what can be checked of a URL without connecting (the certificate and key files it
+/// names are readable), so a rotation to a URL that cannot work leaves the current one in use.
+pub fn check_url(url: &str) -> Result<(), StoreError> {
+    super::tls::check_files(url)
+}
+
+/// Waits up to `timeout` for `connecting` (one new connection), then closes it again.
+pub(crate) async fn try_connection<C: sqlx::Connection>(
+    connecting: impl Future<Output = Result<C, sqlx::Error>>,
+    timeout: std::time::Duration,
+) -> Result<(), sqlx::Error> {
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(connection)) => connection.close().await,
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "no connection within {}",
+                humantime::format_duration(timeout)
+            ),
+        ))),
+    }
 }
 
 /// A claimed batch of a [`Store`].
@@ -221,15 +263,9 @@ impl OutboxStore for Store {
 
 /// A database URL with its password hidden, for messages and logs.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
+    match crate::secret::url_password_range(url) {
+        Some(password) => format!("{}***{}", &url[..password.start], &url[password.end..]),
+        None => url.to_owned(),
     }
 }
 

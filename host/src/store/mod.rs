@@ -17,12 +17,14 @@ mod columns;
 mod driver;
 mod mysql;
 mod postgres;
+mod privileges;
 mod rows;
 mod schema;
 mod settings;
 mod settle;
 mod sqlite;
 mod table;
+mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -34,8 +36,10 @@ pub use columns::{
     ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, SpecError,
     TableSpec, TenantColumn,
 };
-pub use driver::{Driver, Store, StoreBatch, migrate, open, redact};
+pub(crate) use driver::try_connection;
+pub use driver::{Driver, Store, StoreBatch, check_url, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
+pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
 pub use schema::SchemaError;
 pub use settings::{AfterDead, DEFAULT_LEASE, LEASE_MARGIN, MarkMode, Ordering, StoreOptions};
 pub use table::{TableName, TableNameError};
@@ -78,7 +82,7 @@ pub enum StoreError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// The database could not be reached at start-up (the URL is shown without its password).
-    #[error("cannot connect to the database at {url}: {source}")]
+    #[error("cannot connect to the database at {url}: {source}{}", tls::hint(.source))]
     Connect { url: String, source: sqlx::Error },
     /// The URL names no database Sluice can relay from.
     #[error("database url {url}: {message}")]
@@ -116,6 +120,10 @@ pub enum StoreError {
         "database server {found} is too old: Sluice needs {needed} or later (FOR UPDATE SKIP LOCKED)"
     )]
     ServerVersion { found: String, needed: &'static str },
+    /// The database user lacks a privilege the relay needs on the outbox table
+    /// ([`Store::check_privileges`]). Boxed: the other variants stay small.
+    #[error(transparent)]
+    Privilege(Box<MissingPrivilege>),
     /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
     #[error("{database} does not support {what}")]
     Unsupported {

@@ -10,6 +10,8 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::auth::Secret;
+
 /// Why a GET did not return a body.
 #[derive(Debug, thiserror::Error)]
 pub enum GetError {
@@ -19,10 +21,12 @@ pub enum GetError {
     Failed { addr: SocketAddr, message: String },
 }
 
-/// GETs `path` from `addr`: the status code and the body as text.
+/// GETs `path` from `addr`, with `authorization` as the `Authorization` header when given
+/// (see [`super::auth::Access::authorization`]): the status code and the body as text.
 pub async fn get(
     addr: SocketAddr,
     path: &str,
+    authorization: Option<&Secret>,
     timeout: Duration,
 ) -> Result<(u16, String), GetError> {
     let failed = |message: String| GetError::Failed { addr, message };
@@ -34,10 +38,19 @@ pub async fn get(
             .await
             .map_err(|e| failed(e.to_string()))?;
         let driver = tokio::spawn(connection);
-        let request = Request::get(path)
+        let mut request = Request::get(path)
             .header(hyper::header::HOST, addr.to_string())
             .body(Empty::<Bytes>::new())
             .map_err(|e| failed(e.to_string()))?;
+        if let Some(authorization) = authorization {
+            // The settings refuse credentials a header cannot carry; the error names no value.
+            let mut value = hyper::header::HeaderValue::from_str(authorization.expose())
+                .map_err(|_| failed("the credentials cannot be sent in a header".into()))?;
+            value.set_sensitive(true);
+            request
+                .headers_mut()
+                .insert(hyper::header::AUTHORIZATION, value);
+        }
         let response = sender
             .send_request(request)
             .await

@@ -6,15 +6,19 @@
 //! app record into [`Metrics`]; what the endpoints answer is supplied from above through
 //! [`server::Endpoints`].
 //!
+//! - [`auth`]: who may read `/metrics` and `/status` (bearer token, basic auth)
 //! - [`client`]: a GET against a running relay's endpoints (`sluice status`, tests)
 //! - [`labels`]: bounded label values (only configured tenants get their own)
+//! - [`listen`]: `[telemetry] listen` (`host:port`, host an IP or a name) and its resolution
 //! - [`metrics`]: the metric families and the recording calls
 //! - [`process`]: process CPU, memory and start time, read at scrape time
 //! - [`server`]: the HTTP endpoints, one background service
 //! - [`settings`]: the `[telemetry]` section
 
+pub mod auth;
 pub mod client;
 pub mod labels;
+pub mod listen;
 pub mod metrics;
 pub mod process;
 pub mod server;

@@ -2,7 +2,8 @@
 //! (alive, workers running), `/readyz` (database and broker reachable) and `/status` (JSON).
 //! One background service; what each endpoint answers comes from [`Endpoints`], so this module
 //! knows nothing of the relay. Every answer is read from memory: a scrape never queries the
-//! database.
+//! database. `/metrics` and `/status` require the credentials of [`Access`], if any;
+//! `/healthz` and `/readyz` never do (kubelet probes send none).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,6 +16,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
+use super::auth::{Access, SharedAccess};
+use super::listen::ListenAddr;
 use crate::shutdown::Shutdown;
 
 /// The Prometheus text format's content type.
@@ -37,13 +40,32 @@ pub trait Endpoints: Send + Sync + 'static {
     fn status(&self) -> serde_json::Value;
 }
 
-/// Binds the listening socket (at start-up, so a taken port fails the start).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+/// Binds the listening socket (at start-up, so a taken port fails the start). A name that
+/// resolves to several addresses is served on the first that can be bound, IPv4 first (see
+/// [`ListenAddr::resolve`]); the error is the last address's.
+pub async fn bind(listen: &ListenAddr) -> std::io::Result<TcpListener> {
+    let mut failed = None;
+    for addr in listen.resolve().await? {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => {
+                tracing::debug!(address = %addr, error = %e, "telemetry server: cannot bind");
+                failed = Some(std::io::Error::new(e.kind(), format!("{addr}: {e}")));
+            }
+        }
+    }
+    Err(failed.unwrap_or_else(|| std::io::Error::other("no address to bind")))
 }
 
 /// Serves `endpoints` on `listener` until `stop` fires; open connections are closed then.
-pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>, mut stop: Shutdown) {
+/// `/metrics` and `/status` answer 401 to a request without the credentials `access` names
+/// at the time of the request.
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Arc<dyn Endpoints>,
+    access: Arc<SharedAccess>,
+    mut stop: Shutdown,
+) {
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -60,10 +82,12 @@ pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>, mut sto
             }
         };
         let endpoints = Arc::clone(&endpoints);
+        let access = Arc::clone(&access);
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let endpoints = Arc::clone(&endpoints);
-                async move { Ok::<_, Infallible>(answer(&*endpoints, &request)) }
+                let access = Arc::clone(&access);
+                async move { Ok::<_, Infallible>(answer(&*endpoints, &access.current(), &request)) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -79,7 +103,11 @@ pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>, mut sto
     while connections.join_next().await.is_some() {}
 }
 
-fn answer(endpoints: &dyn Endpoints, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn answer(
+    endpoints: &dyn Endpoints,
+    access: &Access,
+    request: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return respond(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -87,7 +115,17 @@ fn answer(endpoints: &dyn Endpoints, request: &Request<Incoming>) -> Response<Fu
             "GET only\n".into(),
         );
     }
-    match request.uri().path() {
+    let path = request.uri().path();
+    if PROTECTED.contains(&path) {
+        let authorization = request
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if !access.allows(authorization) {
+            return unauthorized(access);
+        }
+    }
+    match path {
         "/metrics" => match endpoints.metrics() {
             Ok(text) => respond(StatusCode::OK, METRICS_CONTENT_TYPE, text),
             Err(_) => respond(
@@ -107,6 +145,27 @@ fn answer(endpoints: &dyn Endpoints, request: &Request<Incoming>) -> Response<Fu
     }
 }
 
+/// The endpoints that need the credentials: what they show is the operator's business, and
+/// `/metrics` can be costly to scrape in a tight loop.
+const PROTECTED: [&str; 2] = ["/metrics", "/status"];
+
+fn unauthorized(access: &Access) -> Response<Full<Bytes>> {
+    let mut response = respond(
+        StatusCode::UNAUTHORIZED,
+        "text/plain",
+        "credentials required: see [telemetry] in the relay's config\n".into(),
+    );
+    if let Some(challenge) = access
+        .challenge()
+        .and_then(|c| hyper::header::HeaderValue::from_str(&c).ok())
+    {
+        response
+            .headers_mut()
+            .insert(hyper::header::WWW_AUTHENTICATE, challenge);
+    }
+    response
+}
+
 fn check(check: Check) -> Response<Full<Bytes>> {
     let status = if check.ok {
         StatusCode::OK
@@ -116,7 +175,10 @@ fn check(check: Check) -> Response<Full<Bytes>> {
     respond(status, JSON, check.body.to_string())
 }
 
+/// Every answer is scrubbed of the configuration's secrets (see [`crate::secret`]): a tenant's
+/// last error in `/status` quotes what its plugin said, a check's body what a dependency said.
 fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let body = crate::secret::scrub(&body).into_owned();
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -129,4 +191,128 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
 /// The address the server listens on, for logs and tests.
 pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::telemetry::auth::Secret;
+    use crate::telemetry::client::get;
+
+    struct Fixed;
+
+    impl Endpoints for Fixed {
+        fn metrics(&self) -> Result<String, std::fmt::Error> {
+            Ok("sluice_up 1\n".into())
+        }
+        fn health(&self) -> Check {
+            Check {
+                ok: true,
+                body: json!({}),
+            }
+        }
+        fn ready(&self) -> Check {
+            Check {
+                ok: true,
+                body: json!({}),
+            }
+        }
+        fn status(&self) -> serde_json::Value {
+            json!({ "tenants": [] })
+        }
+    }
+
+    /// Serves [`Fixed`] with `access` on a free loopback port, bound through a host name.
+    async fn serving(access: Access) -> (SocketAddr, crate::shutdown::ShutdownTrigger) {
+        let (addr, _, stop) = serving_shared(access).await;
+        (addr, stop)
+    }
+
+    /// As [`serving`], with the handle that changes the access while it serves.
+    async fn serving_shared(
+        access: Access,
+    ) -> (
+        SocketAddr,
+        Arc<SharedAccess>,
+        crate::shutdown::ShutdownTrigger,
+    ) {
+        let access = Arc::new(SharedAccess::new(access));
+        let listen = ListenAddr::parse("localhost:0").expect("listen");
+        let listener = bind(&listen).await.expect("bind");
+        let addr = local_addr(&listener).expect("bound");
+        assert!(addr.ip().is_loopback(), "{addr}");
+        let (trigger, stop) = crate::shutdown::channel();
+        tokio::spawn(serve(listener, Arc::new(Fixed), Arc::clone(&access), stop));
+        (addr, access, trigger)
+    }
+
+    async fn code(addr: SocketAddr, path: &str, authorization: Option<&str>) -> u16 {
+        let authorization = authorization.map(Secret::new);
+        get(addr, path, authorization.as_ref(), Duration::from_secs(5))
+            .await
+            .expect("an answer")
+            .0
+    }
+
+    #[tokio::test]
+    async fn metrics_and_status_need_the_token_and_the_probes_do_not() {
+        let access = Access::Bearer(Secret::new("t0ken"));
+        let (addr, stop) = serving(access).await;
+        for path in ["/metrics", "/status"] {
+            assert_eq!(code(addr, path, None).await, 401, "{path}");
+            assert_eq!(code(addr, path, Some("Bearer wrong")).await, 401, "{path}");
+            assert_eq!(
+                code(addr, path, Some("Basic dDBrZW4=")).await,
+                401,
+                "{path}"
+            );
+            assert_eq!(code(addr, path, Some("Bearer t0ken")).await, 200, "{path}");
+        }
+        for path in ["/healthz", "/readyz"] {
+            assert_eq!(code(addr, path, None).await, 200, "{path}");
+        }
+        stop.trigger();
+    }
+
+    #[tokio::test]
+    async fn new_credentials_apply_to_the_next_request() {
+        let (addr, access, stop) = serving_shared(Access::Bearer(Secret::new("old"))).await;
+        assert_eq!(code(addr, "/metrics", Some("Bearer old")).await, 200);
+        access.set(Access::Bearer(Secret::new("new")));
+        assert_eq!(code(addr, "/metrics", Some("Bearer old")).await, 401);
+        assert_eq!(code(addr, "/metrics", Some("Bearer new")).await, 200);
+        stop.trigger();
+    }
+
+    #[tokio::test]
+    async fn without_credentials_configured_everything_is_open() {
+        let (addr, stop) = serving(Access::Open).await;
+        for path in ["/metrics", "/status", "/healthz", "/readyz"] {
+            assert_eq!(code(addr, path, None).await, 200, "{path}");
+        }
+        stop.trigger();
+    }
+
+    #[tokio::test]
+    async fn a_refusal_carries_the_challenge_of_the_scheme() {
+        let access = Access::Basic {
+            username: "prom".into(),
+            password: Secret::new("pw"),
+        };
+        let response = unauthorized(&access);
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            response.headers()[hyper::header::WWW_AUTHENTICATE],
+            "Basic realm=\"sluice\""
+        );
+        let sent = access.authorization().expect("credentials");
+        let (addr, stop) = serving(access).await;
+        assert_eq!(code(addr, "/status", None).await, 401);
+        assert_eq!(code(addr, "/status", Some(sent.expose())).await, 200);
+        stop.trigger();
+    }
 }

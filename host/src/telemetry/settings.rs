@@ -1,10 +1,12 @@
-//! `[telemetry]`: where the HTTP endpoints listen, and how often and how far the backlog is
-//! sampled.
+//! `[telemetry]`: where the HTTP endpoints listen, who may read them, and how often and how
+//! far the backlog is sampled.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use super::auth::{Access, Secret};
+use super::listen::ListenAddr;
 
 /// How often the sampler reads the backlog gauges and checks the database and the broker:
 /// a fraction of a statement per second, and fresh enough for alerts that wait minutes.
@@ -23,12 +25,18 @@ pub const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[telemetry]`; unset keys take their defaults. Without `listen`, no endpoint is served and
-/// nothing is sampled.
+/// nothing is sampled. (`Debug` shows no credential: they are [`Secret`]s.)
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetrySettings {
-    /// Address of `/metrics`, `/healthz`, `/readyz` and `/status` (e.g. `127.0.0.1:9464`).
-    pub listen: Option<SocketAddr>,
+    /// `host:port` of `/metrics`, `/healthz`, `/readyz` and `/status` (e.g. `127.0.0.1:9464`,
+    /// `localhost:9464`); see [`TelemetrySettings::listen_addr`].
+    pub listen: Option<String>,
+    /// Required (`Authorization: Bearer …`) to read `/metrics` and `/status`.
+    pub bearer_token: Option<Secret>,
+    /// With `basic_auth_password`: required (HTTP basic auth) to read `/metrics` and `/status`.
+    pub basic_auth_username: Option<String>,
+    pub basic_auth_password: Option<Secret>,
     #[serde(with = "humantime_serde")]
     pub sample_interval: Duration,
     pub sample_limit: i64,
@@ -41,6 +49,9 @@ impl Default for TelemetrySettings {
     fn default() -> Self {
         Self {
             listen: None,
+            bearer_token: None,
+            basic_auth_username: None,
+            basic_auth_password: None,
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
             sample_limit: DEFAULT_SAMPLE_LIMIT,
             stalled_after: DEFAULT_STALLED_AFTER,
@@ -49,9 +60,35 @@ impl Default for TelemetrySettings {
 }
 
 impl TelemetrySettings {
+    /// `listen` parsed (not resolved: see [`ListenAddr::resolve`]); `None` when unset.
+    pub fn listen_addr(&self) -> Option<Result<ListenAddr, String>> {
+        self.listen.as_deref().map(ListenAddr::parse)
+    }
+
+    /// What `/metrics` and `/status` require. The keys are checked by [`Self::problems`]; of
+    /// a conflicting pair the token wins (a config with both never loads).
+    pub fn access(&self) -> Access {
+        match (
+            &self.bearer_token,
+            &self.basic_auth_username,
+            &self.basic_auth_password,
+        ) {
+            (Some(token), _, _) => Access::Bearer(token.clone()),
+            (None, Some(username), Some(password)) => Access::Basic {
+                username: username.clone(),
+                password: password.clone(),
+            },
+            _ => Access::Open,
+        }
+    }
+
     /// Values that cannot work: key (under `telemetry.`) and why.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut problems = Vec::new();
+        if let Some(Err(message)) = self.listen_addr() {
+            problems.push(("listen", message));
+        }
+        problems.extend(self.auth_problems());
         if self.sample_interval < Duration::from_secs(1) {
             problems.push(("sample_interval", "must be at least 1s".to_owned()));
         }
@@ -62,5 +99,160 @@ impl TelemetrySettings {
             problems.push(("sample_limit", "must be at least 1".to_owned()));
         }
         problems
+    }
+
+    /// The credential keys: one scheme at most, complete, and sendable in an HTTP header.
+    /// Messages never quote a value.
+    fn auth_problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        let basic = self.basic_auth_username.is_some() || self.basic_auth_password.is_some();
+        if self.bearer_token.is_some() && basic {
+            problems.push((
+                "bearer_token",
+                "set either bearer_token or basic_auth_username and basic_auth_password, \
+                 not both"
+                    .to_owned(),
+            ));
+        }
+        if let Some(token) = &self.bearer_token {
+            let token = token.expose();
+            if token.is_empty() {
+                problems.push((
+                    "bearer_token",
+                    "is empty (an empty file or variable?); remove the key to leave the \
+                     endpoints open"
+                        .to_owned(),
+                ));
+            } else if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                problems.push((
+                    "bearer_token",
+                    "contains spaces, line breaks or non-ASCII characters, which an \
+                     Authorization header cannot carry (a file with an extra line?)"
+                        .to_owned(),
+                ));
+            }
+        }
+        match (&self.basic_auth_username, &self.basic_auth_password) {
+            (Some(_), None) => problems.push((
+                "basic_auth_password",
+                "missing: basic_auth_username needs basic_auth_password".to_owned(),
+            )),
+            (None, Some(_)) => problems.push((
+                "basic_auth_username",
+                "missing: basic_auth_password needs basic_auth_username".to_owned(),
+            )),
+            _ => {}
+        }
+        if let Some(username) = &self.basic_auth_username {
+            if username.is_empty() {
+                problems.push(("basic_auth_username", "is empty".to_owned()));
+            } else if username.contains(':') || username.chars().any(char::is_control) {
+                problems.push((
+                    "basic_auth_username",
+                    "must not contain a colon or control characters (basic auth separates \
+                     the user name from the password with a colon)"
+                        .to_owned(),
+                ));
+            }
+        }
+        if let Some(password) = &self.basic_auth_password {
+            if password.expose().is_empty() {
+                problems.push((
+                    "basic_auth_password",
+                    "is empty (an empty file or variable?)".to_owned(),
+                ));
+            } else if password.expose().chars().any(char::is_control) {
+                problems.push((
+                    "basic_auth_password",
+                    "contains line breaks or other control characters (a file with an extra \
+                     line?)"
+                        .to_owned(),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(toml_text: &str) -> TelemetrySettings {
+        toml::from_str(toml_text).unwrap_or_else(|e| panic!("{toml_text}: {e}"))
+    }
+
+    fn keys(s: &TelemetrySettings) -> Vec<&'static str> {
+        s.problems().into_iter().map(|(key, _)| key).collect()
+    }
+
+    #[test]
+    fn listen_takes_a_host_name_and_names_a_missing_port() {
+        let s = settings("listen = \"localhost:9464\"");
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        let s = settings("listen = \"localhost\"");
+        let problems = s.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "listen");
+        assert!(problems[0].1.contains("has no port"), "{problems:?}");
+    }
+
+    #[test]
+    fn no_credentials_leave_the_endpoints_open() {
+        let s = settings("listen = \"127.0.0.1:9464\"");
+        assert_eq!(s.access(), Access::Open);
+        assert!(s.problems().is_empty());
+    }
+
+    #[test]
+    fn a_bearer_token_or_a_user_and_password_protect_the_endpoints() {
+        let s = settings("bearer_token = \"abc\"");
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        assert_eq!(s.access(), Access::Bearer(Secret::new("abc")));
+        let s = settings("basic_auth_username = \"prom\"\nbasic_auth_password = \"pw\"");
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        assert!(matches!(s.access(), Access::Basic { username, .. } if username == "prom"));
+    }
+
+    #[test]
+    fn token_and_basic_auth_exclude_each_other() {
+        let s = settings(
+            "bearer_token = \"abc\"\nbasic_auth_username = \"prom\"\nbasic_auth_password = \"pw\"",
+        );
+        let problems = s.problems();
+        assert_eq!(keys(&s), ["bearer_token"], "{problems:?}");
+        assert!(
+            problems[0].1.contains("basic_auth_username"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn basic_auth_needs_both_keys() {
+        let s = settings("basic_auth_username = \"prom\"");
+        assert_eq!(keys(&s), ["basic_auth_password"]);
+        assert_eq!(s.access(), Access::Open);
+        let s = settings("basic_auth_password = \"pw\"");
+        assert_eq!(keys(&s), ["basic_auth_username"]);
+    }
+
+    #[test]
+    fn empty_or_unsendable_credentials_are_refused_without_showing_them() {
+        let s = settings("bearer_token = \"\"");
+        assert_eq!(keys(&s), ["bearer_token"]);
+        assert!(s.problems()[0].1.contains("is empty"));
+        let s = settings("bearer_token = \"tok3n-x\\n\\n\"");
+        assert_eq!(keys(&s), ["bearer_token"]);
+        let s = settings("basic_auth_username = \"a:b\"\nbasic_auth_password = \"tok3n-x\"");
+        assert_eq!(keys(&s), ["basic_auth_username"]);
+        let s = settings("basic_auth_username = \"a\"\nbasic_auth_password = \"\"");
+        assert_eq!(keys(&s), ["basic_auth_password"]);
+        for s in [
+            settings("bearer_token = \"tok3n-x\\n\\n\""),
+            settings("bearer_token = \"tok3n-x\"\nbasic_auth_username = \"u\""),
+        ] {
+            let shown = format!("{:?} {s:?}", s.problems());
+            assert!(!shown.contains("tok3n-x"), "{shown}");
+        }
     }
 }

@@ -43,6 +43,9 @@ What the SDK takes care of, so plugin code need not know the runtime's rules:
 - ``print()`` and anything written to ``sys.stdout`` / ``sys.stderr`` during a call go to
   Sluice's log (at info / warn level, one entry per line): the component's own stdout and
   stderr are discarded by the host.
+
+``row.id`` is the outbox id as a ``str``, whatever the id column's type: ``"42"`` for an
+integer id, a uuid's canonical lower-case text, a text id as the database returns it.
 """
 
 import sys
@@ -173,8 +176,9 @@ class TransformError(Exception):
 
 
 class ConfigError(ValueError):
-    """A bad ``config`` table; its text becomes ``configure``'s error, which stops
-    ``sluice run`` at start-up."""
+    """A bad ``config`` table; its text becomes ``configure``'s error, with which
+    ``sluice run`` quarantines the tenant (its rows wait; with ``strict_startup`` it refuses
+    to start)."""
 
 
 class Config:
@@ -221,7 +225,8 @@ class Plugin:
     @classmethod
     def configure(cls, config: Config) -> "Plugin":
         """Builds the plugin from the tenant's config. Raise :class:`ConfigError` (or any
-        exception) to refuse it; the message stops ``sluice run`` at start-up."""
+        exception) to refuse it: ``sluice run`` then quarantines the tenant with the message
+        (its rows wait, starting is retried; with ``strict_startup`` it refuses to start)."""
         config.allow_only([])
         return cls()
 

@@ -1,13 +1,15 @@
-// {{name}}: a Sluice plugin. Routes each outbox row to `<topic_prefix><aggregate_type>`
-// (prefix default `events.`), keyed by the aggregate id, with the payload unchanged and the
-// row's headers plus `event-type`. A row without an aggregate type is dead-lettered.
+// {{name}}: a Sluice plugin. As it comes, it does what the builtin `route-by-aggregate` does
+// (the defaults of Debezium's Outbox Event Router): each outbox row goes to
+// `<topic_prefix><aggregate_type>` (prefix default `outbox.event.`), keyed by the aggregate
+// id, with the payload unchanged and the row's headers plus `id` (the outbox id) and
+// `event-type`. A row without an aggregate type is dead-lettered.
 //
 // Change `transform` to route your rows; keep rows.jsonl/expected.jsonl in step (see
 // README.md). The runtime is QuickJS: no Node.js or browser APIs (no fs, fetch, TextEncoder).
 
 import { Message, Plugin, TransformError, exportPlugin } from "./sluice-plugin.js";
 
-const DEFAULT_TOPIC_PREFIX = "events.";
+const DEFAULT_TOPIC_PREFIX = "outbox.event.";
 
 class Router extends Plugin {
   static NAME = "{{name}}";
@@ -35,6 +37,9 @@ class Router extends Plugin {
         .key(row.aggregateId)
         .payload(row.payload)
         .headers(row.headers)
+        // Consumers of Debezium's router de-duplicate on `id`; keep it when you change the
+        // routing (the host adds the unforgeable `sluice-outbox-id` as well).
+        .header("id", row.id)
         .header("event-type", row.eventType),
     ];
   }

@@ -1,6 +1,8 @@
-"""{{name}}: a Sluice plugin. Routes each outbox row to ``<topic_prefix><aggregate_type>``
-(prefix default ``events.``), keyed by the aggregate id, with the payload unchanged and the
-row's headers plus ``event-type``. A row without an aggregate type is dead-lettered.
+"""{{name}}: a Sluice plugin. As it comes, it does what the builtin ``route-by-aggregate`` does
+(the defaults of Debezium's Outbox Event Router): each outbox row goes to
+``<topic_prefix><aggregate_type>`` (prefix default ``outbox.event.``), keyed by the aggregate
+id, with the payload unchanged and the row's headers plus ``id`` (the outbox id) and
+``event-type``. A row without an aggregate type is dead-lettered.
 
 Change ``transform`` to route your rows; keep rows.jsonl/expected.jsonl in step (see
 README.md). Import every module here, at the top: an import first reached inside a call
@@ -9,7 +11,7 @@ traps (the plugin has no file system at run time).
 
 from sluice_plugin import Config, OutboxRow, Plugin, TransformError, export, message
 
-DEFAULT_TOPIC_PREFIX = "events."
+DEFAULT_TOPIC_PREFIX = "outbox.event."
 
 
 class Router(Plugin):
@@ -35,7 +37,9 @@ class Router(Plugin):
                 self.topic_prefix + row.aggregate_type,
                 key=row.aggregate_id,
                 payload=row.payload,
-                headers=[*row.headers, ("event-type", row.event_type)],
+                # Consumers of Debezium's router de-duplicate on ``id``; keep it when you
+                # change the routing (the host adds the unforgeable ``sluice-outbox-id`` too).
+                headers=[*row.headers, ("id", row.id), ("event-type", row.event_type)],
             )
         ]
 

@@ -194,10 +194,15 @@ pub enum PluginCommand {
     Check { file: PathBuf },
     /// Run rows (JSON lines with the outbox columns) through a plugin, on the relay's own code
     /// path, and print the messages; with --expect, compare them with a golden file (exit 3 on
-    /// a difference).
+    /// a difference). With --config sluice.toml --tenant T, run them as tenant T of that file
+    /// (its plugin, config, allowed_topics and limits, as `sluice run` resolves them).
     Test {
-        /// The plugin component (.wasm).
-        #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
+        /// The plugin component (.wasm); with --tenant, replaces the tenant's plugin (its
+        /// config and limits stay).
+        #[arg(
+            required_unless_present_any = ["builtin", "config"],
+            conflicts_with = "builtin"
+        )]
         file: Option<PathBuf>,
         /// A plugin built into Sluice instead of a file (e.g. route-by-aggregate).
         #[arg(long, value_name = "NAME")]
@@ -205,9 +210,19 @@ pub enum PluginCommand {
         /// JSON-lines file of rows, or `-` for standard input.
         #[arg(long)]
         input: PathBuf,
-        /// Plugin config entry passed to `configure` (repeatable).
-        #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_pair)]
-        config: Vec<(String, String)>,
+        /// Plugin config entry passed to `configure` (repeatable); with --tenant, added to
+        /// (and overriding) the tenant's config.
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_pair)]
+        set: Vec<(String, String)>,
+        /// The sluice.toml to take --tenant from. (Deprecated: `--config KEY=VALUE` is the old
+        /// spelling of `--set KEY=VALUE` and still works, with a warning.)
+        #[arg(long, short, value_name = "SLUICE.TOML")]
+        config: Vec<String>,
+        /// Run every row as this tenant of --config: its [tenants.<name>] entry completed from
+        /// [plugins.default] as `sluice run` does; a name without an entry runs
+        /// [plugins.default].
+        #[arg(long, value_name = "NAME", requires = "config")]
+        tenant: Option<String>,
         /// Golden file: print nothing but a diff, and exit 3, if the output differs from it.
         #[arg(long, value_name = "FILE")]
         expect: Option<PathBuf>,

@@ -23,6 +23,7 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 const DRAIN_ROWS_FAILED: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    sluice::secret::install_panic_hook();
     // `config check` reports what it finds as its list of problems: the log lines of the work
     // it does (a plugin that cannot start, a broker that does not answer) would say it twice.
     if !matches!(cli.command, Command::Config { .. }) {
@@ -31,10 +32,28 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", sluice::secret::scrub(&error_chain(&e)));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: `-separated, each cause left out when the text so far already
+/// says it: many errors (sqlx's, and ours that wrap them) repeat their cause in their own
+/// message, and `{:#}` would print it two or three times.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -134,4 +153,27 @@ async fn dead(target: admin::Target<'_>, command: DeadCommand) -> anyhow::Result
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect: {source}")]
+    struct Wrapping {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_the_message_already_says_is_not_repeated() {
+        let io = std::io::Error::other("certificate verify failed (hostname mismatch)");
+        let e = anyhow::Error::new(Wrapping { source: io }).context("opening the store");
+        assert_eq!(
+            error_chain(&e),
+            "opening the store: cannot connect: certificate verify failed (hostname mismatch)"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
+    }
 }

@@ -5,13 +5,15 @@ use std::process::ExitCode;
 
 use sluice::app::status::{self, StatusSource};
 use sluice::config::Config;
+use sluice::secret::scrub;
 
 pub async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     let (report, source) = status::status(config).await?;
+    // Scrubbed like every output: a tenant's state may quote a plugin's error text.
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", scrub(&serde_json::to_string_pretty(&report)?));
     } else {
-        print!("{}", status::render_table(&report));
+        print!("{}", scrub(&status::render_table(&report)));
     }
     match source {
         StatusSource::DatabaseAndRelay(addr) => {
@@ -27,23 +29,49 @@ pub async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints each problem (`<file>: <key>: <message>`), then each warning (`<file>: warning:
+/// <key>: <message>`), then `OK` when there is no problem; the counts on stderr. Warnings
+/// alone exit 0.
 pub async fn config_check(path: &Path, connect: bool) -> anyhow::Result<ExitCode> {
-    let problems = sluice::app::check::check(path, connect).await;
-    if problems.is_empty() {
-        let what = if connect {
-            "config, plugins, table and broker"
-        } else {
-            "config and plugins"
-        };
-        println!("{}: OK ({what})", path.display());
-        return Ok(ExitCode::SUCCESS);
+    let report = sluice::app::check::check(path, connect).await;
+    let (problems, warnings) = (&report.problems, &report.warnings);
+    for problem in problems {
+        println!("{}: {}", path.display(), scrub(&problem.to_string()));
     }
-    for problem in &problems {
-        println!("{}: {problem}", path.display());
+    for warning in warnings {
+        println!(
+            "{}: warning: {}",
+            path.display(),
+            scrub(&warning.to_string())
+        );
     }
-    match problems.len() {
-        1 => eprintln!("1 problem"),
-        n => eprintln!("{n} problems"),
+    let counts: Vec<String> = [
+        count(problems.len(), "problem", "problems"),
+        count(warnings.len(), "warning", "warnings"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !counts.is_empty() {
+        eprintln!("{}", counts.join(", "));
     }
-    Ok(ExitCode::FAILURE)
+    if !problems.is_empty() {
+        return Ok(ExitCode::FAILURE);
+    }
+    let what = if connect {
+        "config, plugins, table and broker"
+    } else {
+        "config and plugins"
+    };
+    println!("{}: OK ({what})", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `1 problem`, `2 problems`; nothing for none.
+fn count(n: usize, one: &str, many: &str) -> Option<String> {
+    match n {
+        0 => None,
+        1 => Some(format!("1 {one}")),
+        n => Some(format!("{n} {many}")),
+    }
 }

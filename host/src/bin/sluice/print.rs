@@ -22,7 +22,8 @@ pub fn migrated(migrated: &Migrated, trigger: &TriggerChange) {
 /// `sluice dead list`: one tab-separated line per row. The columns are the application's
 /// text: printed escaped and bounded.
 pub fn dead_rows(rows: &[DeadRow]) -> std::io::Result<()> {
-    let safe = |text: &str| bounded(text, MAX_LOGGED).into_owned();
+    // A row's last error quotes what a plugin or the broker said: scrubbed like every output.
+    let safe = |text: &str| sluice::secret::scrub(&bounded(text, MAX_LOGGED)).into_owned();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::config::Config;
 use crate::model::OutboundMessage;
 use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::plugin::router::compile_cache;
@@ -65,8 +66,9 @@ pub struct TestSummary {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct InputRow {
+    /// A JSON number (an integer key) or string (a uuid, a ULID …), as the table's key.
     #[serde(default)]
-    id: Option<i64>,
+    id: Option<Value>,
     #[serde(default)]
     tenant: Option<String>,
     aggregate_type: String,
@@ -87,10 +89,12 @@ struct InputRow {
 }
 
 /// What `sluice plugin test` runs: a plugin, its config, and the limits and call grouping
-/// that `sluice run` would give it.
+/// that `sluice run` would give it — on their own, or on top of a tenant of a `sluice.toml`.
 #[derive(Debug, Clone)]
 pub struct TestOptions {
-    pub source: PluginSource,
+    /// The plugin; with `tenant`, replaces the tenant's (e.g. a new build of it).
+    pub source: Option<PluginSource>,
+    /// `configure` pairs; with `tenant`, added to (and overriding) the tenant's `config`.
     pub config: Vec<(String, String)>,
     /// `memory_mb`; default as in `sluice.toml`.
     pub memory_mb: Option<u64>,
@@ -101,29 +105,118 @@ pub struct TestOptions {
     /// Rows per plugin call from the first row on (1: `transform` row by row); `None`: as
     /// the relay does (row by row for a probation, then `transform-batch` chunks).
     pub batch_size: Option<usize>,
+    /// Run every row as this tenant of a `sluice.toml`.
+    pub tenant: Option<ConfiguredTenant>,
+}
+
+/// A tenant of a `sluice.toml` as `sluice run` resolves it: its own `[tenants.<name>]` entry
+/// completed from `[plugins.default]` ([`PluginSpec::inherit`]), or — for a name without an
+/// entry — `[plugins.default]` itself.
+#[derive(Debug, Clone)]
+pub struct ConfiguredTenant {
+    pub name: String,
+    /// The resolved plugin, config and limits.
+    pub spec: PluginSpec,
+    /// Whether the file has a `[tenants.<name>]` entry (else the default plugin runs).
+    pub configured: bool,
+    /// The file's `[plugins]` (its compile cache, instance cap).
+    plugins: PluginsSettings,
+}
+
+impl ConfiguredTenant {
+    /// Tenant `name` of `config`. Problems of the file's `[plugins]` and of this tenant's
+    /// entry are errors; the rest of the file (database, broker) is not needed here.
+    pub fn of(config: &Config, name: &str) -> anyhow::Result<Self> {
+        let own_key = format!("tenants.{name}");
+        let problems: Vec<String> = config
+            .problems()
+            .into_iter()
+            .filter(|p| {
+                p.key.starts_with("plugins")
+                    || p.key == own_key
+                    || p.key.starts_with(&format!("{own_key}."))
+            })
+            .map(|p| p.to_string())
+            .collect();
+        if !problems.is_empty() {
+            anyhow::bail!("{}", problems.join("; "));
+        }
+        let default = config.plugins.default.as_ref();
+        let (spec, configured) = match config.tenants.get(name) {
+            Some(entry) => (entry.inherit(default), true),
+            None => match default {
+                Some(default) => (default.clone(), false),
+                None => anyhow::bail!(
+                    "tenant {name:?} has no [tenants.{name}] entry and there is no \
+                     [plugins.default]: sluice run has no plugin for its rows"
+                ),
+            },
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            spec,
+            configured,
+            plugins: config.plugins.clone(),
+        })
+    }
 }
 
 impl TestOptions {
-    /// The `[plugins.default]` entry these options amount to.
-    fn spec(&self) -> PluginSpec {
-        let (path, builtin) = match &self.source {
-            PluginSource::Wasm(path) => (Some(path.clone()), None),
-            PluginSource::Builtin(name) => (None, Some(name.clone())),
+    /// The plugin entry these options amount to: the tenant's, or a plain one, with the
+    /// options on top.
+    fn spec(&self) -> anyhow::Result<PluginSpec> {
+        let mut spec = match &self.tenant {
+            Some(tenant) => tenant.spec.clone(),
+            None => PluginSpec::default(),
         };
-        PluginSpec {
-            path,
-            builtin,
-            config: Some(
-                self.config
-                    .iter()
-                    .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
-                    .collect(),
+        match &self.source {
+            Some(PluginSource::Wasm(path)) => {
+                (spec.path, spec.builtin) = (Some(path.clone()), None)
+            }
+            Some(PluginSource::Builtin(name)) => {
+                (spec.path, spec.builtin) = (None, Some(name.clone()))
+            }
+            None if spec.source().is_none() => {
+                anyhow::bail!("no plugin: give a plugin file, --builtin NAME or a tenant")
+            }
+            None => {}
+        }
+        let config = spec.config.get_or_insert_with(Default::default);
+        for (k, v) in &self.config {
+            config.insert(k.clone(), toml::Value::String(v.clone()));
+        }
+        spec.memory_mb = self.memory_mb.or(spec.memory_mb);
+        spec.call_timeout = self.call_timeout.or(spec.call_timeout);
+        spec.recycle_memory_percent = self.recycle_memory_percent.or(spec.recycle_memory_percent);
+        spec.call_batch_rows = self.batch_size;
+        Ok(spec)
+    }
+
+    /// The plugin settings the router starts from: a tenant with its own entry runs as a
+    /// configured tenant, as in `sluice run`; anything else runs the spec as
+    /// `[plugins.default]`.
+    fn settings(&self, spec: PluginSpec) -> (PluginsSettings, BTreeMap<String, PluginSpec>) {
+        let mut settings = PluginsSettings {
+            // A plugin that cannot start is the answer, not a quarantine to wait out.
+            strict_startup: true,
+            ..PluginsSettings::default()
+        };
+        if let Some(tenant) = &self.tenant {
+            // The file's compile cache, as `sluice run` would use.
+            settings.cache_dir = tenant.plugins.cache_dir.clone();
+            settings.cache_max_mb = tenant.plugins.cache_max_mb;
+        }
+        match &self.tenant {
+            Some(tenant) if tenant.configured => {
+                (settings, BTreeMap::from([(tenant.name.clone(), spec)]))
+            }
+            _ => (
+                PluginsSettings {
+                    default: Some(spec),
+                    ..settings
+                },
+                BTreeMap::new(),
             ),
-            memory_mb: self.memory_mb,
-            call_timeout: self.call_timeout,
-            recycle_memory_percent: self.recycle_memory_percent,
-            call_batch_rows: self.batch_size,
-            ..PluginSpec::default()
         }
     }
 }
@@ -151,17 +244,13 @@ pub fn run(
     input: impl BufRead,
     mut out: impl Write,
 ) -> anyhow::Result<TestSummary> {
-    let spec = options.spec();
+    let spec = options.spec()?;
     if let Some((key, message)) = spec.problems("plugin", true).into_iter().next() {
         anyhow::bail!("{key}: {message}");
     }
-    let settings = PluginsSettings {
-        default: Some(spec),
-        // A plugin that cannot start is the answer, not a quarantine to wait out.
-        strict_startup: true,
-        ..PluginsSettings::default()
-    };
-    let router = PluginRouter::from_settings(&settings, &BTreeMap::new())?;
+    let (settings, tenants) = options.settings(spec);
+    let router = PluginRouter::from_settings(&settings, &tenants)?;
+    let tenant = options.tenant.as_ref().map(|t| t.name.as_str());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -174,7 +263,7 @@ pub fn run(
         if line.trim().is_empty() {
             continue;
         }
-        match parse_row(&line, line_no) {
+        match parse_row(&line, line_no, tenant) {
             Ok(row) => {
                 chunk.push(Entry::Row(row));
                 rows_in_chunk += 1;
@@ -272,10 +361,13 @@ fn write_result(
         }
         Err(failure) => {
             summary.failed_rows += 1;
+            // Scrubbed as `last_error` is: with `--tenant`, the plugin's config may hold
+            // secrets that an error quotes.
+            let error = crate::secret::scrub(&failure.to_string()).into_owned();
             writeln!(
                 out,
                 "{}",
-                json!({ "row": row.id, "error": failure.to_string(), "kind": kind(&failure) })
+                json!({ "row": row.id, "error": error, "kind": kind(&failure) })
             )
         }
     }
@@ -294,9 +386,38 @@ fn kind(failure: &TransformFailure) -> &'static str {
     }
 }
 
-fn parse_row(line: &str, line_no: usize) -> Result<OutboxRow, String> {
+/// One input line as a row; `tenant`: the tenant every row runs as (`--tenant`), which a
+/// row's own `tenant` may only repeat.
+fn parse_row(line: &str, line_no: usize, tenant: Option<&str>) -> Result<OutboxRow, String> {
     let input: InputRow =
         serde_json::from_str(line).map_err(|e| format!("line {line_no}: invalid row: {e}"))?;
+    let id = match input.id {
+        None => OutboxId::Int(line_no as i64),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(n) => OutboxId::Int(n),
+            None => {
+                return Err(format!(
+                    "line {line_no}: id {n} is not a 64-bit integer (write it as a string)"
+                ));
+            }
+        },
+        Some(Value::String(s)) => OutboxId::Text(s.into()),
+        Some(other) => {
+            return Err(format!(
+                "line {line_no}: id must be a number or a string, got {other}"
+            ));
+        }
+    };
+    let tenant = match (tenant, input.tenant) {
+        (Some(forced), Some(own)) if own != forced => {
+            return Err(format!(
+                "line {line_no}: tenant {own:?}, but every row runs as tenant {forced:?} \
+                 (--tenant); leave `tenant` out"
+            ));
+        }
+        (Some(forced), _) => Some(forced.to_owned()),
+        (None, own) => own,
+    };
     let payload = match (&input.payload, &input.payload_text, &input.payload_base64) {
         (Some(v), None, None) => v.to_string().into_bytes(),
         (None, Some(t), None) => t.clone().into_bytes(),
@@ -322,8 +443,8 @@ fn parse_row(line: &str, line_no: usize) -> Result<OutboxRow, String> {
         })
         .collect::<Result<_, _>>()?;
     Ok(OutboxRow {
-        id: OutboxId::Int(input.id.unwrap_or(line_no as i64)),
-        tenant: TenantId::from_column(input.tenant),
+        id,
+        tenant: TenantId::from_column(tenant),
         aggregate_type: input.aggregate_type,
         aggregate_id: input.aggregate_id,
         event_type: input.event_type,
@@ -362,6 +483,7 @@ mod tests {
         let row = parse_row(
             r#"{"aggregate_type":"order","aggregate_id":"1","event_type":"created","payload":{"a":1}}"#,
             3,
+            None,
         )
         .unwrap();
         assert_eq!(row.payload, br#"{"a":1}"#);
@@ -371,9 +493,122 @@ mod tests {
 
     #[test]
     fn missing_column_names_the_line_and_field() {
-        let err = parse_row(r#"{"aggregate_type":"order","event_type":"x"}"#, 7).unwrap_err();
+        let err = parse_row(r#"{"aggregate_type":"order","event_type":"x"}"#, 7, None).unwrap_err();
         assert!(
             err.contains("line 7") && err.contains("aggregate_id"),
+            "{err}"
+        );
+    }
+
+    const ROW: &str = r#""aggregate_type":"order","aggregate_id":"1","event_type":"created""#;
+
+    #[test]
+    fn any_id_passes_through_as_the_table_would_give_it() {
+        let id = |id: &str| parse_row(&format!("{{\"id\":{id},{ROW}}}"), 1, None).map(|r| r.id);
+        assert_eq!(id("42"), Ok(OutboxId::Int(42)));
+        let uuid = "0b9f4c1e-7d0a-4c55-9a55-3f1c1b8e2d10";
+        assert_eq!(id(&format!("\"{uuid}\"")), Ok(OutboxId::Text(uuid.into())));
+        assert_eq!(id("\"evt-01\""), Ok(OutboxId::Text("evt-01".into())));
+        // A string stays a string (a text key "42" is not the integer 42).
+        assert_eq!(id("\"42\""), Ok(OutboxId::Text("42".into())));
+        for bad in ["1.5", "18446744073709551615", "true", "[1]"] {
+            let err = id(bad).unwrap_err();
+            assert!(err.contains("line 1") && err.contains("id"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_forced_tenant_applies_to_every_row_and_a_different_one_is_refused() {
+        let row = parse_row(&format!("{{{ROW}}}"), 1, Some("acme")).unwrap();
+        assert_eq!(row.tenant, TenantId::named("acme"));
+        let row = parse_row(&format!("{{\"tenant\":\"acme\",{ROW}}}"), 1, Some("acme")).unwrap();
+        assert_eq!(row.tenant, TenantId::named("acme"));
+        let err =
+            parse_row(&format!("{{\"tenant\":\"zeta\",{ROW}}}"), 2, Some("acme")).unwrap_err();
+        assert!(
+            err.contains("line 2") && err.contains("zeta") && err.contains("--tenant"),
+            "{err}"
+        );
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, Path::new("sluice.toml")).unwrap()
+    }
+
+    const FILE: &str = "[database]\nurl = \"x\"\n\
+        [plugins.default]\nbuiltin = \"route-by-aggregate\"\nconfig = { topic_prefix = \"d.\" }\n\
+        memory_mb = 64\nallowed_topics = [\"d.*\"]\n\
+        [tenants.acme]\npath = \"acme.wasm\"\nconfig = { topic_prefix = \"a.\", mode = \"x\" }\n\
+        allowed_topics = [\"a.*\"]\n\
+        [tenants.plain]\ncall_timeout = \"20ms\"\n";
+
+    #[test]
+    fn a_tenant_is_resolved_as_the_relay_does_and_options_go_on_top() {
+        let file = config(FILE);
+        let acme = ConfiguredTenant::of(&file, "acme").unwrap();
+        assert!(acme.configured);
+        assert_eq!(
+            acme.spec,
+            file.tenants["acme"].inherit(file.plugins.default.as_ref())
+        );
+        let options = TestOptions {
+            source: None,
+            config: vec![("mode".into(), "y".into())],
+            memory_mb: None,
+            call_timeout: Some(Duration::from_millis(5)),
+            recycle_memory_percent: None,
+            batch_size: None,
+            tenant: Some(acme),
+        };
+        let spec = options.spec().unwrap();
+        assert_eq!(spec.source(), Some(PluginSource::Wasm("acme.wasm".into())));
+        assert_eq!(
+            spec.config_pairs(),
+            vec![
+                ("mode".to_owned(), "y".to_owned()),
+                ("topic_prefix".to_owned(), "a.".to_owned())
+            ],
+            "--set overrides the tenant's key and keeps the others"
+        );
+        assert_eq!(spec.allowed_topics, Some(vec!["a.*".to_owned()]));
+        assert_eq!(spec.memory_mb, Some(64), "the platform limit");
+        assert_eq!(
+            spec.call_timeout,
+            Some(Duration::from_millis(5)),
+            "the flag"
+        );
+        let (settings, tenants) = options.settings(spec);
+        assert!(settings.default.is_none() && tenants.contains_key("acme"));
+
+        // A plugin argument replaces the tenant's plugin, nothing else.
+        let replaced = TestOptions {
+            source: Some(PluginSource::Builtin("route-by-aggregate".into())),
+            ..options
+        };
+        let spec = replaced.spec().unwrap();
+        assert_eq!(spec.path, None);
+        assert_eq!(spec.allowed_topics, Some(vec!["a.*".to_owned()]));
+
+        let plain = ConfiguredTenant::of(&file, "plain").unwrap();
+        assert_eq!(plain.spec.allowed_topics, Some(vec!["d.*".to_owned()]));
+        assert_eq!(plain.spec.call_timeout, Some(Duration::from_millis(20)));
+        // A name without an entry runs [plugins.default], as in `sluice run`.
+        let other = ConfiguredTenant::of(&file, "other").unwrap();
+        assert!(!other.configured);
+        assert_eq!(Some(&other.spec), file.plugins.default.as_ref());
+        let err = ConfiguredTenant::of(&config("[database]\nurl = \"x\"\n"), "other")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[plugins.default]"), "{err}");
+        // Problems of the entry are errors; the database's are not this command's.
+        let broken = FILE
+            .replace("url = \"x\"\n", "")
+            .replace("memory_mb = 64", "memory_mb = 0");
+        let err = ConfiguredTenant::of(&config(&broken), "acme")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("plugins.default.memory_mb") && !err.contains("database"),
             "{err}"
         );
     }

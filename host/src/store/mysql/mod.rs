@@ -16,6 +16,7 @@
 mod admin;
 mod batch;
 mod migrate;
+mod privileges;
 mod prune;
 mod rows;
 mod sample;
@@ -126,6 +127,20 @@ impl MyStore {
             pool,
             statements: Arc::new(Statements::new(MySql::new(layout), options)),
         })
+    }
+
+    /// Opens new connections with `url` from now on (rotated credentials); connections in
+    /// use, and the transactions on them, are not touched. Then tries one connection with it.
+    pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
+        let connect_error = |source| StoreError::Connect {
+            url: super::redact(url),
+            source,
+        };
+        let options: MySqlConnectOptions = url.parse().map_err(connect_error)?;
+        self.pool.set_connect_options(options.clone());
+        super::try_connection(sqlx::ConnectOptions::connect(&options), CONNECT_TIMEOUT)
+            .await
+            .map_err(connect_error)
     }
 
     /// The paused tenants' names; `None` for rows without a tenant.

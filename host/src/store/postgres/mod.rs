@@ -18,6 +18,7 @@ mod batch;
 mod cursor;
 mod listen;
 mod migrate;
+mod privileges;
 mod prune;
 mod rows;
 mod sample;
@@ -50,9 +51,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const APPLICATION_NAME: &str = "sluice";
 
 /// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
-/// (so operators can find the connections in `pg_stat_activity`).
+/// (so operators can find the connections in `pg_stat_activity`). Without the
+/// `extra_float_digits` start-up parameter sqlx sends by default: PgBouncer refuses
+/// connections that carry it unless configured to ignore it, and Sluice reads no
+/// floating-point values.
 fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
-    let options: PgConnectOptions = url.parse()?;
+    let options: PgConnectOptions = url.parse::<PgConnectOptions>()?.extra_float_digits(None);
     Ok(if options.get_application_name().is_none() {
         options.application_name(APPLICATION_NAME)
     } else {
@@ -86,7 +90,9 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
 /// The PostgreSQL [`OutboxStore`].
 pub struct PgStore {
     pool: PgPool,
-    options: PgConnectOptions,
+    /// The options LISTEN connections are opened with (replaced with the pool's on
+    /// [`PgStore::use_url`]).
+    options: std::sync::RwLock<PgConnectOptions>,
     layout: Arc<Layout>,
     // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
     // `AssertSqlSafe`.
@@ -110,7 +116,7 @@ impl PgStore {
         let statements = Statements::new(&layout, options);
         Ok(Self {
             pool,
-            options: connect_options(url)?,
+            options: std::sync::RwLock::new(connect_options(url)?),
             layout: Arc::new(layout),
             statements,
             cursor: ClaimCursor::default(),
@@ -120,6 +126,24 @@ impl PgStore {
     /// The checked table this store relays from.
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Opens new connections with `url` from now on (rotated credentials); connections in
+    /// use, and the transactions on them, are not touched. Then tries one connection with it.
+    pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
+        let connect_error = |source| StoreError::Connect {
+            url: super::redact(url),
+            source,
+        };
+        let options = connect_options(url).map_err(connect_error)?;
+        self.pool.set_connect_options(options.clone());
+        *self
+            .options
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = options.clone();
+        super::try_connection(sqlx::ConnectOptions::connect(&options), CONNECT_TIMEOUT)
+            .await
+            .map_err(connect_error)
     }
 }
 
@@ -219,7 +243,12 @@ impl OutboxStore for PgStore {
         channel: &str,
         wake: &(dyn Fn() + Send + Sync),
     ) -> Result<Infallible, StoreError> {
-        listen::listen(&self.options, channel, wake).await
+        let options = self
+            .options
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        listen::listen(&options, channel, wake).await
     }
 
     async fn install_notify_trigger(&self, channel: &str) -> Result<(), StoreError> {
@@ -251,5 +280,7 @@ impl OutboxStore for PgStore {
     }
 }
 
+#[cfg(test)]
+mod startup_tests;
 #[cfg(test)]
 mod test_layouts;

@@ -1,13 +1,15 @@
-//! {{name}}: a Sluice plugin. Routes each outbox row to `<topic_prefix><aggregate_type>`
-//! (prefix default `events.`), keyed by the aggregate id, with the payload unchanged and the
-//! row's headers plus `event-type`. A row without an aggregate type is dead-lettered.
+//! {{name}}: a Sluice plugin. As it comes, it does what the builtin `route-by-aggregate` does
+//! (the defaults of Debezium's Outbox Event Router): each outbox row goes to
+//! `<topic_prefix><aggregate_type>` (prefix default `outbox.event.`), keyed by the aggregate
+//! id, with the payload unchanged and the row's headers plus `id` (the outbox id) and
+//! `event-type`. A row without an aggregate type is dead-lettered.
 //!
 //! Change `transform` to route your rows; keep `rows.jsonl`/`expected.jsonl` in step (see
 //! README.md).
 
 use sluice_plugin_sdk::{Config, Message, OutboxRow, Plugin, TransformError};
 
-const DEFAULT_TOPIC_PREFIX: &str = "events.";
+const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
 
 struct Router {
     topic_prefix: String,
@@ -39,6 +41,9 @@ impl Plugin for Router {
                 .key(row.aggregate_id.into_bytes())
                 .payload(row.payload)
                 .headers(row.headers)
+                // Consumers of Debezium's router de-duplicate on `id`; keep it when you change
+                // the routing (the host adds the unforgeable `sluice-outbox-id` as well).
+                .header("id", row.id.into_bytes())
                 .header("event-type", row.event_type.into_bytes()),
         ])
     }

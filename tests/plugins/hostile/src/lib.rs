@@ -15,6 +15,8 @@
 //! - `many-headers` (200,000 empty headers), `nul-header` (`sluice-tenant\0`),
 //!   `case-header` (Unicode case variants of the host's header names, set to forged values)
 //!   attack the host-stamped headers;
+//! - `echo-secret` is careless with its `api_key`: logs it from `configure` and quotes it in
+//!   every row's (permanent) error, where the host logs, stores and shows it;
 //! - `missing-topic` routes to `<topic_prefix>missing`, inside its allow-list but absent from
 //!   the broker; `short-batch` answers `transform-batch` with one result too few;
 //! - `good` behaves: one message to `<topic_prefix>good` with the row's payload and an `id`
@@ -28,6 +30,8 @@ use sluice_plugin_sdk::{Config, Message, OutboxRow, Plugin, TransformError, coun
 struct Hostile {
     mode: String,
     prefix: String,
+    /// `echo-secret`: the key it quotes.
+    api_key: String,
     /// `fat`: memory held for the instance's lifetime.
     _ballast: Vec<u8>,
 }
@@ -54,12 +58,16 @@ impl Plugin for Hostile {
     const VERSION: &'static str = "0.1.0";
 
     fn configure(config: Config) -> Result<Self, String> {
-        config.allow_only(&["mode", "topic_prefix"])?;
+        config.allow_only(&["mode", "topic_prefix", "api_key"])?;
         let mode = config.require("mode")?.to_owned();
         let mut ballast = Vec::new();
         match mode.as_str() {
             "sleep-configure" => std::thread::sleep(HOUR),
             "fail-configure" => return Err("hostile plugin rejects every config".into()),
+            "echo-secret" => log::warn(&format!(
+                "configured with api_key={}",
+                config.get("api_key").unwrap_or_default()
+            )),
             "fat" => {
                 ballast = vec![1u8; 8 << 20];
                 std::hint::black_box(&mut ballast);
@@ -69,6 +77,7 @@ impl Plugin for Hostile {
         Ok(Self {
             mode,
             prefix: config.require("topic_prefix")?.to_owned(),
+            api_key: config.get("api_key").unwrap_or_default().to_owned(),
             _ballast: ballast,
         })
     }
@@ -121,6 +130,10 @@ impl Plugin for Hostile {
                     denied("clock-denied", format!("the clock reads {secs}"))
                 }
             }
+            "echo-secret" => denied(
+                "upstream-refused",
+                format!("upstream refused api key {} for row {}", self.api_key, row.id),
+            ),
             "nul-error" => denied("nul\0code", format!("row {} has a NUL\0here", row.id)),
             "huge-error" => denied("huge-error", "e".repeat(4 << 20)),
             "nul-topic" => Ok(vec![

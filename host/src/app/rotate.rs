@@ -1,0 +1,184 @@
+//! Credential rotation: on SIGHUP the config file is read again, `${env:…}` and `${file:…}`
+//! references included, and a changed `[kafka]` or `database.url` takes effect without a
+//! restart: a new producer for the next batches (batches in flight finish on the old one), new
+//! database connections with the new URL (open transactions keep theirs), and new `[telemetry]`
+//! credentials for the next requests to `/metrics` and `/status`. So no row in flight is lost
+//! or published twice by a rotation. A reference that no longer resolves (a secret
+//! file that became unreadable) keeps the old value of its section, and the log says so.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::assemble::AppRelay;
+use crate::config::{Config, Problem};
+use crate::shutdown::Shutdown;
+use crate::store::Store;
+use crate::telemetry::auth::SharedAccess;
+
+/// What the relay runs with now, as last applied.
+pub struct Applied {
+    pub kafka: BTreeMap<String, String>,
+    pub database_url: String,
+    /// The telemetry endpoints' credentials, when they are served.
+    pub telemetry: Option<Arc<SharedAccess>>,
+}
+
+impl Applied {
+    pub fn of(config: &Config) -> Self {
+        Self {
+            kafka: config.kafka_properties(),
+            database_url: config.database_url().to_owned(),
+            telemetry: None,
+        }
+    }
+
+    /// With the credentials the telemetry server checks (`None`: no server).
+    pub fn with_telemetry(self, access: Option<Arc<SharedAccess>>) -> Self {
+        Self {
+            telemetry: access,
+            ..self
+        }
+    }
+}
+
+/// Re-reads `path` on every SIGHUP and applies changed credentials, until shutdown.
+pub async fn run(
+    path: PathBuf,
+    mut applied: Applied,
+    relay: Arc<AppRelay>,
+    store: Arc<Store>,
+    mut shutdown: Shutdown,
+) {
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; credentials are not rotated");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            Some(()) = hangup.recv() => {}
+            _ = shutdown.recv() => return,
+        }
+        tracing::info!(config = %path.display(), "SIGHUP: reading the config again for rotated credentials");
+        reload(&path, &mut applied, &relay, &store).await;
+    }
+}
+
+async fn reload(path: &Path, applied: &mut Applied, relay: &Arc<AppRelay>, store: &Store) {
+    let fresh = match Config::load_unchecked(path) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: cannot read the config again; keeping the current credentials");
+            return;
+        }
+    };
+    let problems = fresh.problems();
+    if !held_back(&problems, "kafka") {
+        rotate_kafka(&fresh, applied, relay).await;
+    }
+    if !held_back(&problems, "database") {
+        rotate_database(&fresh, applied, store).await;
+    }
+    if !held_back(&problems, "telemetry") {
+        rotate_telemetry(&fresh, applied);
+    }
+}
+
+/// A changed `[kafka]`: a new producer for the next batches.
+async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRelay>) {
+    let kafka = fresh.kafka_properties();
+    if kafka == applied.kafka {
+        tracing::info!("SIGHUP: [kafka] unchanged");
+        return;
+    }
+    let (relay, properties) = (Arc::clone(relay), kafka.clone());
+    // Creating a producer and dropping the old one block.
+    match tokio::task::spawn_blocking(move || relay.sink().reconfigure(&properties)).await {
+        Ok(Ok(())) => {
+            tracing::info!(
+                "SIGHUP: new kafka producer from the re-read [kafka]; batches in flight finish on the old one"
+            );
+            applied.kafka = kafka;
+        }
+        Ok(Err(e)) => tracing::error!(error = %e,
+            "SIGHUP: the re-read [kafka] settings do not make a producer; keeping the current one"),
+        Err(e) => tracing::error!(error = %e, "SIGHUP: replacing the kafka producer failed"),
+    }
+}
+
+/// A changed `database.url`: new connections use it (unless a file it names is unreadable).
+async fn rotate_database(fresh: &Config, applied: &mut Applied, store: &Store) {
+    let url = fresh.database_url();
+    if url == applied.database_url {
+        tracing::info!("SIGHUP: database.url unchanged");
+        return;
+    }
+    if let Err(e) = crate::store::check_url(url) {
+        tracing::warn!(error = %e, "SIGHUP: keeping the current database.url");
+        return;
+    }
+    match store.use_url(url).await {
+        Ok(()) => tracing::info!("SIGHUP: new database connections use the re-read database.url"),
+        Err(e) => tracing::warn!(error = %e,
+            "SIGHUP: new database connections use the re-read database.url, but a trial connection with it failed"),
+    }
+    applied.database_url = url.to_owned();
+}
+
+/// Changed `[telemetry]` credentials: the next requests to `/metrics` and `/status` need them.
+fn rotate_telemetry(fresh: &Config, applied: &Applied) {
+    let Some(access) = &applied.telemetry else {
+        return;
+    };
+    let wanted = fresh.telemetry.access();
+    if wanted != access.current() {
+        tracing::info!(
+            access = wanted.describe(),
+            "SIGHUP: /metrics and /status take the re-read [telemetry] credentials"
+        );
+        access.set(wanted);
+    } else {
+        tracing::info!("SIGHUP: [telemetry] credentials unchanged");
+    }
+}
+
+/// Whether the re-read `section` has a problem, which keeps its current values in use: a
+/// secret file that became unreadable must not replace working credentials with nothing.
+fn held_back(problems: &[Problem], section: &str) -> bool {
+    let mut held = false;
+    for p in problems.iter().filter(|p| in_section(&p.key, section)) {
+        tracing::warn!(key = %p.key, problem = %p.message,
+            "SIGHUP: keeping the current [{section}] settings");
+        held = true;
+    }
+    held
+}
+
+fn in_section(key: &str, section: &str) -> bool {
+    key == section
+        || key
+            .strip_prefix(section)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_holds_back_only_its_own_section() {
+        let problems = vec![Problem {
+            key: r#"kafka."sasl.password""#.into(),
+            message: "cannot read file /run/secrets/pw".into(),
+        }];
+        assert!(held_back(&problems, "kafka"));
+        assert!(!held_back(&problems, "database"));
+        assert!(in_section("database.url", "database"));
+        assert!(!in_section("databases.url", "database"));
+    }
+}

@@ -1,0 +1,629 @@
+//! Secrets by reference, and keeping them out of everything Sluice prints.
+//!
+//! Any string in `sluice.toml` may be, or contain, `${env:NAME}` (an environment variable) or
+//! `${file:PATH}` (a file's contents, one trailing newline removed; a relative path is relative
+//! to the config file's directory); `$${` is a literal `${`. [`resolve`] replaces them in the
+//! parsed TOML tree before the configuration is deserialised and validated, so every key gets
+//! them and `config check` checks the real values.
+//!
+//! What counts as a secret ([`Resolved::secrets`]): every `${file:}` value, every value of a
+//! secret-like key (see [`is_secret_key`]) whether written out or referenced, and the password
+//! of any URL. Those are [`register`]ed, and [`scrub`] replaces them with `[redacted]` in log
+//! lines ([`ScrubbingWriter`]), panic messages ([`install_panic_hook`]) and command output.
+//! Errors about a reference name the key and the variable or path, never a value.
+
+use std::borrow::Cow;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock};
+
+/// What a secret is replaced with wherever Sluice prints text.
+pub const REDACTED: &str = "[redacted]";
+/// Secrets shorter than this are not scrubbed from free text: replacing every occurrence of
+/// two or three characters would garble logs without protecting anything (such a secret can
+/// be guessed). They are still never printed as a value of their key.
+pub const MIN_SCRUBBED_LEN: usize = 4;
+
+/// Words that make a key's value a secret even when written out in the file (checked against
+/// the key's last part, lower-cased): `sasl.password`, `ssl.key.password`, `api_key`,
+/// `bearer_token`, `sasl.oauthbearer.client.secret`, `ssl.key.pem`, …
+const SECRET_KEY_WORDS: &[&str] = &[
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "credential",
+    "api_key",
+    "apikey",
+    "api-key",
+    "private_key",
+    "private-key",
+    "ssl.key.pem",
+    "sasl.jaas.config",
+    "sasl.oauthbearer.config",
+];
+
+/// A reference that could not be resolved: the key it is in, and why. The message names the
+/// variable or the path, never a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferenceError {
+    /// The key, as config errors name it (`kafka."sasl.password"`, `tenants.acme.config.key`).
+    pub key: String,
+    pub message: String,
+}
+
+/// What [`resolve`] found: the unresolvable references, and the values that are secrets.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    pub errors: Vec<ReferenceError>,
+    pub secrets: Vec<String>,
+}
+
+/// Where references are read from: the environment and the file system, relative to `base`.
+/// A trait so tests can resolve against a fixed environment.
+pub trait Sources {
+    fn env(&self, name: &str) -> Option<Result<String, String>>;
+    fn file(&self, path: &Path) -> Result<String, io::Error>;
+    fn base(&self) -> &Path;
+}
+
+/// The process environment and the real file system.
+pub struct Environment {
+    base: PathBuf,
+}
+
+impl Environment {
+    /// References of a config file in `base` (its directory).
+    pub fn new(base: &Path) -> Self {
+        Self {
+            base: base.to_owned(),
+        }
+    }
+}
+
+impl Sources for Environment {
+    fn env(&self, name: &str) -> Option<Result<String, String>> {
+        match std::env::var(name) {
+            Ok(v) => Some(Ok(v)),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => Some(Err("is not valid UTF-8".into())),
+        }
+    }
+
+    fn file(&self, path: &Path) -> Result<String, io::Error> {
+        std::fs::read_to_string(path)
+    }
+
+    fn base(&self) -> &Path {
+        &self.base
+    }
+}
+
+/// Resolves every reference in every string of `tree` in place. A string with an unresolvable
+/// reference is left with that reference removed (so the rest of the file still deserialises)
+/// and reported in [`Resolved::errors`].
+pub fn resolve(tree: &mut toml::Value, sources: &dyn Sources) -> Resolved {
+    let mut resolved = Resolved::default();
+    walk(tree, &mut Vec::new(), sources, &mut resolved);
+    resolved
+}
+
+fn walk(
+    value: &mut toml::Value,
+    path: &mut Vec<Segment>,
+    sources: &dyn Sources,
+    out: &mut Resolved,
+) {
+    match value {
+        toml::Value::String(s) => {
+            let secret_key = path
+                .iter()
+                .rev()
+                .find_map(|segment| match segment {
+                    Segment::Key(k) => Some(is_secret_key(k)),
+                    Segment::Index(_) => None,
+                })
+                .unwrap_or(false);
+            match expand(s, sources) {
+                Ok(expanded) => {
+                    if secret_key {
+                        out.secrets.push(expanded.text.clone());
+                    }
+                    out.secrets.extend(expanded.from_files);
+                    if let Some(password) = url_password(&expanded.text) {
+                        out.secrets.push(password.to_owned());
+                    }
+                    *s = expanded.text;
+                }
+                Err(Failed { message, partial }) => {
+                    out.errors.push(ReferenceError {
+                        key: key_name(path),
+                        message,
+                    });
+                    *s = partial;
+                }
+            }
+        }
+        toml::Value::Table(table) => {
+            for (k, v) in table.iter_mut() {
+                path.push(Segment::Key(k.clone()));
+                walk(v, path, sources, out);
+                path.pop();
+            }
+        }
+        toml::Value::Array(items) => {
+            for (i, v) in items.iter_mut().enumerate() {
+                path.push(Segment::Index(i));
+                walk(v, path, sources, out);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// One step of a key path: a table key or an array index.
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// A key path as config errors write it: bare keys joined by dots, other keys quoted
+/// (`kafka."sasl.password"`), array items as `[i]`.
+fn key_name(path: &[Segment]) -> String {
+    let mut name = String::new();
+    for segment in path {
+        match segment {
+            Segment::Key(k) => {
+                if !name.is_empty() {
+                    name.push('.');
+                }
+                let bare = !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if bare {
+                    name.push_str(k);
+                } else {
+                    name.push_str(&format!("{k:?}"));
+                }
+            }
+            Segment::Index(i) => name.push_str(&format!("[{i}]")),
+        }
+    }
+    name
+}
+
+/// Whether a key's value is a secret even when written out in the file.
+pub fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    SECRET_KEY_WORDS.iter().any(|word| key.contains(word))
+}
+
+/// A string with its references resolved, and the parts that came from files.
+struct Expanded {
+    text: String,
+    from_files: Vec<String>,
+}
+
+/// The first unresolvable reference of a string, and the string without it.
+struct Failed {
+    message: String,
+    partial: String,
+}
+
+/// Replaces `$${` by `${` and each `${kind:arg}` by its value.
+fn expand(s: &str, sources: &dyn Sources) -> Result<Expanded, Failed> {
+    let mut text = String::with_capacity(s.len());
+    let mut from_files = Vec::new();
+    let mut first_error: Option<String> = None;
+    let mut rest = s;
+    while let Some(at) = rest.find('$') {
+        text.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("$${") {
+            text.push_str("${");
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("${") {
+            let Some(end) = after.find('}') else {
+                first_error.get_or_insert_with(|| {
+                    "a `${` without its closing `}` (write `$${` for a literal `${`)".to_owned()
+                });
+                rest = "";
+                break;
+            };
+            match lookup(&after[..end], sources) {
+                Ok((value, file)) => {
+                    if file {
+                        from_files.push(value.clone());
+                    }
+                    text.push_str(&value);
+                }
+                Err(message) => {
+                    first_error.get_or_insert(message);
+                }
+            }
+            rest = &after[end + 1..];
+        } else {
+            text.push('$');
+            rest = &tail[1..];
+        }
+    }
+    text.push_str(rest);
+    match first_error {
+        None => Ok(Expanded { text, from_files }),
+        Some(message) => Err(Failed {
+            message,
+            partial: text,
+        }),
+    }
+}
+
+/// The value of one reference (`env:NAME` or `file:PATH`), and whether it came from a file.
+fn lookup(reference: &str, sources: &dyn Sources) -> Result<(String, bool), String> {
+    let Some((kind, arg)) = reference.split_once(':') else {
+        return Err(format!(
+            "`${{{reference}}}` is not a reference: write `${{env:{reference}}}` for an \
+             environment variable, `${{file:PATH}}` for a file, or `$${{` for a literal `${{`"
+        ));
+    };
+    match kind.trim() {
+        "env" => {
+            let name = arg.trim();
+            if name.is_empty() {
+                return Err("`${env:}` names no environment variable".to_owned());
+            }
+            match sources.env(name) {
+                Some(Ok(value)) => Ok((value, false)),
+                Some(Err(why)) => Err(format!("environment variable {name} {why}")),
+                None => Err(format!("environment variable {name} is not set")),
+            }
+        }
+        "file" => {
+            let arg = arg.trim();
+            if arg.is_empty() {
+                return Err("`${file:}` names no file".to_owned());
+            }
+            let path = sources.base().join(arg);
+            match sources.file(&path) {
+                Ok(mut contents) => {
+                    if contents.ends_with('\n') {
+                        contents.pop();
+                        if contents.ends_with('\r') {
+                            contents.pop();
+                        }
+                    }
+                    Ok((contents, true))
+                }
+                Err(e) => Err(format!("cannot read file {}: {e}", path.display())),
+            }
+        }
+        other => Err(format!(
+            "unknown reference kind `{other}` in `${{{other}:…}}`: Sluice resolves \
+             `${{env:NAME}}` and `${{file:PATH}}` (write `$${{` for a literal `${{`)"
+        )),
+    }
+}
+
+/// Where the password of a `scheme://user:password@host…` URL is, as a byte range.
+pub fn url_password_range(url: &str) -> Option<std::ops::Range<usize>> {
+    let scheme = url.find("://")?;
+    let authority_start = scheme + 3;
+    // The authority ends at the first '/', '?' or '#' after the scheme; the userinfo at the
+    // last '@' before that (a password may contain '@' when not percent-encoded).
+    let authority_end = url[authority_start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| authority_start + i);
+    let at = url[authority_start..authority_end].rfind('@')? + authority_start;
+    let colon = url[authority_start..at].find(':')? + authority_start;
+    Some(colon + 1..at)
+}
+
+/// The password of a URL, as written in it.
+pub fn url_password(url: &str) -> Option<&str> {
+    url_password_range(url)
+        .map(|r| &url[r])
+        .filter(|p| !p.is_empty())
+}
+
+/// The secrets every output is scrubbed of, in every form they can appear in.
+static REGISTRY: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Adds `secrets` to what [`scrub`] removes (also their JSON-, debug- and percent-decoded
+/// forms). Secrets stay registered for the life of the process: a rotated-out password is
+/// still a password.
+pub fn register<I, S>(secrets: I)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut registry = REGISTRY.write().unwrap_or_else(PoisonError::into_inner);
+    for secret in secrets {
+        let secret = secret.as_ref();
+        for form in forms(secret) {
+            if form.chars().count() >= MIN_SCRUBBED_LEN && !registry.contains(&form) {
+                registry.push(form);
+            }
+        }
+    }
+    // Longest first, so a secret that contains another is replaced whole.
+    registry.sort_by_key(|s| std::cmp::Reverse(s.len()));
+}
+
+/// The ways a secret can be written: as is, escaped in a JSON string or a Rust debug string,
+/// and percent-decoded (a URL password written encoded).
+fn forms(secret: &str) -> Vec<String> {
+    let mut forms = vec![secret.to_owned()];
+    if let Ok(json) = serde_json::to_string(secret) {
+        forms.push(json[1..json.len() - 1].to_owned());
+    }
+    let debug = format!("{secret:?}");
+    forms.push(debug[1..debug.len() - 1].to_owned());
+    if let Ok(decoded) = percent_encoding::percent_decode_str(secret).decode_utf8() {
+        forms.push(decoded.into_owned());
+    }
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
+/// `text` with every registered secret replaced by [`REDACTED`].
+pub fn scrub(text: &str) -> Cow<'_, str> {
+    let registry = REGISTRY.read().unwrap_or_else(PoisonError::into_inner);
+    let mut text = Cow::Borrowed(text);
+    for secret in registry.iter() {
+        if text.contains(secret.as_str()) {
+            text = Cow::Owned(text.replace(secret.as_str(), REDACTED));
+        }
+    }
+    text
+}
+
+/// A writer that scrubs what passes through it of registered secrets: log lines, whoever
+/// wrote them (Sluice, librdkafka's log and error callbacks, a plugin's `log`). The log
+/// formatter writes one whole event per `write`, so a secret is never split across calls.
+pub struct ScrubbingWriter<W>(pub W);
+
+impl<W: io::Write> io::Write for ScrubbingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self.0.write_all(scrub(text).as_bytes())?,
+            Err(_) => self
+                .0
+                .write_all(scrub(&String::from_utf8_lossy(buf)).as_bytes())?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// Prints panics as the default hook does, scrubbed of registered secrets (a panic message
+/// may quote any value).
+pub fn install_panic_hook() {
+    panic_hook_to(|text| eprintln!("{text}"));
+}
+
+/// Installs a panic hook that hands the scrubbed report to `write`.
+fn panic_hook_to(write: impl Fn(&str) + Send + Sync + 'static) {
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let backtrace = std::backtrace::Backtrace::capture();
+        let text = match backtrace.status() {
+            std::backtrace::BacktraceStatus::Captured => {
+                format!("thread '{name}' {info}\nstack backtrace:\n{backtrace}")
+            }
+            _ => format!(
+                "thread '{name}' {info}\nnote: run with `RUST_BACKTRACE=1` environment \
+                 variable to display a backtrace"
+            ),
+        };
+        write(&scrub(&text));
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Write;
+
+    use super::*;
+
+    struct Fixed {
+        env: HashMap<&'static str, &'static str>,
+        files: HashMap<PathBuf, &'static str>,
+        base: PathBuf,
+    }
+
+    impl Sources for Fixed {
+        fn env(&self, name: &str) -> Option<Result<String, String>> {
+            self.env.get(name).map(|v| Ok((*v).to_owned()))
+        }
+        fn file(&self, path: &Path) -> Result<String, io::Error> {
+            self.files
+                .get(path)
+                .map(|v| (*v).to_owned())
+                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+        }
+        fn base(&self) -> &Path {
+            &self.base
+        }
+    }
+
+    fn sources() -> Fixed {
+        Fixed {
+            env: HashMap::from([("PGPASS", "pg-Pass-1"), ("BROKERS", "k1:9092")]),
+            files: HashMap::from([
+                (PathBuf::from("/run/secrets/kafka"), "kafka-Pass-2\n"),
+                (PathBuf::from("/etc/sluice/api-key"), "tenant-Key-3"),
+            ]),
+            base: PathBuf::from("/etc/sluice"),
+        }
+    }
+
+    fn resolve_text(text: &str) -> (toml::Value, Resolved) {
+        let mut tree: toml::Value = toml::from_str(text).unwrap();
+        let resolved = resolve(&mut tree, &sources());
+        (tree, resolved)
+    }
+
+    #[test]
+    fn references_are_replaced_anywhere_in_any_string() {
+        let (tree, resolved) = resolve_text(
+            r#"
+            [database]
+            url = "postgres://app:${env:PGPASS}@db/app"
+            [kafka]
+            "bootstrap.servers" = "${env:BROKERS}"
+            "sasl.password" = "${file:/run/secrets/kafka}"
+            [tenants.acme.config]
+            api_key = "${file:api-key}"
+            note = "costs $${env:X} and $5"
+            "#,
+        );
+        assert!(resolved.errors.is_empty(), "{:?}", resolved.errors);
+        assert_eq!(
+            tree["database"]["url"].as_str(),
+            Some("postgres://app:pg-Pass-1@db/app")
+        );
+        assert_eq!(tree["kafka"]["bootstrap.servers"].as_str(), Some("k1:9092"));
+        assert_eq!(
+            tree["kafka"]["sasl.password"].as_str(),
+            Some("kafka-Pass-2"),
+            "one trailing newline removed"
+        );
+        assert_eq!(
+            tree["tenants"]["acme"]["config"]["api_key"].as_str(),
+            Some("tenant-Key-3"),
+            "relative to the config file's directory"
+        );
+        assert_eq!(
+            tree["tenants"]["acme"]["config"]["note"].as_str(),
+            Some("costs ${env:X} and $5")
+        );
+        for secret in ["pg-Pass-1", "kafka-Pass-2", "tenant-Key-3"] {
+            assert!(resolved.secrets.iter().any(|s| s == secret), "{secret}");
+        }
+        assert!(
+            !resolved.secrets.iter().any(|s| s == "k1:9092"),
+            "an environment value at a key that is not secret-like is not a secret"
+        );
+    }
+
+    #[test]
+    fn unresolvable_references_name_key_and_variable_or_path_never_a_value() {
+        let (tree, resolved) = resolve_text(
+            r#"
+            [kafka]
+            "sasl.password" = "${env:MISSING}"
+            "ssl.key.password" = "${file:/nope/key-pw}"
+            "sasl.username" = "${vault:kv/app}"
+            "client.id" = "a-${env:PGPASS}-${oops"
+            [database]
+            url = "${PGPASS}"
+            "#,
+        );
+        let by_key: HashMap<&str, &str> = resolved
+            .errors
+            .iter()
+            .map(|e| (e.key.as_str(), e.message.as_str()))
+            .collect();
+        assert!(
+            by_key[r#"kafka."sasl.password""#].contains("environment variable MISSING is not set")
+        );
+        assert!(by_key[r#"kafka."ssl.key.password""#].contains("/nope/key-pw"));
+        assert!(by_key[r#"kafka."sasl.username""#].contains("unknown reference kind `vault`"));
+        assert!(by_key[r#"kafka."client.id""#].contains("without its closing"));
+        assert!(
+            by_key["database.url"].contains("${env:PGPASS}"),
+            "{}",
+            by_key["database.url"]
+        );
+        assert_eq!(resolved.errors.len(), 5);
+        for e in &resolved.errors {
+            assert!(!e.message.contains("pg-Pass-1"), "{e:?}");
+        }
+        assert_eq!(
+            tree["kafka"]["client.id"].as_str(),
+            Some("a-pg-Pass-1-"),
+            "the rest of the string is kept so the file still deserialises"
+        );
+    }
+
+    #[test]
+    fn secret_keys_url_passwords_and_file_values_are_secrets() {
+        let (_, resolved) = resolve_text(
+            r#"
+            [kafka]
+            "sasl.password" = "written-Out-4"
+            "ssl.ca.location" = "${file:/run/secrets/kafka}"
+            [telemetry]
+            bearer_token = "tok-Literal-5"
+            [plugins.default.config]
+            webhook = "https://u:hook-Pw-6@example.test/x"
+            "#,
+        );
+        for secret in [
+            "written-Out-4",
+            "kafka-Pass-2",
+            "tok-Literal-5",
+            "hook-Pw-6",
+        ] {
+            assert!(resolved.secrets.iter().any(|s| s == secret), "{secret}");
+        }
+        assert!(is_secret_key("sasl.password"));
+        assert!(is_secret_key("ssl.key.password"));
+        assert!(is_secret_key("sasl.oauthbearer.client.secret"));
+        assert!(is_secret_key("API_KEY"));
+        assert!(!is_secret_key("ssl.key.location"));
+        assert!(!is_secret_key("bootstrap.servers"));
+    }
+
+    #[test]
+    fn url_passwords_are_found_even_with_an_at_sign() {
+        assert_eq!(
+            url_password("postgres://app:s3cret@db:5432/app"),
+            Some("s3cret")
+        );
+        assert_eq!(url_password("mysql://root:p@ss@h/db?x=a@b"), Some("p@ss"));
+        assert_eq!(url_password("postgres://app@db/app"), None);
+        assert_eq!(url_password("postgres://db/app?user=a:b@c"), None);
+        assert_eq!(url_password("sqlite:///var/app.db"), None);
+    }
+
+    #[test]
+    fn panic_messages_are_scrubbed() {
+        static REPORTED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+        register(["Panic-Secret-9"]);
+        panic_hook_to(|text| REPORTED.lock().unwrap().push_str(text));
+        let caught = std::panic::catch_unwind(|| panic!("bad value Panic-Secret-9 in key"));
+        let _ = std::panic::take_hook();
+        assert!(caught.is_err());
+        let reported = REPORTED.lock().unwrap().clone();
+        assert!(
+            reported.contains("bad value [redacted] in key")
+                && !reported.contains("Panic-Secret-9"),
+            "{reported}"
+        );
+    }
+
+    #[test]
+    fn scrubbing_removes_every_form_of_a_registered_secret() {
+        register(["Sc\"rub-Me-7", "ab", "p%40ss-Word-8"]);
+        let scrubbed = scrub(r#"a Sc"rub-Me-7 b Sc\"rub-Me-7 c p%40ss-Word-8 d p@ss-Word-8 ab"#);
+        assert_eq!(
+            scrubbed, "a [redacted] b [redacted] c [redacted] d [redacted] ab",
+            "short secrets are not scrubbed from free text"
+        );
+        let mut out = Vec::new();
+        ScrubbingWriter(&mut out)
+            .write_all(b"{\"fields\":{\"message\":\"Sc\\\"rub-Me-7\"}}\n")
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\"fields\":{\"message\":\"[redacted]\"}}\n"
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! Checking at start-up that the database user may do to the outbox table what the relay will
+//! do, so a missing grant stops `sluice run` with the privilege named instead of failing
+//! batch after batch. Without `DELETE` in `mark = "delete"` mode that failure would come after
+//! the publish: every batch would be rolled back and published again.
+//!
+//! Each privilege is probed with a statement of its kind that matches no row (`WHERE 1 = 0`),
+//! in a transaction that is rolled back: the database checks privileges before it looks for
+//! rows, so the probe fails exactly as the relay's statement would, and changes nothing.
+
+use super::{MarkMode, Store, StoreError};
+
+/// A table privilege the relay needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privilege {
+    Select,
+    Update,
+    Delete,
+}
+
+impl Privilege {
+    /// The SQL keyword, as in `GRANT`.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Select => "SELECT",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+        }
+    }
+}
+
+/// A privilege and what the relay needs it for (shown when it is missing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub privilege: Privilege,
+    pub why: &'static str,
+}
+
+/// What `sluice run` and `sluice drain` need with `mark`; `prunes`: the retention pruner runs
+/// (`mark = "published_at"` with a `relay.retention` other than `"forever"`).
+pub fn relay_needs(mark: MarkMode, prunes: bool) -> Vec<Need> {
+    let mut needs = vec![
+        Need {
+            privilege: Privilege::Select,
+            why: "to find due rows and read them",
+        },
+        Need {
+            privilege: Privilege::Update,
+            why: "to claim rows (SELECT … FOR UPDATE) and to record failed attempts",
+        },
+    ];
+    match (mark, prunes) {
+        (MarkMode::Delete, _) => needs.push(Need {
+            privilege: Privilege::Delete,
+            why: "to mark rows sent with relay.mark = \"delete\"",
+        }),
+        (MarkMode::PublishedAt, true) => needs.push(Need {
+            privilege: Privilege::Delete,
+            why: "for the pruner to delete sent rows older than relay.retention",
+        }),
+        (MarkMode::PublishedAt, false) => {}
+    }
+    needs
+}
+
+/// A privilege the database user lacks on the outbox table: what it is needed for, what the
+/// database said, and the `GRANT` that gives the user everything the relay needs.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "outbox table {table}: the database user {user} lacks the {privilege} privilege, needed \
+     {why} (the database said: {message}). Grant what the relay needs: {grant} (see \
+     docs/databases.md#database-roles)"
+)]
+pub struct MissingPrivilege {
+    pub table: String,
+    pub user: String,
+    pub privilege: &'static str,
+    pub why: &'static str,
+    pub message: String,
+    pub grant: String,
+}
+
+impl MissingPrivilege {
+    /// The error for `need`, refused with `error` on `table` to `user` (who needs all of
+    /// `needs`).
+    pub(crate) fn refused(
+        needs: &[Need],
+        need: &Need,
+        table: &str,
+        user: String,
+        error: &sqlx::Error,
+    ) -> StoreError {
+        StoreError::Privilege(Box::new(Self {
+            grant: grant_statement(needs, table, &user),
+            table: table.to_owned(),
+            user,
+            privilege: need.privilege.keyword(),
+            why: need.why,
+            message: error
+                .as_database_error()
+                .map_or_else(|| error.to_string(), |db| db.message().to_owned()),
+        }))
+    }
+}
+
+/// The `GRANT` that gives `user` every privilege in `needs` on `table`.
+fn grant_statement(needs: &[Need], table: &str, user: &str) -> String {
+    let privileges: Vec<&str> = needs.iter().map(|n| n.privilege.keyword()).collect();
+    format!("GRANT {} ON {table} TO {user}", privileges.join(", "))
+}
+
+/// Whether a probe failed for want of a privilege (rather than for any other reason, which is
+/// reported as the database error it is). PostgreSQL: SQLSTATE 42501; MySQL/MariaDB: errors
+/// 1142 (table) and 1143 (column).
+pub(crate) fn is_denied(error: &sqlx::Error) -> bool {
+    let Some(db) = error.as_database_error() else {
+        return false;
+    };
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(my.number(), 1142 | 1143);
+    }
+    db.code().is_some_and(|code| code == "42501")
+}
+
+impl Store {
+    /// Refuses with [`StoreError::Privilege`] when the database user lacks one of `needs` on
+    /// the outbox table. SQLite has no users: nothing to check.
+    pub async fn check_privileges(&self, needs: &[Need]) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(s) => s.check_privileges(needs).await,
+            Store::Mysql(s) => s.check_privileges(needs).await,
+            Store::Sqlite(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn privileges(needs: &[Need]) -> Vec<&'static str> {
+        needs.iter().map(|n| n.privilege.keyword()).collect()
+    }
+
+    #[test]
+    fn delete_is_needed_to_mark_by_deleting_or_to_prune() {
+        assert_eq!(
+            privileges(&relay_needs(MarkMode::Delete, false)),
+            ["SELECT", "UPDATE", "DELETE"]
+        );
+        assert_eq!(
+            privileges(&relay_needs(MarkMode::PublishedAt, true)),
+            ["SELECT", "UPDATE", "DELETE"]
+        );
+        assert_eq!(
+            privileges(&relay_needs(MarkMode::PublishedAt, false)),
+            ["SELECT", "UPDATE"]
+        );
+    }
+
+    #[test]
+    fn the_grant_names_every_needed_privilege() {
+        assert_eq!(
+            grant_statement(
+                &relay_needs(MarkMode::Delete, false),
+                "\"outbox\"",
+                "\"relay\""
+            ),
+            "GRANT SELECT, UPDATE, DELETE ON \"outbox\" TO \"relay\""
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! TLS to PostgreSQL and MySQL/MariaDB as the URL asks for it (`sslmode`, `sslrootcert`, …;
+//! `ssl-mode`, `ssl-ca`, …; see docs/security.md): the certificate files it names are checked
+//! readable before connecting, and a TLS failure's message gets a hint saying what to change.
+//! The driver reports a missing file as a bare "No such file or directory", and a certificate
+//! that does not verify in OpenSSL's words only.
+
+use super::StoreError;
+use super::driver::redact;
+
+/// URL parameters naming a file the driver reads before the TLS handshake (both drivers'
+/// spellings).
+const FILE_PARAMETERS: &[&str] = &[
+    "sslrootcert",
+    "ssl-root-cert",
+    "sslca",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+];
+
+/// Checks that every certificate or key file `url` names can be read; the error names the
+/// parameter and the path.
+pub fn check_files(url: &str) -> Result<(), StoreError> {
+    for (key, path) in query_pairs(url) {
+        if !FILE_PARAMETERS.contains(&key.as_str()) {
+            continue;
+        }
+        if let Err(e) = std::fs::File::open(&path) {
+            return Err(StoreError::Url {
+                url: redact(url),
+                message: format!("{key}={path}: cannot read the file: {e}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What to change when connecting failed in TLS: empty for other errors.
+pub fn hint(error: &sqlx::Error) -> &'static str {
+    let sqlx::Error::Tls(tls) = error else {
+        return "";
+    };
+    let text = tls.to_string();
+    if text.contains("server does not support TLS") {
+        " (the URL requires TLS, and the server does not offer it: configure TLS on the \
+         server, or lower sslmode / ssl-mode; see docs/security.md)"
+    } else if text.contains("mismatch") {
+        " (the server's certificate does not name the host in the URL: connect by a name or \
+         address the certificate lists, or use sslmode=verify-ca / ssl-mode=VERIFY_CA to \
+         check only who signed it; see docs/security.md)"
+    } else if text.contains("certificate verify failed") {
+        " (the server's certificate did not verify: give the certificate of the CA that \
+         signed it as sslrootcert= (PostgreSQL) or ssl-ca= (MySQL/MariaDB); see \
+         docs/security.md)"
+    } else {
+        ""
+    }
+}
+
+/// The query's `key=value` pairs, percent-decoded (as the drivers read them).
+fn query_pairs(url: &str) -> Vec<(String, String)> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Vec::new();
+    };
+    let query = query.split('#').next().unwrap_or_default();
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
+
+/// Percent-decoding (`+` is a space, as in `application/x-www-form-urlencoded`); a malformed
+/// escape is kept as it is.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_certificate_file_is_named_with_its_parameter() {
+        let url = "postgres://app:pw@db/app?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem";
+        let e = check_files(url).expect_err("missing file").to_string();
+        assert!(e.contains("sslrootcert=/nonexistent/ca.pem"), "{e}");
+        assert!(e.contains("cannot read the file"), "{e}");
+        assert!(!e.contains("pw"), "the password: {e}");
+        let e = check_files("mysql://root@db/test?ssl-mode=VERIFY_CA&ssl-ca=%2Fno%2Fca.pem")
+            .expect_err("missing file")
+            .to_string();
+        assert!(e.contains("ssl-ca=/no/ca.pem"), "{e}");
+    }
+
+    #[test]
+    fn readable_files_and_other_parameters_pass() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "x").expect("write");
+        let url = format!(
+            "postgres://db/app?sslmode=verify-full&sslrootcert={}&application_name=x",
+            ca.display()
+        );
+        assert!(check_files(&url).is_ok());
+        assert!(check_files("postgres://db/app").is_ok());
+        assert!(check_files("sqlite:///tmp/app.db?mode=rwc").is_ok());
+    }
+
+    #[test]
+    fn tls_failures_get_a_hint_and_others_none() {
+        let tls = |m: &str| sqlx::Error::Tls(m.to_owned().into());
+        assert!(hint(&tls("server does not support TLS")).contains("does not offer it"));
+        assert!(
+            hint(&tls("certificate verify failed: (hostname mismatch)"))
+                .contains("does not name the host")
+        );
+        assert!(
+            hint(&tls(
+                "certificate verify failed: (unable to get local issuer certificate)"
+            ))
+            .contains("sslrootcert=")
+        );
+        assert_eq!(hint(&sqlx::Error::PoolTimedOut), "");
+    }
+
+    #[test]
+    fn percent_escapes_are_decoded() {
+        assert_eq!(decode("%2Fetc%2Fca%20x.pem"), "/etc/ca x.pem");
+        assert_eq!(decode("a+b%zz"), "a b%zz");
+    }
+}
