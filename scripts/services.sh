@@ -6,7 +6,8 @@
 #   - MariaDB (or MySQL) answering on 127.0.0.1:3306, user root without password, database
 #     `test` (started if installed but down; the MySQL tests need it)
 #   - Tansu, a Kafka-API broker, listening on 127.0.0.1:9092 (installed from crates.io if
-#     missing, ~20 min once per machine; started in the background if not listening)
+#     missing, ~25 min once per machine, into $TANSU_ROOT; started in the background if not
+#     listening); its path is exported as TANSU_BIN for the tests and the benchmarks
 #   - promtool (Debian's `prometheus` package, installed with apt-get if missing): checks the
 #     shipped alert rules and the /metrics exposition
 
@@ -66,20 +67,25 @@ ensure_mariadb() {
     fi
 }
 
+# The features the tests need: dynostore (the memory storage engine) and libsql (the SQLite
+# one, the only engine here that keeps SCRAM users: tests/tests/secure_kafka.rs; see
+# docs/security.md, "Testing against Tansu"). Installed into a root of its own, named by
+# version and features, so a tansu built otherwise (on PATH, in ~/.cargo/bin) is never taken
+# for it.
+TANSU_FEATURES="dynostore,libsql"
+TANSU_ROOT="${TANSU_ROOT:-$HOME/.local/share/sluice/tansu-$TANSU_VERSION-${TANSU_FEATURES//,/-}}"
+
 tansu_bin() {
-    if command -v tansu >/dev/null; then
-        command -v tansu
-    elif [ -x "$HOME/.cargo/bin/tansu" ]; then
-        echo "$HOME/.cargo/bin/tansu"
+    if [ -x "$TANSU_ROOT/bin/tansu" ]; then
+        echo "$TANSU_ROOT/bin/tansu"
     fi
 }
 
 ensure_tansu() {
     if [ -z "$(tansu_bin)" ]; then
-        log "installing tansu $TANSU_VERSION from crates.io (once per machine; ~20 min on 2 cores)"
-        # libsql: the SQLite storage engine, the only one here that keeps SCRAM users
-        # (tests/tests/secure_kafka.rs; see docs/security.md, "Testing against Tansu").
-        cargo install tansu --version "$TANSU_VERSION" --features dynostore,libsql --locked
+        log "installing tansu $TANSU_VERSION ($TANSU_FEATURES) from crates.io into $TANSU_ROOT (once per machine; ~25 min on 2 cores)"
+        cargo install tansu --version "$TANSU_VERSION" --features "$TANSU_FEATURES" --locked \
+            --root "$TANSU_ROOT"
     fi
     export TANSU_BIN
     TANSU_BIN="$(tansu_bin)"

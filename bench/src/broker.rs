@@ -74,14 +74,15 @@ impl Drop for OwnBroker {
     }
 }
 
-/// `$TANSU_BIN`, else `~/.cargo/bin/tansu` where `scripts/services.sh` installs it, else
-/// `tansu` on the `PATH`.
+/// `$TANSU_BIN`, else where `scripts/services.sh` installs it, else `tansu` on the `PATH`.
 fn tansu_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("TANSU_BIN") {
         return PathBuf::from(bin);
     }
     let installed = std::env::var_os("HOME")
-        .map(|home| PathBuf::from(home).join(".cargo/bin/tansu"))
+        .map(|home| {
+            PathBuf::from(home).join(".local/share/sluice/tansu-0.6.0-dynostore-libsql/bin/tansu")
+        })
         .filter(|p| p.is_file());
     installed.unwrap_or_else(|| PathBuf::from("tansu"))
 }

@@ -249,10 +249,12 @@ fn tansu_bin() -> PathBuf {
     if let Ok(p) = std::env::var("TANSU_BIN") {
         return PathBuf::from(p);
     }
+    // Where scripts/services.sh installs it (and exports TANSU_BIN).
     let home = std::env::var("HOME").unwrap_or_default();
-    let cargo_bin = PathBuf::from(home).join(".cargo/bin/tansu");
-    if cargo_bin.exists() {
-        cargo_bin
+    let installed =
+        PathBuf::from(home).join(".local/share/sluice/tansu-0.6.0-dynostore-libsql/bin/tansu");
+    if installed.exists() {
+        installed
     } else {
         PathBuf::from("tansu")
     }

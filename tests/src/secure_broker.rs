@@ -454,9 +454,8 @@ async fn make_users(port: u16, dir: &Path, users: &[ScramUser<'_>]) {
                 Err(e) if std::time::Instant::now() > deadline || log.contains("Error") => {
                     panic!(
                         "cannot make SCRAM user {}: {e:#}\ntansu log:\n{log}\n(SASL brokers \
-                         keep their users in SQLite: Tansu must be installed with \
-                         `cargo install tansu --version 0.6.0 --features dynostore,libsql \
-                         --locked --force`)",
+                         keep their users in SQLite: Tansu must be built with its `libsql` \
+                         feature, as scripts/services.sh installs it)",
                         user.name
                     )
                 }

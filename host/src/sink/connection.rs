@@ -155,6 +155,13 @@ impl ConnectionWatch {
         self.troubled.store(false, Ordering::Release);
     }
 
+    /// Forgets the problem without a word: a new producer (new credentials, on SIGHUP) has
+    /// yet to show whether it has the same problem, and if so it is logged again.
+    pub fn forget(&self) {
+        *self.lock() = None;
+        self.troubled.store(false, Ordering::Release);
+    }
+
     /// The current problem and the reason librdkafka gave when it began.
     pub fn problem(&self) -> Option<(ConnectionProblem, String)> {
         self.lock().clone()
@@ -258,6 +265,26 @@ mod tests {
         assert_eq!(watch.problem(), None);
         // After recovery the same problem is news again.
         assert_eq!(watch.report(C::SSL, "handshake"), Reported::Changed);
+    }
+
+    #[test]
+    fn a_forgotten_problem_is_reported_again() {
+        let watch = ConnectionWatch::default();
+        let code = RDKafkaErrorCode::Authentication;
+        assert_eq!(
+            watch.report(code, "SASL authentication error"),
+            Reported::Changed
+        );
+        assert_eq!(
+            watch.report(code, "SASL authentication error"),
+            Reported::Same
+        );
+        watch.forget();
+        assert!(watch.problem().is_none());
+        assert_eq!(
+            watch.report(code, "SASL authentication error"),
+            Reported::Changed
+        );
     }
 
     #[test]

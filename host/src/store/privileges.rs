@@ -108,6 +108,23 @@ fn grant_statement(needs: &[Need], table: &str, user: &str) -> String {
     format!("GRANT {} ON {table} TO {user}", privileges.join(", "))
 }
 
+/// A statement needing `privilege` on `table` that changes no row (`1 = 0` reads the same
+/// in PostgreSQL and MySQL/MariaDB).
+pub(crate) fn probe(privilege: Privilege, table: &str) -> String {
+    match privilege {
+        Privilege::Select => format!("SELECT 1 FROM {table} WHERE 1 = 0"),
+        // What the claim (FOR UPDATE; MySQL 8 wants UPDATE or DELETE besides SELECT for it)
+        // and the reschedule need: UPDATE of the bookkeeping columns.
+        Privilege::Update => format!(
+            "UPDATE {table} SET published_at = published_at, attempts = attempts,
+                    next_attempt_at = next_attempt_at, last_error = last_error,
+                    dead_at = dead_at
+              WHERE 1 = 0"
+        ),
+        Privilege::Delete => format!("DELETE FROM {table} WHERE 1 = 0"),
+    }
+}
+
 /// Whether a probe failed for want of a privilege (rather than for any other reason, which is
 /// reported as the database error it is). PostgreSQL: SQLSTATE 42501; MySQL/MariaDB: errors
 /// 1142 (table) and 1143 (column).

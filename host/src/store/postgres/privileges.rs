@@ -5,23 +5,7 @@ use sqlx::{Acquire, AssertSqlSafe};
 
 use super::PgStore;
 use crate::store::StoreError;
-use crate::store::privileges::{MissingPrivilege, Need, Privilege, is_denied};
-
-/// A statement needing `privilege` on `table` that changes no row.
-fn probe(privilege: Privilege, table: &str) -> String {
-    match privilege {
-        Privilege::Select => format!("SELECT 1 FROM {table} WHERE false"),
-        // What the claim (FOR UPDATE) and the reschedule need: UPDATE of the bookkeeping
-        // columns.
-        Privilege::Update => format!(
-            "UPDATE {table} SET published_at = published_at, attempts = attempts,
-                    next_attempt_at = next_attempt_at, last_error = last_error,
-                    dead_at = dead_at
-              WHERE false"
-        ),
-        Privilege::Delete => format!("DELETE FROM {table} WHERE false"),
-    }
-}
+use crate::store::privileges::{MissingPrivilege, Need, is_denied, probe};
 
 impl PgStore {
     /// Runs one probe per need in a transaction that is rolled back; the first one refused
