@@ -336,3 +336,68 @@ async fn rows_flow_once_the_password_file_is_fixed_and_sighup_sent() {
     assert!(!exit.log.contains("right-512"), "{}", exit.log);
     table.drop_table().await;
 }
+
+/// A CA file that does not verify the broker: unready, nothing sent. The right CA written to
+/// the same path and SIGHUP: a new producer reads it, the rows flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_flow_once_the_ca_file_is_renewed_in_place_and_sighup_sent() {
+    let tls = Security {
+        sasl: false,
+        tls: true,
+    };
+    let broker = SecureBroker::start(tls, &[]).await;
+    let (table, prefix, topics) = table_with_rows(&broker, "renew_ca").await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let stranger = TestCa::new(dir.path(), "stranger-ca").expect("CA");
+    let ca_file = dir.path().join("kafka-ca.pem");
+    std::fs::copy(&stranger.pem, &ca_file).expect("copy CA");
+    let mut kafka = broker.properties(&Login::admin());
+    let mut right_ca = None;
+    for (k, v) in &mut kafka {
+        if *k == "ssl.ca.location" {
+            right_ca = Some(std::mem::replace(v, ca_file.display().to_string()));
+        }
+    }
+    let right_ca = right_ca.expect("the TLS broker's properties name its CA");
+    kafka.push(("message.timeout.ms", "5000".to_owned()));
+    let port = free_port();
+    let retry = "[relay.retry]\ninitial = \"500ms\"\nmax = \"1s\"\n";
+    let relay = RelayProcess::start(&config(&table.name, &prefix, &kafka, port, retry))
+        .expect("start relay");
+    let named = wait_until(SCENARIO_WAIT, || async {
+        http_get(port, "/readyz").is_some_and(|(code, body)| code == 503 && body.contains(TLS))
+    })
+    .await;
+    assert!(named, "{:?}\n{}", http_get(port, "/readyz"), relay.log());
+    assert_eq!(table.unsent().await, ROWS, "{}", relay.log());
+
+    // The same path, the config unchanged: only the file's contents tell.
+    std::fs::copy(&right_ca, &ca_file).expect("renew CA");
+    relay.hangup();
+    let sent = wait_until(SCENARIO_WAIT, || async { table.unsent().await == 0 }).await;
+    assert!(
+        sent,
+        "rows not sent after SIGHUP ({} left):\n{}",
+        table.unsent().await,
+        relay.log()
+    );
+    assert!(readyz_becomes(port, 200).await, "{}", relay.log());
+    let received = tokio::task::block_in_place(|| {
+        broker.consume(
+            &Login::admin(),
+            &topics,
+            ROWS as usize,
+            Duration::from_secs(1),
+        )
+    })
+    .expect("consume");
+    assert_eq!(count_by_id(&received).len(), ROWS as usize);
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    assert!(
+        exit.log.contains("SIGHUP: new kafka producer"),
+        "{}",
+        exit.log
+    );
+    table.drop_table().await;
+}

@@ -21,6 +21,9 @@ use crate::telemetry::auth::SharedAccess;
 /// What the relay runs with now, as last applied.
 pub struct Applied {
     pub kafka: BTreeMap<String, String>,
+    /// What the files `[kafka]` names by path (`ssl.ca.location`, …) held when its producer
+    /// was made: a CA or key renewed at the same path also needs a new producer.
+    pub kafka_files: KafkaFiles,
     pub database_url: String,
     /// The telemetry endpoints' credentials, when they are served.
     pub telemetry: Option<Arc<SharedAccess>>,
@@ -28,8 +31,10 @@ pub struct Applied {
 
 impl Applied {
     pub fn of(config: &Config) -> Self {
+        let kafka = config.kafka_properties();
         Self {
-            kafka: config.kafka_properties(),
+            kafka_files: KafkaFiles::of(&kafka),
+            kafka,
             database_url: config.database_url().to_owned(),
             telemetry: None,
         }
@@ -89,11 +94,12 @@ async fn reload(path: &Path, applied: &mut Applied, relay: &Arc<AppRelay>, store
     }
 }
 
-/// A changed `[kafka]`: a new producer for the next batches.
+/// A changed `[kafka]`, or a changed file it names: a new producer for the next batches.
 async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRelay>) {
     let kafka = fresh.kafka_properties();
-    if kafka == applied.kafka {
-        tracing::info!("SIGHUP: [kafka] unchanged");
+    let files = KafkaFiles::of(&kafka);
+    if kafka == applied.kafka && files == applied.kafka_files {
+        tracing::info!("SIGHUP: [kafka] and the files it names unchanged");
         return;
     }
     let (relay, properties) = (Arc::clone(relay), kafka.clone());
@@ -104,11 +110,51 @@ async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRela
                 "SIGHUP: new kafka producer from the re-read [kafka]; batches in flight finish on the old one"
             );
             applied.kafka = kafka;
+            applied.kafka_files = files;
         }
         Ok(Err(e)) => tracing::error!(error = %e,
             "SIGHUP: the re-read [kafka] settings do not make a producer; keeping the current one"),
         Err(e) => tracing::error!(error = %e, "SIGHUP: replacing the kafka producer failed"),
     }
+}
+
+/// A digest of each file (or directory of files) a `*.location` property names; `None` where
+/// it cannot be read (librdkafka will say why when it makes the producer).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct KafkaFiles(BTreeMap<String, Option<[u8; 32]>>);
+
+impl KafkaFiles {
+    pub fn of(properties: &BTreeMap<String, String>) -> Self {
+        Self(
+            properties
+                .iter()
+                .filter(|(key, _)| key.ends_with(".location"))
+                .map(|(key, path)| (key.clone(), digest(Path::new(path))))
+                .collect(),
+        )
+    }
+}
+
+/// SHA-256 of a file, or of a directory's files (names and contents, in name order:
+/// `ssl.ca.location` may name a directory of CA certificates).
+fn digest(path: &Path) -> Option<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .ok()?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        for file in files {
+            hash.update(file.as_os_str().as_encoded_bytes());
+            hash.update(std::fs::read(&file).ok()?);
+        }
+    } else {
+        hash.update(std::fs::read(path).ok()?);
+    }
+    Some(hash.finalize().into())
 }
 
 /// A changed `database.url`: new connections use it (unless a file it names is unreadable).
@@ -169,6 +215,29 @@ fn in_section(key: &str, section: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_renewed_at_the_same_path_counts_as_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "old CA").unwrap();
+        let properties = BTreeMap::from([
+            ("ssl.ca.location".to_owned(), ca.display().to_string()),
+            ("bootstrap.servers".to_owned(), "b:9093".to_owned()),
+        ]);
+        let before = KafkaFiles::of(&properties);
+        assert_eq!(before, KafkaFiles::of(&properties));
+        std::fs::write(&ca, "renewed CA").unwrap();
+        assert_ne!(before, KafkaFiles::of(&properties));
+        // A directory of certificates: a file added to it counts too.
+        let properties = BTreeMap::from([(
+            "ssl.ca.location".to_owned(),
+            dir.path().display().to_string(),
+        )]);
+        let before = KafkaFiles::of(&properties);
+        std::fs::write(dir.path().join("second.pem"), "another CA").unwrap();
+        assert_ne!(before, KafkaFiles::of(&properties));
+    }
 
     #[test]
     fn a_problem_holds_back_only_its_own_section() {

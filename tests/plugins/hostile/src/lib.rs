@@ -132,7 +132,10 @@ impl Plugin for Hostile {
             }
             "echo-secret" => denied(
                 "upstream-refused",
-                format!("upstream refused api key {} for row {}", self.api_key, row.id),
+                format!(
+                    "upstream refused api key {} for row {}",
+                    self.api_key, row.id
+                ),
             ),
             "nul-error" => denied("nul\0code", format!("row {} has a NUL\0here", row.id)),
             "huge-error" => denied("huge-error", "e".repeat(4 << 20)),
