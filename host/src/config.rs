@@ -225,7 +225,9 @@ impl Config {
         })?;
         let mut config = Self::parse(&text, path)?;
         if let Ok(url) = std::env::var(DATABASE_URL_ENV) {
-            secret::register(secret::url_password(&url));
+            secret::register(secret::url_passwords(&url));
+            // It replaces the file's value, and with it whatever was wrong with that value.
+            config.unresolved.retain(|p| p.key != "database.url");
             config.database.url = Some(url);
         }
         let base = path.parent().unwrap_or(Path::new("."));
@@ -241,7 +243,7 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            message: one_line(e, text),
         };
         let mut tree: toml::Value = toml::from_str(text).map_err(parse_error)?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -255,7 +257,7 @@ impl Config {
                 return Err(toml::from_str::<Self>(text).err().map_or_else(
                     || ConfigError::Parse {
                         path: path.to_owned(),
-                        message: e.to_string().trim_end().to_owned(),
+                        message: e.to_string().trim_end().replace('\n', " "),
                     },
                     parse_error,
                 ));
@@ -399,6 +401,18 @@ impl Config {
                 add(&format!("kafka.\"{key}\""), message.to_owned());
             }
         }
+        // librdkafka names neither the path nor the reason when it cannot read one of these.
+        for (key, path) in self.kafka_properties() {
+            if key.ends_with(".location")
+                && path != "probe"
+                && let Err(e) = std::fs::File::open(&path)
+            {
+                add(
+                    &format!("kafka.\"{key}\""),
+                    format!("cannot read {path}: {e}"),
+                );
+            }
+        }
         if let Some((key, value)) = self.weak_acks()
             && !self.relay.allow_weak_acks
         {
@@ -491,6 +505,21 @@ impl Config {
             .filter_map(|(k, v)| kafka_value_string(v).ok().map(|v| (k.clone(), v)))
             .collect()
     }
+}
+
+/// A TOML error on one line with its place: `message (at line L, column C)`. Never the
+/// source line itself, which toml's own rendering quotes: it may hold a secret written out.
+fn one_line(mut error: toml::de::Error, text: &str) -> String {
+    // Without its input, the error renders its message and the key (`in `relay.x``).
+    error.set_input(None);
+    let message = error.to_string().trim_end().replace('\n', " ");
+    let Some(span) = error.span() else {
+        return message;
+    };
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    format!("{message} (at line {line}, column {column})")
 }
 
 fn kafka_value_string(value: &toml::Value) -> Result<String, &'static str> {
@@ -597,6 +626,43 @@ mod tests {
             err.contains("relay.notify_channel"),
             "`${{x}}` is checked: {err}"
         );
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_place_but_never_quotes_the_line() {
+        let text = "[database]\nurl = \"x\"\n[kafka]\n\"sasl.password\" = \"Literal-Pw-1\" ,\n";
+        let Err(ConfigError::Parse { message, .. }) = parse(text) else {
+            panic!("parsed");
+        };
+        assert!(message.contains("(at line 4, column"), "{message}");
+        assert!(
+            !message.contains("Literal-Pw-1") && !message.contains('\n'),
+            "{message}"
+        );
+        let Err(ConfigError::Parse { message, .. }) =
+            parse("[database]\nurl = \"x\"\n[relay]\nbatch_sise = 10\n")
+        else {
+            panic!("parsed");
+        };
+        assert!(
+            message.starts_with("unknown field `batch_sise`"),
+            "{message}"
+        );
+        assert!(message.ends_with("(at line 4, column 1)"), "{message}");
+    }
+
+    #[test]
+    fn a_kafka_file_that_cannot_be_read_is_named() {
+        let err = parse(
+            "[database]\nurl = \"x\"\n[kafka]\n\"ssl.ca.location\" = \"/nonexistent/ca.pem\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("kafka.\"ssl.ca.location\": cannot read /nonexistent/ca.pem"),
+            "{err}"
+        );
+        parse("[database]\nurl = \"x\"\n[kafka]\n\"ssl.ca.location\" = \"probe\"\n").unwrap();
     }
 
     #[test]

@@ -91,13 +91,30 @@ impl Sources for Environment {
     }
 
     fn file(&self, path: &Path) -> Result<String, io::Error> {
-        std::fs::read_to_string(path)
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        // `take`: a device (`/dev/zero`) or a file much larger than any secret must not fill
+        // the memory.
+        std::fs::File::open(path)?
+            .take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err(io::Error::other(format!(
+                "larger than {} KiB, which no secret is",
+                MAX_FILE_BYTES / 1024
+            )));
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not valid UTF-8 text"))
     }
 
     fn base(&self) -> &Path {
         &self.base
     }
 }
+
+/// The most a `${file:…}` reference reads: certificates and keys are a few KiB.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 
 /// Resolves every reference in every string of `tree` in place. A string with an unresolvable
 /// reference is left with that reference removed (so the rest of the file still deserialises)
@@ -130,9 +147,8 @@ fn walk(
                         out.secrets.push(expanded.text.clone());
                     }
                     out.secrets.extend(expanded.from_files);
-                    if let Some(password) = url_password(&expanded.text) {
-                        out.secrets.push(password.to_owned());
-                    }
+                    out.secrets
+                        .extend(url_passwords(&expanded.text).into_iter().map(str::to_owned));
                     *s = expanded.text;
                 }
                 Err(Failed { message, partial }) => {
@@ -304,21 +320,84 @@ fn lookup(reference: &str, sources: &dyn Sources) -> Result<(String, bool), Stri
     }
 }
 
-/// Where the password of a `scheme://user:password@host…` URL is, as a byte range.
+/// Where the password of a `scheme://user:password@host…` URL is, as a byte range: from the
+/// userinfo's first `:` to the URL's last `@`. A password written without percent-encoding may
+/// hold `@`, `/`, `?` or `#`, which makes the URL ambiguous; this reading hides the most.
 pub fn url_password_range(url: &str) -> Option<std::ops::Range<usize>> {
-    let scheme = url.find("://")?;
-    let authority_start = scheme + 3;
-    // The authority ends at the first '/', '?' or '#' after the scheme; the userinfo at the
-    // last '@' before that (a password may contain '@' when not percent-encoded).
-    let authority_end = url[authority_start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| authority_start + i);
-    let at = url[authority_start..authority_end].rfind('@')? + authority_start;
-    let colon = url[authority_start..at].find(':')? + authority_start;
+    let start = url.find("://")? + 3;
+    let at = url[start..].rfind('@')? + start;
+    let colon = url[start..at].find(':')? + start;
     Some(colon + 1..at)
 }
 
-/// The password of a URL, as written in it.
+/// The passwords a URL may hold, as written in it: the userinfo's password read both the
+/// widest way ([`url_password_range`]) and the strict way (up to the last `@` before the
+/// path, query or fragment), and the values of secret-like query parameters
+/// (`?password=…`, `sslpassword=…`).
+pub fn url_passwords(url: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    if let Some(range) = url_password_range(url) {
+        found.push(&url[range]);
+    }
+    if let Some(start) = url.find("://").map(|i| i + 3) {
+        let end = url[start..]
+            .find(['/', '?', '#'])
+            .map_or(url.len(), |i| start + i);
+        if let Some(at) = url[start..end].rfind('@').map(|i| start + i)
+            && let Some(colon) = url[start..at].find(':').map(|i| start + i)
+        {
+            found.push(&url[colon + 1..at]);
+        }
+    }
+    found.extend(url_query_secrets(url).into_iter().map(|r| &url[r]));
+    found.retain(|p| !p.is_empty());
+    found.dedup();
+    found
+}
+
+/// Where the values of secret-like query parameters of a URL are.
+fn url_query_secrets(url: &str) -> Vec<std::ops::Range<usize>> {
+    let Some(query_start) = url.find('?').map(|i| i + 1) else {
+        return Vec::new();
+    };
+    let query_end = url[query_start..]
+        .find('#')
+        .map_or(url.len(), |i| query_start + i);
+    let mut ranges = Vec::new();
+    let mut at = query_start;
+    for pair in url[query_start..query_end].split('&') {
+        if let Some((key, value)) = pair.split_once('=')
+            && is_secret_key(key)
+        {
+            let value_start = at + key.len() + 1;
+            ranges.push(value_start..value_start + value.len());
+        }
+        at += pair.len() + 1;
+    }
+    ranges
+}
+
+/// A URL with its password and secret-like query parameters shown as `***`, for messages.
+pub fn redact_url(url: &str) -> String {
+    let mut ranges = url_query_secrets(url);
+    ranges.extend(url_password_range(url));
+    ranges.sort_by_key(|r| r.start);
+    let mut out = String::with_capacity(url.len());
+    let mut done = 0;
+    for range in ranges {
+        if range.start < done {
+            // Inside the password already hidden (a query written into it, unencoded).
+            continue;
+        }
+        out.push_str(&url[done..range.start]);
+        out.push_str("***");
+        done = range.end;
+    }
+    out.push_str(&url[done..]);
+    out
+}
+
+/// The password of a URL, as written in it (the widest reading, see [`url_password_range`]).
 pub fn url_password(url: &str) -> Option<&str> {
     url_password_range(url)
         .map(|r| &url[r])
@@ -553,6 +632,27 @@ mod tests {
     }
 
     #[test]
+    fn a_file_reference_reads_a_bounded_amount_of_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = Environment::new(dir.path());
+        let mut tree: toml::Value = toml::from_str(
+            "a = \"${file:/dev/zero}\"\nb = \"${file:binary}\"\nc = \"${file:crlf}\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("binary"), [0xff, 0xfe, 0x00]).unwrap();
+        std::fs::write(dir.path().join("crlf"), "Crlf-Secret-1\r\n").unwrap();
+        let resolved = resolve(&mut tree, &sources);
+        let messages: Vec<&str> = resolved.errors.iter().map(|e| e.message.as_str()).collect();
+        assert!(
+            messages[0].contains("/dev/zero: larger than 1024 KiB"),
+            "{messages:?}"
+        );
+        assert!(messages[1].contains("not valid UTF-8"), "{messages:?}");
+        assert_eq!(messages.len(), 2);
+        assert_eq!(tree["c"].as_str(), Some("Crlf-Secret-1"));
+    }
+
+    #[test]
     fn secret_keys_url_passwords_and_file_values_are_secrets() {
         let (_, resolved) = resolve_text(
             r#"
@@ -582,14 +682,27 @@ mod tests {
     }
 
     #[test]
-    fn url_passwords_are_found_even_with_an_at_sign() {
+    fn url_passwords_are_found_however_they_are_written() {
         assert_eq!(
-            url_password("postgres://app:s3cret@db:5432/app"),
-            Some("s3cret")
+            url_passwords("postgres://app:s3cret@db:5432/app"),
+            ["s3cret"]
         );
-        assert_eq!(url_password("mysql://root:p@ss@h/db?x=a@b"), Some("p@ss"));
-        assert_eq!(url_password("postgres://app@db/app"), None);
-        assert_eq!(url_password("postgres://db/app?user=a:b@c"), None);
+        // Not percent-encoded: '#', '?', '@', '/' in the password.
+        for password in ["CANARY#frag", "CANARY?q=1", "CANARY@pw/x:y"] {
+            let url = format!("postgres://root:{password}@127.0.0.1:5432/test");
+            assert!(url_passwords(&url).contains(&password), "{url}");
+            assert_eq!(redact_url(&url), "postgres://root:***@127.0.0.1:5432/test");
+        }
+        // An '@' in the query: both readings are kept, so the real password is among them.
+        assert!(url_passwords("mysql://root:p@ss@h/db?x=a@b").contains(&"p@ss"));
+        let url = "postgres://app@db/app?sslmode=require&password=Query-Pw-1&sslpassword=Key-Pw-2";
+        assert_eq!(url_passwords(url), ["Query-Pw-1", "Key-Pw-2"]);
+        assert_eq!(
+            redact_url(url),
+            "postgres://app@db/app?sslmode=require&password=***&sslpassword=***"
+        );
+        assert!(url_passwords("postgres://app@db/app").is_empty());
+        assert!(url_passwords("sqlite:///var/app.db").is_empty());
         assert_eq!(url_password("sqlite:///var/app.db"), None);
     }
 

@@ -14,10 +14,18 @@ pub const MAX_LOGGED: usize = 1_024;
 /// Longest text stored in `last_error`, in bytes.
 pub const MAX_STORED: usize = 2_000;
 
-/// `text` with control characters (NUL, escapes, C1 controls; tab and newline become a
-/// space) written as `\u{…}` escapes, cut to at most `max` bytes (plus a trailing `…` and the
-/// number of bytes left out). Borrowed when nothing needed changing.
+/// `text` scrubbed of the configuration's secrets (see [`crate::secret`]; first, while a
+/// secret is still whole), with control characters (NUL, escapes, C1 controls; tab and newline
+/// become a space) written as `\u{…}` escapes, cut to at most `max` bytes (plus a trailing
+/// `…` and the number of bytes left out). Borrowed when nothing needed changing.
 pub fn bounded(text: &str, max: usize) -> Cow<'_, str> {
+    match crate::secret::scrub(text) {
+        Cow::Borrowed(text) => escaped_and_cut(text, max),
+        Cow::Owned(scrubbed) => Cow::Owned(escaped_and_cut(&scrubbed, max).into_owned()),
+    }
+}
+
+fn escaped_and_cut(text: &str, max: usize) -> Cow<'_, str> {
     let clean = text.len() <= max && !text.chars().any(needs_escape);
     if clean {
         return Cow::Borrowed(text);
@@ -78,6 +86,18 @@ fn needs_escape(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_scrubbed_before_newlines_are_folded_and_long_text_is_cut() {
+        // A PEM-like secret: several lines, longer than what is kept.
+        let secret = format!("Bounded-Secret\n{}\nEND", "k".repeat(1_500));
+        crate::secret::register([&secret]);
+        let text = format!("upstream refused key {secret} for row 1");
+        for max in [MAX_LOGGED, MAX_STORED] {
+            let out = bounded(&text, max);
+            assert_eq!(out, "upstream refused key [redacted] for row 1", "{max}");
+        }
+    }
 
     #[test]
     fn clean_short_text_is_borrowed() {

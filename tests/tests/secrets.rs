@@ -43,7 +43,10 @@ async fn a_running_relay_never_shows_a_secret_it_was_given() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let tag = unique("c");
     let db_password = format!("Db-Canary-{tag}");
-    let api_key = format!("Api-Canary-{tag}");
+    // A multi-line key longer than any log line keeps (a PEM key, a service account's JSON):
+    // its head is what would show if it were folded or cut before being scrubbed.
+    let api_key_head = format!("Api-Canary-{tag}");
+    let api_key = format!("{api_key_head}\n{}\n-----END-----", "k".repeat(1_500));
     let kafka_password = format!("Kafka-Canary-{tag}");
     let bogus_broker = format!("broker-canary-{tag}.invalid").replace('_', "-");
     let env_name = format!("SLUICE_TEST_DB_PASSWORD_{}", std::process::id());
@@ -88,7 +91,7 @@ sample_interval = "1s"
     );
     let secrets = [
         db_password.as_str(),
-        api_key.as_str(),
+        api_key_head.as_str(),
         kafka_password.as_str(),
         bogus_broker.as_str(),
         s.table.name.as_str(),
@@ -120,11 +123,13 @@ sample_interval = "1s"
         .into_iter()
         .map(|(_, _, e)| e)
         .collect();
+    // The plugin quotes the key it was given in its errors: what the table keeps of them is
+    // scrubbed too (and shows the key did reach the plugin).
     assert!(
-        stored
-            .iter()
-            .all(|e| e.as_deref().is_some_and(|e| e.contains(&api_key))),
-        "the resolved api_key reached the plugin (it quotes it in its errors): {stored:?}"
+        stored.iter().all(|e| e
+            .as_deref()
+            .is_some_and(|e| e.contains("upstream refused api key [redacted] for row"))),
+        "{stored:?}"
     );
 
     // /status and /metrics once the sampler saw the dead rows.
@@ -238,4 +243,48 @@ builtin = "route-by-aggregate"
         "{text}"
     );
     assert_no_secret("the refused start", &text, &[&canary]);
+}
+
+#[test]
+fn a_database_password_is_hidden_however_the_url_is_written() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let tag = unique("p");
+    // Not percent-encoded, as people write them: the URL no longer parses, and its error
+    // would show it.
+    let in_userinfo = format!("Hash#Canary?{tag}");
+    let in_query = format!("Query-Canary-{tag}");
+    let env_name = format!("SLUICE_TEST_PW_{}", std::process::id());
+    let config = format!(
+        r#"
+[database]
+url = "postgres://root:${{env:{env_name}}}@127.0.0.1:5432/test"
+
+[kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"#
+    );
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, &config).expect("write config");
+    let arg = path.display().to_string();
+    let out = sluice_with_env(
+        &["config", "check", "--connect", "--config", &arg],
+        &[(env_name.as_str(), in_userinfo.as_str())],
+    );
+    let text = output_text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("database"), "{text}");
+    assert_no_secret(
+        "config check --connect",
+        &text,
+        &[&in_userinfo, "Hash#Canary"],
+    );
+
+    let url = format!("postgres://root@127.0.0.1:1/test?password={in_query}");
+    let out = sluice_with_env(
+        &["config", "check", "--connect", "--config", &arg],
+        &[("SLUICE_DATABASE_URL", url.as_str())],
+    );
+    let text = output_text(&out);
+    assert!(text.contains("password=***"), "{text}");
+    assert_no_secret("config check --connect", &text, &[&in_query]);
 }

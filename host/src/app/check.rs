@@ -36,9 +36,7 @@ pub async fn check(path: &Path, connect: bool) -> CheckReport {
         Ok(config) => config,
         // The file cannot be read or is not a configuration's shape: nothing else to check.
         Err(ConfigError::Read { source, .. }) => return problem("file", source.to_string()),
-        Err(ConfigError::Parse { message, .. }) => {
-            return problem("file", one_line_parse_error(&message));
-        }
+        Err(ConfigError::Parse { message, .. }) => return problem("file", message),
         Err(e) => return problem("file", e.to_string()),
     };
     let mut problems = config.problems();
@@ -158,34 +156,4 @@ async fn check_broker(config: &Config) -> Vec<Problem> {
         key: "kafka".into(),
         message,
     }]
-}
-
-/// A TOML error on one line: what is wrong, then where (the parser's message spans several
-/// lines with a drawing of the spot).
-fn one_line_parse_error(message: &str) -> String {
-    let mut lines = message.lines();
-    let first = lines.next().unwrap_or_default();
-    // The last line that is neither blank nor part of the drawing (`  |`, `7 | …`).
-    let what = lines.rfind(|l| {
-        let l = l.trim_start();
-        !l.is_empty() && !l.starts_with('|') && !l.starts_with(|c: char| c.is_ascii_digit())
-    });
-    match (what, first.split_once(" at ")) {
-        (Some(what), Some((_, place))) => format!("{what} (at {place})"),
-        _ => message.replace('\n', " "),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_toml_error_is_put_on_one_line_with_its_place() {
-        let message = "TOML parse error at line 7, column 1\n  |\n7 | batch_sise = 10\n  | ^^^^^^^^^^\nunknown field `batch_sise`, expected one of `batch_size`";
-        assert_eq!(
-            one_line_parse_error(message),
-            "unknown field `batch_sise`, expected one of `batch_size` (at line 7, column 1)"
-        );
-    }
 }

@@ -14,6 +14,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
+use crate::plugin::PluginSpec;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
@@ -27,6 +28,8 @@ pub struct Applied {
     pub database_url: String,
     /// The telemetry endpoints' credentials, when they are served.
     pub telemetry: Option<Arc<SharedAccess>>,
+    /// The plugin settings the router was built from (read at start only).
+    pub plugins: (Option<PluginSpec>, BTreeMap<String, PluginSpec>),
 }
 
 impl Applied {
@@ -37,6 +40,7 @@ impl Applied {
             kafka,
             database_url: config.database_url().to_owned(),
             telemetry: None,
+            plugins: (config.plugins.default.clone(), config.tenants.clone()),
         }
     }
 
@@ -91,6 +95,27 @@ async fn reload(path: &Path, applied: &mut Applied, relay: &Arc<AppRelay>, store
     }
     if !held_back(&problems, "telemetry") {
         rotate_telemetry(&fresh, applied);
+    }
+    changed_plugin_settings(&fresh, applied);
+}
+
+/// Plugin settings are read at start; a changed one (a rotated API key in a tenant's
+/// `config` among them) is named, so nobody believes it applied.
+fn changed_plugin_settings(fresh: &Config, applied: &Applied) {
+    let (default, tenants) = &applied.plugins;
+    if fresh.plugins.default != *default {
+        tracing::warn!(
+            key = "plugins.default",
+            "SIGHUP: plugin settings changed; they take effect at the next restart (the plugin file itself is reloaded)"
+        );
+    }
+    let names: std::collections::BTreeSet<&String> =
+        tenants.keys().chain(fresh.tenants.keys()).collect();
+    for name in names {
+        if fresh.tenants.get(name) != tenants.get(name) {
+            tracing::warn!(key = %format!("tenants.{name}"),
+                "SIGHUP: plugin settings changed; they take effect at the next restart (the plugin file itself is reloaded)");
+        }
     }
 }
 
@@ -193,11 +218,21 @@ fn rotate_telemetry(fresh: &Config, applied: &Applied) {
     }
 }
 
+/// Keys checked against a section's values that live elsewhere: the SQLite lease must outlast
+/// `[kafka]`'s `message.timeout.ms`, so a lease problem keeps the current `[kafka]` too.
+const BOUND_ACROSS: &[(&str, &str)] = &[("kafka", "database.lease")];
+
 /// Whether the re-read `section` has a problem, which keeps its current values in use: a
 /// secret file that became unreadable must not replace working credentials with nothing.
 fn held_back(problems: &[Problem], section: &str) -> bool {
     let mut held = false;
-    for p in problems.iter().filter(|p| in_section(&p.key, section)) {
+    let bound = |key: &str| {
+        in_section(key, section)
+            || BOUND_ACROSS
+                .iter()
+                .any(|(s, other)| *s == section && in_section(key, other))
+    };
+    for p in problems.iter().filter(|p| bound(&p.key)) {
         tracing::warn!(key = %p.key, problem = %p.message,
             "SIGHUP: keeping the current [{section}] settings");
         held = true;
@@ -247,6 +282,14 @@ mod tests {
         }];
         assert!(held_back(&problems, "kafka"));
         assert!(!held_back(&problems, "database"));
+        // A longer message timeout than the SQLite lease allows keeps the current producer.
+        let lease = vec![Problem {
+            key: "database.lease".into(),
+            message: "2m is too short".into(),
+        }];
+        assert!(held_back(&lease, "kafka"));
+        assert!(held_back(&lease, "database"));
+        assert!(!held_back(&lease, "telemetry"));
         assert!(in_section("database.url", "database"));
         assert!(!in_section("databases.url", "database"));
     }

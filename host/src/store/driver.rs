@@ -263,10 +263,7 @@ impl OutboxStore for Store {
 
 /// A database URL with its password hidden, for messages and logs.
 pub fn redact(url: &str) -> String {
-    match crate::secret::url_password_range(url) {
-        Some(password) => format!("{}***{}", &url[..password.start], &url[password.end..]),
-        None => url.to_owned(),
-    }
+    crate::secret::redact_url(url)
 }
 
 #[cfg(test)]

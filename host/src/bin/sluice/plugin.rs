@@ -62,6 +62,13 @@ pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             };
             let ConfigArgs { file, mut settings } = config_args(&config)?;
             settings.extend(set);
+            // A key's value given on the command line is as secret as one from a file.
+            sluice::secret::register(
+                settings
+                    .iter()
+                    .filter(|(key, _)| sluice::secret::is_secret_key(key))
+                    .map(|(_, value)| value),
+            );
             let tenant = match (file, tenant) {
                 (Some(file), Some(name)) => Some(configured_tenant(&file, &name, source.as_ref())?),
                 (Some(file), None) => bail!(
