@@ -458,13 +458,26 @@ impl Config {
     /// check` lists these as warnings (they do not fail it, and `sluice run` starts).
     pub fn warnings(&self) -> Vec<Problem> {
         let default = self.plugins.default.as_ref();
-        self.tenants
+        let mut warnings: Vec<Problem> = self
+            .tenants
             .iter()
             .flat_map(|(name, tenant)| {
                 tenant.inheritance_warnings(&format!("tenants.{name}"), default)
             })
             .map(|(key, message)| Problem { key, message })
-            .collect()
+            .collect();
+        let telemetry = &self.telemetry;
+        if telemetry.listen.is_none()
+            && (telemetry.bearer_token.is_some() || telemetry.basic_auth_username.is_some())
+        {
+            warnings.push(Problem {
+                key: "telemetry.listen".into(),
+                message: "not set, so nothing is served and the credentials protect nothing \
+                          (set listen to serve /metrics and /status)"
+                    .into(),
+            });
+        }
+        warnings
     }
 
     /// How the store claims and marks rows: `[relay]`'s keys and `database.lease`.
@@ -663,6 +676,20 @@ mod tests {
             "{err}"
         );
         parse("[database]\nurl = \"x\"\n[kafka]\n\"ssl.ca.location\" = \"probe\"\n").unwrap();
+    }
+
+    #[test]
+    fn telemetry_credentials_without_a_listener_are_a_warning() {
+        let c =
+            parse("[database]\nurl = \"x\"\n[telemetry]\nbearer_token = \"abcdefgh\"\n").unwrap();
+        let warnings = c.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].key, "telemetry.listen");
+        let c = parse(
+            "[database]\nurl = \"x\"\n[telemetry]\nlisten = \"127.0.0.1:9464\"\nbearer_token = \"abcdefgh\"\n",
+        )
+        .unwrap();
+        assert!(c.warnings().is_empty());
     }
 
     #[test]

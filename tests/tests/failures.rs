@@ -95,7 +95,15 @@ async fn terminated_database_backends_mid_batch_lose_no_row() {
     let s = Scenario::new("pgkill", &["order", "customer"]).await;
     let n: i64 = 10_000;
     s.table.insert_rows(n, None).await;
-    let relay = RelayProcess::start(&s.config("batch_size = 100", "")).unwrap();
+    // Its own application_name, so only this relay's connections are terminated, not those
+    // of the tests running beside it.
+    let name = unique("pgkill");
+    let config = s.config("batch_size = 100", "").replace(
+        &format!("url = \"{}\"", database_url()),
+        &format!("url = \"{}?application_name={name}\"", database_url()),
+    );
+    assert!(config.contains(&name), "{config}");
+    let relay = RelayProcess::start(&config).unwrap();
 
     // Terminate the relay's connections repeatedly while it drains.
     let mut terminated = 0;
@@ -105,8 +113,9 @@ async fn terminated_database_backends_mid_batch_lose_no_row() {
         }
         let killed: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-              WHERE application_name = 'sluice' AND pid <> pg_backend_pid()) t",
+              WHERE application_name = $1 AND pid <> pg_backend_pid()) t",
         )
+        .bind(&name)
         .fetch_one(&s.table.pool)
         .await
         .unwrap();

@@ -50,11 +50,7 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
         let router = Arc::new(router);
         // One connection per worker's open batch, plus one for probes and maintenance.
         let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);
-        let store = open_store(config, connections).await?;
-        // A missing grant stops start-up with the privilege named, rather than failing every
-        // batch (without DELETE, after publishing it).
-        store.check_privileges(&privileges_needed(config)).await?;
-        let store = Arc::new(store);
+        let store = Arc::new(open_store(config, connections).await?);
         if let Some((key, value)) = config.weak_acks() {
             tracing::warn!(key, value = %value,
                 "kafka acks weaker than \"all\" (allowed by relay.allow_weak_acks): a broker failure can lose messages of rows already marked sent");
@@ -109,14 +105,18 @@ pub fn privileges_needed(config: &Config) -> Vec<store::Need> {
     store::relay_needs(config.relay.mark, prunes)
 }
 
-/// Opens the store, trying again on connection errors for up to
-/// [`DATABASE_START_PATIENCE`]; a table Sluice cannot use fails at once.
+/// Opens the store and checks the relay's privileges on the table, trying again on
+/// connection errors (a database restarting, a connection cut) for up to
+/// [`DATABASE_START_PATIENCE`]; a table Sluice cannot use, or a missing grant, fails at once
+/// with the privilege named, rather than failing every batch (without DELETE, after
+/// publishing it).
 async fn open_store(config: &Config, connections: u32) -> anyhow::Result<Store> {
     let spec = config.database.table_spec()?;
+    let needs = privileges_needed(config);
     let started = Instant::now();
     let mut pause = DATABASE_RETRY;
     loop {
-        match store::open(
+        let opened = match store::open(
             config.database_url(),
             &spec,
             config.store_options(),
@@ -124,6 +124,10 @@ async fn open_store(config: &Config, connections: u32) -> anyhow::Result<Store> 
         )
         .await
         {
+            Ok(store) => store.check_privileges(&needs).await.map(|()| store),
+            Err(e) => Err(e),
+        };
+        match opened {
             Ok(store) => return Ok(store),
             Err(e) if e.is_transient() && started.elapsed() < DATABASE_START_PATIENCE => {
                 tracing::warn!(error = %e, retry_in = ?pause, "database not reachable yet; trying again");
