@@ -710,6 +710,22 @@ fn a_leaking_plugin_is_replaced_before_its_cap_and_keeps_batching() {
     );
 }
 
+/// `sluice plugin new order-router --lang LANG` into `dir/LANG`; returns that directory.
+fn new_project(dir: &std::path::Path, lang: &str) -> std::path::PathBuf {
+    let dest = dir.join(lang);
+    let out = sluice(&[
+        "plugin",
+        "new",
+        "order-router",
+        "--lang",
+        lang,
+        "--dir",
+        &dest.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    dest
+}
+
 #[test]
 fn plugin_new_writes_a_project_per_language_with_its_name_filled_in() {
     let dir = tempfile::tempdir().unwrap();
@@ -718,17 +734,7 @@ fn plugin_new_writes_a_project_per_language_with_its_name_filled_in() {
         ("python", "app.py"),
         ("js", "plugin.js"),
     ] {
-        let dest = dir.path().join(lang);
-        let out = sluice(&[
-            "plugin",
-            "new",
-            "order-router",
-            "--lang",
-            lang,
-            "--dir",
-            &dest.display().to_string(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        let dest = new_project(dir.path(), lang);
         for file in [
             "README.md",
             "build.sh",
@@ -794,17 +800,7 @@ fn plugin_new_writes_a_project_per_language_with_its_name_filled_in() {
 fn plugin_new_golden_output_is_what_the_builtin_route_by_aggregate_publishes() {
     let dir = tempfile::tempdir().unwrap();
     for lang in ["rust", "python", "js"] {
-        let dest = dir.path().join(lang);
-        let new = sluice(&[
-            "plugin",
-            "new",
-            "order-router",
-            "--lang",
-            lang,
-            "--dir",
-            &dest.display().to_string(),
-        ]);
-        assert!(new.status.success(), "{}", stderr(&new));
+        let dest = new_project(dir.path(), lang);
         let expected = dest.join("expected.jsonl");
         let test = sluice(&[
             "plugin",

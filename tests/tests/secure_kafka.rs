@@ -199,10 +199,10 @@ async fn scram_broker(stem: &str) -> (SecureBroker, OutboxTable, String) {
     (broker, table, prefix)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_wrong_password_is_an_authentication_failure() {
-    let (broker, table, prefix) = scram_broker("wrong_pw").await;
-    let login = Login::new(Scram::Sha256.mechanism(), "relay", "wrong");
+/// A login the SCRAM broker refuses: an authentication failure, never called TLS.
+async fn login_refused(stem: &str, mechanism: &str, user: &str, password: &str) {
+    let (broker, table, prefix) = scram_broker(stem).await;
+    let login = Login::new(mechanism, user, password);
     let says = Says {
         cause: AUTHENTICATION,
         not: &[TLS],
@@ -212,29 +212,20 @@ async fn a_wrong_password_is_an_authentication_failure() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_password_is_an_authentication_failure() {
+    login_refused("wrong_pw", Scram::Sha256.mechanism(), "relay", "wrong").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_unknown_user_is_an_authentication_failure() {
-    let (broker, table, prefix) = scram_broker("unknown_user").await;
-    let login = Login::new(Scram::Sha256.mechanism(), "nobody", "right");
-    let says = Says {
-        cause: AUTHENTICATION,
-        not: &[TLS],
-    };
-    refused(&table, &prefix, &broker.properties(&login), says).await;
-    table.drop_table().await;
+    login_refused("unknown_user", Scram::Sha256.mechanism(), "nobody", "right").await;
 }
 
 /// Tansu 0.6 offers SCRAM only: PLAIN (or any mechanism the broker lacks) fails in the SASL
 /// handshake, an authentication failure like a wrong password.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mechanism_the_broker_does_not_offer_is_an_authentication_failure() {
-    let (broker, table, prefix) = scram_broker("plain_refused").await;
-    let login = Login::new("PLAIN", "relay", "right");
-    let says = Says {
-        cause: AUTHENTICATION,
-        not: &[TLS],
-    };
-    refused(&table, &prefix, &broker.properties(&login), says).await;
-    table.drop_table().await;
+    login_refused("plain_refused", "PLAIN", "relay", "right").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
