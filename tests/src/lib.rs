@@ -524,6 +524,13 @@ config = {{ topic_prefix = "{topic_prefix}" }}
     )
 }
 
+/// `config` (made by [`relay_config`]) connecting to `url` instead of the tests' database URL.
+pub fn with_database_url(config: &str, url: &str) -> String {
+    let line = format!("url = \"{}\"", database_url());
+    assert!(config.contains(&line), "not a relay_config:\n{config}");
+    config.replacen(&line, &format!("url = \"{url}\""), 1)
+}
+
 /// The usual shape of an end-to-end test: a fresh outbox table, topics
 /// `<table>.<suffix>` on the shared broker, and a relay configured for them.
 pub struct Scenario {

@@ -168,25 +168,9 @@ async fn topics(prefix: &str) -> Vec<String> {
 }
 
 fn config(url: &str, table: &str, prefix: &str, relay_extra: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{url}"
-table = "{table}"
-
-[relay]
-poll_interval = "100ms"
-{relay_extra}
-
-[kafka]
-"bootstrap.servers" = "{bootstrap}"
-
-[plugins.default]
-path = "{plugin}"
-config = {{ topic_prefix = "{prefix}" }}
-"#,
-        bootstrap = kafka_bootstrap(),
-        plugin = reference_plugin().display(),
+    with_database_url(
+        &relay_config(table, &kafka_bootstrap(), prefix, relay_extra, ""),
+        url,
     )
 }
 

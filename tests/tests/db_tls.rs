@@ -129,9 +129,9 @@ async fn postgres_sslmode_require_and_verify_ca_work_against_the_server() {
         &host,
         &format!("{verify_ca}&application_name={application}"),
     );
-    let config = relay_config(&table.name, &kafka_bootstrap(), "tls.", "", "").replace(
-        &format!("url = \"{}\"", database_url()),
-        &format!("url = \"{url}\""),
+    let config = with_database_url(
+        &relay_config(&table.name, &kafka_bootstrap(), "tls.", "", ""),
+        &url,
     );
     assert!(config.contains(&application), "{config}");
     let relay = RelayProcess::start(&config).expect("start relay");
@@ -350,9 +350,9 @@ async fn config_check_and_run_report_a_certificate_that_does_not_verify() {
         &format!("sslmode=verify-full&{}", root(&own.other_ca)),
     );
     let table = OutboxTable::create("tls_run").await;
-    let config = relay_config(&table.name, &kafka_bootstrap(), "tls.", "", "").replace(
-        &format!("url = \"{}\"", database_url()),
-        &format!("url = \"{url}\""),
+    let config = with_database_url(
+        &relay_config(&table.name, &kafka_bootstrap(), "tls.", "", ""),
+        &url,
     );
     assert!(config.contains("verify-full"), "{config}");
 

@@ -98,9 +98,9 @@ async fn terminated_database_backends_mid_batch_lose_no_row() {
     // Its own application_name, so only this relay's connections are terminated, not those
     // of the tests running beside it.
     let name = unique("pgkill");
-    let config = s.config("batch_size = 100", "").replace(
-        &format!("url = \"{}\"", database_url()),
-        &format!("url = \"{}?application_name={name}\"", database_url()),
+    let config = with_database_url(
+        &s.config("batch_size = 100", ""),
+        &format!("{}?application_name={name}", database_url()),
     );
     assert!(config.contains(&name), "{config}");
     let relay = RelayProcess::start(&config).unwrap();

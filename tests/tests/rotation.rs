@@ -78,12 +78,9 @@ async fn sighup_gives_new_database_connections_the_rotated_url() {
     // The application name stands in for a rotated password (the server here trusts every
     // password): it shows which URL a connection was opened with.
     let name_file = write(dir.path(), "app-name", &before);
-    let config = s.config("", "").replace(
-        &format!("url = \"{}\"", database_url()),
-        &format!(
-            "url = \"{}?application_name=${{file:{name_file}}}\"",
-            database_url()
-        ),
+    let config = with_database_url(
+        &s.config("", ""),
+        &format!("{}?application_name=${{file:{name_file}}}", database_url()),
     );
     assert!(config.contains("application_name"), "{config}");
     let relay = RelayProcess::start(&config).expect("start relay");
@@ -139,19 +136,14 @@ async fn an_unreadable_secret_file_keeps_the_credentials_in_use_and_says_so() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let client_id = write(dir.path(), "client-id", "sluice-kept");
     let name_file = write(dir.path(), "app-name", &unique("kept"));
-    let config = s
-        .config("", "")
-        .replace(
-            "[kafka]\n",
-            &format!("[kafka]\n\"client.id\" = \"${{file:{client_id}}}\"\n"),
-        )
-        .replace(
-            &format!("url = \"{}\"", database_url()),
-            &format!(
-                "url = \"{}?application_name=${{file:{name_file}}}\"",
-                database_url()
-            ),
-        );
+    let config = with_database_url(
+        &s.config("", ""),
+        &format!("{}?application_name=${{file:{name_file}}}", database_url()),
+    )
+    .replace(
+        "[kafka]\n",
+        &format!("[kafka]\n\"client.id\" = \"${{file:{client_id}}}\"\n"),
+    );
     let relay = RelayProcess::start(&config).expect("start relay");
     let started = wait_until(SCENARIO_WAIT, || async {
         relay.log().contains("relay started")
