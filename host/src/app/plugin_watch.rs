@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::Signal;
 
 use crate::plugin::PluginRouter;
 use crate::shutdown::Shutdown;
@@ -12,8 +12,12 @@ use crate::shutdown::Shutdown;
 /// How often plugin files are checked for replacement.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
-pub async fn run(router: Arc<PluginRouter>, mut shutdown: Shutdown) {
-    let mut hangup = match signal(SignalKind::hangup()) {
+pub async fn run(
+    router: Arc<PluginRouter>,
+    hangup: std::io::Result<Signal>,
+    mut shutdown: Shutdown,
+) {
+    let mut hangup = match hangup {
         Ok(s) => Some(s),
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGHUP; plugin files are still watched");

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::Signal;
 
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
@@ -53,15 +53,17 @@ impl Applied {
     }
 }
 
-/// Re-reads `path` on every SIGHUP and applies changed credentials, until shutdown.
+/// Re-reads `path` on every SIGHUP `hangup` receives and applies changed credentials, until
+/// shutdown.
 pub async fn run(
     path: PathBuf,
     mut applied: Applied,
     relay: Arc<AppRelay>,
     store: Arc<Store>,
+    hangup: std::io::Result<Signal>,
     mut shutdown: Shutdown,
 ) {
-    let mut hangup = match signal(SignalKind::hangup()) {
+    let mut hangup = match hangup {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGHUP; credentials are not rotated");

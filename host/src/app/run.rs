@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use tokio::signal::unix::{SignalKind, signal};
 
 use super::assemble::{AppRelay, Parts, assemble};
 use super::plugin_watch;
@@ -50,12 +51,19 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         }
         None => None,
     };
-    services.start("plugin watcher", |stop| plugin_watch::run(router, stop));
+    // SIGHUP is listened for from here on, not from when each service's task first runs: a
+    // signal sent once the relay says it started must reach both.
+    let hangup = || signal(SignalKind::hangup());
+    let watch_hangup = hangup();
+    services.start("plugin watcher", |stop| {
+        plugin_watch::run(router, watch_hangup, stop)
+    });
     if let Some(path) = config.origin.clone() {
         let (relay, store) = (Arc::clone(&relay), Arc::clone(&store));
         let applied = rotate::Applied::of(&config).with_telemetry(access);
+        let rotate_hangup = hangup();
         services.start("credential rotation", move |stop| {
-            rotate::run(path, applied, relay, store, stop)
+            rotate::run(path, applied, relay, store, rotate_hangup, stop)
         });
     }
     if let Some(channel) = config.relay.notify_channel.clone() {
