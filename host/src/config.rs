@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::problem::Problem;
 use crate::secret;
 
 use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
@@ -18,7 +19,7 @@ use crate::relay::{
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
 use crate::store::{
-    AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering, SpecError,
+    AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering,
     StoreOptions, TableSpec, validate_channel,
 };
 use crate::telemetry::TelemetrySettings;
@@ -46,14 +47,6 @@ pub enum ConfigError {
         path: PathBuf,
         problems: Vec<Problem>,
     },
-}
-
-/// One thing wrong with a configuration: the key and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct Problem {
-    pub key: String,
-    pub message: String,
 }
 
 /// One problem inline, several one per line.
@@ -119,7 +112,7 @@ fn default_table() -> String {
 impl DatabaseConfig {
     /// The outbox table with its column mapping, validated (names are identifiers, no column
     /// mapped twice or onto a bookkeeping column).
-    pub fn table_spec(&self) -> Result<TableSpec, SpecError> {
+    pub fn table_spec(&self) -> Result<TableSpec, Problem> {
         TableSpec::from_settings(&self.table, &self.columns)
     }
 
@@ -263,14 +256,7 @@ impl Config {
                 ));
             }
         };
-        config.unresolved = resolved
-            .errors
-            .into_iter()
-            .map(|e| Problem {
-                key: e.key,
-                message: e.message,
-            })
-            .collect();
+        config.unresolved = resolved.errors;
         Ok(config)
     }
 
@@ -323,38 +309,32 @@ impl Config {
 
     fn value_problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
-        let mut add = |key: &str, message: String| {
-            problems.push(Problem {
-                key: key.to_owned(),
-                message,
-            })
-        };
         match &self.database.url {
-            None => add(
+            None => problems.push(Problem::new(
                 "database.url",
                 format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
-            ),
-            Some(url) if url.trim().is_empty() => add("database.url", "is empty".into()),
+            )),
+            Some(url) if url.trim().is_empty() => {
+                problems.push(Problem::new("database.url", "is empty"))
+            }
             Some(_) => {}
         }
-        if let Err(e) = self.database.table_spec() {
-            add(&e.key, e.message);
-        }
+        problems.extend(self.database.table_spec().err());
         let driver = self.database.driver();
         match (driver, self.database.lease) {
-            (Some(d), Some(_)) if !d.leases() => add(
+            (Some(d), Some(_)) if !d.leases() => problems.push(Problem::new(
                 "database.lease",
                 format!(
                     "only SQLite claims rows with a lease; {} holds row locks instead \
                      (remove the key)",
                     d.name()
                 ),
-            ),
+            )),
             (Some(d), lease) if d.leases() => {
                 let lease = lease.unwrap_or(DEFAULT_LEASE);
                 let timeout = self.message_timeout();
                 if lease < timeout + LEASE_MARGIN {
-                    add(
+                    problems.push(Problem::new(
                         "database.lease",
                         format!(
                             "{} is too short: a lease must outlast a batch, i.e. the \
@@ -365,7 +345,7 @@ impl Config {
                             humantime::format_duration(timeout),
                             humantime::format_duration(LEASE_MARGIN),
                         ),
-                    );
+                    ));
                 }
             }
             _ => {}
@@ -374,31 +354,30 @@ impl Config {
             && !d.notifies()
             && self.relay.notify_channel.is_some()
         {
-            add(
+            problems.push(Problem::new(
                 "relay.notify_channel",
                 format!(
                     "{} has no LISTEN/NOTIFY: relays poll (relay.poll_interval); remove the key",
                     d.name()
                 ),
-            );
+            ));
         }
-        for (key, message) in self.relay.settings().problems() {
-            add(&format!("relay.{key}"), message);
-        }
+        problems.extend(self.relay.settings().problems());
         if self.relay.prune_interval.is_zero() {
-            add("relay.prune_interval", "must be greater than 0".into());
+            problems.push(Problem::new(
+                "relay.prune_interval",
+                "must be greater than 0",
+            ));
         }
         if let Some(channel) = &self.relay.notify_channel
             && let Err(message) = validate_channel(channel)
         {
-            add("relay.notify_channel", message);
+            problems.push(Problem::new("relay.notify_channel", message));
         }
-        for (key, message) in self.relay.retry.problems() {
-            add(&format!("relay.retry.{key}"), message);
-        }
+        problems.extend(self.relay.retry.problems());
         for (key, value) in &self.kafka {
             if let Err(message) = kafka_value_string(value) {
-                add(&format!("kafka.\"{key}\""), message.to_owned());
+                problems.push(Problem::new(format!("kafka.\"{key}\""), message));
             }
         }
         // librdkafka names neither the path nor the reason when it cannot read one of these.
@@ -407,34 +386,31 @@ impl Config {
                 && path != "probe"
                 && let Err(e) = std::fs::File::open(&path)
             {
-                add(
-                    &format!("kafka.\"{key}\""),
-                    format!("cannot read {path}: {e}"),
-                );
+                problems.push(Problem::caused(
+                    format!("kafka.\"{key}\""),
+                    format!("cannot read {path}"),
+                    e,
+                ));
             }
         }
         if let Some((key, value)) = self.weak_acks()
             && !self.relay.allow_weak_acks
         {
-            add(
-                &format!("kafka.\"{key}\""),
+            problems.push(Problem::new(
+                format!("kafka.\"{key}\""),
                 format!(
                     "{value:?} lets the broker acknowledge a message before every in-sync \
                      replica has it, and Sluice marks a row sent on that acknowledgement, so a \
                      broker failure can lose the row's messages; use \"all\" (the default), or \
                      set relay.allow_weak_acks = true to accept that"
                 ),
-            );
+            ));
         }
-        for (key, message) in self.telemetry.problems() {
-            add(&format!("telemetry.{key}"), message);
-        }
-        for (key, message) in self.plugins.problems() {
-            add(&key, message);
-        }
+        problems.extend(self.telemetry.problems());
+        problems.extend(self.plugins.problems());
         for (name, tenant) in &self.tenants {
             if name.is_empty() {
-                add("tenants", "tenant names must not be empty".into());
+                problems.push(Problem::new("tenants", "tenant names must not be empty"));
             }
             let key = format!("tenants.{name}");
             if tenant
@@ -442,14 +418,12 @@ impl Config {
                 .source()
                 .is_none()
             {
-                add(
-                    &format!("{key}.path"),
-                    "missing, and there is no [plugins.default] to fall back to".into(),
-                );
+                problems.push(Problem::new(
+                    format!("{key}.path"),
+                    "missing, and there is no [plugins.default] to fall back to",
+                ));
             }
-            for (key, message) in tenant.problems(&key, false) {
-                add(&key, message);
-            }
+            problems.extend(tenant.problems(&key, false));
         }
         problems
     }
@@ -464,18 +438,16 @@ impl Config {
             .flat_map(|(name, tenant)| {
                 tenant.inheritance_warnings(&format!("tenants.{name}"), default)
             })
-            .map(|(key, message)| Problem { key, message })
             .collect();
         let telemetry = &self.telemetry;
         if telemetry.listen.is_none()
             && (telemetry.bearer_token.is_some() || telemetry.basic_auth_username.is_some())
         {
-            warnings.push(Problem {
-                key: "telemetry.listen".into(),
-                message: "not set, so nothing is served and the credentials protect nothing \
-                          (set listen to serve /metrics and /status)"
-                    .into(),
-            });
+            warnings.push(Problem::new(
+                "telemetry.listen",
+                "not set, so nothing is served and the credentials protect nothing \
+                 (set listen to serve /metrics and /status)",
+            ));
         }
         warnings
     }

@@ -15,6 +15,7 @@ pub mod config;
 pub mod maintenance;
 pub mod model;
 pub mod plugin;
+pub mod problem;
 pub mod relay;
 pub mod secret;
 pub mod shutdown;

@@ -17,6 +17,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{PoisonError, RwLock};
 
+use crate::problem::Problem;
+
 /// What a secret is replaced with wherever Sluice prints text.
 pub const REDACTED: &str = "[redacted]";
 /// Secrets shorter than this are not scrubbed from free text: replacing every occurrence of
@@ -43,19 +45,12 @@ const SECRET_KEY_WORDS: &[&str] = &[
     "sasl.oauthbearer.config",
 ];
 
-/// A reference that could not be resolved: the key it is in, and why. The message names the
-/// variable or the path, never a value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReferenceError {
-    /// The key, as config errors name it (`kafka."sasl.password"`, `tenants.acme.config.key`).
-    pub key: String,
-    pub message: String,
-}
-
 /// What [`resolve`] found: the unresolvable references, and the values that are secrets.
 #[derive(Debug, Default)]
 pub struct Resolved {
-    pub errors: Vec<ReferenceError>,
+    /// Each reference that could not be resolved, at its key (`kafka."sasl.password"`,
+    /// `tenants.acme.config.key`): the message names the variable or the path, never a value.
+    pub errors: Vec<Problem>,
     pub secrets: Vec<String>,
 }
 
@@ -151,11 +146,8 @@ fn walk(
                         .extend(url_passwords(&expanded.text).into_iter().map(str::to_owned));
                     *s = expanded.text;
                 }
-                Err(Failed { message, partial }) => {
-                    out.errors.push(ReferenceError {
-                        key: key_name(path),
-                        message,
-                    });
+                Err(Failed { why, partial }) => {
+                    out.errors.push(why.at(key_name(path)));
                     *s = partial;
                 }
             }
@@ -223,15 +215,40 @@ struct Expanded {
 
 /// The first unresolvable reference of a string, and the string without it.
 struct Failed {
-    message: String,
+    why: Why,
     partial: String,
+}
+
+/// Why a reference did not resolve, and the file error underneath if there is one.
+struct Why {
+    message: String,
+    cause: Option<io::Error>,
+}
+
+impl From<String> for Why {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            cause: None,
+        }
+    }
+}
+
+impl Why {
+    /// The problem of the reference at `key`.
+    fn at(self, key: String) -> Problem {
+        match self.cause {
+            Some(cause) => Problem::caused(key, self.message, cause),
+            None => Problem::new(key, self.message),
+        }
+    }
 }
 
 /// Replaces `$${` by `${` and each `${kind:arg}` by its value.
 fn expand(s: &str, sources: &dyn Sources) -> Result<Expanded, Failed> {
     let mut text = String::with_capacity(s.len());
     let mut from_files = Vec::new();
-    let mut first_error: Option<String> = None;
+    let mut first_error: Option<Why> = None;
     let mut rest = s;
     while let Some(at) = rest.find('$') {
         text.push_str(&rest[..at]);
@@ -242,7 +259,9 @@ fn expand(s: &str, sources: &dyn Sources) -> Result<Expanded, Failed> {
         } else if let Some(after) = tail.strip_prefix("${") {
             let Some(end) = after.find('}') else {
                 first_error.get_or_insert_with(|| {
-                    "a `${` without its closing `}` (write `$${` for a literal `${`)".to_owned()
+                    "a `${` without its closing `}` (write `$${` for a literal `${`)"
+                        .to_owned()
+                        .into()
                 });
                 rest = "";
                 break;
@@ -254,8 +273,8 @@ fn expand(s: &str, sources: &dyn Sources) -> Result<Expanded, Failed> {
                     }
                     text.push_str(&value);
                 }
-                Err(message) => {
-                    first_error.get_or_insert(message);
+                Err(why) => {
+                    first_error.get_or_insert(why);
                 }
             }
             rest = &after[end + 1..];
@@ -267,37 +286,34 @@ fn expand(s: &str, sources: &dyn Sources) -> Result<Expanded, Failed> {
     text.push_str(rest);
     match first_error {
         None => Ok(Expanded { text, from_files }),
-        Some(message) => Err(Failed {
-            message,
-            partial: text,
-        }),
+        Some(why) => Err(Failed { why, partial: text }),
     }
 }
 
 /// The value of one reference (`env:NAME` or `file:PATH`), and whether it came from a file.
-fn lookup(reference: &str, sources: &dyn Sources) -> Result<(String, bool), String> {
+fn lookup(reference: &str, sources: &dyn Sources) -> Result<(String, bool), Why> {
     let Some((kind, arg)) = reference.split_once(':') else {
-        return Err(format!(
+        return Err(Why::from(format!(
             "`${{{reference}}}` is not a reference: write `${{env:{reference}}}` for an \
              environment variable, `${{file:PATH}}` for a file, or `$${{` for a literal `${{`"
-        ));
+        )));
     };
     match kind.trim() {
         "env" => {
             let name = arg.trim();
             if name.is_empty() {
-                return Err("`${env:}` names no environment variable".to_owned());
+                return Err("`${env:}` names no environment variable".to_owned().into());
             }
             match sources.env(name) {
                 Some(Ok(value)) => Ok((value, false)),
-                Some(Err(why)) => Err(format!("environment variable {name} {why}")),
-                None => Err(format!("environment variable {name} is not set")),
+                Some(Err(why)) => Err(format!("environment variable {name} {why}").into()),
+                None => Err(format!("environment variable {name} is not set").into()),
             }
         }
         "file" => {
             let arg = arg.trim();
             if arg.is_empty() {
-                return Err("`${file:}` names no file".to_owned());
+                return Err("`${file:}` names no file".to_owned().into());
             }
             let path = sources.base().join(arg);
             match sources.file(&path) {
@@ -310,13 +326,17 @@ fn lookup(reference: &str, sources: &dyn Sources) -> Result<(String, bool), Stri
                     }
                     Ok((contents, true))
                 }
-                Err(e) => Err(format!("cannot read file {}: {e}", path.display())),
+                Err(e) => Err(Why {
+                    message: format!("cannot read file {}", path.display()),
+                    cause: Some(e),
+                }),
             }
         }
         other => Err(format!(
             "unknown reference kind `{other}` in `${{{other}:…}}`: Sluice resolves \
              `${{env:NAME}}` and `${{file:PATH}}` (write `$${{` for a literal `${{`)"
-        )),
+        )
+        .into()),
     }
 }
 
@@ -604,15 +624,25 @@ mod tests {
             url = "${PGPASS}"
             "#,
         );
-        let by_key: HashMap<&str, &str> = resolved
+        let by_key: HashMap<&str, String> = resolved
             .errors
             .iter()
-            .map(|e| (e.key.as_str(), e.message.as_str()))
+            .map(|e| (e.key.as_str(), e.reason()))
             .collect();
         assert!(
             by_key[r#"kafka."sasl.password""#].contains("environment variable MISSING is not set")
         );
         assert!(by_key[r#"kafka."ssl.key.password""#].contains("/nope/key-pw"));
+        // The file system's error is kept as the problem's source.
+        let unreadable = resolved
+            .errors
+            .iter()
+            .find(|e| e.key == r#"kafka."ssl.key.password""#)
+            .and_then(std::error::Error::source);
+        assert!(
+            unreadable.is_some_and(|e| e.is::<io::Error>()),
+            "{unreadable:?}"
+        );
         assert!(by_key[r#"kafka."sasl.username""#].contains("unknown reference kind `vault`"));
         assert!(by_key[r#"kafka."client.id""#].contains("without its closing"));
         assert!(
@@ -622,7 +652,7 @@ mod tests {
         );
         assert_eq!(resolved.errors.len(), 5);
         for e in &resolved.errors {
-            assert!(!e.message.contains("pg-Pass-1"), "{e:?}");
+            assert!(!e.to_string().contains("pg-Pass-1"), "{e:?}");
         }
         assert_eq!(
             tree["kafka"]["client.id"].as_str(),
@@ -642,7 +672,7 @@ mod tests {
         std::fs::write(dir.path().join("binary"), [0xff, 0xfe, 0x00]).unwrap();
         std::fs::write(dir.path().join("crlf"), "Crlf-Secret-1\r\n").unwrap();
         let resolved = resolve(&mut tree, &sources);
-        let messages: Vec<&str> = resolved.errors.iter().map(|e| e.message.as_str()).collect();
+        let messages: Vec<String> = resolved.errors.iter().map(|e| e.reason()).collect();
         assert!(
             messages[0].contains("/dev/zero: larger than 1024 KiB"),
             "{messages:?}"

@@ -26,10 +26,7 @@ pub struct CheckReport {
 /// Checks the configuration file at `path`; no problems means it is fine.
 pub async fn check(path: &Path, connect: bool) -> CheckReport {
     let problem = |key: &str, message: String| CheckReport {
-        problems: vec![Problem {
-            key: key.to_owned(),
-            message,
-        }],
+        problems: vec![Problem::new(key, message)],
         warnings: Vec::new(),
     };
     let config = match Config::load_unchecked(path) {
@@ -66,10 +63,7 @@ async fn check_listen(config: &Config) -> Option<Problem> {
         Ok(Err(e)) => format!("cannot resolve {listen}: {e}"),
         Err(_) => format!("cannot resolve {listen}: no answer within {RESOLVE_TIMEOUT:?}"),
     };
-    Some(Problem {
-        key: "telemetry.listen".into(),
-        message,
-    })
+    Some(Problem::new("telemetry.listen", message))
 }
 
 /// Starts every tenant's plugin as `sluice run` would, quarantining instead of failing, and
@@ -87,31 +81,28 @@ async fn check_plugins(config: &Config) -> Vec<Problem> {
     let router = match started {
         Ok(Ok(router)) => Arc::new(router),
         Ok(Err(e)) => {
-            return vec![Problem {
-                key: "plugins".into(),
-                message: e.to_string(),
-            }];
+            return vec![Problem::new("plugins", e.to_string())];
         }
         Err(e) => {
-            return vec![Problem {
-                key: "plugins".into(),
-                message: format!("loading the plugins failed: {e}"),
-            }];
+            return vec![Problem::new(
+                "plugins",
+                format!("loading the plugins failed: {e}"),
+            )];
         }
     };
     router
         .tenant_statuses()
         .into_iter()
         .filter_map(|s| match s.state {
-            TenantState::Quarantined { reason, .. } => Some(Problem {
-                key: match s.tenant.name() {
+            TenantState::Quarantined { reason, .. } => Some(Problem::new(
+                match s.tenant.name() {
                     Some(name) if s.configured && config.tenants.contains_key(name) => {
                         format!("tenants.{name}")
                     }
                     _ => "plugins.default".to_owned(),
                 },
-                message: format!("{} cannot start: {reason}", s.plugin),
-            }),
+                format!("{} cannot start: {reason}", s.plugin),
+            )),
             _ => None,
         })
         .collect()
@@ -134,10 +125,7 @@ async fn check_database(config: &Config) -> Vec<Problem> {
     };
     match opened {
         Ok(()) => Vec::new(),
-        Err(e) => vec![Problem {
-            key: "database".into(),
-            message: e.to_string(),
-        }],
+        Err(e) => vec![Problem::new("database", e.to_string())],
     }
 }
 
@@ -152,8 +140,5 @@ async fn check_broker(config: &Config) -> Vec<Problem> {
         Ok(Err(e)) => e.to_string(),
         Err(e) => e.to_string(),
     };
-    vec![Problem {
-        key: "kafka".into(),
-        message,
-    }]
+    vec![Problem::new("kafka", message)]
 }

@@ -235,7 +235,7 @@ fn held_back(problems: &[Problem], section: &str) -> bool {
                 .any(|(s, other)| *s == section && in_section(key, other))
     };
     for p in problems.iter().filter(|p| bound(&p.key)) {
-        tracing::warn!(key = %p.key, problem = %p.message,
+        tracing::warn!(key = %p.key, problem = %p.reason(),
             "SIGHUP: keeping the current [{section}] settings");
         held = true;
     }
@@ -278,17 +278,14 @@ mod tests {
 
     #[test]
     fn a_problem_holds_back_only_its_own_section() {
-        let problems = vec![Problem {
-            key: r#"kafka."sasl.password""#.into(),
-            message: "cannot read file /run/secrets/pw".into(),
-        }];
+        let problems = vec![Problem::new(
+            r#"kafka."sasl.password""#,
+            "cannot read file /run/secrets/pw",
+        )];
         assert!(held_back(&problems, "kafka"));
         assert!(!held_back(&problems, "database"));
         // A longer message timeout than the SQLite lease allows keeps the current producer.
-        let lease = vec![Problem {
-            key: "database.lease".into(),
-            message: "2m is too short".into(),
-        }];
+        let lease = vec![Problem::new("database.lease", "2m is too short")];
         assert!(held_back(&lease, "kafka"));
         assert!(held_back(&lease, "database"));
         assert!(!held_back(&lease, "telemetry"));

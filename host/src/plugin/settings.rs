@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::plugin::TopicPattern;
 use crate::plugin::builtin::Builtin;
+use crate::problem::Problem;
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
@@ -185,13 +186,13 @@ pub enum PluginSource {
 }
 
 impl PluginsSettings {
-    /// Problems with `[plugins]` itself and `[plugins.default]`, each as (key, what is wrong).
-    pub fn problems(&self) -> Vec<(String, String)> {
+    /// Problems with `[plugins]` itself and `[plugins.default]`.
+    pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         if self.max_unconfigured_instances == 0 {
-            problems.push((
-                "plugins.max_unconfigured_instances".to_owned(),
-                "must be at least 1".to_owned(),
+            problems.push(Problem::new(
+                "plugins.max_unconfigured_instances",
+                "must be at least 1",
             ));
         }
         if let Some(default) = &self.default {
@@ -252,14 +253,10 @@ impl PluginSpec {
         self.path.is_some() || self.builtin.is_some()
     }
 
-    /// Where [`PluginSpec::inherit`] may not do what this tenant's author expects, each as
-    /// (`key` + sub-key, what happens and how to say it explicitly): `config check` warns
+    /// Where [`PluginSpec::inherit`] may not do what this tenant's author expects, each at
+    /// `key` + sub-key, saying what happens and how to say it explicitly: `config check` warns
     /// about them without failing.
-    pub fn inheritance_warnings(
-        &self,
-        key: &str,
-        default: Option<&PluginSpec>,
-    ) -> Vec<(String, String)> {
+    pub fn inheritance_warnings(&self, key: &str, default: Option<&PluginSpec>) -> Vec<Problem> {
         let Some(default) = default else {
             return Vec::new();
         };
@@ -267,7 +264,7 @@ impl PluginSpec {
         let default_config = default.config.as_ref().filter(|c| !c.is_empty());
         if self.names_plugin() {
             if let (None, Some(inherited)) = (&self.config, default_config) {
-                warnings.push((
+                warnings.push(Problem::new(
                     format!("{key}.config"),
                     format!(
                         "not set, and a tenant with its own plugin does not take \
@@ -278,7 +275,7 @@ impl PluginSpec {
                 ));
             }
             if let (None, Some(inherited)) = (&self.allowed_topics, &default.allowed_topics) {
-                warnings.push((
+                warnings.push(Problem::new(
                     format!("{key}.allowed_topics"),
                     format!(
                         "not set, and a tenant with its own plugin does not take \
@@ -295,7 +292,7 @@ impl PluginSpec {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             if !dropped.is_empty() {
-                warnings.push((
+                warnings.push(Problem::new(
                     format!("{key}.config"),
                     format!(
                         "replaces [plugins.default]'s config as a whole (the tables are not \
@@ -309,20 +306,20 @@ impl PluginSpec {
         warnings
     }
 
-    /// Problems with this entry on its own, each as (`key` + sub-key, what is wrong);
+    /// Problems with this entry on its own, each at `key` or one of its sub-keys;
     /// `required`: whether it must name its plugin (`[plugins.default]` must).
-    pub fn problems(&self, key: &str, required: bool) -> Vec<(String, String)> {
+    pub fn problems(&self, key: &str, required: bool) -> Vec<Problem> {
         let mut problems = Vec::new();
         if let Err(m) = validate_source(&self.path, &self.builtin, required) {
-            problems.push((key.to_owned(), m));
+            problems.push(Problem::new(key, m));
         }
         if let Some(config) = &self.config
-            && let Err((k, m)) = validate_config_table(config)
+            && let Err(problem) = validate_config_table(key, config)
         {
-            problems.push((format!("{key}.config.{k}"), m));
+            problems.push(problem);
         }
-        if let Err((k, m)) = validate_limits(&self.limits()) {
-            problems.push((format!("{key}.{k}"), m));
+        if let Err(problem) = validate_limits(key, &self.limits()) {
+            problems.push(problem);
         }
         problems
     }
@@ -411,12 +408,13 @@ pub fn config_pairs(table: &BTreeMap<String, toml::Value>) -> Vec<(String, Strin
         .collect()
 }
 
-fn validate_config_table(table: &BTreeMap<String, toml::Value>) -> Result<(), (String, String)> {
+/// `key`'s `config` table: scalar values only.
+fn validate_config_table(key: &str, table: &BTreeMap<String, toml::Value>) -> Result<(), Problem> {
     for (k, v) in table {
         if toml_scalar(v).is_none() {
-            return Err((
-                k.clone(),
-                "plugin config values must be strings, numbers or booleans".to_owned(),
+            return Err(Problem::new(
+                format!("{key}.config.{k}"),
+                "plugin config values must be strings, numbers or booleans",
             ));
         }
     }
@@ -436,46 +434,51 @@ fn validate_source(
     }
 }
 
-fn validate_limits(limits: &LimitsSpec) -> Result<(), (String, String)> {
+/// `key`'s sandbox limits.
+fn validate_limits(key: &str, limits: &LimitsSpec) -> Result<(), Problem> {
+    let at = |limit: &str| format!("{key}.{limit}");
     if limits.memory_mb == Some(0) {
-        return Err(("memory_mb".into(), "must be greater than 0".into()));
+        return Err(Problem::new(at("memory_mb"), "must be greater than 0"));
     }
     if limits.call_timeout.is_some_and(|d| d.is_zero()) {
-        return Err(("call_timeout".into(), "must be greater than 0".into()));
+        return Err(Problem::new(at("call_timeout"), "must be greater than 0"));
     }
     if let Some(p) = limits.recycle_memory_percent
         && !(1..=100).contains(&p)
     {
-        return Err((
-            "recycle_memory_percent".into(),
+        return Err(Problem::new(
+            at("recycle_memory_percent"),
             format!("must be 1 to 100 (100: never replace), got {p}"),
         ));
     }
     if limits.circuit_breaker_failures == Some(0) {
-        return Err((
-            "circuit_breaker_failures".into(),
-            "must be at least 1".into(),
+        return Err(Problem::new(
+            at("circuit_breaker_failures"),
+            "must be at least 1",
         ));
     }
     if limits.max_message_bytes == Some(0) {
-        return Err(("max_message_bytes".into(), "must be greater than 0".into()));
+        return Err(Problem::new(
+            at("max_message_bytes"),
+            "must be greater than 0",
+        ));
     }
     if let Some(n) = limits.max_headers_per_message
         && n > MAX_HEADERS_PER_MESSAGE
     {
-        return Err((
-            "max_headers_per_message".into(),
+        return Err(Problem::new(
+            at("max_headers_per_message"),
             format!("must be at most {MAX_HEADERS_PER_MESSAGE}, got {n}"),
         ));
     }
     if limits.max_batch_output_bytes == Some(0) {
-        return Err((
-            "max_batch_output_bytes".into(),
-            "must be greater than 0".into(),
+        return Err(Problem::new(
+            at("max_batch_output_bytes"),
+            "must be greater than 0",
         ));
     }
     for pattern in limits.allowed_topics.iter().flatten() {
-        TopicPattern::parse(pattern).map_err(|m| ("allowed_topics".to_owned(), m))?;
+        TopicPattern::parse(pattern).map_err(|m| Problem::new(at("allowed_topics"), m))?;
     }
     Ok(())
 }
@@ -542,8 +545,8 @@ mod tests {
     fn warned(tenant: &str, default: &str) -> Vec<String> {
         spec(tenant)
             .inheritance_warnings("tenants.acme", Some(&spec(default)))
-            .into_iter()
-            .map(|(k, m)| format!("{k}: {m}"))
+            .iter()
+            .map(Problem::to_string)
             .collect()
     }
 

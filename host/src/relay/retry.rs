@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::problem::Problem;
 use crate::sink::check_topic_name;
 use crate::store::Disposition;
 
@@ -52,34 +53,43 @@ impl Default for RetrySettings {
 }
 
 impl RetrySettings {
-    /// Problems with these settings, each as (`relay.retry.` key, what is wrong).
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
+    /// Problems with these settings, at their `relay.retry.` keys.
+    pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         if self.initial.is_zero() {
-            problems.push(("initial", "must be greater than 0".into()));
+            problems.push(Problem::new(
+                "relay.retry.initial",
+                "must be greater than 0",
+            ));
         }
         if self.max < self.initial {
-            problems.push(("max", "must not be shorter than relay.retry.initial".into()));
+            problems.push(Problem::new(
+                "relay.retry.max",
+                "must not be shorter than relay.retry.initial",
+            ));
         }
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
-            problems.push((
-                "multiplier",
+            problems.push(Problem::new(
+                "relay.retry.multiplier",
                 format!("must be at least 1.0, got {}", self.multiplier),
             ));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            problems.push((
-                "jitter",
+            problems.push(Problem::new(
+                "relay.retry.jitter",
                 format!("must be between 0 and 1, got {}", self.jitter),
             ));
         }
         if self.max_attempts == 0 {
-            problems.push(("max_attempts", "must be at least 1".into()));
+            problems.push(Problem::new(
+                "relay.retry.max_attempts",
+                "must be at least 1",
+            ));
         }
         if let Some(topic) = &self.dead_letter_topic
             && let Err(why) = check_topic_name(topic)
         {
-            problems.push(("dead_letter_topic", why));
+            problems.push(Problem::new("relay.retry.dead_letter_topic", why));
         }
         problems
     }

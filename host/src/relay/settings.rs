@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::retry::RetryPolicy;
+use crate::problem::Problem;
 
 /// Rows claimed per transaction. Large enough to amortise the claim/mark round trips, small
 /// enough that a batch's transaction stays short.
@@ -51,12 +52,12 @@ pub struct RelaySettings {
 }
 
 impl RelaySettings {
-    /// Problems with these settings, each as (`relay.` key, what is wrong).
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
+    /// Problems with these settings, at their `relay.` keys.
+    pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
-            problems.push((
-                "batch_size",
+            problems.push(Problem::new(
+                "relay.batch_size",
                 format!(
                     "must be between 1 and {MAX_BATCH_SIZE}, got {}",
                     self.batch_size
@@ -64,18 +65,21 @@ impl RelaySettings {
             ));
         }
         if self.workers == 0 || self.workers > MAX_WORKERS {
-            problems.push((
-                "workers",
+            problems.push(Problem::new(
+                "relay.workers",
                 format!("must be between 1 and {MAX_WORKERS}, got {}", self.workers),
             ));
         }
         if self.poll_interval.is_zero() {
-            problems.push(("poll_interval", "must be greater than 0".into()));
+            problems.push(Problem::new(
+                "relay.poll_interval",
+                "must be greater than 0",
+            ));
         }
         if self.min_poll_interval.is_zero() || self.min_poll_interval > self.poll_interval {
-            problems.push((
-                "min_poll_interval",
-                "must be greater than 0 and not longer than relay.poll_interval".into(),
+            problems.push(Problem::new(
+                "relay.min_poll_interval",
+                "must be greater than 0 and not longer than relay.poll_interval",
             ));
         }
         problems

@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::TableName;
 use super::table::validate_identifier;
+use crate::problem::Problem;
 
 /// Sluice's bookkeeping columns. Sluice owns them (`sluice migrate` adds them), so their names
 /// are fixed; a mapped column may not use one of them.
@@ -149,14 +150,14 @@ impl ColumnMap {
     }
 
     /// Refuses a mapping Sluice cannot work with: a column used for two roles (except `order`
-    /// naming the id column), or one of Sluice's bookkeeping columns. Returns the key at
-    /// fault and why.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// naming the id column), or one of Sluice's bookkeeping columns, at the
+    /// `database.columns.…` key at fault.
+    pub fn validate(&self) -> Result<(), Problem> {
         let roles = self.roles();
         for (i, (key, column)) in roles.iter().enumerate() {
             if BOOKKEEPING.contains(&column.as_str()) {
-                return Err((
-                    key,
+                return Err(Problem::new(
+                    format!("database.columns.{key}"),
                     format!("{column} is one of Sluice's bookkeeping columns"),
                 ));
             }
@@ -166,8 +167,8 @@ impl ColumnMap {
                 .iter()
                 .find(|(other, c)| c == column && !order_is_id(other, key))
             {
-                return Err((
-                    key,
+                return Err(Problem::new(
+                    format!("database.columns.{key}"),
                     format!("{column} is already mapped as database.columns.{other}"),
                 ));
             }
@@ -211,30 +212,17 @@ pub struct ColumnsSettings {
     pub order: Option<String>,
 }
 
-/// A `[database]` key whose value cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct SpecError {
-    pub key: String,
-    pub message: String,
-}
-
 impl TableSpec {
     /// The outbox table `table` with the column mapping `columns`, validated (names are
     /// identifiers, no column mapped twice or onto a bookkeeping column); errors name the
     /// `database.…` key at fault.
-    pub fn from_settings(table: &str, columns: &ColumnsSettings) -> Result<Self, SpecError> {
-        let name = TableName::parse(table).map_err(|e| SpecError {
-            key: "database.table".into(),
-            message: e.to_string(),
-        })?;
+    pub fn from_settings(table: &str, columns: &ColumnsSettings) -> Result<Self, Problem> {
+        let name = TableName::parse(table).map_err(|e| Problem::invalid("database.table", e))?;
         let c = columns;
         let column = |key: &str, value: &Option<String>, default: ColumnName| match value {
             None => Ok(default),
-            Some(name) => ColumnName::parse(name).map_err(|e| SpecError {
-                key: format!("database.columns.{key}"),
-                message: e.to_string(),
-            }),
+            Some(name) => ColumnName::parse(name)
+                .map_err(|e| Problem::invalid(format!("database.columns.{key}"), e)),
         };
         let defaults = ColumnMap::default();
         let tenant = match c.tenant.as_deref() {
@@ -257,10 +245,7 @@ impl TableSpec {
             created_at: column("created_at", &c.created_at, defaults.created_at)?,
             order,
         };
-        columns.validate().map_err(|(key, message)| SpecError {
-            key: format!("database.columns.{key}"),
-            message,
-        })?;
+        columns.validate()?;
         Ok(Self { name, columns })
     }
 }
@@ -320,18 +305,21 @@ mod tests {
             event_type: col("aggregate_type"),
             ..ColumnMap::default()
         };
-        let (key, message) = twice.validate().unwrap_err();
-        assert_eq!(key, "event_type");
+        let problem = twice.validate().unwrap_err();
+        assert_eq!(problem.key, "database.columns.event_type");
         assert!(
-            message.contains("database.columns.aggregate_type"),
-            "{message}"
+            problem.message.contains("database.columns.aggregate_type"),
+            "{problem}"
         );
 
         let bookkeeping = ColumnMap {
             payload: col("last_error"),
             ..ColumnMap::default()
         };
-        assert_eq!(bookkeeping.validate().unwrap_err().0, "payload");
+        assert_eq!(
+            bookkeeping.validate().unwrap_err().key,
+            "database.columns.payload"
+        );
 
         let order_is_id = ColumnMap {
             order: Some(col("id")),

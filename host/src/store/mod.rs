@@ -33,8 +33,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 pub use columns::{
-    ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, SpecError,
-    TableSpec, TenantColumn,
+    ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, TableSpec,
+    TenantColumn,
 };
 pub(crate) use driver::try_connection;
 pub use driver::{Driver, Store, StoreBatch, check_url, migrate, open, redact};

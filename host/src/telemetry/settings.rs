@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::auth::{Access, Secret};
 use super::listen::ListenAddr;
+use crate::problem::Problem;
 
 /// How often the sampler reads the backlog gauges and checks the database and the broker:
 /// a fraction of a statement per second, and fresh enough for alerts that wait minutes.
@@ -82,91 +83,92 @@ impl TelemetrySettings {
         }
     }
 
-    /// Values that cannot work: key (under `telemetry.`) and why.
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
+    /// Values that cannot work, at their `telemetry.` keys.
+    pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         if let Some(Err(message)) = self.listen_addr() {
-            problems.push(("listen", message));
+            problems.push(Problem::new("telemetry.listen", message));
         }
         problems.extend(self.auth_problems());
         if self.sample_interval < Duration::from_secs(1) {
-            problems.push(("sample_interval", "must be at least 1s".to_owned()));
+            problems.push(Problem::new(
+                "telemetry.sample_interval",
+                "must be at least 1s",
+            ));
         }
         if self.stalled_after < Duration::from_secs(1) {
-            problems.push(("stalled_after", "must be at least 1s".to_owned()));
+            problems.push(Problem::new(
+                "telemetry.stalled_after",
+                "must be at least 1s",
+            ));
         }
         if self.sample_limit < 1 {
-            problems.push(("sample_limit", "must be at least 1".to_owned()));
+            problems.push(Problem::new("telemetry.sample_limit", "must be at least 1"));
         }
         problems
     }
 
     /// The credential keys: one scheme at most, complete, and sendable in an HTTP header.
     /// Messages never quote a value.
-    fn auth_problems(&self) -> Vec<(&'static str, String)> {
+    fn auth_problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         let basic = self.basic_auth_username.is_some() || self.basic_auth_password.is_some();
         if self.bearer_token.is_some() && basic {
-            problems.push((
-                "bearer_token",
+            problems.push(Problem::new(
+                "telemetry.bearer_token",
                 "set either bearer_token or basic_auth_username and basic_auth_password, \
-                 not both"
-                    .to_owned(),
+                 not both",
             ));
         }
         if let Some(token) = &self.bearer_token {
             let token = token.expose();
             if token.is_empty() {
-                problems.push((
-                    "bearer_token",
+                problems.push(Problem::new(
+                    "telemetry.bearer_token",
                     "is empty (an empty file or variable?); remove the key to leave the \
-                     endpoints open"
-                        .to_owned(),
+                     endpoints open",
                 ));
             } else if !token.bytes().all(|b| b.is_ascii_graphic()) {
-                problems.push((
-                    "bearer_token",
+                problems.push(Problem::new(
+                    "telemetry.bearer_token",
                     "contains spaces, line breaks or non-ASCII characters, which an \
-                     Authorization header cannot carry (a file with an extra line?)"
-                        .to_owned(),
+                     Authorization header cannot carry (a file with an extra line?)",
                 ));
             }
         }
         match (&self.basic_auth_username, &self.basic_auth_password) {
-            (Some(_), None) => problems.push((
-                "basic_auth_password",
-                "missing: basic_auth_username needs basic_auth_password".to_owned(),
+            (Some(_), None) => problems.push(Problem::new(
+                "telemetry.basic_auth_password",
+                "missing: basic_auth_username needs basic_auth_password",
             )),
-            (None, Some(_)) => problems.push((
-                "basic_auth_username",
-                "missing: basic_auth_password needs basic_auth_username".to_owned(),
+            (None, Some(_)) => problems.push(Problem::new(
+                "telemetry.basic_auth_username",
+                "missing: basic_auth_password needs basic_auth_username",
             )),
             _ => {}
         }
         if let Some(username) = &self.basic_auth_username {
             if username.is_empty() {
-                problems.push(("basic_auth_username", "is empty".to_owned()));
+                problems.push(Problem::new("telemetry.basic_auth_username", "is empty"));
             } else if username.contains(':') || username.chars().any(char::is_control) {
-                problems.push((
-                    "basic_auth_username",
+                problems.push(Problem::new(
+                    "telemetry.basic_auth_username",
                     "must not contain a colon or control characters (basic auth separates \
-                     the user name from the password with a colon)"
-                        .to_owned(),
+                     the user name from the password with a colon)",
                 ));
             }
         }
         if let Some(password) = &self.basic_auth_password {
             if password.expose().is_empty() {
-                problems.push((
-                    "basic_auth_password",
-                    "is empty (an empty file or variable?)".to_owned(),
+                problems.push(Problem::new(
+                    "telemetry.basic_auth_password",
+                    "is empty (an empty file or variable?)",
                 ));
             } else if password.expose().chars().any(char::is_control) {
-                problems.push((
-                    "basic_auth_password",
+                problems.push(Problem::new(
+                    "telemetry.basic_auth_password",
                     "contains line breaks or other control characters (a file with an extra \
-                     line?)"
-                        .to_owned(),
+                     line?)",
                 ));
             }
         }
@@ -182,8 +184,8 @@ mod tests {
         toml::from_str(toml_text).unwrap_or_else(|e| panic!("{toml_text}: {e}"))
     }
 
-    fn keys(s: &TelemetrySettings) -> Vec<&'static str> {
-        s.problems().into_iter().map(|(key, _)| key).collect()
+    fn keys(s: &TelemetrySettings) -> Vec<String> {
+        s.problems().into_iter().map(|p| p.key).collect()
     }
 
     #[test]
@@ -193,8 +195,8 @@ mod tests {
         let s = settings("listen = \"localhost\"");
         let problems = s.problems();
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert_eq!(problems[0].0, "listen");
-        assert!(problems[0].1.contains("has no port"), "{problems:?}");
+        assert_eq!(problems[0].key, "telemetry.listen");
+        assert!(problems[0].message.contains("has no port"), "{problems:?}");
     }
 
     #[test]
@@ -220,9 +222,9 @@ mod tests {
             "bearer_token = \"abc\"\nbasic_auth_username = \"prom\"\nbasic_auth_password = \"pw\"",
         );
         let problems = s.problems();
-        assert_eq!(keys(&s), ["bearer_token"], "{problems:?}");
+        assert_eq!(keys(&s), ["telemetry.bearer_token"], "{problems:?}");
         assert!(
-            problems[0].1.contains("basic_auth_username"),
+            problems[0].message.contains("basic_auth_username"),
             "{problems:?}"
         );
     }
@@ -230,23 +232,23 @@ mod tests {
     #[test]
     fn basic_auth_needs_both_keys() {
         let s = settings("basic_auth_username = \"prom\"");
-        assert_eq!(keys(&s), ["basic_auth_password"]);
+        assert_eq!(keys(&s), ["telemetry.basic_auth_password"]);
         assert_eq!(s.access(), Access::Open);
         let s = settings("basic_auth_password = \"pw\"");
-        assert_eq!(keys(&s), ["basic_auth_username"]);
+        assert_eq!(keys(&s), ["telemetry.basic_auth_username"]);
     }
 
     #[test]
     fn empty_or_unsendable_credentials_are_refused_without_showing_them() {
         let s = settings("bearer_token = \"\"");
-        assert_eq!(keys(&s), ["bearer_token"]);
-        assert!(s.problems()[0].1.contains("is empty"));
+        assert_eq!(keys(&s), ["telemetry.bearer_token"]);
+        assert!(s.problems()[0].message.contains("is empty"));
         let s = settings("bearer_token = \"tok3n-x\\n\\n\"");
-        assert_eq!(keys(&s), ["bearer_token"]);
+        assert_eq!(keys(&s), ["telemetry.bearer_token"]);
         let s = settings("basic_auth_username = \"a:b\"\nbasic_auth_password = \"tok3n-x\"");
-        assert_eq!(keys(&s), ["basic_auth_username"]);
+        assert_eq!(keys(&s), ["telemetry.basic_auth_username"]);
         let s = settings("basic_auth_username = \"a\"\nbasic_auth_password = \"\"");
-        assert_eq!(keys(&s), ["basic_auth_password"]);
+        assert_eq!(keys(&s), ["telemetry.basic_auth_password"]);
         for s in [
             settings("bearer_token = \"tok3n-x\\n\\n\""),
             settings("bearer_token = \"tok3n-x\"\nbasic_auth_username = \"u\""),

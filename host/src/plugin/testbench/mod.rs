@@ -245,8 +245,8 @@ pub fn run(
     mut out: impl Write,
 ) -> anyhow::Result<TestSummary> {
     let spec = options.spec()?;
-    if let Some((key, message)) = spec.problems("plugin", true).into_iter().next() {
-        anyhow::bail!("{key}: {message}");
+    if let Some(problem) = spec.problems("plugin", true).into_iter().next() {
+        anyhow::bail!("{problem}");
     }
     let (settings, tenants) = options.settings(spec);
     let router = PluginRouter::from_settings(&settings, &tenants)?;
