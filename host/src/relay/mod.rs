@@ -8,6 +8,7 @@
 //! before the commit re-publishes the batch later: delivery is at-least-once.
 //!
 //! - [`batch`]: one batch, start to end (and settling a failed commit)
+//! - [`batch_metrics`]: what a batch records into the metrics
 //! - [`concurrency`]: how many of the loops may have a batch in flight
 //! - [`outcome`]: what became of each row of a batch
 //! - [`dead_letter`]: copies of rows that go dead
@@ -17,6 +18,7 @@
 //! - [`settings`], [`stats`]: `[relay]` and what the relay did
 
 mod batch;
+mod batch_metrics;
 pub mod concurrency;
 mod dead_letter;
 mod held_back;
@@ -25,7 +27,6 @@ pub mod pacer;
 pub mod retry;
 mod settings;
 mod stats;
-mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -64,9 +65,9 @@ pub enum RelayError {
     WorkerEnded,
 }
 
-/// Why one batch failed as a whole. Its transaction was rolled back: nothing of it is
-/// recorded, and (except after a failed commit, which is settled separately) nothing of it was
-/// published.
+/// Why one batch failed as a whole. Its claim was given up (PostgreSQL, MySQL: the transaction
+/// rolled back; SQLite: the leases ended, or run out): nothing of it is recorded, and (except
+/// after a failed commit, which is settled separately) nothing of it was published.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
     #[error(transparent)]
@@ -115,7 +116,7 @@ struct WorkerRunning<'a>(Option<&'a Metrics>);
 impl<'a> WorkerRunning<'a> {
     fn start(metrics: Option<&'a Metrics>) -> Self {
         if let Some(m) = metrics {
-            m.worker_started();
+            m.health.worker_started();
         }
         Self(metrics)
     }
@@ -124,7 +125,7 @@ impl<'a> WorkerRunning<'a> {
 impl Drop for WorkerRunning<'_> {
     fn drop(&mut self) {
         if let Some(m) = self.0 {
-            m.worker_ended();
+            m.health.worker_ended();
         }
     }
 }
@@ -136,7 +137,7 @@ struct BatchInHand<'a>(Option<&'a Metrics>, usize);
 impl<'a> BatchInHand<'a> {
     fn start(metrics: Option<&'a Metrics>, worker: usize) -> Self {
         if let Some(m) = metrics {
-            m.batch_in_hand(worker, Some(Instant::now()));
+            m.health.batch_in_hand(worker, Some(Instant::now()));
         }
         Self(metrics, worker)
     }
@@ -145,7 +146,7 @@ impl<'a> BatchInHand<'a> {
 impl Drop for BatchInHand<'_> {
     fn drop(&mut self) {
         if let Some(m) = self.0 {
-            m.batch_in_hand(self.1, None);
+            m.health.batch_in_hand(self.1, None);
         }
     }
 }
@@ -201,8 +202,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     }
 
     /// Relays batches with `relay.workers` loops until `shutdown` fires. Each loop's batch in
-    /// hand may finish within `shutdown_timeout`; after that it is dropped, which rolls it
-    /// back. A loop that panics or ends on its own stops the others the same way and makes
+    /// hand may finish within `shutdown_timeout`; after that it is dropped, which gives up its
+    /// claim unrecorded (see the worker loop). A loop that panics or ends on its own stops the others the same way and makes
     /// this return an error.
     pub async fn run(self: &Arc<Self>, shutdown: Shutdown) -> Result<RelayStats, RelayError> {
         self.run_workers(shutdown, Mode::Continuous).await
@@ -261,7 +262,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     async fn worker(&self, index: usize, mut shutdown: Shutdown, mode: Mode) {
         let _running = WorkerRunning::start(self.metrics());
         if let Some(m) = self.metrics() {
-            m.batch_concurrency(self.concurrency.limit());
+            m.relay.batch_concurrency(self.concurrency.limit());
         }
         // Failed batches in a row, for the pause before the next one.
         let mut failures: u32 = 0;
@@ -275,8 +276,10 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             tokio::pin!(batch);
             let outcome = tokio::select! {
                 outcome = &mut batch => outcome,
-                // Dropping the batch drops its transaction: PostgreSQL rolls it back and the
-                // rows are claimed again later (possibly re-published: at-least-once).
+                // Dropping the batch gives up its claim with nothing recorded: on PostgreSQL
+                // and MySQL its transaction rolls back; on SQLite the claim is a committed
+                // lease, so the rows wait until it runs out (`database.lease`). Either way they
+                // are claimed again later (possibly re-published: at-least-once).
                 _ = deadline_after(shutdown.clone(), self.settings.shutdown_timeout) => {
                     tracing::warn!(
                         shutdown_timeout = ?self.settings.shutdown_timeout,
@@ -294,7 +297,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                             && report.claimed >= self.settings.batch_size,
                     );
                     if let Some(m) = self.metrics() {
-                        m.batch_concurrency(self.concurrency.limit());
+                        m.relay.batch_concurrency(self.concurrency.limit());
                     }
                     self.counters.add(&report);
                     log_report(&report);
@@ -343,7 +346,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                     && let Some(cause) = self.pacer.wait_turn(shutdown).await
                     && let Some(m) = self.metrics()
                 {
-                    m.poll_woken(cause.label());
+                    m.relay.poll_woken(cause);
                 }
                 false
             }
