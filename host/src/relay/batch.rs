@@ -89,7 +89,9 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         let mut outcomes = match Outcomes::build(&rows, results, &self.settings.retry) {
             Ok(outcomes) => outcomes,
             Err(mismatch) => {
-                // Dropping the batch would roll it back as well; abandoning does it now.
+                // Abandoning gives the rows back now; a dropped batch would only roll back
+                // (PostgreSQL, MySQL), while on SQLite its lease would hold them until it ran
+                // out.
                 if let Err(e) = batch.abandon().await {
                     tracing::warn!(error = %e, "rolling back the batch failed");
                 }

@@ -3,8 +3,9 @@
 //! A process runs `relay.workers` of these loops at once, so one batch is claimed and
 //! transformed while another waits for its acknowledgements or its commit; when to poll is
 //! decided by the shared [`pacer::Pacer`]. A batch's rows stay locked by its open transaction
-//! from the claim until the commit that marks them, so concurrent workers and relays never
-//! publish the same row twice in normal operation. A crash after the broker acknowledged but
+//! (SQLite: leased to it by a committed claim) from the claim until the commit that marks
+//! them, so concurrent workers and relays never publish the same row twice in normal
+//! operation. A crash after the broker acknowledged but
 //! before the commit re-publishes the batch later: delivery is at-least-once.
 //!
 //! - [`batch`]: one batch, start to end (and settling a failed commit)
