@@ -195,8 +195,8 @@ pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainRe
 
 /// Flushes the producer at exit. Everything queued belongs to a batch that was either
 /// recorded (and so acknowledged) or given up unrecorded (and will be published again): a
-/// failed flush loses nothing. Flushing blocks, and so does dropping the producer (the last handle of
-/// `relay`): both happen on a blocking thread.
+/// failed flush loses nothing. Flushing blocks, and so does dropping the producer (the last
+/// handle of `relay`): both happen on a blocking thread.
 async fn flush(relay: Arc<AppRelay>, config: &Config) {
     let flush_for = SHUTDOWN_FLUSH.min(config.relay.shutdown_timeout);
     let flushed = tokio::task::spawn_blocking(move || {
