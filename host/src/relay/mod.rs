@@ -102,11 +102,11 @@ pub struct Relay<S, T, K> {
     counters: Arc<Counters>,
     held_back: HeldBack,
     /// Where batches record what they did, when metrics are on.
-    metrics: Option<RelayMetrics>,
+    metrics: Option<Recording>,
 }
 
 /// The relay's metrics and the `mode` label of its mark timings.
-struct RelayMetrics {
+struct Recording {
     metrics: Arc<Metrics>,
     mark_mode: &'static str,
 }
@@ -180,7 +180,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     /// Records what the relay does into `metrics`; `mark_mode` labels the mark timings
     /// (`delete` or `published_at`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>, mark_mode: &'static str) -> Self {
-        self.metrics = Some(RelayMetrics { metrics, mark_mode });
+        self.metrics = Some(Recording { metrics, mark_mode });
         self
     }
 

@@ -226,7 +226,7 @@ impl<'a> Outcomes<'a> {
 }
 
 fn missing_report() -> SinkError {
-    SinkError::publish(
+    SinkError::publish_failed(
         "",
         "sink returned no delivery report",
         PublishFault::Unavailable,

@@ -410,7 +410,7 @@ fn ask_broker(producer: &KafkaProducer, topic: &str) -> Known {
 
 /// The failure of a message to a topic the broker lacks.
 fn missing_topic(topic: &str) -> SinkError {
-    SinkError::publish(
+    SinkError::publish_failed(
         topic,
         "the broker has no such topic (UnknownTopicOrPartition in its metadata); \
          create the topic, the row is retried",

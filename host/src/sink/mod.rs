@@ -108,7 +108,7 @@ impl SinkError {
     }
 
     /// A failed publish to `topic` that is not the broker's word (no report, no such topic).
-    pub fn publish(topic: &str, message: impl Into<String>, fault: PublishFault) -> Self {
+    pub fn publish_failed(topic: &str, message: impl Into<String>, fault: PublishFault) -> Self {
         Self::Publish {
             topic: topic.to_owned(),
             message: message.into(),

@@ -561,7 +561,7 @@ impl RecordingSink {
 
 /// A publish failure of `topic` for which `fault` is to blame.
 pub fn publish_error(topic: &str, fault: PublishFault) -> SinkError {
-    SinkError::publish(topic, format!("scripted {fault:?}"), fault)
+    SinkError::publish_failed(topic, format!("scripted {fault:?}"), fault)
 }
 
 impl Sink for RecordingSink {
