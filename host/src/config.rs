@@ -167,17 +167,6 @@ impl RelayConfig {
             shutdown_timeout: self.shutdown_timeout,
         }
     }
-
-    /// How the store claims and marks rows (`database.lease` aside: see
-    /// [`Config::store_options`]).
-    pub fn store_options(&self) -> StoreOptions {
-        StoreOptions {
-            mark: self.mark,
-            ordering: self.ordering,
-            after_dead: self.ordering_after_dead,
-            ..StoreOptions::default()
-        }
-    }
 }
 
 impl Default for RelayConfig {
@@ -452,11 +441,15 @@ impl Config {
         warnings
     }
 
-    /// How the store claims and marks rows: `[relay]`'s keys and `database.lease`.
+    /// How the store claims and marks rows: `relay.mark`, `relay.ordering`,
+    /// `relay.ordering_after_dead` and `database.lease` (validated to be SQLite's only, and
+    /// long enough). The one place these keys reach the store: every field is set here.
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
+            mark: self.relay.mark,
+            ordering: self.relay.ordering,
+            after_dead: self.relay.ordering_after_dead,
             lease: self.database.lease.unwrap_or(DEFAULT_LEASE),
-            ..self.relay.store_options()
         }
     }
 

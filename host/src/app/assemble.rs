@@ -1,18 +1,22 @@
-//! Wiring one relay from a [`Config`]: the plugins, the store, the Kafka sink, the loop.
+//! Wiring one relay from a [`Config`]: the plugins, the store, the Kafka sink, the loop, and
+//! (with `[telemetry] listen`) the metrics they record into.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::config::Config;
 use crate::maintenance::pruner::Retention;
-use crate::plugin::PluginRouter;
+use crate::plugin::{PluginRouter, TenantState};
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
 use crate::sink::KafkaSink;
 use crate::store::{self, MarkMode, Store};
-use crate::telemetry::Metrics;
+use crate::telemetry::metrics::PluginStates;
+use crate::telemetry::{Metrics, TenantLabels};
 
 /// How long start-up keeps trying a database that is not reachable yet (restarting, a
 /// connection cut while the table is checked) before giving up.
@@ -59,7 +63,7 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
             .telemetry
             .listen
             .as_ref()
-            .map(|_| super::telemetry::metrics(config, &router));
+            .map(|_| metrics(config, &router));
         let properties = config.kafka_properties();
         let observed = metrics
             .clone()
@@ -96,6 +100,61 @@ pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Op
     tokio::select! {
         started = starting => started.map(Some),
         _ = stop.recv() => Ok(None),
+    }
+}
+
+/// The metrics of a relay configured by `config`, with the router's tenants read at scrape
+/// time.
+fn metrics(config: &Config, router: &Arc<PluginRouter>) -> Arc<Metrics> {
+    let tenants = TenantLabels::new(config.tenants.keys().map(String::as_str));
+    let mut metrics = Metrics::new(tenants.clone(), &crate::sink::librdkafka_version());
+    metrics.register_collector(RouterCollector {
+        router: Arc::clone(router),
+        tenants,
+    });
+    Arc::new(metrics)
+}
+
+/// Per-tenant plugin state, read from the router at each scrape into [`PluginStates`].
+struct RouterCollector {
+    router: Arc<PluginRouter>,
+    tenants: TenantLabels,
+}
+
+impl std::fmt::Debug for RouterCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for RouterCollector {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let states = PluginStates::new(&self.tenants);
+        for s in self.router.tenant_statuses() {
+            let tenant = self.tenants.of(&s.tenant);
+            match s.state {
+                TenantState::Paused { .. } => states.paused(&tenant),
+                TenantState::Quarantined { .. } => states.quarantined(&tenant),
+                TenantState::Running | TenantState::Stalled => {}
+            }
+            // Plugin identity and guest counters only for tenants with their own label value
+            // (and rows without a tenant, which run `[plugins.default]`): bounded.
+            if s.configured {
+                let version = s.version.as_deref().unwrap_or_default();
+                let digest = s.digest.as_deref().unwrap_or_default();
+                states.info(&tenant, &s.plugin, version, digest);
+                for (&reason, &n) in &s.instantiations {
+                    states.instantiations(&tenant, reason, n);
+                }
+                for (&limit, &n) in &s.limit_hits {
+                    states.limit_hits(&tenant, limit, n);
+                }
+                for (name, &value) in &s.counters {
+                    states.custom(&tenant, name, value);
+                }
+            }
+        }
+        states.encode(encoder)
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, Problem};
 use crate::plugin::{PluginRouter, PluginsSettings, TenantState};
-use crate::sink::KafkaSink;
+use crate::sink::{KafkaSink, Sink};
 use crate::store::{self, StoreOptions};
 use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
 

@@ -5,24 +5,28 @@
 //!   background services started, everything joined at exit
 //! - [`admin`]: `sluice migrate` and `sluice dead …`
 //! - [`check`]: `sluice config check`
+//! - `assemble`: one relay wired from the config (plugins, store, sink, loop, metrics)
+//! - `endpoints`: what `/metrics`, `/healthz`, `/readyz` and `/status` answer, and starting
+//!   them with `[telemetry] listen`
+//! - `sampler`: the backlog sampler and broker readiness probe behind the endpoints
 //! - [`logging`]: text or JSON log lines
 //! - `rotate`: SIGHUP re-reads the config's secrets and replaces the producer and the
 //!   database connections' credentials
 //! - [`services`]: the start/stop shape every background service shares
 //! - [`progress`]: `sluice drain`'s progress bar or log lines
 //! - [`status`]: the per-tenant picture of `/status` and `sluice status`
-//! - `telemetry`: `[telemetry]` — metrics, the backlog sampler, the endpoints' answers
 
 pub mod admin;
 mod assemble;
 pub mod check;
+mod endpoints;
 pub mod logging;
 mod plugin_watch;
 pub mod progress;
 mod rotate;
 mod run;
+mod sampler;
 pub mod services;
 pub mod status;
-mod telemetry;
 
 pub use run::{DrainReport, drain, run};

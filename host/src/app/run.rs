@@ -1,17 +1,17 @@
 //! `sluice run` (relay until stopped) and `sluice drain` (relay what is due, then exit).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::assemble::{AppRelay, Parts, assemble};
+use super::endpoints;
 use super::plugin_watch;
 use super::progress;
 use super::rotate;
 use super::services::Services;
-use super::telemetry::{self, AppEndpoints, LastSample};
 use crate::config::Config;
 use crate::maintenance::{pruner, wakeups};
 use crate::plugin::PluginRouter;
@@ -19,9 +19,7 @@ use crate::relay::RelayStats;
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{Backlog, MarkMode, OutboxStore, Store};
-use crate::telemetry::Metrics;
 use crate::telemetry::auth::SharedAccess;
-use crate::telemetry::server::{self, Endpoints};
 
 /// Longest the producer may take to deliver what is still queued at shutdown (capped by
 /// `relay.shutdown_timeout`).
@@ -34,23 +32,17 @@ const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
 pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
     tracing::info!(table = %config.database.table,
         "starting up: loading plugins, connecting to the database and the broker");
-    let Some(parts) = assemble(&config, &mut stop).await? else {
+    let Some(started) = Started::start(&config, &mut stop).await? else {
         tracing::info!("stop requested during start-up; exiting without relaying");
         return Ok(());
     };
-    let Parts {
+    let Started {
         router,
         store,
         relay,
-        metrics,
-    } = parts;
-    let mut services = Services::default();
-    let access = match metrics {
-        Some(metrics) => {
-            start_telemetry(&mut services, &config, &store, &relay, &router, metrics).await?
-        }
-        None => None,
-    };
+        mut services,
+        access,
+    } = started;
     // SIGHUP is listened for from here on, not from when each service's task first runs: a
     // signal sent once the relay says it started must reach both.
     let hangup = || signal(SignalKind::hangup());
@@ -90,55 +82,64 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         "relay started"
     );
     let ran = relay.run(stop).await;
-    services.stop_and_join().await;
-    let stats = relay.counters().snapshot();
-    flush(relay, &config).await;
-    log_stats(&stats, "relay stopped");
+    stop_and_flush(services, relay, &config, "relay stopped").await;
     ran.context("the relay stopped without being asked to")?;
     Ok(())
 }
 
-/// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
-/// the backlog sampler. Returns the endpoints' credentials, for SIGHUP to replace.
-async fn start_telemetry(
-    services: &mut Services,
+/// A relay `run` and `drain` started: its parts, and the background services beside it (the
+/// endpoints and the backlog sampler with `[telemetry] listen`).
+struct Started {
+    router: Arc<PluginRouter>,
+    store: Arc<Store>,
+    relay: Arc<AppRelay>,
+    services: Services,
+    /// The endpoints' credentials, for SIGHUP to replace.
+    access: Option<Arc<SharedAccess>>,
+}
+
+impl Started {
+    /// Assembles the relay and starts its endpoints. `None`: `stop` fired during start-up.
+    async fn start(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Option<Self>> {
+        let Some(parts) = assemble(config, stop).await? else {
+            return Ok(None);
+        };
+        let Parts {
+            router,
+            store,
+            relay,
+            metrics,
+        } = parts;
+        let mut services = Services::default();
+        let access = match metrics {
+            Some(metrics) => {
+                endpoints::start(&mut services, config, &store, &relay, &router, metrics).await?
+            }
+            None => None,
+        };
+        Ok(Some(Self {
+            router,
+            store,
+            relay,
+            services,
+            access,
+        }))
+    }
+}
+
+/// The end of `run` and `drain` once the relay stopped: stops the background services,
+/// flushes the producer and logs what the relay did (`what`), which it returns.
+async fn stop_and_flush(
+    services: Services,
+    relay: Arc<AppRelay>,
     config: &Config,
-    store: &Arc<Store>,
-    relay: &Arc<AppRelay>,
-    router: &Arc<PluginRouter>,
-    metrics: Arc<Metrics>,
-) -> anyhow::Result<Option<Arc<SharedAccess>>> {
-    let settings = config.telemetry.clone();
-    let Some(listen) = settings.listen_addr() else {
-        return Ok(None);
-    };
-    // Checked when the config was loaded; a name is resolved only now.
-    let listen = listen.map_err(|e| anyhow::anyhow!("telemetry.listen: {e}"))?;
-    let listener = server::bind(&listen)
-        .await
-        .with_context(|| format!("telemetry.listen: cannot listen on {listen}"))?;
-    let access = Arc::new(SharedAccess::new(settings.access()));
-    let address =
-        server::local_addr(&listener).map_or_else(|| listen.to_string(), |a| a.to_string());
-    tracing::info!(address, listen = %listen, access = access.current().describe(),
-        "serving /metrics, /healthz, /readyz and /status");
-    let last = Arc::new(Mutex::new(LastSample::default()));
-    let endpoints: Arc<dyn Endpoints> = Arc::new(AppEndpoints {
-        metrics: Arc::clone(&metrics),
-        router: Arc::clone(router),
-        last: Arc::clone(&last),
-        settings: settings.clone(),
-        workers: config.relay.workers,
-    });
-    let served = Arc::clone(&access);
-    services.start("telemetry server", move |stop| {
-        server::serve(listener, endpoints, served, stop)
-    });
-    let (store, relay) = (Arc::clone(store), Arc::clone(relay));
-    services.start("backlog sampler", move |stop| {
-        telemetry::sample(store, relay, metrics, last, settings, stop)
-    });
-    Ok(Some(access))
+    what: &str,
+) -> RelayStats {
+    services.stop_and_join().await;
+    let stats = relay.counters().snapshot();
+    flush(relay, config).await;
+    log_stats(&stats, what);
+    stats
 }
 
 /// What `sluice drain` did, and what it left.
@@ -159,19 +160,15 @@ impl DrainReport {
 /// Relays every row that is due now, then returns; shows progress while it runs. A stop
 /// (during start-up or while draining) is an error: the rows left are still due.
 pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainReport> {
-    let Some(parts) = assemble(&config, &mut stop).await? else {
-        bail!("drain interrupted during start-up; nothing was relayed");
-    };
-    let Parts {
+    let Some(Started {
         store,
         relay,
-        router,
-        metrics,
-    } = parts;
-    let mut services = Services::default();
-    if let Some(metrics) = metrics {
-        start_telemetry(&mut services, &config, &store, &relay, &router, metrics).await?;
-    }
+        services,
+        ..
+    }) = Started::start(&config, &mut stop).await?
+    else {
+        bail!("drain interrupted during start-up; nothing was relayed");
+    };
     let before = store.backlog().await?;
     tracing::info!(table = %config.database.table, due = before.due, "draining");
     let (progress_done, progress_stop) = shutdown::channel();
@@ -183,11 +180,8 @@ pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainRe
     let drained = relay.drain(stop.clone()).await;
     progress_done.trigger();
     let _ = progress.await;
-    services.stop_and_join().await;
-    let stats = relay.counters().snapshot();
-    flush(relay, &config).await;
+    let stats = stop_and_flush(services, relay, &config, "drain finished").await;
     let after = store.backlog().await?;
-    log_stats(&stats, "drain finished");
     drained.context("the drain stopped on a failure")?;
     if stop.is_shutdown() {
         bail!("drain interrupted; {} rows are still due", after.due);
@@ -200,9 +194,9 @@ pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainRe
 }
 
 /// Flushes the producer at exit. Everything queued belongs to a batch that was either
-/// committed (and so acknowledged) or rolled back (and will be published again): a failed
-/// flush loses nothing. Flushing blocks, and so does dropping the producer (the last handle of
-/// `relay`): both happen on a blocking thread.
+/// recorded (and so acknowledged) or given up unrecorded (and will be published again): a
+/// failed flush loses nothing. Flushing blocks, and so does dropping the producer (the last
+/// handle of `relay`): both happen on a blocking thread.
 async fn flush(relay: Arc<AppRelay>, config: &Config) {
     let flush_for = SHUTDOWN_FLUSH.min(config.relay.shutdown_timeout);
     let flushed = tokio::task::spawn_blocking(move || {

@@ -7,20 +7,20 @@ use std::time::Duration;
 use crate::model::TenantId;
 use crate::plugin::{RowResult, TransformFailure};
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::NO_PLUGIN;
+use crate::telemetry::metrics::{NO_PLUGIN, PluginOutcome};
 
 /// The `outcome` label of a plugin's result for one row; `None` for rows not run (deferred,
 /// tenant paused).
-pub fn outcome_label(result: &RowResult) -> Option<&'static str> {
+pub fn outcome_label(result: &RowResult) -> Option<PluginOutcome> {
     Some(match result {
-        Ok(_) => "ok",
-        Err(TransformFailure::Retryable { .. }) => "retryable",
-        Err(TransformFailure::Permanent { .. }) => "permanent",
-        Err(TransformFailure::Trapped(_)) => "trap",
-        Err(TransformFailure::DeadlineExceeded(_)) => "timeout",
-        Err(TransformFailure::InvalidOutput(_)) => "invalid_output",
-        Err(TransformFailure::NoPlugin(_)) => "no_plugin",
-        Err(TransformFailure::Unavailable(_)) => "unavailable",
+        Ok(_) => PluginOutcome::Ok,
+        Err(TransformFailure::Retryable { .. }) => PluginOutcome::Retryable,
+        Err(TransformFailure::Permanent { .. }) => PluginOutcome::Permanent,
+        Err(TransformFailure::Trapped(_)) => PluginOutcome::Trap,
+        Err(TransformFailure::DeadlineExceeded(_)) => PluginOutcome::Timeout,
+        Err(TransformFailure::InvalidOutput(_)) => PluginOutcome::InvalidOutput,
+        Err(TransformFailure::NoPlugin(_)) => PluginOutcome::NoPlugin,
+        Err(TransformFailure::Unavailable(_)) => PluginOutcome::Unavailable,
         Err(TransformFailure::Deferred(_) | TransformFailure::Paused { .. }) => return None,
     })
 }
@@ -33,7 +33,7 @@ pub fn record_group(
     took: Option<Duration>,
     results: &[RowResult],
 ) {
-    let mut counts: Vec<(&'static str, u64)> = Vec::new();
+    let mut counts: Vec<(PluginOutcome, u64)> = Vec::new();
     for outcome in results.iter().filter_map(outcome_label) {
         match counts.iter_mut().find(|(o, _)| *o == outcome) {
             Some((_, n)) => *n += 1,
@@ -43,10 +43,15 @@ pub fn record_group(
     if took.is_none() && counts.is_empty() {
         return;
     }
-    metrics.transformed(tenant, plugin, took, &counts);
+    metrics
+        .plugin
+        .transformed(&metrics.tenant(tenant), plugin, took, &counts);
 }
 
 /// Records rows no plugin could take (no `[plugins.default]` for their tenant).
 pub fn record_no_plugin(metrics: &Metrics, tenant: &TenantId, rows: usize) {
-    metrics.transformed(tenant, NO_PLUGIN, None, &[("no_plugin", rows as u64)]);
+    let rows = [(PluginOutcome::NoPlugin, rows as u64)];
+    metrics
+        .plugin
+        .transformed(&metrics.tenant(tenant), NO_PLUGIN, None, &rows);
 }

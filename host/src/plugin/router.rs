@@ -220,7 +220,9 @@ impl PluginRouter {
             .filter(|s| s.configured)
             .map(|s| (metrics.tenant(&s.tenant), s.plugin))
             .collect();
-        metrics.initialise_plugins(plugins.iter().map(|(t, p)| (Arc::clone(t), p.as_str())));
+        metrics
+            .plugin
+            .initialise(plugins.iter().map(|(t, p)| (Arc::clone(t), p.as_str())));
         let _ = self.metrics.set(metrics);
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::outcome::Outcomes;
 use super::stats::BatchReport;
-use super::{BatchError, Relay, dead_letter, telemetry};
+use super::{BatchError, Relay, batch_metrics, dead_letter};
 use crate::model::{OutboundMessage, OutboxId, OutboxRow};
 use crate::plugin::RowTransformer;
 use crate::sink::{Sink, SinkError};
@@ -39,13 +39,13 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             Ok(claim) => claim,
             Err(e) => {
                 if let Some(m) = self.metrics() {
-                    m.claim_failed();
+                    m.relay.claim_failed();
                 }
                 return Err(e.into());
             }
         };
         if let Some(m) = self.metrics() {
-            m.claimed(claim.len(), claiming.elapsed());
+            m.relay.claimed(claim.len(), claiming.elapsed());
         }
         if claim.is_empty() {
             claim.batch.abandon().await?;
@@ -89,7 +89,9 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         let mut outcomes = match Outcomes::build(&rows, results, &self.settings.retry) {
             Ok(outcomes) => outcomes,
             Err(mismatch) => {
-                // Dropping the batch would roll it back as well; abandoning does it now.
+                // Abandoning gives the rows back now; a dropped batch would only roll back
+                // (PostgreSQL, MySQL), while on SQLite its lease would hold them until it ran
+                // out.
                 if let Err(e) = batch.abandon().await {
                     tracing::warn!(error = %e, "rolling back the batch failed");
                 }
@@ -101,9 +103,9 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         let reports = self.publish(outcomes.messages()).await;
         if let Some(m) = self.metrics() {
             if !reports.is_empty() {
-                m.published(publishing.elapsed());
+                m.sink.published(publishing.elapsed());
             }
-            telemetry::record_reports(m, &outcomes, &reports);
+            batch_metrics::record_reports(m, &outcomes, &reports);
         }
         outcomes.apply_reports(reports, &self.settings.retry);
         self.record_publish(&outcomes);
@@ -130,8 +132,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         match batch.complete(outcome).await {
             Ok(()) => {
                 if let Some(r) = &self.metrics {
-                    r.metrics.marked(r.mark_mode, marking.elapsed());
-                    telemetry::record_completed(&r.metrics, &outcomes, &rejected, None);
+                    r.metrics.relay.marked(r.mark_mode, marking.elapsed());
+                    batch_metrics::record_completed(&r.metrics, &outcomes, &rejected, None);
                 }
                 self.held_back.release(outcomes.recorded_ids());
                 Ok(report)
@@ -163,7 +165,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 report.dead = 0;
                 report.unsettled = rows;
                 if let Some(m) = self.metrics() {
-                    m.delivered_not_marked(outcome.sent.len() as u64);
+                    m.relay.delivered_not_marked(outcome.sent.len() as u64);
                 }
                 return report;
             }
@@ -196,7 +198,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 .iter()
                 .chain(&settlement.rescheduled)
                 .collect();
-            telemetry::record_completed(m, outcomes, rejected, Some(&recorded));
+            batch_metrics::record_completed(m, outcomes, rejected, Some(&recorded));
             let sent: HashSet<&OutboxId> = outcome.sent.iter().collect();
             let unmarked = settlement
                 .refused
@@ -205,7 +207,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 .chain(&settlement.skipped)
                 .filter(|id| sent.contains(id))
                 .count();
-            m.delivered_not_marked(unmarked as u64);
+            m.relay.delivered_not_marked(unmarked as u64);
         }
         tracing::warn!(
             commit_error = %commit_error,

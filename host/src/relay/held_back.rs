@@ -9,8 +9,9 @@
 //! row, from [`FIRST_HOLD`] up to [`LONGEST_HOLD`], so a row the database keeps refusing is
 //! re-published at most about once per [`LONGEST_HOLD`] by each relay process.
 //!
-//! A failed commit rolls its batch back, which unlocks the rows until the fresh transaction
-//! that settles them locks them again. Rows are registered as committing before each commit,
+//! A failed commit rolls its batch back, which on PostgreSQL and MySQL unlocks the rows until
+//! the fresh transaction that settles them locks them again (on SQLite they stay leased to the
+//! batch meanwhile). Rows are registered as committing before each commit,
 //! so another worker of this process that claims them in that gap puts its claim back at once
 //! instead of publishing them a second time.
 

@@ -3,11 +3,13 @@
 //! A process runs `relay.workers` of these loops at once, so one batch is claimed and
 //! transformed while another waits for its acknowledgements or its commit; when to poll is
 //! decided by the shared [`pacer::Pacer`]. A batch's rows stay locked by its open transaction
-//! from the claim until the commit that marks them, so concurrent workers and relays never
-//! publish the same row twice in normal operation. A crash after the broker acknowledged but
+//! (SQLite: leased to it by a committed claim) from the claim until the commit that marks
+//! them, so concurrent workers and relays never publish the same row twice in normal
+//! operation. A crash after the broker acknowledged but
 //! before the commit re-publishes the batch later: delivery is at-least-once.
 //!
 //! - [`batch`]: one batch, start to end (and settling a failed commit)
+//! - [`batch_metrics`]: what a batch records into the metrics
 //! - [`concurrency`]: how many of the loops may have a batch in flight
 //! - [`outcome`]: what became of each row of a batch
 //! - [`dead_letter`]: copies of rows that go dead
@@ -17,6 +19,7 @@
 //! - [`settings`], [`stats`]: `[relay]` and what the relay did
 
 mod batch;
+mod batch_metrics;
 pub mod concurrency;
 mod dead_letter;
 mod held_back;
@@ -25,7 +28,6 @@ pub mod pacer;
 pub mod retry;
 mod settings;
 mod stats;
-mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -64,9 +66,9 @@ pub enum RelayError {
     WorkerEnded,
 }
 
-/// Why one batch failed as a whole. Its transaction was rolled back: nothing of it is
-/// recorded, and (except after a failed commit, which is settled separately) nothing of it was
-/// published.
+/// Why one batch failed as a whole. Its claim was given up (PostgreSQL, MySQL: the transaction
+/// rolled back; SQLite: the leases ended, or run out): nothing of it is recorded, and (except
+/// after a failed commit, which is settled separately) nothing of it was published.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
     #[error(transparent)]
@@ -100,11 +102,11 @@ pub struct Relay<S, T, K> {
     counters: Arc<Counters>,
     held_back: HeldBack,
     /// Where batches record what they did, when metrics are on.
-    metrics: Option<RelayMetrics>,
+    metrics: Option<Recording>,
 }
 
 /// The relay's metrics and the `mode` label of its mark timings.
-struct RelayMetrics {
+struct Recording {
     metrics: Arc<Metrics>,
     mark_mode: &'static str,
 }
@@ -115,7 +117,7 @@ struct WorkerRunning<'a>(Option<&'a Metrics>);
 impl<'a> WorkerRunning<'a> {
     fn start(metrics: Option<&'a Metrics>) -> Self {
         if let Some(m) = metrics {
-            m.worker_started();
+            m.health.worker_started();
         }
         Self(metrics)
     }
@@ -124,7 +126,7 @@ impl<'a> WorkerRunning<'a> {
 impl Drop for WorkerRunning<'_> {
     fn drop(&mut self) {
         if let Some(m) = self.0 {
-            m.worker_ended();
+            m.health.worker_ended();
         }
     }
 }
@@ -136,7 +138,7 @@ struct BatchInHand<'a>(Option<&'a Metrics>, usize);
 impl<'a> BatchInHand<'a> {
     fn start(metrics: Option<&'a Metrics>, worker: usize) -> Self {
         if let Some(m) = metrics {
-            m.batch_in_hand(worker, Some(Instant::now()));
+            m.health.batch_in_hand(worker, Some(Instant::now()));
         }
         Self(metrics, worker)
     }
@@ -145,7 +147,7 @@ impl<'a> BatchInHand<'a> {
 impl Drop for BatchInHand<'_> {
     fn drop(&mut self) {
         if let Some(m) = self.0 {
-            m.batch_in_hand(self.1, None);
+            m.health.batch_in_hand(self.1, None);
         }
     }
 }
@@ -178,7 +180,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     /// Records what the relay does into `metrics`; `mark_mode` labels the mark timings
     /// (`delete` or `published_at`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>, mark_mode: &'static str) -> Self {
-        self.metrics = Some(RelayMetrics { metrics, mark_mode });
+        self.metrics = Some(Recording { metrics, mark_mode });
         self
     }
 
@@ -201,8 +203,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     }
 
     /// Relays batches with `relay.workers` loops until `shutdown` fires. Each loop's batch in
-    /// hand may finish within `shutdown_timeout`; after that it is dropped, which rolls it
-    /// back. A loop that panics or ends on its own stops the others the same way and makes
+    /// hand may finish within `shutdown_timeout`; after that it is dropped, which gives up its
+    /// claim unrecorded (see the worker loop). A loop that panics or ends on its own stops the others the same way and makes
     /// this return an error.
     pub async fn run(self: &Arc<Self>, shutdown: Shutdown) -> Result<RelayStats, RelayError> {
         self.run_workers(shutdown, Mode::Continuous).await
@@ -261,7 +263,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     async fn worker(&self, index: usize, mut shutdown: Shutdown, mode: Mode) {
         let _running = WorkerRunning::start(self.metrics());
         if let Some(m) = self.metrics() {
-            m.batch_concurrency(self.concurrency.limit());
+            m.relay.batch_concurrency(self.concurrency.limit());
         }
         // Failed batches in a row, for the pause before the next one.
         let mut failures: u32 = 0;
@@ -275,8 +277,10 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             tokio::pin!(batch);
             let outcome = tokio::select! {
                 outcome = &mut batch => outcome,
-                // Dropping the batch drops its transaction: PostgreSQL rolls it back and the
-                // rows are claimed again later (possibly re-published: at-least-once).
+                // Dropping the batch gives up its claim with nothing recorded: on PostgreSQL
+                // and MySQL its transaction rolls back; on SQLite the claim is a committed
+                // lease, so the rows wait until it runs out (`database.lease`). Either way they
+                // are claimed again later (possibly re-published: at-least-once).
                 _ = deadline_after(shutdown.clone(), self.settings.shutdown_timeout) => {
                     tracing::warn!(
                         shutdown_timeout = ?self.settings.shutdown_timeout,
@@ -294,7 +298,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                             && report.claimed >= self.settings.batch_size,
                     );
                     if let Some(m) = self.metrics() {
-                        m.batch_concurrency(self.concurrency.limit());
+                        m.relay.batch_concurrency(self.concurrency.limit());
                     }
                     self.counters.add(&report);
                     log_report(&report);
@@ -343,7 +347,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                     && let Some(cause) = self.pacer.wait_turn(shutdown).await
                     && let Some(m) = self.metrics()
                 {
-                    m.poll_woken(cause.label());
+                    m.relay.poll_woken(cause);
                 }
                 false
             }

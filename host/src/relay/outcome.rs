@@ -226,11 +226,11 @@ impl<'a> Outcomes<'a> {
 }
 
 fn missing_report() -> SinkError {
-    SinkError::Publish {
-        topic: String::new(),
-        message: "sink returned no delivery report".into(),
-        fault: PublishFault::Unavailable,
-    }
+    SinkError::publish_failed(
+        "",
+        "sink returned no delivery report",
+        PublishFault::Unavailable,
+    )
 }
 
 fn transform_failure(row: &OutboxRow, failure: TransformFailure, retry: &RetryPolicy) -> Failure {

@@ -13,7 +13,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::shutdown::Shutdown;
-use crate::telemetry::metrics::wake_cause;
+
+/// Why an idle wait ended: the `cause` label of `sluice_poll_wakeups_total`, one list for both.
+pub use crate::telemetry::metrics::WakeCause;
 
 /// How full the last claim was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,27 +23,6 @@ pub enum Fill {
     Empty,
     Partial,
     Full,
-}
-
-/// Why an idle wait ended (`sluice_poll_wakeups_total{cause}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WakeCause {
-    /// The wait ran its course.
-    Timer,
-    /// [`Pacer::wake`]: a NOTIFY arrived (or LISTEN reconnected).
-    Notify,
-    /// Another worker found rows waiting (a full batch, or rows after a quiet spell).
-    Refill,
-}
-
-impl WakeCause {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Timer => wake_cause::TIMER,
-            Self::Notify => wake_cause::NOTIFY,
-            Self::Refill => wake_cause::REFILL,
-        }
-    }
 }
 
 /// What the last wake-up signal was, for the waiter it wakes.

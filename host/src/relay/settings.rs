@@ -27,7 +27,7 @@ pub const DEFAULT_MIN_POLL_INTERVAL: Duration = Duration::from_millis(5);
 pub const DEFAULT_WORKERS: usize = 8;
 /// Most concurrent batches a process may run (each holds a database connection).
 pub const MAX_WORKERS: usize = 64;
-/// How long the batch in hand may take after SIGTERM before it is rolled back; covers the
+/// How long the batch in hand may take after SIGTERM before it is given up unrecorded; covers the
 /// producer's default `message.timeout.ms` of 30 s.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -47,7 +47,8 @@ pub struct RelaySettings {
     pub retry: RetryPolicy,
     /// Topic receiving a copy of every row that goes dead, if any.
     pub dead_letter_topic: Option<String>,
-    /// After a stop request, how long the batch in hand may take before it is rolled back.
+    /// After a stop request, how long the batch in hand may take before it is given up
+    /// unrecorded (its transaction rolled back; on SQLite, its lease left to run out).
     pub shutdown_timeout: Duration,
 }
 

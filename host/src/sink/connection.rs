@@ -69,7 +69,10 @@ impl ConnectionProblem {
         match self {
             Self::Authentication => SinkError::Authentication(reason),
             Self::Tls => SinkError::Tls(reason),
-            Self::Unreachable | Self::Other => SinkError::Unreachable(reason),
+            Self::Unreachable | Self::Other => SinkError::Unreachable {
+                reason,
+                cause: None,
+            },
         }
     }
 
@@ -242,7 +245,7 @@ mod tests {
         let e = ConnectionProblem::Tls.error("certificate verify failed");
         assert!(e.to_string().starts_with("TLS"), "{e}");
         let e = ConnectionProblem::Unreachable.error("Connection refused");
-        assert!(matches!(e, SinkError::Unreachable(_)), "{e}");
+        assert!(matches!(e, SinkError::Unreachable { .. }), "{e}");
     }
 
     #[test]

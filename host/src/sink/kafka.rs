@@ -34,7 +34,7 @@ type KafkaProducer = Arc<rdkafka::producer::ThreadedProducer<SinkContext>>;
 /// librdkafka's log lines go to `tracing` as by default; its statistics (emitted only when
 /// `statistics.interval.ms` is set, i.e. with metrics on) set `sluice_producer_queue_messages`;
 /// its error events (authentication, TLS, unreachable broker) set the connection state, which
-/// is logged once per change and named by [`KafkaSink::probe`].
+/// is logged once per change and named by the sink's readiness probe ([`Sink::probe`]).
 #[derive(Clone, Default)]
 pub struct SinkContext {
     metrics: Option<Arc<Metrics>>,
@@ -45,7 +45,7 @@ pub struct SinkContext {
 impl ClientContext for SinkContext {
     fn stats(&self, statistics: Statistics) {
         if let Some(m) = &self.metrics {
-            m.set_producer_queue(statistics.msg_cnt);
+            m.sink.set_producer_queue(statistics.msg_cnt);
         }
     }
 
@@ -234,25 +234,6 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// Whether the broker answers a metadata request within `timeout` (readiness). When it
-    /// does not, the error names the cause librdkafka reported (authentication, TLS,
-    /// unreachable), the same the log says. Blocks: call it off the async reactor.
-    pub fn probe(&self, timeout: Duration) -> Result<(), SinkError> {
-        // A clone of the handle, so a slow answer does not hold the lock publishing needs.
-        let producer = Arc::clone(&self.inner.current());
-        let connection = &producer.context().connection;
-        match producer.client().fetch_metadata(None, timeout) {
-            Ok(_) => {
-                connection.works();
-                Ok(())
-            }
-            Err(e) => Err(match connection.problem() {
-                Some((problem, reason)) => problem.error(&reason),
-                None => SinkError::Unreachable(e.to_string()),
-            }),
-        }
-    }
-
     /// The topics of `messages` that the broker lacks, asking it about topics not seen yet.
     async fn missing_topics<'m>(
         &self,
@@ -375,9 +356,10 @@ fn producer_config(
     statistics: Option<Duration>,
 ) -> Result<ClientConfig, SinkError> {
     if !properties.contains_key("bootstrap.servers") {
-        return Err(SinkError::Config(
-            "[kafka] needs \"bootstrap.servers\"".to_owned(),
-        ));
+        return Err(SinkError::Config {
+            reason: "[kafka] needs \"bootstrap.servers\"".to_owned(),
+            cause: None,
+        });
     }
     let mut config = kafka_client_config(properties);
     if let Some(interval) = statistics
@@ -392,7 +374,10 @@ fn create(config: &ClientConfig, context: &SinkContext) -> Result<KafkaProducer,
     config
         .create_with_context(context.clone())
         .map(Arc::new)
-        .map_err(|e| SinkError::Config(e.to_string()))
+        .map_err(|e| SinkError::Config {
+            reason: e.to_string(),
+            cause: Some(Box::new(e)),
+        })
 }
 
 /// The version of the librdkafka Sluice is built with (for `sluice_build_info`).
@@ -425,13 +410,12 @@ fn ask_broker(producer: &KafkaProducer, topic: &str) -> Known {
 
 /// The failure of a message to a topic the broker lacks.
 fn missing_topic(topic: &str) -> SinkError {
-    SinkError::Publish {
-        topic: topic.to_owned(),
-        message: "the broker has no such topic (UnknownTopicOrPartition in its metadata); \
-                  create the topic, the row is retried"
-            .to_owned(),
-        fault: PublishFault::Refused,
-    }
+    SinkError::publish_failed(
+        topic,
+        "the broker has no such topic (UnknownTopicOrPartition in its metadata); \
+         create the topic, the row is retried",
+        PublishFault::Refused,
+    )
 }
 
 fn record(m: &OutboundMessage, opaque: Opaque) -> BaseRecord<'_, [u8], [u8], Opaque> {
@@ -540,6 +524,7 @@ impl Sink for KafkaSink {
                         topic: m.topic.clone(),
                         message: e.to_string(),
                         fault: fault_of(&e),
+                        cause: Some(Box::new(e)),
                     })
                 }
             })
@@ -563,7 +548,29 @@ impl Sink for KafkaSink {
         let producer = Arc::clone(&self.inner.current());
         producer
             .flush(Timeout::After(timeout))
-            .map_err(|e| SinkError::Flush(e.to_string()))
+            .map_err(|e| SinkError::Flush(Box::new(e)))
+    }
+
+    /// Whether the broker answers a metadata request within `timeout`. When it does not, the
+    /// error names the cause librdkafka reported (authentication, TLS, unreachable), the same
+    /// the log says.
+    fn probe(&self, timeout: Duration) -> Result<(), SinkError> {
+        // A clone of the handle, so a slow answer does not hold the lock publishing needs.
+        let producer = Arc::clone(&self.inner.current());
+        let connection = &producer.context().connection;
+        match producer.client().fetch_metadata(None, timeout) {
+            Ok(_) => {
+                connection.works();
+                Ok(())
+            }
+            Err(e) => Err(match connection.problem() {
+                Some((problem, reason)) => problem.error(&reason),
+                None => SinkError::Unreachable {
+                    reason: e.to_string(),
+                    cause: Some(Box::new(e)),
+                },
+            }),
+        }
     }
 }
 

@@ -14,6 +14,8 @@ pub mod topics;
 use std::future::Future;
 use std::time::Duration;
 
+use rdkafka::error::KafkaError;
+
 pub use kafka::{KafkaSink, kafka_client_config, librdkafka_version, weak_acks};
 
 use crate::model::OutboundMessage;
@@ -53,22 +55,36 @@ pub enum PublishFault {
     Failed,
 }
 
-/// A failed publish of one message, or a sink that could not be set up.
+/// A failed publish of one message, or a sink that could not be set up. Each text names its
+/// cause as well as keeping it as the source: the text alone is what a row's `last_error`,
+/// `/readyz` and the log keep (the binary leaves a repeated cause out of its error chain).
+/// Causes are boxed: one result per message is kept while a batch is settled.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SinkError {
-    #[error("kafka configuration: {0}")]
-    Config(String),
+    /// `[kafka]` cannot make a producer: a property missing, unknown or invalid.
+    #[error("kafka configuration: {reason}")]
+    Config {
+        reason: String,
+        #[source]
+        cause: Option<Box<KafkaError>>,
+    },
     #[error("publish to {topic} failed: {message}")]
     Publish {
         topic: String,
         message: String,
         fault: PublishFault,
+        #[source]
+        cause: Option<Box<KafkaError>>,
     },
     #[error("flush: {0}")]
-    Flush(String),
+    Flush(#[source] Box<KafkaError>),
     /// The broker did not answer a metadata request (readiness probe).
-    #[error("broker not reachable: {0}")]
-    Unreachable(String),
+    #[error("broker not reachable: {reason}")]
+    Unreachable {
+        reason: String,
+        #[source]
+        cause: Option<Box<KafkaError>>,
+    },
     /// The broker refused the client's SASL credentials (readiness probe).
     #[error("authentication with the broker failed: {0}")]
     Authentication(String),
@@ -83,11 +99,21 @@ impl SinkError {
     pub fn fault(&self) -> Option<PublishFault> {
         match self {
             Self::Publish { fault, .. } => Some(*fault),
-            Self::Config(_)
+            Self::Config { .. }
             | Self::Flush(_)
-            | Self::Unreachable(_)
+            | Self::Unreachable { .. }
             | Self::Authentication(_)
             | Self::Tls(_) => None,
+        }
+    }
+
+    /// A failed publish to `topic` that is not the broker's word (no report, no such topic).
+    pub fn publish_failed(topic: &str, message: impl Into<String>, fault: PublishFault) -> Self {
+        Self::Publish {
+            topic: topic.to_owned(),
+            message: message.into(),
+            fault,
+            cause: None,
         }
     }
 }
@@ -104,6 +130,10 @@ pub trait Sink: Send + Sync + 'static {
     /// Waits up to `timeout` for messages still queued (called at shutdown). Blocks the
     /// calling thread: call it off the async reactor.
     fn flush(&self, timeout: Duration) -> Result<(), SinkError>;
+
+    /// Whether the broker answers within `timeout` (readiness, `/readyz`); when it does not,
+    /// the error names why. Blocks the calling thread: call it off the async reactor.
+    fn probe(&self, timeout: Duration) -> Result<(), SinkError>;
 }
 
 #[cfg(test)]

@@ -2,16 +2,15 @@
 //! exposed in the Prometheus text format) and the small HTTP server for `/metrics`,
 //! `/healthz`, `/readyz` and `/status`.
 //!
-//! This module sits at the bottom of the layers, beside `model`: the relay, the sink and the
-//! app record into [`Metrics`]; what the endpoints answer is supplied from above through
-//! [`server::Endpoints`].
+//! This module sits at the bottom of the layers, beside `model`: the relay, the sink, the
+//! plugins and the app record into [`Metrics`]; what the endpoints answer is supplied from
+//! above through [`server::Endpoints`].
 //!
 //! - [`auth`]: who may read `/metrics` and `/status` (bearer token, basic auth)
 //! - [`client`]: a GET against a running relay's endpoints (`sluice status`, tests)
 //! - [`labels`]: bounded label values (only configured tenants get their own)
 //! - [`listen`]: `[telemetry] listen` (`host:port`, host an IP or a name) and its resolution
-//! - [`metrics`]: the metric families and the recording calls
-//! - [`process`]: process CPU, memory and start time, read at scrape time
+//! - [`metrics`]: the metric families, grouped by who records them, and the registry
 //! - [`server`]: the HTTP endpoints, one background service
 //! - [`settings`]: the `[telemetry]` section
 
@@ -20,7 +19,6 @@ pub mod client;
 pub mod labels;
 pub mod listen;
 pub mod metrics;
-pub mod process;
 pub mod server;
 pub mod settings;
 

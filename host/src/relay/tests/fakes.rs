@@ -561,11 +561,7 @@ impl RecordingSink {
 
 /// A publish failure of `topic` for which `fault` is to blame.
 pub fn publish_error(topic: &str, fault: PublishFault) -> SinkError {
-    SinkError::Publish {
-        topic: topic.to_owned(),
-        message: format!("scripted {fault:?}"),
-        fault,
-    }
+    SinkError::publish_failed(topic, format!("scripted {fault:?}"), fault)
 }
 
 impl Sink for RecordingSink {
@@ -579,6 +575,10 @@ impl Sink for RecordingSink {
             std::future::pending::<()>().await;
         }
         messages.iter().map(|m| (self.answer)(m)).collect()
+    }
+
+    fn probe(&self, _timeout: Duration) -> Result<(), SinkError> {
+        Ok(())
     }
 
     fn flush(&self, _timeout: Duration) -> Result<(), SinkError> {

@@ -1,22 +1,54 @@
-//! `process_cpu_seconds_total`, `process_resident_memory_bytes` and
-//! `process_start_time_seconds`, read from `/proc/self` at scrape time (the names every
-//! Prometheus client library uses). On systems without `/proc` they are left out.
+//! What the process is and what it uses: `sluice_build_info`, and `process_cpu_seconds_total`,
+//! `process_resident_memory_bytes` and `process_start_time_seconds`, read from `/proc/self`
+//! at scrape time (the names every Prometheus client library uses). On systems without
+//! `/proc` the latter are left out.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::Unit;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::{Registry, Unit};
 
 /// Linux's `USER_HZ` (clock ticks per second in `/proc/<pid>/stat`): 100 on every Linux ABI.
 const TICKS_PER_SECOND: f64 = 100.0;
 /// `/proc/self/statm` counts pages; 4 KiB on the platforms Sluice is built for.
 const PAGE_SIZE: u64 = 4096;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    wasmtime: &'static str,
+    librdkafka: String,
+}
+
+/// Registers `build_info` (into the `sluice` registry), with `librdkafka`'s version.
+pub(super) fn register_build_info(r: &mut Registry, librdkafka: &str) {
+    let build: Family<BuildLabels, Gauge> = Family::default();
+    build
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+            wasmtime: "48",
+            librdkafka: librdkafka.to_owned(),
+        })
+        .set(1);
+    r.register(
+        "build_info",
+        "Sluice build: version, wasmtime and librdkafka",
+        build,
+    );
+}
+
+/// Registers the `process_*` families (into the unprefixed registry).
+pub(super) fn register(r: &mut Registry) {
+    r.register_collector(Box::new(ProcessCollector::default()));
+}
+
+/// Reads the `process_*` families at each scrape.
 #[derive(Debug)]
-pub struct ProcessCollector {
+struct ProcessCollector {
     started: f64,
 }
 

@@ -13,13 +13,13 @@ use crate::model::{OutboxId, TenantId};
 use crate::sink::{PublishFault, SinkError};
 use crate::store::{Disposition, RowFailure};
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{dead_reason, outcome};
+use crate::telemetry::metrics::{DeadReason, ProduceError, RowOutcome};
 
-fn error_type(error: &SinkError) -> &'static str {
+fn error_type(error: &SinkError) -> ProduceError {
     match error.fault() {
-        Some(PublishFault::Unavailable) => "unavailable",
-        Some(PublishFault::Refused) => "refused",
-        Some(PublishFault::Failed) | None => "failed",
+        Some(PublishFault::Unavailable) => ProduceError::Unavailable,
+        Some(PublishFault::Refused) => ProduceError::Refused,
+        Some(PublishFault::Failed) | None => ProduceError::Failed,
     }
 }
 
@@ -33,7 +33,7 @@ pub(super) fn record_reports(
 ) {
     let now = Utc::now();
     let mut produced: HashMap<(&TenantId, &str), (u64, u64)> = HashMap::new();
-    let mut errors: HashMap<(&str, &'static str), u64> = HashMap::new();
+    let mut errors: HashMap<(&str, ProduceError), u64> = HashMap::new();
     let mut latencies: HashMap<&TenantId, Vec<f64>> = HashMap::new();
     let mut messages = outcomes.messages().iter().zip(reports);
     for o in outcomes.rows() {
@@ -74,24 +74,24 @@ pub(super) fn record_reports(
     let mut published: HashMap<&TenantId, Arc<str>> = HashMap::new();
     for ((tenant, topic), (count, bytes)) in produced {
         let label = metrics.tenant(tenant);
-        metrics.produced(&label, topic, count, bytes);
+        metrics.sink.produced(&label, topic, count, bytes);
         published.insert(tenant, label);
     }
     for (_, label) in published {
-        metrics.last_publish(&label, now_seconds);
+        metrics.sink.last_publish(&label, now_seconds);
     }
     for ((topic, kind), n) in errors {
-        metrics.produce_errors(topic, kind, n);
+        metrics.sink.produce_errors(topic, kind, n);
     }
     for (tenant, seconds) in latencies {
-        metrics.end_to_end(&metrics.tenant(tenant), seconds);
+        metrics.sink.end_to_end(&metrics.tenant(tenant), seconds);
     }
 }
 
-fn failure_outcome(disposition: Disposition) -> &'static str {
+fn failure_outcome(disposition: Disposition) -> RowOutcome {
     match disposition {
-        Disposition::Dead => outcome::DEAD,
-        Disposition::Retry(_) | Disposition::Wait(_) => outcome::RETRY_SCHEDULED,
+        Disposition::Dead => RowOutcome::Dead,
+        Disposition::Retry(_) | Disposition::Wait(_) => RowOutcome::RetryScheduled,
     }
 }
 
@@ -104,21 +104,21 @@ pub(super) fn record_completed(
     only: Option<&std::collections::HashSet<&OutboxId>>,
 ) {
     let recorded = |id: &OutboxId| only.is_none_or(|ids| ids.contains(id));
-    let mut counts: HashMap<(&TenantId, &'static str), u64> = HashMap::new();
-    let mut dead: HashMap<(&TenantId, &'static str), u64> = HashMap::new();
+    let mut counts: HashMap<(&TenantId, RowOutcome), u64> = HashMap::new();
+    let mut dead: HashMap<(&TenantId, DeadReason), u64> = HashMap::new();
     for o in outcomes.rows() {
         if !recorded(&o.row.id) {
             continue;
         }
         let outcome = match &o.fate {
-            Fate::Sent { .. } => outcome::SENT,
-            Fate::Dropped => outcome::DROPPED,
+            Fate::Sent { .. } => RowOutcome::Sent,
+            Fate::Dropped => RowOutcome::Dropped,
             Fate::Failed(f) => {
                 if f.disposition == Disposition::Dead {
                     let reason = if f.permanent {
-                        dead_reason::PERMANENT
+                        DeadReason::Permanent
                     } else {
-                        dead_reason::ATTEMPTS_EXHAUSTED
+                        DeadReason::AttemptsExhausted
                     };
                     *dead.entry((&o.row.tenant, reason)).or_default() += 1;
                 }
@@ -129,17 +129,25 @@ pub(super) fn record_completed(
         *counts.entry((&o.row.tenant, outcome)).or_default() += 1;
     }
     for ((tenant, outcome), n) in counts {
-        metrics.rows_completed(&metrics.tenant(tenant), outcome, n);
+        metrics
+            .relay
+            .rows_completed(&metrics.tenant(tenant), outcome, n);
     }
     for ((tenant, reason), n) in dead {
-        metrics.dead_letters(&metrics.tenant(tenant), reason, n);
+        metrics
+            .relay
+            .dead_letters(&metrics.tenant(tenant), reason, n);
     }
     // Rows the store could not decode have no tenant to go by.
     let other = metrics.tenant(&TenantId::none());
     for f in rejected.iter().filter(|f| recorded(&f.id)) {
-        metrics.rows_completed(&other, failure_outcome(f.disposition), 1);
+        metrics
+            .relay
+            .rows_completed(&other, failure_outcome(f.disposition), 1);
         if f.disposition == Disposition::Dead {
-            metrics.dead_letters(&other, dead_reason::INVALID_ROW, 1);
+            metrics
+                .relay
+                .dead_letters(&other, DeadReason::InvalidRow, 1);
         }
     }
 }

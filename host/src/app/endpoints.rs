@@ -1,0 +1,220 @@
+//! What the endpoints of a running relay answer (`/metrics`, `/healthz`, `/readyz`,
+//! `/status`), all from memory, and starting them: the HTTP server and the backlog sampler
+//! whose last sample they read.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use serde_json::json;
+
+use super::assemble::AppRelay;
+use super::sampler::{self, LastSample};
+use super::services::Services;
+use super::status::{StatusReport, tenant_reports};
+use crate::config::Config;
+use crate::plugin::{PluginRouter, TenantState};
+use crate::store::Store;
+use crate::telemetry::auth::SharedAccess;
+use crate::telemetry::metrics::Dependency;
+use crate::telemetry::server::{self, Check, Endpoints};
+use crate::telemetry::{Metrics, TelemetrySettings};
+
+/// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
+/// the backlog sampler among `services`. Returns the endpoints' credentials, for SIGHUP to
+/// replace (`None` without `listen`).
+pub async fn start(
+    services: &mut Services,
+    config: &Config,
+    store: &Arc<Store>,
+    relay: &Arc<AppRelay>,
+    router: &Arc<PluginRouter>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Option<Arc<SharedAccess>>> {
+    let settings = config.telemetry.clone();
+    let Some(listen) = settings.listen_addr() else {
+        return Ok(None);
+    };
+    // Checked when the config was loaded; a name is resolved only now.
+    let listen = listen.map_err(|e| anyhow::anyhow!("telemetry.listen: {e}"))?;
+    let listener = server::bind(&listen)
+        .await
+        .with_context(|| format!("telemetry.listen: cannot listen on {listen}"))?;
+    let access = Arc::new(SharedAccess::new(settings.access()));
+    let address =
+        server::local_addr(&listener).map_or_else(|| listen.to_string(), |a| a.to_string());
+    tracing::info!(address, listen = %listen, access = access.current().describe(),
+        "serving /metrics, /healthz, /readyz and /status");
+    let last = Arc::new(Mutex::new(LastSample::default()));
+    let endpoints: Arc<dyn Endpoints> = Arc::new(AppEndpoints {
+        metrics: Arc::clone(&metrics),
+        router: Arc::clone(router),
+        last: Arc::clone(&last),
+        settings: settings.clone(),
+        workers: config.relay.workers,
+    });
+    let served = Arc::clone(&access);
+    services.start("telemetry server", move |stop| {
+        server::serve(listener, endpoints, served, stop)
+    });
+    let (store, relay) = (Arc::clone(store), Arc::clone(relay));
+    services.start("backlog sampler", move |stop| {
+        sampler::sample(store, relay, metrics, last, settings, stop)
+    });
+    Ok(Some(access))
+}
+
+/// What the endpoints answer, from memory: the metrics, the router and the last sample.
+struct AppEndpoints {
+    metrics: Arc<Metrics>,
+    router: Arc<PluginRouter>,
+    last: Arc<Mutex<LastSample>>,
+    settings: TelemetrySettings,
+    /// Worker loops the relay runs.
+    workers: usize,
+}
+
+impl Endpoints for AppEndpoints {
+    fn metrics(&self) -> Result<String, std::fmt::Error> {
+        self.metrics.encode()
+    }
+
+    fn health(&self) -> Check {
+        let (started, running) = self.metrics.health.workers();
+        let expected = i64::try_from(self.workers.max(1)).unwrap_or(i64::MAX);
+        let stalled = self
+            .metrics
+            .health
+            .stalled_workers(self.settings.stalled_after, std::time::Instant::now());
+        // Before the workers start (start-up), the process is alive; after, every worker
+        // must still be running, and none stuck in one batch.
+        let ok = (started == 0 || running >= expected) && stalled == 0;
+        Check {
+            ok,
+            body: json!({
+                "workers_running": running,
+                "workers": expected,
+                "workers_stalled": stalled,
+            }),
+        }
+    }
+
+    fn ready(&self) -> Check {
+        let database = self.metrics.health.dependency_up(Dependency::Database);
+        let kafka = self.metrics.health.dependency_up(Dependency::Kafka);
+        let paused: Vec<String> = self
+            .router
+            .tenant_statuses()
+            .into_iter()
+            .filter(|s| {
+                matches!(
+                    s.state,
+                    TenantState::Paused { .. } | TenantState::Quarantined { .. }
+                )
+            })
+            .map(|s| s.tenant.to_string())
+            .collect();
+        let kafka_error = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .kafka_error
+            .clone();
+        Check {
+            ok: database && kafka,
+            body: json!({
+                "database": database,
+                "kafka": kafka,
+                "kafka_error": kafka_error,
+                "paused_tenants": paused,
+            }),
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let report = StatusReport {
+            sampled_at: last.at,
+            sample_limit: self.settings.sample_limit,
+            database_up: Some(self.metrics.health.dependency_up(Dependency::Database)),
+            kafka_up: Some(self.metrics.health.dependency_up(Dependency::Kafka)),
+            tenants: tenant_reports(&last.backlog, &self.router.tenant_statuses()),
+        };
+        serde_json::to_value(report).unwrap_or_else(|e| json!({ "error": e.to_string() }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::plugin::PluginsSettings;
+    use crate::telemetry::TenantLabels;
+
+    fn endpoints(workers: usize) -> AppEndpoints {
+        let router = PluginRouter::from_settings(&PluginsSettings::default(), &BTreeMap::new())
+            .expect("a router without plugins");
+        AppEndpoints {
+            metrics: Arc::new(Metrics::new(TenantLabels::new(None::<&str>), "test")),
+            router: Arc::new(router),
+            last: Arc::default(),
+            settings: TelemetrySettings::default(),
+            workers,
+        }
+    }
+
+    #[test]
+    fn healthz_fails_once_a_worker_has_died() {
+        let e = endpoints(2);
+        assert!(e.health().ok, "starting up");
+        e.metrics.health.worker_started();
+        e.metrics.health.worker_started();
+        assert!(e.health().ok);
+        e.metrics.health.worker_ended();
+        let check = e.health();
+        assert!(!check.ok);
+        assert_eq!(check.body["workers_running"], 1);
+    }
+
+    #[test]
+    fn healthz_fails_while_a_worker_is_stuck_in_one_batch() {
+        let mut e = endpoints(2);
+        e.settings.stalled_after = std::time::Duration::from_secs(60);
+        e.metrics.health.worker_started();
+        e.metrics.health.worker_started();
+        let now = std::time::Instant::now();
+        e.metrics.health.batch_in_hand(0, Some(now));
+        e.metrics
+            .health
+            .batch_in_hand(1, now.checked_sub(std::time::Duration::from_secs(61)));
+        let check = e.health();
+        assert!(!check.ok);
+        assert_eq!(check.body["workers_stalled"], 1);
+        e.metrics.health.batch_in_hand(1, None);
+        assert!(e.health().ok, "the batch finished");
+    }
+
+    #[test]
+    fn readyz_needs_both_dependencies_checked_and_up() {
+        let e = endpoints(1);
+        assert!(!e.ready().ok, "nothing checked yet");
+        e.metrics
+            .health
+            .set_dependency_up(Dependency::Database, true);
+        assert!(!e.ready().ok);
+        e.metrics.health.set_dependency_up(Dependency::Kafka, true);
+        assert!(e.ready().ok);
+        e.metrics.health.set_dependency_up(Dependency::Kafka, false);
+        let check = e.ready();
+        assert!(!check.ok);
+        assert_eq!(check.body["kafka"], false);
+        assert_eq!(check.body["kafka_error"], serde_json::Value::Null);
+        // The body names why, as the log does.
+        e.last.lock().unwrap().kafka_error =
+            Some("authentication with the broker failed: SASL".to_owned());
+        assert_eq!(
+            e.ready().body["kafka_error"],
+            "authentication with the broker failed: SASL"
+        );
+    }
+}

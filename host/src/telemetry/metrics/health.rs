@@ -1,0 +1,123 @@
+//! What `/healthz` and `/readyz` read: whether the last check of each dependency succeeded,
+//! the worker loops running, and when each worker's batch in hand started (to find one stuck).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::label_values;
+
+label_values! {
+    /// The dependencies of `sluice_dependency_up`.
+    pub enum Dependency {
+        Database => "database",
+        Kafka => "kafka",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DependencyLabel {
+    dependency: Dependency,
+}
+
+/// Dependency checks and worker heartbeats.
+#[derive(Debug)]
+pub struct HealthMetrics {
+    dependency_up: Family<DependencyLabel, Gauge>,
+    workers_running: Gauge,
+    workers_started: AtomicI64,
+    /// When each worker loop's batch in hand started (`None`: between batches), by worker.
+    batches_in_hand: Mutex<Vec<Option<Instant>>>,
+}
+
+impl Default for HealthMetrics {
+    /// Every dependency down (unchecked) at 0.
+    fn default() -> Self {
+        let m = Self {
+            dependency_up: Family::default(),
+            workers_running: Gauge::default(),
+            workers_started: AtomicI64::new(0),
+            batches_in_hand: Mutex::default(),
+        };
+        for &dependency in Dependency::ALL {
+            let _ = m
+                .dependency_up
+                .get_or_create(&DependencyLabel { dependency });
+        }
+        m
+    }
+}
+
+impl HealthMetrics {
+    pub(super) fn register(&self, r: &mut Registry) {
+        r.register(
+            "dependency_up",
+            "Whether the last check of a dependency (database, kafka) succeeded",
+            self.dependency_up.clone(),
+        );
+        r.register(
+            "relay_workers_running",
+            "Relay worker loops running now",
+            self.workers_running.clone(),
+        );
+    }
+
+    pub fn set_dependency_up(&self, dependency: Dependency, up: bool) {
+        self.dependency_up
+            .get_or_create(&DependencyLabel { dependency })
+            .set(i64::from(up));
+    }
+
+    /// Whether the last check of `dependency` succeeded.
+    pub fn dependency_up(&self, dependency: Dependency) -> bool {
+        self.dependency_up
+            .get(&DependencyLabel { dependency })
+            .is_some_and(|g| g.get() == 1)
+    }
+
+    pub fn worker_started(&self) {
+        self.workers_started.fetch_add(1, Ordering::Relaxed);
+        self.workers_running.inc();
+    }
+
+    pub fn worker_ended(&self) {
+        self.workers_running.dec();
+    }
+
+    /// Worker loops started so far, and running now.
+    pub fn workers(&self) -> (i64, i64) {
+        (
+            self.workers_started.load(Ordering::Relaxed),
+            self.workers_running.get(),
+        )
+    }
+
+    /// Worker `worker` claimed a batch (`Some(now)`), or is done with it (`None`).
+    pub fn batch_in_hand(&self, worker: usize, since: Option<Instant>) {
+        let mut batches = self
+            .batches_in_hand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if batches.len() <= worker {
+            batches.resize(worker + 1, None);
+        }
+        batches[worker] = since;
+    }
+
+    /// Worker loops whose batch in hand started more than `after` ago: stuck, since every
+    /// step of a batch is bounded well below that (see `telemetry.stalled_after`).
+    pub fn stalled_workers(&self, after: Duration, now: Instant) -> usize {
+        self.batches_in_hand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .filter(|since| now.saturating_duration_since(**since) > after)
+            .count()
+    }
+}
