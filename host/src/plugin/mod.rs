@@ -2,13 +2,15 @@
 //! [`PluginRouter`] — and, private behind it, the wasmtime sandbox.
 //!
 //! Read in this order:
-//! - [`router`]: tenant → slot routing for the relay, start-up quarantine, the cap on
+//! - [`router`]: routing rows to their tenants for the relay, start-up quarantine, the cap on
 //!   instances of tenants without their own entry, the status read API
-//! - `tenant/`: one tenant's slot (its runner, breaker, quarantine and per-batch budgets) and
-//!   what the router reports about it
+//! - `tenant/`: one tenant (its plugin template and instance, breaker, quarantine, per-batch
+//!   budgets) and what the router reports about it
 //! - `wasm/`: the wasmtime side — engine and epoch ticker, loading a component, a tenant's
-//!   Store and the guest calls (each bounded in wall-clock time), the host API guests call
-//! - [`limits`]: a tenant's sandbox limits as data, the topic allow-list, the Store limiter
+//!   `wasmtime::Store` and the guest calls (each bounded in wall-clock time), the host API guests
+//!   call
+//! - [`limits`]: a tenant's sandbox limits as data, the topic allow-list, the `wasmtime::Store`
+//!   limiter
 //! - [`metrics`]: what a batch's plugin calls record (time and outcomes per tenant)
 //! - [`output`]: what the host accepts from a plugin, and the headers it stamps
 //! - [`builtin`]: routing plugins compiled into the host (no WASM)
@@ -19,7 +21,8 @@
 //!
 //! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
 //! file or a builtin's name), as loaded (a compiled component shared by every tenant that
-//! uses the file), and as running (one configured instance per tenant, in its own Store).
+//! uses the file), and as running (one configured instance per tenant, in its own
+//! `wasmtime::Store`).
 
 pub mod builtin;
 pub mod limits;

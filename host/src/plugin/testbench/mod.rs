@@ -24,7 +24,7 @@ use crate::plugin::wasm::bindings::types::PluginInfo;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::TenantShared;
-use crate::plugin::wasm::instance::TenantInstance;
+use crate::plugin::wasm::instance::WasmInstance;
 use crate::plugin::{
     Limits, PluginError, PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowResult,
     RowTransformer, TransformFailure,
@@ -43,7 +43,7 @@ pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
         compile_cache(&PluginsSettings::default()).as_ref(),
     )?);
     let shared = TenantShared::new(TenantId::none());
-    let mut instance = TenantInstance::instantiate(&plugin, &shared, &Limits::default())?;
+    let mut instance = WasmInstance::instantiate(&plugin, &shared, &Limits::default())?;
     instance.info().map_err(|message| PluginError::BadPlugin {
         path: path.to_owned(),
         message: format!("info() failed: {message}"),
@@ -235,7 +235,7 @@ enum Entry {
 }
 
 /// Runs every row of `input` through the plugin — on the relay's own code path (the plugin
-/// router and a tenant slot: `transform-batch` chunks, output checks, limits, circuit
+/// router and a tenant runner: `transform-batch` chunks, output checks, limits, circuit
 /// breaker, builtins) — and writes one JSON line per output message, per filtered row, per
 /// failed row and per invalid input line, in input order. Rows without a `tenant` run as
 /// rows without a tenant do in `sluice run`; each named tenant gets its own instance.

@@ -125,7 +125,7 @@ fn compile_cached(
     if entry.exists() {
         // SAFETY: the cache directory is Sluice's own (see docs/plugins.md: it must not be
         // writable by anyone who may not run code as Sluice); entries are written only by
-        // `Component::serialize` (CompileCache::store), and the file name pins the engine
+        // `Component::serialize` (CompileCache::save), and the file name pins the engine
         // compatibility.
         match unsafe { Component::deserialize_file(engine.engine(), &entry) } {
             Ok(component) => {
@@ -140,7 +140,7 @@ fn compile_cached(
     }
     let component = Component::new(engine.engine(), bytes)
         .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?;
-    match cache.store(&component, &entry) {
+    match cache.save(&component, &entry) {
         Ok(_) => {
             tracing::info!(plugin = %path.display(), cache = %entry.display(), "compiled plugin and cached it")
         }
