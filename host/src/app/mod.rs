@@ -9,7 +9,6 @@
 //! - `rotate`: SIGHUP re-reads the config's secrets and replaces the producer and the
 //!   database connections' credentials
 //! - [`services`]: the start/stop shape every background service shares
-//! - [`progress`]: `sluice drain`'s progress bar or log lines
 //! - [`status`]: the per-tenant picture of `/status` and `sluice status`
 //! - `telemetry`: `[telemetry]` — metrics, the backlog sampler, the endpoints' answers
 
@@ -18,7 +17,6 @@ mod assemble;
 pub mod check;
 pub mod logging;
 mod plugin_watch;
-pub mod progress;
 mod rotate;
 mod run;
 pub mod services;

@@ -329,8 +329,8 @@ impl TopicPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wasmtime::component::{Component, Linker};
     use wasmtime::Engine;
+    use wasmtime::component::{Component, Linker};
 
     /// Instantiates an inline WAT component in a `wasmtime::Store` limited to `memory_cap` bytes.
     fn instantiate(wat: &str, memory_cap: usize) -> wasmtime::Result<()> {

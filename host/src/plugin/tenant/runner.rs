@@ -390,7 +390,10 @@ mod tests {
         ))
     }
 
-    fn new_runner(template: Arc<TenantTemplate>, quota: Option<Arc<InstanceQuota>>) -> TenantRunner {
+    fn new_runner(
+        template: Arc<TenantTemplate>,
+        quota: Option<Arc<InstanceQuota>>,
+    ) -> TenantRunner {
         TenantRunner::new(TenantId::named("t"), template, None, quota)
     }
 
@@ -454,7 +457,10 @@ mod tests {
         // One budget hit per batch, however many rows it deferred.
         assert_eq!(hits.get("batch_output_budget"), Some(&1));
         assert_eq!(hits.get("output"), Some(&1));
-        assert_eq!(runner.health.instantiations.snapshot().get("start"), Some(&1));
+        assert_eq!(
+            runner.health.instantiations.snapshot().get("start"),
+            Some(&1)
+        );
 
         runner.drop_instance();
         runner.next_instance = "recycle";

@@ -108,10 +108,9 @@ impl PluginInstance {
                     key: format!("builtin {name:?} (tenant {})", shared.tenant()),
                     message,
                 }),
-            PluginCode::Broken { path, reason } => Err(PluginError::BadPlugin {
-                path: path.clone(),
-                message: reason.clone(),
-            }),
+            PluginCode::Broken { path, reason } => {
+                Err(PluginError::bad_plugin(path, reason.clone()))
+            }
         }
     }
 }
