@@ -1,4 +1,5 @@
-//! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print.
+//! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print;
+//! and what only the command line needs (`sluice drain`'s progress, `sluice plugin new|test`).
 
 mod cli;
 mod ops;
