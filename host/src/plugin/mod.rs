@@ -168,7 +168,7 @@ pub enum PluginError {
     BadPlugin {
         path: PathBuf,
         message: String,
-        /// Reading the file, or wasmtime refusing it ([`ComponentError`]).
+        /// Reading the file, parsing it, or wasmtime refusing it ([`ComponentError`]).
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },

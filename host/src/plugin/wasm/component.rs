@@ -11,7 +11,7 @@ use crate::plugin::wasm::bindings::PluginPre;
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::HostState;
-use crate::plugin::wasm::imports;
+use crate::plugin::wasm::imports::{self, Refused};
 use crate::plugin::{ComponentError, PluginError};
 use crate::text::{MAX_LOGGED, bounded};
 
@@ -58,7 +58,17 @@ impl LoadedPlugin {
         }
         // Cheap (no compilation): refuse imports the sandbox lacks before a compile that can
         // take seconds.
-        imports::check(&bytes).map_err(bad)?;
+        imports::check(&bytes).map_err(|refused| {
+            let message = refused.to_string();
+            match refused {
+                Refused::Unreadable(e) => bad_because(
+                    path,
+                    bounded(&message, MAX_LOGGED).into_owned(),
+                    Box::new(e),
+                ),
+                Refused::Imports(_) => bad(message),
+            }
+        })?;
         let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
         let component = match cache {
             Some(cache) => compile_cached(engine, &bytes, path, cache)?,
