@@ -13,7 +13,6 @@
 //! - `rotate`: SIGHUP re-reads the config's secrets and replaces the producer and the
 //!   database connections' credentials
 //! - [`services`]: the start/stop shape every background service shares
-//! - [`progress`]: `sluice drain`'s progress bar or log lines
 //! - [`status`]: the per-tenant picture of `/status` and `sluice status`
 
 pub mod admin;
@@ -22,7 +21,6 @@ pub mod check;
 mod endpoints;
 pub mod logging;
 mod plugin_watch;
-pub mod progress;
 mod rotate;
 mod run;
 mod sampler;

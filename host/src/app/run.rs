@@ -1,5 +1,6 @@
 //! `sluice run` (relay until stopped) and `sluice drain` (relay what is due, then exit).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,13 +10,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::assemble::{AppRelay, Parts, assemble};
 use super::endpoints;
 use super::plugin_watch;
-use super::progress;
 use super::rotate;
 use super::services::Services;
 use crate::config::Config;
 use crate::maintenance::{pruner, wakeups};
 use crate::plugin::PluginRouter;
-use crate::relay::RelayStats;
+use crate::relay::{Counters, RelayStats};
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{Backlog, MarkMode, OutboxStore, Store};
@@ -157,9 +157,18 @@ impl DrainReport {
     }
 }
 
-/// Relays every row that is due now, then returns; shows progress while it runs. A stop
-/// (during start-up or while draining) is an error: the rows left are still due.
-pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainReport> {
+/// Relays every row that is due now, then returns; runs `report_progress` (given the live
+/// counters, the rows due at the start and a stop that fires when the drain ends) meanwhile.
+/// A stop (during start-up or while draining) is an error: the rows left are still due.
+pub async fn drain<P, F>(
+    config: Config,
+    mut stop: Shutdown,
+    report_progress: P,
+) -> anyhow::Result<DrainReport>
+where
+    P: FnOnce(Arc<Counters>, u64, Shutdown) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
     let Some(Started {
         store,
         relay,
@@ -172,7 +181,7 @@ pub async fn drain(config: Config, mut stop: Shutdown) -> anyhow::Result<DrainRe
     let before = store.backlog().await?;
     tracing::info!(table = %config.database.table, due = before.due, "draining");
     let (progress_done, progress_stop) = shutdown::channel();
-    let progress = tokio::spawn(progress::report(
+    let progress = tokio::spawn(report_progress(
         relay.counters(),
         u64::try_from(before.due).unwrap_or(0),
         progress_stop,

@@ -1,6 +1,6 @@
 //! Sandbox limits of one tenant instance, resolved from config; the wasmtime resource limiter
-//! that enforces the memory cap across every memory, table and instance of a Store; and the
-//! topic allow-list.
+//! that enforces the memory cap across every memory, table and instance of a `wasmtime::Store`; and
+//! the topic allow-list.
 
 use std::time::Duration;
 
@@ -12,22 +12,22 @@ use crate::plugin::settings::{
     DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, DEFAULT_RECYCLE_MEMORY_PERCENT, LimitsSpec,
 };
 
-/// Core module instances one Store may create. A Rust component has a handful; a
+/// Core module instances one `wasmtime::Store` may create. A Rust component has a handful; a
 /// componentize-py one a few dozen (one per linked library plus shims).
 pub const MAX_INSTANCES: usize = 200;
-/// Linear memories one Store may create (components share one memory between their modules;
-/// adapters may add one or two).
+/// Linear memories one `wasmtime::Store` may create (components share one memory between their
+/// modules; adapters may add one or two).
 pub const MAX_MEMORIES: usize = 20;
-/// Tables one Store may create.
+/// Tables one `wasmtime::Store` may create.
 pub const MAX_TABLES: usize = 200;
-/// Table elements, summed over every table of a Store: each costs the host a pointer or two,
-/// outside the linear-memory cap. CPython's function table has some tens of thousands.
+/// Table elements, summed over every table of a `wasmtime::Store`: each costs the host a pointer or
+/// two, outside the linear-memory cap. CPython's function table has some tens of thousands.
 pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;
 
-/// Limits applied to one tenant's Store and to what its plugin may emit.
+/// Limits applied to one tenant's `wasmtime::Store` and to what its plugin may emit.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Linear memory of the whole Store (every memory of every instance together).
+    /// Linear memory of the whole `wasmtime::Store` (every memory of every instance together).
     pub memory_bytes: usize,
     pub call_timeout: Duration,
     /// Share of `memory_bytes` past which the instance is replaced between calls (100: never).
@@ -128,7 +128,7 @@ impl Limits {
         }
     }
 
-    /// A fresh resource limiter for a new Store.
+    /// A fresh resource limiter for a new `wasmtime::Store`.
     pub fn limiter(&self) -> TenantLimiter {
         TenantLimiter::new(self.memory_bytes)
     }
@@ -184,8 +184,9 @@ pub enum LimitExceeded {
 }
 
 /// wasmtime's `StoreLimits` bound each linear memory on its own; a component may declare many
-/// memories, tables and instances. This limiter caps the Store's total, and a refused growth
-/// traps (instead of `memory.grow` returning -1) so a runaway guest stops with a clear reason.
+/// memories, tables and instances. This limiter caps the `wasmtime::Store`'s total, and a refused
+/// growth traps (instead of `memory.grow` returning -1) so a runaway guest stops with a clear
+/// reason.
 #[derive(Debug)]
 pub struct TenantLimiter {
     memory_cap: usize,
@@ -207,7 +208,7 @@ impl TenantLimiter {
         }
     }
 
-    /// Linear memory bytes of the Store so far.
+    /// Linear memory bytes of the `wasmtime::Store` so far.
     pub fn memory_used(&self) -> usize {
         self.memory_used
     }
@@ -328,16 +329,16 @@ impl TopicPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasmtime::Engine;
     use wasmtime::component::{Component, Linker};
-    use wasmtime::{Engine, Store};
 
-    /// Instantiates an inline WAT component in a Store limited to `memory_cap` bytes.
+    /// Instantiates an inline WAT component in a `wasmtime::Store` limited to `memory_cap` bytes.
     fn instantiate(wat: &str, memory_cap: usize) -> wasmtime::Result<()> {
         let engine = Engine::default();
         let component = Component::new(&engine, wat)?;
-        let mut store = Store::new(&engine, TenantLimiter::new(memory_cap));
-        store.limiter(|limiter| limiter);
-        Linker::new(&engine).instantiate(&mut store, &component)?;
+        let mut wasm_store = wasmtime::Store::new(&engine, TenantLimiter::new(memory_cap));
+        wasm_store.limiter(|limiter| limiter);
+        Linker::new(&engine).instantiate(&mut wasm_store, &component)?;
         Ok(())
     }
 

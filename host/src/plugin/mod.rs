@@ -2,24 +2,26 @@
 //! [`PluginRouter`] — and, private behind it, the wasmtime sandbox.
 //!
 //! Read in this order:
-//! - [`router`]: tenant → slot routing for the relay, start-up quarantine, the cap on
+//! - [`router`]: routing rows to their tenants for the relay, start-up quarantine, the cap on
 //!   instances of tenants without their own entry, the status read API
-//! - `tenant/`: one tenant's slot (its runner, breaker, quarantine and per-batch budgets) and
-//!   what the router reports about it
+//! - `tenant/`: one tenant (its plugin template and instance, breaker, quarantine, per-batch
+//!   budgets) and what the router reports about it
 //! - `wasm/`: the wasmtime side — engine and epoch ticker, loading a component, a tenant's
-//!   Store and the guest calls (each bounded in wall-clock time), the host API guests call
-//! - [`limits`]: a tenant's sandbox limits as data, the topic allow-list, the Store limiter
+//!   `wasmtime::Store` and the guest calls (each bounded in wall-clock time), the host API guests
+//!   call
+//! - [`limits`]: a tenant's sandbox limits as data, the topic allow-list, the `wasmtime::Store`
+//!   limiter
 //! - [`metrics`]: what a batch's plugin calls record (time and outcomes per tenant)
 //! - [`output`]: what the host accepts from a plugin, and the headers it stamps
 //! - [`builtin`]: routing plugins compiled into the host (no WASM)
 //! - [`reload`]: hot reload and quarantine retries
 //! - [`settings`]: `[plugins]`, `[plugins.default]` and `[tenants.<name>]` as written
-//! - [`testbench`]: `sluice plugin check|test`
-//! - [`scaffold`]: `sluice plugin new` (the embedded project templates)
+//! - [`inspect`]: what `sluice plugin check` asks of a file
 //!
 //! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
 //! file or a builtin's name), as loaded (a compiled component shared by every tenant that
-//! uses the file), and as running (one configured instance per tenant, in its own Store).
+//! uses the file), and as running (one configured instance per tenant, in its own
+//! `wasmtime::Store`).
 
 pub mod builtin;
 pub mod limits;
@@ -27,22 +29,23 @@ pub mod metrics;
 pub mod output;
 mod reload;
 mod router;
-pub mod scaffold;
 pub mod settings;
 mod tenant;
-pub mod testbench;
 mod wasm;
 
+use std::fmt;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use limits::{Limits, TopicPattern};
 pub use router::PluginRouter;
 pub use settings::{PluginSource, PluginSpec, PluginsSettings};
 pub use tenant::status::{TenantState, TenantStatus};
+pub use wasm::bindings::types::PluginInfo;
 
 use crate::model::{OutboundMessage, OutboxRow, TenantId};
+use crate::text::{MAX_LOGGED, bounded};
 
 /// The messages of one row, or why the row could not be transformed.
 pub type RowResult = Result<Vec<OutboundMessage>, TransformFailure>;
@@ -145,13 +148,30 @@ fn paused_message(
 }
 
 /// Errors loading or setting up plugins. At start-up they quarantine the tenant, or stop
-/// `sluice run` with `[plugins] strict_startup = true`.
+/// `sluice run` with `[plugins] strict_startup = true`. The message says the cause too (it is
+/// what `last_error` and the quarantine reason keep); the cause is kept as the source where
+/// there is one. A guest's own text (`configure`'s error, a trap's reason with the guest's
+/// output) is not an error value: it stays in the message, bounded.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
-    #[error("plugin engine: {0}")]
-    Engine(String),
+    #[error("plugin engine: {source:#}")]
+    Engine {
+        #[source]
+        source: wasmtime::Error,
+    },
+    #[error("plugin engine: cannot start epoch ticker thread: {source}")]
+    EpochTicker {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("plugin {path}: {message}")]
-    BadPlugin { path: PathBuf, message: String },
+    BadPlugin {
+        path: PathBuf,
+        message: String,
+        /// Reading the file, parsing it, or wasmtime refusing it ([`ComponentError`]).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     #[error("plugin {path} (tenant {tenant}): instantiation failed: {message}")]
     Instantiate {
         path: PathBuf,
@@ -169,7 +189,57 @@ pub enum PluginError {
 }
 
 impl PluginError {
-    fn engine(e: wasmtime::Error) -> Self {
-        Self::Engine(format!("{e:#}"))
+    fn engine(source: wasmtime::Error) -> Self {
+        Self::Engine { source }
     }
+
+    /// A [`PluginError::BadPlugin`] without an underlying error.
+    fn bad_plugin(path: &Path, message: String) -> Self {
+        Self::BadPlugin {
+            path: path.to_owned(),
+            message,
+            source: None,
+        }
+    }
+}
+
+/// wasmtime refusing a plugin file (not a component, imports or exports that do not match),
+/// kept as a [`PluginError::BadPlugin`]'s cause. Its text quotes names the plugin's author
+/// chose, so it shows bounded and escaped, like the message that quotes it, and its own
+/// causes only within that text.
+#[derive(Debug)]
+pub struct ComponentError(wasmtime::Error);
+
+impl ComponentError {
+    /// wasmtime's error itself (its text unbounded).
+    pub fn wasmtime_error(&self) -> &wasmtime::Error {
+        &self.0
+    }
+}
+
+impl fmt::Display for ComponentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&bounded(&format!("{:#}", self.0), MAX_LOGGED))
+    }
+}
+
+impl std::error::Error for ComponentError {}
+
+/// Validates the plugin file `path` against the world and returns its `info()` (its text
+/// escaped and cut), as `sluice plugin check` shows it. Instantiation and `info()` are bounded
+/// by the default `call_timeout`, time spent sleeping in host calls included, so a hostile
+/// file cannot hang the command.
+pub fn inspect(path: &Path) -> Result<PluginInfo, PluginError> {
+    let engine = wasm::engine::PluginEngine::new()?;
+    let plugin = Arc::new(wasm::component::LoadedPlugin::load_cached(
+        &engine,
+        path,
+        router::compile_cache(&PluginsSettings::default()).as_ref(),
+    )?);
+    let shared = wasm::host_api::TenantShared::new(TenantId::none());
+    let mut instance =
+        wasm::instance::WasmInstance::instantiate(&plugin, &shared, &Limits::default())?;
+    instance
+        .info()
+        .map_err(|message| PluginError::bad_plugin(path, format!("info() failed: {message}")))
 }

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::plugin::PluginError;
-use crate::plugin::router::{FileStamp, PluginRouter, SharedSlot, probe_shared};
-use crate::plugin::tenant::slot::{PluginCode, Runner, TenantTemplate, lock};
+use crate::plugin::router::{FileStamp, PluginRouter, probe_shared};
+use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
+use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::text::{MAX_LOGGED, bounded};
 
@@ -45,21 +46,21 @@ fn reason_of(error: &PluginError) -> String {
     bounded(&error.to_string(), MAX_LOGGED).into_owned()
 }
 
-/// Puts `template` (and `runner`) into the slot if it still runs `old`.
+/// Puts `template` (and `instance`) into the tenant's runner if it still runs `old`.
 fn swap(
-    handle: &SharedSlot,
+    tenant: &Tenant,
     old: &Arc<TenantTemplate>,
     template: Arc<TenantTemplate>,
-    runner: Option<Runner>,
+    instance: Option<PluginInstance>,
 ) -> bool {
-    let mut slot = lock(&handle.slot);
-    if !Arc::ptr_eq(&slot.template, old) {
+    let mut runner = tenant.runner();
+    if !Arc::ptr_eq(&runner.template, old) {
         return false;
     }
     let resumes = old.quarantine.is_quarantined() && !template.quarantine.is_quarantined();
-    slot.replace(template, runner);
+    runner.replace(template, instance);
     if resumes {
-        tracing::warn!(tenant = %slot.tenant, "tenant left quarantine: its plugin started");
+        tracing::warn!(tenant = %runner.tenant, "tenant left quarantine: its plugin started");
     }
     true
 }
@@ -123,8 +124,8 @@ impl PluginRouter {
         }
 
         let mut outcome = ReloadOutcome::default();
-        for handle in self.handles() {
-            let old = handle.status.template();
+        for tenant in self.tenants() {
+            let old = tenant.health.template();
             if old.path() != Some(path) {
                 continue;
             }
@@ -142,17 +143,17 @@ impl PluginRouter {
                 }
                 (_, false) => renewed(&old, &plugin),
             };
-            let needs_instance = handle.configured || handle.status.has_instance();
+            let needs_instance = tenant.configured || tenant.health.has_instance();
             if !needs_instance || template.quarantine.is_quarantined() {
-                if swap(&handle, &old, template, None) {
+                if swap(&tenant, &old, template, None) {
                     outcome.switched += 1;
                 }
                 continue;
             }
             // The new version's `configure` runs here, without the tenant's lock.
-            match Runner::create(&template, &handle.status.shared) {
-                Ok(runner) => {
-                    if swap(&handle, &old, template, Some(runner)) {
+            match PluginInstance::create(&template, &tenant.health.shared) {
+                Ok(instance) => {
+                    if swap(&tenant, &old, template, Some(instance)) {
                         outcome.switched += 1;
                     }
                 }
@@ -160,10 +161,10 @@ impl PluginRouter {
                     if !follows_default {
                         template.quarantine.failed(reason_of(&e), now);
                     }
-                    swap(&handle, &old, template, None);
+                    swap(&tenant, &old, template, None);
                 }
                 Err(e) => {
-                    tracing::error!(tenant = %handle.status.shared.tenant(), plugin = %path.display(),
+                    tracing::error!(tenant = %tenant.health.shared.tenant(), plugin = %path.display(),
                         reason = %reason_of(&e),
                         "new plugin version failed to start for this tenant; it keeps the old version");
                     outcome.kept_old += 1;
@@ -181,7 +182,7 @@ impl PluginRouter {
         now: Instant,
     ) -> Option<Arc<TenantTemplate>> {
         let new = renewed(old, plugin);
-        match Runner::create(&new, &probe_shared()) {
+        match PluginInstance::create(&new, &probe_shared()) {
             Ok(_) => Some(new),
             Err(e) if not_running(old) => {
                 new.quarantine.failed(reason_of(&e), now);
@@ -201,9 +202,9 @@ impl PluginRouter {
         let now = Instant::now();
         let default = lock(&self.default).clone();
         let templates = self
-            .handles()
+            .tenants()
             .into_iter()
-            .map(|h| h.status.template())
+            .map(|t| t.health.template())
             .chain(default);
         for template in templates {
             if template.path() == Some(path) && not_running(&template) {
@@ -214,22 +215,22 @@ impl PluginRouter {
 
     /// Tries to start each quarantined plugin whose back-off has passed.
     fn retry_quarantined(&self, now: Instant) {
-        let handles = self.handles();
+        let tenants = self.tenants();
         let default = lock(&self.default).clone();
-        let mut due: Vec<(Arc<TenantTemplate>, Option<SharedSlot>)> = Vec::new();
-        let mut add = |template: Arc<TenantTemplate>, handle: Option<SharedSlot>| {
+        let mut due: Vec<(Arc<TenantTemplate>, Option<Arc<Tenant>>)> = Vec::new();
+        let mut add = |template: Arc<TenantTemplate>, tenant: Option<Arc<Tenant>>| {
             if template.quarantine.due(now) && !due.iter().any(|(t, _)| Arc::ptr_eq(t, &template)) {
-                due.push((template, handle));
+                due.push((template, tenant));
             }
         };
-        for handle in &handles {
-            add(handle.status.template(), Some(Arc::clone(handle)));
+        for tenant in &tenants {
+            add(tenant.health.template(), Some(Arc::clone(tenant)));
         }
         if let Some(default) = default {
             add(default, None);
         }
         let mut files_tried: HashSet<PathBuf> = HashSet::new();
-        for (template, handle) in due {
+        for (template, tenant) in due {
             if let PluginCode::Broken { path, .. } = &template.code {
                 // The file itself did not load: load it again, once per file.
                 if files_tried.insert(path.clone()) {
@@ -237,18 +238,18 @@ impl PluginRouter {
                 }
                 continue;
             }
-            let shared = handle
+            let shared = tenant
                 .as_ref()
-                .map_or_else(probe_shared, |h| Arc::clone(&h.status.shared));
-            match Runner::create(&template, &shared) {
-                Ok(runner) => {
+                .map_or_else(probe_shared, |t| Arc::clone(&t.health.shared));
+            match PluginInstance::create(&template, &shared) {
+                Ok(instance) => {
                     template.quarantine.clear();
                     tracing::warn!(plugin = %template.describe(),
                         "quarantined plugin started; its tenants resume");
-                    if let Some(handle) = handle {
-                        let mut slot = lock(&handle.slot);
-                        if Arc::ptr_eq(&slot.template, &template) {
-                            slot.install_if_empty(runner);
+                    if let Some(tenant) = tenant {
+                        let mut runner = tenant.runner();
+                        if Arc::ptr_eq(&runner.template, &template) {
+                            runner.install_if_empty(instance);
                         }
                     }
                 }

@@ -1,8 +1,8 @@
-//! Routes each row to its tenant's plugin slot and runs the plugin calls off the async
-//! reactor. One Store per tenant: tenants never share an instance, even when they share a file.
-//! Slots are in [`super::tenant::slot`]; this module owns the tenant → slot map, start-up (with
-//! quarantine of tenants whose plugin cannot start), the cap on instances of tenants without
-//! their own entry, and the status read API. Hot reload is in [`super::reload`].
+//! Routes each row to its tenant and runs the plugin calls off the async reactor. One
+//! `wasmtime::Store` per tenant: tenants never share an instance, even when they share a file.
+//! A tenant is a [`Tenant`] (see [`super::tenant`]); this module owns the tenant map, start-up
+//! (with quarantine of tenants whose plugin cannot start), the cap on instances of tenants
+//! without their own entry, and the status read API. Hot reload is in [`super::reload`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -13,11 +13,11 @@ use std::time::Instant;
 use crate::model::{OutboxRow, TenantId};
 use crate::plugin::limits::Limits;
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
-use crate::plugin::tenant::slot::{
-    InstanceQuota, PluginCode, Runner, SlotStatus, TenantSlot, TenantTemplate, lock,
-    lock_unless_stalled,
-};
+use crate::plugin::tenant::quota::InstanceQuota;
+use crate::plugin::tenant::runner::TenantRunner;
 use crate::plugin::tenant::status::TenantStatus;
+use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
+use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::PluginEngine;
@@ -26,31 +26,10 @@ use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, me
 use crate::telemetry::Metrics;
 use crate::text::{MAX_LOGGED, bounded};
 
-/// A tenant's slot, and what may be read without waiting for its lock.
-pub(super) struct SlotHandle {
-    pub(super) slot: Mutex<TenantSlot>,
-    pub(super) status: Arc<SlotStatus>,
-    /// Has its own `[tenants.<name>]` entry (or is the `default` tenant); never evicted.
-    pub(super) configured: bool,
-    /// Router clock tick of the last batch that had rows of this tenant (LRU order).
-    last_used: AtomicU64,
-}
-
-pub(super) type SharedSlot = Arc<SlotHandle>;
-
-pub(super) fn new_handle(slot: TenantSlot, configured: bool) -> SharedSlot {
-    Arc::new(SlotHandle {
-        status: Arc::clone(&slot.status),
-        slot: Mutex::new(slot),
-        configured,
-        last_used: AtomicU64::new(0),
-    })
-}
-
-/// The tenant → slot map; `unconfigured` counts the slots of tenants without an entry.
+/// The tenants the router knows; `unconfigured` counts those without an entry.
 #[derive(Default)]
-pub(super) struct Slots {
-    pub(super) map: HashMap<TenantId, SharedSlot>,
+struct TenantMap {
+    map: HashMap<TenantId, Arc<Tenant>>,
     unconfigured: usize,
 }
 
@@ -58,7 +37,7 @@ pub(super) struct Slots {
 pub struct PluginRouter {
     /// Template for tenants without their own `[tenants.<name>]` entry.
     pub(super) default: Mutex<Option<Arc<TenantTemplate>>>,
-    pub(super) slots: Mutex<Slots>,
+    tenants: Mutex<TenantMap>,
     pub(super) engine: Arc<PluginEngine>,
     pub(super) cache: Option<CompileCache>,
     /// What each plugin file looked like when it was loaded, to notice replacements.
@@ -169,7 +148,7 @@ impl PluginRouter {
             None => None,
         };
 
-        let mut slots = Slots::default();
+        let mut known = TenantMap::default();
         for (name, tenant) in tenants {
             let spec = tenant.inherit(default_spec);
             let Some(source) = spec.source() else {
@@ -184,15 +163,15 @@ impl PluginRouter {
                 Limits::resolve(&spec.limits()).map_err(limits_err(format!("tenants.{name}")))?,
             ));
             let id = TenantId::named(name.as_str());
-            let slot = start_slot(id.clone(), template, strict)?;
-            slots.map.insert(id, new_handle(slot, true));
+            let runner = start_runner(id.clone(), template, strict)?;
+            known.map.insert(id, Tenant::new(runner, true));
         }
         // Rows without a tenant run the default plugin: started now, so a broken one is
         // reported at start-up rather than on the first such row.
         if let Some(template) = &default {
             let none = TenantId::none();
-            let slot = start_slot(none.clone(), Arc::clone(template), strict)?;
-            slots.map.insert(none, new_handle(slot, true));
+            let runner = start_runner(none.clone(), Arc::clone(template), strict)?;
+            known.map.insert(none, Tenant::new(runner, true));
         }
         let files = files
             .keys()
@@ -200,7 +179,7 @@ impl PluginRouter {
             .collect();
         Ok(Self {
             default: Mutex::new(default),
-            slots: Mutex::new(slots),
+            tenants: Mutex::new(known),
             engine,
             cache,
             files: Mutex::new(files),
@@ -226,73 +205,62 @@ impl PluginRouter {
         let _ = self.metrics.set(metrics);
     }
 
-    /// The slot of `tenant`, created (without an instance) for a tenant seen for the first
-    /// time that runs the default plugin.
-    fn slot(&self, tenant: &TenantId, tick: u64) -> Option<SharedSlot> {
-        let mut slots = lock(&self.slots);
-        if let Some(handle) = slots.map.get(tenant) {
-            handle.last_used.store(tick, Ordering::Relaxed);
-            return Some(Arc::clone(handle));
+    /// `tenant`, created (without an instance) when seen for the first time and it runs the
+    /// default plugin.
+    fn tenant(&self, id: &TenantId, tick: u64) -> Option<Arc<Tenant>> {
+        let mut known = lock(&self.tenants);
+        if let Some(tenant) = known.map.get(id) {
+            tenant.touch(tick);
+            return Some(Arc::clone(tenant));
         }
         // Created lazily by its first row; counted against `max_unconfigured_instances`.
         let template = Arc::clone(lock(&self.default).as_ref()?);
-        let slot = TenantSlot::new(
-            tenant.clone(),
-            template,
-            None,
-            Some(Arc::clone(&self.quota)),
-        );
-        let handle = new_handle(slot, false);
-        handle.last_used.store(tick, Ordering::Relaxed);
-        slots.map.insert(tenant.clone(), Arc::clone(&handle));
-        slots.unconfigured += 1;
-        Some(handle)
+        let runner = TenantRunner::new(id.clone(), template, None, Some(Arc::clone(&self.quota)));
+        let tenant = Tenant::new(runner, false);
+        tenant.touch(tick);
+        known.map.insert(id.clone(), Arc::clone(&tenant));
+        known.unconfigured += 1;
+        Some(tenant)
     }
 
     /// Keeps tenants without their own entry within `max_unconfigured_instances`: when this
     /// batch needs more instances than are free, or more such tenants are known than the cap,
     /// the least recently used idle ones outside this batch lose their instance, and — unless
-    /// paused, quarantined or busy — their slot.
-    fn make_room(&self, batch: &HashSet<&TenantId>, handles: &[SharedSlot]) {
-        let needed = handles
+    /// paused, quarantined or busy — their place in the map.
+    fn make_room(&self, batch: &HashSet<&TenantId>, tenants: &[Arc<Tenant>]) {
+        let needed = tenants
             .iter()
-            .filter(|h| !h.configured && !h.status.has_instance())
+            .filter(|t| !t.configured && !t.health.has_instance())
             .count();
         let cap = self.quota.cap();
-        let mut slots = lock(&self.slots);
-        let crowded = |slots: &Slots, quota: &InstanceQuota| {
-            quota.live() + needed > cap || slots.unconfigured > cap
+        let mut known = lock(&self.tenants);
+        let crowded = |known: &TenantMap, quota: &InstanceQuota| {
+            quota.live() + needed > cap || known.unconfigured > cap
         };
-        if !crowded(&slots, &self.quota) {
+        if !crowded(&known, &self.quota) {
             return;
         }
-        let mut candidates: Vec<(u64, TenantId, SharedSlot)> = slots
+        let mut candidates: Vec<(u64, TenantId, Arc<Tenant>)> = known
             .map
             .iter()
-            .filter(|(id, h)| !h.configured && !batch.contains(id))
-            .map(|(id, h)| {
-                (
-                    h.last_used.load(Ordering::Relaxed),
-                    id.clone(),
-                    Arc::clone(h),
-                )
-            })
+            .filter(|(id, t)| !t.configured && !batch.contains(id))
+            .map(|(id, t)| (t.last_used(), id.clone(), Arc::clone(t)))
             .collect();
         candidates.sort_by_key(|(tick, _, _)| *tick);
         let now = Instant::now();
-        for (_, id, handle) in candidates {
-            if !crowded(&slots, &self.quota) {
+        for (_, id, tenant) in candidates {
+            if !crowded(&known, &self.quota) {
                 break;
             }
-            let Ok(mut slot) = handle.slot.try_lock() else {
+            let Some(mut runner) = tenant.try_runner() else {
                 continue; // busy in another batch
             };
-            slot.drop_runner();
-            let keep = handle.status.unavailable(now) || lock(&handle.status.breaker).tripped();
-            drop(slot);
+            runner.drop_instance();
+            let keep = tenant.health.unavailable(now) || lock(&tenant.health.breaker).tripped();
+            drop(runner);
             if !keep {
-                slots.map.remove(&id);
-                slots.unconfigured -= 1;
+                known.map.remove(&id);
+                known.unconfigured -= 1;
             }
         }
     }
@@ -300,26 +268,26 @@ impl PluginRouter {
     /// Every tenant the router knows, with its state.
     pub fn tenant_statuses(&self) -> Vec<TenantStatus> {
         let now = Instant::now();
-        let handles: Vec<(TenantId, SharedSlot)> = lock(&self.slots)
+        let tenants: Vec<(TenantId, Arc<Tenant>)> = lock(&self.tenants)
             .map
             .iter()
-            .map(|(id, h)| (id.clone(), Arc::clone(h)))
+            .map(|(id, t)| (id.clone(), Arc::clone(t)))
             .collect();
-        let mut statuses: Vec<TenantStatus> = handles
+        let mut statuses: Vec<TenantStatus> = tenants
             .into_iter()
-            .map(|(tenant, h)| {
-                let template = h.status.template();
+            .map(|(tenant, t)| {
+                let template = t.health.template();
                 TenantStatus {
                     tenant,
                     plugin: template.describe(),
                     digest: template.digest().map(str::to_owned),
                     version: template.version().map(str::to_owned),
-                    configured: h.configured,
-                    state: h.status.state(now),
-                    instance: h.status.has_instance(),
-                    counters: h.status.shared.counters(),
-                    instantiations: h.status.instantiations.snapshot(),
-                    limit_hits: h.status.limit_hits.snapshot(),
+                    configured: t.configured,
+                    state: t.health.state(now),
+                    instance: t.health.has_instance(),
+                    counters: t.health.shared.counters(),
+                    instantiations: t.health.instantiations.snapshot(),
+                    limit_hits: t.health.limit_hits.snapshot(),
                 }
             })
             .collect();
@@ -332,27 +300,27 @@ impl PluginRouter {
         (self.quota.live(), self.quota.cap())
     }
 
-    pub(super) fn handles(&self) -> Vec<SharedSlot> {
-        lock(&self.slots).map.values().cloned().collect()
+    /// Every tenant the router knows.
+    pub(super) fn tenants(&self) -> Vec<Arc<Tenant>> {
+        lock(&self.tenants).map.values().cloned().collect()
     }
 }
 
-/// Creates `tenant`'s slot with a live instance, or quarantines it (strict: fails).
-fn start_slot(
+/// Creates `tenant`'s runner with a live instance, or quarantines it (strict: fails).
+fn start_runner(
     tenant: TenantId,
     template: Arc<TenantTemplate>,
     strict: bool,
-) -> Result<TenantSlot, PluginError> {
-    let slot = TenantSlot::new(tenant.clone(), Arc::clone(&template), None, None);
-    match Runner::create(&template, &slot.status.shared) {
-        Ok(runner) => {
-            let mut slot = slot;
-            slot.install_if_empty(runner);
-            Ok(slot)
+) -> Result<TenantRunner, PluginError> {
+    let mut runner = TenantRunner::new(tenant.clone(), Arc::clone(&template), None, None);
+    match PluginInstance::create(&template, &runner.health.shared) {
+        Ok(instance) => {
+            runner.install_if_empty(instance);
+            Ok(runner)
         }
         Err(e) => {
             quarantine_or_fail(tenant.as_str(), &template, e, strict)?;
-            Ok(slot)
+            Ok(runner)
         }
     }
 }
@@ -377,18 +345,18 @@ fn quarantine_or_fail(
 impl RowTransformer for PluginRouter {
     fn paused_tenants(&self) -> Vec<TenantId> {
         let now = Instant::now();
-        lock(&self.slots)
+        lock(&self.tenants)
             .map
             .iter()
-            .filter(|(_, h)| h.status.unavailable(now))
+            .filter(|(_, t)| t.health.unavailable(now))
             .map(|(id, _)| id.clone())
             .collect()
     }
 
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
-        let handle = lock(&self.slots).map.get(tenant).cloned();
-        if let Some(handle) = handle {
-            handle.status.record_publish(tenant, delivered, refused);
+        let known = lock(&self.tenants).map.get(tenant).cloned();
+        if let Some(known) = known {
+            known.health.record_publish(tenant, delivered, refused);
         }
     }
 
@@ -401,8 +369,8 @@ impl RowTransformer for PluginRouter {
         }
         let mut routed = Vec::with_capacity(groups.len());
         for (tenant, group) in &groups {
-            match self.slot(tenant, tick) {
-                Some(handle) => routed.push((handle, group.clone())),
+            match self.tenant(tenant, tick) {
+                Some(known) => routed.push((known, group.clone())),
                 None => {
                     for &index in group {
                         results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
@@ -414,28 +382,28 @@ impl RowTransformer for PluginRouter {
             }
         }
         let batch: HashSet<&TenantId> = groups.keys().collect();
-        let handles: Vec<SharedSlot> = routed.iter().map(|(h, _)| Arc::clone(h)).collect();
-        self.make_room(&batch, &handles);
+        let in_batch: Vec<Arc<Tenant>> = routed.iter().map(|(t, _)| Arc::clone(t)).collect();
+        self.make_room(&batch, &in_batch);
 
         let mut tasks = Vec::with_capacity(routed.len());
-        for (handle, group) in routed {
+        for (tenant, group) in routed {
             let indices = group.clone();
             let rows = Arc::clone(&rows);
             // For the metrics only: the tenant, and its configured file (or builtin) — a reload
             // changes the file's content, not its name.
             let labels = self.metrics.get().map(|_| {
                 (
-                    handle.status.shared.tenant().clone(),
-                    handle.status.template().describe(),
+                    tenant.health.shared.tenant().clone(),
+                    tenant.health.template().describe(),
                 )
             });
             // Guest calls are synchronous CPU work: keep them off the reactor threads.
             let task = tokio::task::spawn_blocking(move || {
                 let group: Vec<&OutboxRow> = group.iter().map(|&i| &rows[i]).collect();
-                match lock_unless_stalled(&handle.slot, &handle.status) {
-                    Some(mut slot) => {
+                match tenant.runner_unless_stalled() {
+                    Some(mut runner) => {
                         let started = Instant::now();
-                        let outputs = slot.run_group(&group);
+                        let outputs = runner.run_group(&group);
                         (outputs, Some(started.elapsed()))
                     }
                     None => {
@@ -701,7 +669,7 @@ mod tests {
             pending = next;
         }
         assert!(pending.is_empty(), "rows left: {pending:?}");
-        // Idle instances were dropped to make room; their slots too.
+        // Idle instances were dropped to make room, and their tenants forgotten.
         let unconfigured = router
             .tenant_statuses()
             .iter()

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::plugin::scaffold::Language;
 use sluice::app::admin::Target;
 use sluice::app::logging::LogFormat;
-use sluice::plugin::scaffold::Language;
 use sluice::store::DEFAULT_CHANNEL;
 
 #[derive(Parser)]

@@ -1,9 +1,11 @@
-//! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print.
+//! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print;
+//! and what only the command line needs (`sluice drain`'s progress, `sluice plugin new|test`).
 
 mod cli;
 mod ops;
 mod plugin;
 mod print;
+mod progress;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -80,8 +82,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Drain { config } => {
             let config = Config::load(&config)?;
-            let report =
-                on_runtime(async { sluice::app::drain(config, stop_on_signal("drain")?).await })?;
+            let report = on_runtime(async {
+                sluice::app::drain(config, stop_on_signal("drain")?, progress::report).await
+            })?;
             let (s, after) = (&report.stats, &report.after);
             eprintln!(
                 "drained: {} rows sent, {} failed ({} dead); left unsent: {} due, {} waiting for a retry, {} dead",

@@ -8,9 +8,11 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use sluice::config::Config;
 use sluice::plugin::PluginSource;
-use sluice::plugin::{scaffold, testbench};
 
 use crate::cli::PluginCommand;
+
+pub mod scaffold;
+pub mod testbench;
 
 /// Exit status of `sluice plugin test --expect` when the output differs from the golden file
 /// (1 is any error, 2 a usage error).
@@ -30,7 +32,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PluginCommand::Check { file } => {
-            let info = testbench::check(&file)?;
+            let info = sluice::plugin::inspect(&file)?;
             println!(
                 "{}: OK (exports sluice:plugin/transformer@0.1.0)",
                 file.display()

@@ -1,11 +1,95 @@
-//! One tenant's place in the plugin host.
+//! One tenant in the plugin host: [`Tenant`], what the router holds per tenant — the runner
+//! behind its lock and what may be read without that lock.
 //!
-//! - [`slot`]: its template, live runner and how a batch's rows of it are run (batch calls,
-//!   time and output budgets)
+//! - [`template`]: its plugin as configured, and the live instance made from it
+//! - [`runner`]: how a batch's rows of it are run (under the tenant's lock)
+//! - [`batching`]: `transform-batch` or row by row, call sizes, the output budget per batch
+//! - [`health`]: what other batches may learn without the lock (breaker, a stalled call)
+//! - [`quota`]: the cap on instances of tenants without their own entry
 //! - [`breaker`], [`quarantine`]: why its rows wait
 //! - [`status`]: what the router reports about it
 
-pub mod breaker;
-pub mod quarantine;
-pub mod slot;
-pub mod status;
+pub(crate) mod batching;
+pub(crate) mod breaker;
+pub(crate) mod health;
+pub(crate) mod quarantine;
+pub(crate) mod quota;
+pub(crate) mod runner;
+pub(crate) mod status;
+pub(crate) mod template;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use crate::plugin::tenant::health::TenantHealth;
+use crate::plugin::tenant::runner::TenantRunner;
+
+/// How often a batch checks whether a busy tenant's lock is free.
+const LOCK_POLL: Duration = Duration::from_micros(200);
+
+/// A tenant as the router holds it (shared by the batches that have rows of it).
+pub(crate) struct Tenant {
+    /// Runs its rows; one batch at a time.
+    runner: Mutex<TenantRunner>,
+    /// What may be read without waiting for `runner`'s lock.
+    pub(crate) health: Arc<TenantHealth>,
+    /// Has its own `[tenants.<name>]` entry (or is the `default` tenant); never evicted.
+    pub(crate) configured: bool,
+    /// Router clock tick of the last batch that had rows of this tenant (LRU order).
+    last_used: AtomicU64,
+}
+
+impl Tenant {
+    pub(crate) fn new(runner: TenantRunner, configured: bool) -> Arc<Self> {
+        Arc::new(Self {
+            health: Arc::clone(&runner.health),
+            runner: Mutex::new(runner),
+            configured,
+            last_used: AtomicU64::new(0),
+        })
+    }
+
+    /// Marks the tenant as used by the batch of router clock `tick`.
+    pub(crate) fn touch(&self, tick: u64) {
+        self.last_used.store(tick, Ordering::Relaxed);
+    }
+
+    /// The router clock tick of the last batch that had rows of this tenant.
+    pub(crate) fn last_used(&self) -> u64 {
+        self.last_used.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the runner's lock.
+    pub(crate) fn runner(&self) -> MutexGuard<'_, TenantRunner> {
+        lock(&self.runner)
+    }
+
+    /// The runner's lock if it is free now (and not poisoned).
+    pub(crate) fn try_runner(&self) -> Option<MutexGuard<'_, TenantRunner>> {
+        self.runner.try_lock().ok()
+    }
+
+    /// Takes the runner's lock, unless the call holding it is stalled: then `None`, and the
+    /// caller defers the rows instead of waiting up to `call_timeout` behind it.
+    pub(crate) fn runner_unless_stalled(&self) -> Option<MutexGuard<'_, TenantRunner>> {
+        loop {
+            match self.runner.try_lock() {
+                Ok(guard) => return Some(guard),
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    if self.health.stalled(Instant::now()) {
+                        return None;
+                    }
+                    std::thread::sleep(LOCK_POLL);
+                }
+            }
+        }
+    }
+}
+
+/// A poisoned lock only means another thread panicked mid-call; the tenant's data is still
+/// consistent (at worst an instance that will trap again and be replaced).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

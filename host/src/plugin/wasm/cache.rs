@@ -57,7 +57,7 @@ impl CompileCache {
 
     /// Writes `component` as `entry` atomically (temp file + rename, so a concurrent start
     /// never reads half a file), then prunes the directory, keeping `entry`.
-    pub fn store(&self, component: &Component, entry: &Path) -> std::io::Result<Pruned> {
+    pub fn save(&self, component: &Component, entry: &Path) -> std::io::Result<Pruned> {
         let bytes = component
             .serialize()
             .map_err(|e| std::io::Error::other(format!("{e:#}")))?;

@@ -7,12 +7,12 @@ use std::sync::{Arc, OnceLock};
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
-use crate::plugin::PluginError;
 use crate::plugin::wasm::bindings::PluginPre;
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::HostState;
-use crate::plugin::wasm::imports;
+use crate::plugin::wasm::imports::{self, Refused};
+use crate::plugin::{ComponentError, PluginError};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A compiled, linked plugin file. Cheap to instantiate many times.
@@ -38,11 +38,17 @@ impl LoadedPlugin {
     ) -> Result<Self, PluginError> {
         // wasmtime's errors quote names from inside the file (imports, exports): escape and
         // cut them like any other text a plugin author controls.
-        let bad = |message: String| PluginError::BadPlugin {
-            path: path.to_owned(),
-            message: bounded(&message, MAX_LOGGED).into_owned(),
+        let bad = |message: String| {
+            PluginError::bad_plugin(path, bounded(&message, MAX_LOGGED).into_owned())
         };
-        let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read file: {e}")))?;
+        let refused = |what: &str, e: wasmtime::Error| {
+            let message = bounded(&format!("{what}: {e:#}"), MAX_LOGGED).into_owned();
+            bad_because(path, message, Box::new(ComponentError(e)))
+        };
+        let bytes = std::fs::read(path).map_err(|e| {
+            let message = bounded(&format!("cannot read file: {e}"), MAX_LOGGED).into_owned();
+            bad_because(path, message, Box::new(e))
+        })?;
         if wasmparser_is_core_module(&bytes) {
             return Err(bad(
                 "this is a core WebAssembly module, not a component; build it for \
@@ -52,22 +58,33 @@ impl LoadedPlugin {
         }
         // Cheap (no compilation): refuse imports the sandbox lacks before a compile that can
         // take seconds.
-        imports::check(&bytes).map_err(bad)?;
+        imports::check(&bytes).map_err(|refused| {
+            let message = refused.to_string();
+            match refused {
+                Refused::Unreadable(e) => bad_because(
+                    path,
+                    bounded(&message, MAX_LOGGED).into_owned(),
+                    Box::new(e),
+                ),
+                Refused::Imports(_) => bad(message),
+            }
+        })?;
         let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
         let component = match cache {
             Some(cache) => compile_cached(engine, &bytes, path, cache)?,
-            None => Component::new(engine.engine(), &bytes)
-                .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?,
+            None => {
+                Component::new(engine.engine(), &bytes).map_err(|e| refused(NOT_A_COMPONENT, e))?
+            }
         };
-        let instance_pre = engine.linker().instantiate_pre(&component).map_err(|e| {
-            bad(format!(
-                "imports do not match the sluice:plugin world: {e:#}"
-            ))
-        })?;
+        let instance_pre = engine
+            .linker()
+            .instantiate_pre(&component)
+            .map_err(|e| refused("imports do not match the sluice:plugin world", e))?;
         let pre = PluginPre::new(instance_pre).map_err(|e| {
-            bad(format!(
-                "does not export sluice:plugin/transformer@0.1.0 as the world requires: {e:#}"
-            ))
+            refused(
+                "does not export sluice:plugin/transformer@0.1.0 as the world requires",
+                e,
+            )
         })?;
         Ok(Self {
             path: path.to_owned(),
@@ -107,6 +124,22 @@ impl LoadedPlugin {
     }
 }
 
+/// What a file wasmtime cannot compile is called.
+const NOT_A_COMPONENT: &str = "not a valid WebAssembly component";
+
+/// A [`PluginError::BadPlugin`] whose message quotes `source`, kept as its cause.
+fn bad_because(
+    path: &Path,
+    message: String,
+    source: Box<dyn std::error::Error + Send + Sync>,
+) -> PluginError {
+    PluginError::BadPlugin {
+        path: path.to_owned(),
+        message,
+        source: Some(source),
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -117,15 +150,11 @@ fn compile_cached(
     path: &Path,
     cache: &CompileCache,
 ) -> Result<Component, PluginError> {
-    let bad = |message: String| PluginError::BadPlugin {
-        path: path.to_owned(),
-        message,
-    };
     let entry = cache.entry(engine, bytes);
     if entry.exists() {
         // SAFETY: the cache directory is Sluice's own (see docs/plugins.md: it must not be
         // writable by anyone who may not run code as Sluice); entries are written only by
-        // `Component::serialize` (CompileCache::store), and the file name pins the engine
+        // `Component::serialize` (CompileCache::save), and the file name pins the engine
         // compatibility.
         match unsafe { Component::deserialize_file(engine.engine(), &entry) } {
             Ok(component) => {
@@ -138,9 +167,11 @@ fn compile_cached(
             }
         }
     }
-    let component = Component::new(engine.engine(), bytes)
-        .map_err(|e| bad(format!("not a valid WebAssembly component: {e:#}")))?;
-    match cache.store(&component, &entry) {
+    let component = Component::new(engine.engine(), bytes).map_err(|e| {
+        let message = format!("{NOT_A_COMPONENT}: {e:#}");
+        bad_because(path, message, Box::new(ComponentError(e)))
+    })?;
+    match cache.save(&component, &entry) {
         Ok(_) => {
             tracing::info!(plugin = %path.display(), cache = %entry.display(), "compiled plugin and cached it")
         }
@@ -183,5 +214,38 @@ mod tests {
             "{text}"
         );
         assert!(!cache.dir.exists(), "nothing was compiled into the cache");
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_or_compiled_keeps_the_cause_as_the_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let engine = PluginEngine::new().unwrap();
+        let missing = dir.path().join("missing.wasm");
+        let Err(err) = LoadedPlugin::load_cached(&engine, &missing, None) else {
+            panic!("a missing file loaded");
+        };
+        assert!(
+            err.to_string()
+                .starts_with(&format!("plugin {}: cannot read file: ", missing.display()))
+        );
+        let io = err
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
+
+        let garbage = dir.path().join("garbage.wasm");
+        std::fs::write(&garbage, b"this is not wasm").unwrap();
+        let Err(err) = LoadedPlugin::load_cached(&engine, &garbage, None) else {
+            panic!("garbage loaded");
+        };
+        let cause = err
+            .source()
+            .and_then(|s| s.downcast_ref::<ComponentError>());
+        let cause = cause.unwrap_or_else(|| panic!("no wasmtime cause: {err:?}"));
+        assert!(err.to_string().contains(&cause.to_string()), "{err}");
     }
 }

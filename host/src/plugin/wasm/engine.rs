@@ -107,7 +107,7 @@ fn spawn_ticker(engine: Weak<PluginEngine>) -> Result<thread::Thread, PluginErro
             }
         })
         .map(|handle| handle.thread().clone())
-        .map_err(|e| PluginError::Engine(format!("cannot start epoch ticker thread: {e}")))
+        .map_err(|source| PluginError::EpochTicker { source })
 }
 
 /// Epoch ticks that make up `timeout` (at least one).

@@ -1,5 +1,5 @@
-//! What a guest writes to its stdout and stderr, kept as a bounded tail per Store: a trap's
-//! reason quotes the guest's last words (a Python traceback, a JavaScript exception, a Rust
+//! What a guest writes to its stdout and stderr, kept as a bounded tail per `wasmtime::Store`: a
+//! trap's reason quotes the guest's last words (a Python traceback, a JavaScript exception, a Rust
 //! panic message), which otherwise show only as "wasm `unreachable` instruction executed".
 //!
 //! The host keeps at most [`GUEST_OUTPUT_TAIL`] bytes per instance, whatever the guest

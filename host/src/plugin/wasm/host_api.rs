@@ -1,9 +1,9 @@
-//! What a guest can call on the host (`sluice:plugin/host`), the per-Store state behind it, and
-//! the per-tenant state that outlives Stores (log budget, counters).
+//! What a guest can call on the host (`sluice:plugin/host`), the per-`wasmtime::Store` state behind
+//! it, and the per-tenant state that outlives `wasmtime::Store`s (log budget, counters).
 //!
-//! A trapped instance is replaced by a fresh Store, so anything a guest could use to consume
-//! host resources — log lines, counter names — is budgeted per tenant ([`TenantShared`]), not
-//! per Store: a trap must not hand the guest a fresh budget.
+//! A trapped instance is replaced by a fresh `wasmtime::Store`, so anything a guest could use to
+//! consume host resources — log lines, counter names — is budgeted per tenant ([`TenantShared`]),
+//! not per `wasmtime::Store`: a trap must not hand the guest a fresh budget.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -118,7 +118,7 @@ fn acceptable_counter_name(name: &str) -> bool {
         && !name.chars().any(char::is_control)
 }
 
-/// Host-side state of one tenant that every Store of it shares.
+/// Host-side state of one tenant that every `wasmtime::Store` of it shares.
 pub struct TenantShared {
     tenant: TenantId,
     log_budget: Mutex<LogBudget>,
@@ -183,7 +183,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Data of one tenant's Store. Never shared between tenants.
+/// Data of one tenant's `wasmtime::Store`. Never shared between tenants.
 pub struct HostState {
     pub(crate) shared: Arc<TenantShared>,
     pub(crate) limiter: TenantLimiter,
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn the_log_budget_belongs_to_the_tenant_not_the_store() {
         let shared = TenantShared::new(TenantId::named("t"));
-        // Two Stores of the same tenant, as after a trap.
+        // Two `wasmtime::Store`s of the same tenant, as after a trap.
         let mut first = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
         let mut second = HostState::new(Arc::clone(&shared), TenantLimiter::new(1 << 20));
         for _ in 0..1_000 {

@@ -3,7 +3,9 @@
 //! that imports, say, `wasi:http` would only be refused after that, with a cache entry
 //! written for nothing.
 
-use wasmparser::{Parser, Payload};
+use std::fmt;
+
+use wasmparser::{BinaryReaderError, Parser, Payload};
 
 /// Interface packages the sandbox links: WASI p2 (with an empty context: no files, network,
 /// environment; frozen clocks) and Sluice's host API.
@@ -17,19 +19,36 @@ const PROVIDED_PACKAGES: &[&str] = &[
     "sluice:plugin",
 ];
 
+/// Why a component is refused before it is compiled.
+#[derive(Debug)]
+pub enum Refused {
+    /// The file does not parse as WebAssembly.
+    Unreadable(BinaryReaderError),
+    /// It imports what the sandbox does not provide (the text names it and how to avoid it).
+    Imports(String),
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unreadable(e) => write!(f, "not a valid WebAssembly component: {e}"),
+            Self::Imports(message) => f.write_str(message),
+        }
+    }
+}
+
 /// The top-level imports of a binary component (`package/interface@version`, as written).
-fn imports(bytes: &[u8]) -> Result<Vec<String>, String> {
+fn imports(bytes: &[u8]) -> Result<Vec<String>, BinaryReaderError> {
     let mut names = Vec::new();
     // Nested modules and components import from their parent, not from the host.
     let mut depth = 0usize;
     for payload in Parser::new(0).parse_all(bytes) {
-        match payload.map_err(|e| format!("not a valid WebAssembly component: {e}"))? {
+        match payload? {
             Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
             Payload::End(_) => depth = depth.saturating_sub(1),
             Payload::ComponentImportSection(reader) if depth == 0 => {
                 for import in reader {
-                    let import =
-                        import.map_err(|e| format!("not a valid WebAssembly component: {e}"))?;
+                    let import = import?;
                     names.push(import.name.name.to_owned());
                 }
             }
@@ -46,11 +65,11 @@ fn package(import: &str) -> &str {
 
 /// Refuses a component importing anything the sandbox does not provide, naming the first
 /// such import and how to build without it. Text (WAT) is left to the compiler.
-pub fn check(bytes: &[u8]) -> Result<(), String> {
+pub fn check(bytes: &[u8]) -> Result<(), Refused> {
     if !bytes.starts_with(b"\0asm") {
         return Ok(());
     }
-    let imports = imports(bytes)?;
+    let imports = imports(bytes).map_err(Refused::Unreadable)?;
     let missing: Vec<&String> = imports
         .iter()
         .filter(|name| !PROVIDED_PACKAGES.contains(&package(name)))
@@ -70,11 +89,11 @@ pub fn check(bytes: &[u8]) -> Result<(), String> {
         1 => String::new(),
         n => format!(" (and {} more)", n - 1),
     };
-    Err(format!(
+    Err(Refused::Imports(format!(
         "imports `{first}`{others}, which the Sluice sandbox does not provide{hint}; \
          provided: {}",
         PROVIDED_PACKAGES.join(", ")
-    ))
+    )))
 }
 
 #[cfg(test)]
@@ -92,7 +111,7 @@ mod tests {
                  (import "wasi:io/streams@0.2.0" (instance))
                  (import "wasi:http/outgoing-handler@0.2.0" (instance)))"#,
         );
-        let err = check(&bytes).unwrap_err();
+        let err = check(&bytes).unwrap_err().to_string();
         assert!(
             err.starts_with("imports `wasi:http/outgoing-handler@0.2.0`"),
             "{err}"
@@ -108,7 +127,7 @@ mod tests {
                  (import "sluice:plugin/host@0.1.0" (instance))
                  (component (import "anything:else/x" (instance))))"#,
         );
-        assert_eq!(check(&bytes), Ok(()));
+        assert!(check(&bytes).is_ok());
         assert_eq!(
             imports(&bytes).unwrap(),
             ["wasi:cli/stderr@0.2.0", "sluice:plugin/host@0.1.0"]
@@ -122,7 +141,10 @@ mod tests {
                  (import "wasi:http/types@0.2.0" (instance))
                  (import "acme:secret/api" (instance)))"#,
         );
-        let err = check(&bytes).unwrap_err();
+        let err = check(&bytes).unwrap_err().to_string();
         assert!(err.contains("(and 1 more)"), "{err}");
+        let Err(Refused::Unreadable(_)) = check(b"\0asm\x0d\0\x01\0garbage") else {
+            panic!("garbage parsed");
+        };
     }
 }

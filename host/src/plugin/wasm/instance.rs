@@ -1,12 +1,12 @@
-//! One tenant's live plugin instance: its own Store (memory cap, epoch deadline, copy budget)
-//! and the calls into the guest, each bounded in wall-clock time (see [`super::call`]). A
+//! One tenant's live plugin instance: its own `wasmtime::Store` (memory cap, epoch deadline, copy
+//! budget) and the calls into the guest, each bounded in wall-clock time (see [`super::call`]). A
 //! trapped instance is poisoned; the owner drops it and creates a new one.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::{Store, Trap};
+use wasmtime::Trap;
 
 use crate::model::{OutboxId, OutboxRow};
 use crate::plugin::limits::{LimitExceeded, Limits};
@@ -27,8 +27,8 @@ const MAX_INFO_FIELD: usize = 256;
 const MAX_CONFIG_SCHEMA: usize = 64 * 1024;
 
 /// A configured instance of a plugin for one tenant.
-pub struct TenantInstance {
-    store: Store<HostState>,
+pub struct WasmInstance {
+    wasm_store: wasmtime::Store<HostState>,
     bindings: Plugin,
     limits: Limits,
     engine: Arc<PluginEngine>,
@@ -36,8 +36,9 @@ pub struct TenantInstance {
     baseline_memory: usize,
 }
 
-impl TenantInstance {
-    /// Instantiates `plugin` in a fresh Store for `tenant` and calls `configure(config)`.
+impl WasmInstance {
+    /// Instantiates `plugin` in a fresh `wasmtime::Store` for `tenant` and calls
+    /// `configure(config)`.
     pub fn create(
         plugin: &Arc<LoadedPlugin>,
         shared: &Arc<TenantShared>,
@@ -51,7 +52,7 @@ impl TenantInstance {
                 Ok(info) => plugin.set_version(info.version),
                 Err(_) => {
                     plugin.set_version(String::new());
-                    // A failed call leaves the Store unusable: start from a fresh one.
+                    // A failed call leaves the `wasmtime::Store` unusable: start from a fresh one.
                     instance = Self::instantiate(plugin, shared, limits)?;
                 }
             }
@@ -62,10 +63,10 @@ impl TenantInstance {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let configured = instance
-            .call(|bindings, store| {
+            .call(|bindings, wasm_store| {
                 bindings
                     .sluice_plugin_transformer()
-                    .call_configure(store, &config)
+                    .call_configure(wasm_store, &config)
             })
             .map_err(|trapped| PluginError::Instantiate {
                 path: plugin.path().to_owned(),
@@ -81,34 +82,34 @@ impl TenantInstance {
         Ok(instance)
     }
 
-    /// Instantiates `plugin` in a fresh Store without configuring it (for `info()`).
+    /// Instantiates `plugin` in a fresh `wasmtime::Store` without configuring it (for `info()`).
     pub fn instantiate(
         plugin: &Arc<LoadedPlugin>,
         shared: &Arc<TenantShared>,
         limits: &Limits,
     ) -> Result<Self, PluginError> {
         let _running = plugin.engine().enter();
-        let mut store = Store::new(
+        let mut wasm_store = wasmtime::Store::new(
             plugin.engine().engine(),
             HostState::new(Arc::clone(shared), limits.limiter()),
         );
-        store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(deadline_ticks(limits.call_timeout));
+        wasm_store.limiter(|state| &mut state.limiter);
+        wasm_store.set_epoch_deadline(deadline_ticks(limits.call_timeout));
         // What the host may copy out of the guest per call: results and host-call arguments.
-        store.set_hostcall_fuel(limits.copy_budget());
+        wasm_store.set_hostcall_fuel(limits.copy_budget());
         let deadline = Instant::now() + limits.call_timeout;
-        let instantiated = run_until(plugin.pre().instantiate_async(&mut store), deadline)
+        let instantiated = run_until(plugin.pre().instantiate_async(&mut wasm_store), deadline)
             .ok_or_else(|| Trapped::wall_clock(limits))
             .and_then(|r| r.map_err(|e| Trapped::from_error(&e, limits)))
-            .map_err(|trapped| trapped.with_output(&store.data().output));
+            .map_err(|trapped| trapped.with_output(&wasm_store.data().output));
         let bindings = instantiated.map_err(|trapped| PluginError::Instantiate {
             path: plugin.path().to_owned(),
             tenant: shared.tenant().clone(),
             message: trapped.reason,
         })?;
-        let baseline_memory = store.data().limiter.memory_used();
+        let baseline_memory = wasm_store.data().limiter.memory_used();
         Ok(Self {
-            store,
+            wasm_store,
             bindings,
             limits: limits.clone(),
             engine: Arc::clone(plugin.engine()),
@@ -120,7 +121,7 @@ impl TenantInstance {
     /// (for time spent waiting in host functions), both `call_timeout`.
     fn call<'a, F, T>(
         &'a mut self,
-        f: impl FnOnce(&'a Plugin, &'a mut Store<HostState>) -> F,
+        f: impl FnOnce(&'a Plugin, &'a mut wasmtime::Store<HostState>) -> F,
     ) -> Result<T, Trapped>
     where
         F: Future<Output = wasmtime::Result<T>> + 'a,
@@ -128,12 +129,12 @@ impl TenantInstance {
         let _running = self.engine.enter();
         // Deadlines count from the moment they are armed, so arm after entering.
         let timeout = self.limits.call_timeout;
-        self.store.set_epoch_deadline(deadline_ticks(timeout));
+        self.wasm_store.set_epoch_deadline(deadline_ticks(timeout));
         let deadline = Instant::now() + timeout;
-        let output = self.store.data().output.clone();
+        let output = self.wasm_store.data().output.clone();
         output.clear();
         let limits = &self.limits;
-        let trapped = match run_until(f(&self.bindings, &mut self.store), deadline) {
+        let trapped = match run_until(f(&self.bindings, &mut self.wasm_store), deadline) {
             Some(Ok(value)) => return Ok(value),
             Some(Err(e)) => Trapped::from_error(&e, limits),
             None => Trapped::wall_clock(limits),
@@ -141,9 +142,9 @@ impl TenantInstance {
         Err(trapped.with_output(&output))
     }
 
-    /// Linear memory of the instance's Store now, in bytes.
+    /// Linear memory of the instance's `wasmtime::Store` now, in bytes.
     pub fn memory_bytes(&self) -> usize {
-        self.store.data().limiter.memory_used()
+        self.wasm_store.data().limiter.memory_used()
     }
 
     /// Linear memory right after instantiation and `configure`, in bytes.
@@ -154,7 +155,7 @@ impl TenantInstance {
     /// The plugin's `info()`, with its text made safe to print.
     pub fn info(&mut self) -> Result<PluginInfo, String> {
         let info = self
-            .call(|bindings, store| bindings.sluice_plugin_transformer().call_info(store))
+            .call(|bindings, wasm_store| bindings.sluice_plugin_transformer().call_info(wasm_store))
             .map_err(|trapped| trapped.reason)?;
         Ok(PluginInfo {
             name: bounded(&info.name, MAX_INFO_FIELD).into_owned(),
@@ -171,10 +172,10 @@ impl TenantInstance {
     pub fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
         let parts = WitParts::of(row);
         let input = parts.row(row);
-        self.call(|bindings, store| {
+        self.call(|bindings, wasm_store| {
             bindings
                 .sluice_plugin_transformer()
-                .call_transform(store, input)
+                .call_transform(wasm_store, input)
         })
     }
 
@@ -187,10 +188,10 @@ impl TenantInstance {
             .zip(rows)
             .map(|(parts, row)| parts.row(row))
             .collect();
-        let answers = self.call(|bindings, store| {
+        let answers = self.call(|bindings, wasm_store| {
             bindings
                 .sluice_plugin_transformer()
-                .call_transform_batch(store, &input)
+                .call_transform_batch(wasm_store, &input)
         })?;
         if answers.len() != rows.len() {
             return Err(Trapped {

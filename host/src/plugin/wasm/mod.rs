@@ -5,7 +5,7 @@
 //! - [`component`]: loading a `.wasm` file into something to instantiate
 //! - [`cache`]: the compile cache on disk, pruned to its size bound
 //! - [`imports`]: refusing a component that imports what the sandbox lacks, before compiling
-//! - [`instance`]: one tenant's Store and the calls into the guest
+//! - [`instance`]: one tenant's `wasmtime::Store` and the calls into the guest
 //! - [`call`]: driving a guest call within its wall-clock deadline
 //! - [`host_api`]: what guests may call on the host, and the per-tenant state behind it
 //! - [`guest_output`]: the bounded tail of a guest's stdout and stderr, quoted on traps

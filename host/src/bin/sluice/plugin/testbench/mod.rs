@@ -1,12 +1,11 @@
-//! `sluice plugin check` and `sluice plugin test`: exercise a plugin file without a database or
-//! broker. Rows come in as JSON lines with the outbox columns; messages go out as JSON lines,
-//! which `--expect` compares with a golden file ([`diff_expected`]).
+//! `sluice plugin test`: exercise a plugin file without a database or broker. Rows come in
+//! as JSON lines with the outbox columns; messages go out as JSON lines, which `--expect`
+//! compares with a golden file ([`diff_expected`]).
 
 mod diff;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,39 +15,15 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::config::Config;
-use crate::model::OutboundMessage;
-use crate::model::{OutboxId, OutboxRow, TenantId};
-use crate::plugin::router::compile_cache;
-use crate::plugin::wasm::bindings::types::PluginInfo;
-use crate::plugin::wasm::component::LoadedPlugin;
-use crate::plugin::wasm::engine::PluginEngine;
-use crate::plugin::wasm::host_api::TenantShared;
-use crate::plugin::wasm::instance::TenantInstance;
-use crate::plugin::{
-    Limits, PluginError, PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowResult,
-    RowTransformer, TransformFailure,
+use sluice::config::Config;
+use sluice::model::OutboundMessage;
+use sluice::model::{OutboxId, OutboxRow, TenantId};
+use sluice::plugin::{
+    PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowResult, RowTransformer,
+    TransformFailure,
 };
 
 pub use diff::unified as diff_expected;
-
-/// Validates `path` against the world and returns its `info()` (its text escaped and cut).
-/// Instantiation and `info()` are bounded by the default `call_timeout`, time spent sleeping
-/// in host calls included, so a hostile file cannot hang the command.
-pub fn check(path: &Path) -> Result<PluginInfo, PluginError> {
-    let engine = PluginEngine::new()?;
-    let plugin = Arc::new(LoadedPlugin::load_cached(
-        &engine,
-        path,
-        compile_cache(&PluginsSettings::default()).as_ref(),
-    )?);
-    let shared = TenantShared::new(TenantId::none());
-    let mut instance = TenantInstance::instantiate(&plugin, &shared, &Limits::default())?;
-    instance.info().map_err(|message| PluginError::BadPlugin {
-        path: path.to_owned(),
-        message: format!("info() failed: {message}"),
-    })
-}
 
 /// Counts of a `plugin test` run.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -235,7 +210,7 @@ enum Entry {
 }
 
 /// Runs every row of `input` through the plugin — on the relay's own code path (the plugin
-/// router and a tenant slot: `transform-batch` chunks, output checks, limits, circuit
+/// router and a tenant runner: `transform-batch` chunks, output checks, limits, circuit
 /// breaker, builtins) — and writes one JSON line per output message, per filtered row, per
 /// failed row and per invalid input line, in input order. Rows without a `tenant` run as
 /// rows without a tenant do in `sluice run`; each named tenant gets its own instance.
@@ -363,7 +338,7 @@ fn write_result(
             summary.failed_rows += 1;
             // Scrubbed as `last_error` is: with `--tenant`, the plugin's config may hold
             // secrets that an error quotes.
-            let error = crate::secret::scrub(&failure.to_string()).into_owned();
+            let error = sluice::secret::scrub(&failure.to_string()).into_owned();
             writeln!(
                 out,
                 "{}",
@@ -476,6 +451,8 @@ fn message_json(m: &OutboundMessage) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

@@ -80,7 +80,7 @@ macro_rules! embed {
     ($path:literal <- $source:literal, $executable:literal) => {
         TemplateFile {
             path: $path,
-            text: include_str!(concat!("../../../", $source)),
+            text: include_str!(concat!("../../../../../", $source)),
             executable: $executable,
         }
     };

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::relay::Counters;
-use crate::shutdown::Shutdown;
+use sluice::relay::Counters;
+use sluice::shutdown::Shutdown;
 
 /// How often a log line is written when there is no terminal.
 const LOG_EVERY: Duration = Duration::from_secs(5);

@@ -1,0 +1,200 @@
+//! What other batches (and status reads) may learn about a tenant without waiting for its
+//! lock: breaker, the stamp of a running call (stalled or not), template, counters.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::model::TenantId;
+use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
+use crate::plugin::tenant::lock;
+use crate::plugin::tenant::status::{ReasonCounts, TenantState};
+use crate::plugin::tenant::template::TenantTemplate;
+use crate::plugin::wasm::host_api::TenantShared;
+
+/// A tenant whose current plugin call has run this long is "stalled": other batches skip its
+/// rows instead of queueing behind the call. Normal calls take microseconds; a 64-row batch
+/// of a JavaScript guest about 15 ms.
+pub(crate) const STALL_AFTER: Duration = Duration::from_millis(20);
+
+/// What other batches may learn about a tenant without waiting for its lock.
+pub(crate) struct TenantHealth {
+    pub(crate) breaker: Mutex<CircuitBreaker>,
+    /// When the running plugin call began, in µs since [`clock_origin`]; 0 = no call.
+    busy_since_us: AtomicU64,
+    /// The tenant's current template (also in its runner, for the hot path).
+    template: Mutex<Arc<TenantTemplate>>,
+    /// Log budget and counters, shared by every instance the tenant ever gets.
+    pub(crate) shared: Arc<TenantShared>,
+    /// Whether the tenant has a live instance now.
+    live: AtomicBool,
+    /// Instances replaced because their memory passed `recycle_memory_percent`.
+    pub(crate) recycled: AtomicU64,
+    /// Instances created, by why.
+    pub(crate) instantiations: ReasonCounts,
+    /// Sandbox limits run into, by limit.
+    pub(crate) limit_hits: ReasonCounts,
+}
+
+fn clock_origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+fn micros_since_origin(t: Instant) -> u64 {
+    u64::try_from(t.duration_since(clock_origin()).as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Marks a plugin call as running until dropped — also when the call panics, so a tenant is
+/// never left marked stalled (and so excluded from claims) for good.
+pub(crate) struct CallStamp<'a>(&'a TenantHealth);
+
+impl Drop for CallStamp<'_> {
+    fn drop(&mut self) {
+        self.0.busy_since_us.store(0, Ordering::Release);
+    }
+}
+
+impl TenantHealth {
+    pub(crate) fn new(tenant: TenantId, template: Arc<TenantTemplate>) -> Self {
+        let limits = &template.limits;
+        Self {
+            breaker: Mutex::new(CircuitBreaker::new(
+                limits.breaker_failures,
+                limits.breaker_cooldown,
+            )),
+            busy_since_us: AtomicU64::new(0),
+            template: Mutex::new(template),
+            shared: TenantShared::new(tenant),
+            live: AtomicBool::new(false),
+            recycled: AtomicU64::new(0),
+            instantiations: ReasonCounts::default(),
+            limit_hits: ReasonCounts::default(),
+        }
+    }
+
+    /// Whether the tenant should be left out of the next claim: breaker open, plugin
+    /// quarantined, or a call of its plugin has been running for longer than [`STALL_AFTER`].
+    pub(crate) fn unavailable(&self, now: Instant) -> bool {
+        matches!(lock(&self.breaker).gate(now), Gate::Paused(_))
+            || self.template().quarantine.is_quarantined()
+            || self.stalled(now)
+    }
+
+    pub(crate) fn template(&self) -> Arc<TenantTemplate> {
+        Arc::clone(&lock(&self.template))
+    }
+
+    /// Switches the tenant to another template (its runner keeps its own copy).
+    pub(crate) fn set_template(&self, template: Arc<TenantTemplate>) {
+        *lock(&self.template) = template;
+    }
+
+    /// Whether the tenant has a live instance.
+    pub(crate) fn has_instance(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_has_instance(&self, live: bool) {
+        self.live.store(live, Ordering::Release);
+    }
+
+    pub(crate) fn stalled(&self, now: Instant) -> bool {
+        match self.busy_since_us.load(Ordering::Acquire) {
+            0 => false,
+            since => {
+                micros_since_origin(now).saturating_sub(since) > STALL_AFTER.as_micros() as u64
+            }
+        }
+    }
+
+    pub(crate) fn stamp_call(&self) -> CallStamp<'_> {
+        self.busy_since_us
+            .store(micros_since_origin(Instant::now()), Ordering::Release);
+        CallStamp(self)
+    }
+
+    /// The tenant's state for status reports.
+    pub(crate) fn state(&self, now: Instant) -> TenantState {
+        if let Some(q) = self.template().quarantine.state() {
+            return TenantState::Quarantined {
+                reason: q.reason,
+                since: q.since,
+                tries: q.tries,
+                next_try_in: q.next_try.saturating_duration_since(now),
+            };
+        }
+        if let Gate::Paused(until) = lock(&self.breaker).gate(now) {
+            return TenantState::Paused {
+                remaining: until - now,
+            };
+        }
+        if self.stalled(now) {
+            TenantState::Stalled
+        } else {
+            TenantState::Running
+        }
+    }
+
+    /// Feeds a refused/delivered publish report to the breaker and logs its transitions.
+    pub(crate) fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
+        let transition = lock(&self.breaker).record_publish(delivered, refused, Instant::now());
+        log_transition(tenant, &self.template(), transition);
+    }
+}
+
+/// Logs the breaker opening or closing.
+pub(crate) fn log_transition(tenant: &TenantId, template: &TenantTemplate, transition: Transition) {
+    match transition {
+        Transition::Opened => tracing::error!(
+            tenant = %tenant,
+            cooldown = ?template.limits.breaker_cooldown,
+            "circuit breaker opened: tenant paused after repeated plugin failures, refused publishes, or a call that ran into its call_timeout"
+        ),
+        Transition::Closed => {
+            tracing::warn!(tenant = %tenant, "circuit breaker closed: tenant resumed")
+        }
+        Transition::None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::limits::Limits;
+    use crate::plugin::tenant::template::PluginCode;
+
+    fn health() -> TenantHealth {
+        let template = TenantTemplate::new(
+            PluginCode::Builtin("route-by-aggregate".into()),
+            vec![],
+            Limits::default(),
+        );
+        TenantHealth::new(TenantId::named("t"), Arc::new(template))
+    }
+
+    #[test]
+    fn a_long_running_call_marks_the_tenant_stalled_until_the_stamp_drops() {
+        let status = health();
+        let now = Instant::now();
+        assert!(!status.unavailable(now));
+        let stamp = status.stamp_call();
+        assert!(!status.stalled(Instant::now()));
+        assert!(status.stalled(Instant::now() + STALL_AFTER * 2));
+        drop(stamp);
+        assert!(!status.stalled(Instant::now() + STALL_AFTER * 2));
+    }
+
+    #[test]
+    fn a_panic_during_a_call_does_not_leave_the_tenant_stalled() {
+        let status = health();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _stamp = status.stamp_call();
+            panic!("guest call panicked");
+        }));
+        assert!(panicked.is_err());
+        assert!(!status.stalled(Instant::now() + STALL_AFTER * 2));
+    }
+}

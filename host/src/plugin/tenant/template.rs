@@ -1,0 +1,116 @@
+//! A tenant's plugin as configured ([`TenantTemplate`]: code, config, limits) and the live,
+//! configured instance made from it ([`PluginInstance`]).
+
+use std::sync::Arc;
+
+use crate::plugin::PluginError;
+use crate::plugin::builtin::Builtin;
+use crate::plugin::limits::Limits;
+use crate::plugin::tenant::quarantine::Quarantine;
+use crate::plugin::wasm::component::LoadedPlugin;
+use crate::plugin::wasm::host_api::TenantShared;
+use crate::plugin::wasm::instance::WasmInstance;
+
+/// A tenant's transform logic as configured: everything needed to (re)create its
+/// [`PluginInstance`].
+pub(crate) struct TenantTemplate {
+    pub(crate) code: PluginCode,
+    pub(crate) config: Vec<(String, String)>,
+    pub(crate) limits: Limits,
+    /// Set while this plugin + config cannot start; shared by every tenant using the template.
+    pub(crate) quarantine: Quarantine,
+}
+
+/// A tenant's plugin as loaded: the compiled component (shared by every tenant using the
+/// file), a builtin, or a file that failed to load.
+#[derive(Clone)]
+pub(crate) enum PluginCode {
+    Wasm(Arc<LoadedPlugin>),
+    Builtin(String),
+    /// A file that failed to load at start-up (without `strict_startup`): its tenants are
+    /// quarantined until a reload loads it.
+    Broken {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+}
+
+impl TenantTemplate {
+    pub(crate) fn new(code: PluginCode, config: Vec<(String, String)>, limits: Limits) -> Self {
+        Self {
+            code,
+            config,
+            limits,
+            quarantine: Quarantine::default(),
+        }
+    }
+
+    /// The plugin file, for WASM plugins.
+    pub(crate) fn path(&self) -> Option<&std::path::Path> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => Some(plugin.path()),
+            PluginCode::Broken { path, .. } => Some(path),
+            PluginCode::Builtin(_) => None,
+        }
+    }
+
+    /// The loaded file's content hash (WASM plugins).
+    pub(crate) fn digest(&self) -> Option<&str> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => Some(plugin.digest()),
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+        }
+    }
+
+    /// The version the plugin reports about itself: a WASM plugin's `info()` (known once an
+    /// instance was created), Sluice's own for builtins.
+    pub(crate) fn version(&self) -> Option<&str> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => plugin.version(),
+            PluginCode::Builtin(_) => Some(env!("CARGO_PKG_VERSION")),
+            PluginCode::Broken { .. } => None,
+        }
+    }
+
+    /// How the plugin is named in logs and statuses.
+    pub(crate) fn describe(&self) -> String {
+        match &self.code {
+            PluginCode::Builtin(name) => format!("builtin:{name}"),
+            _ => self
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A live, configured plugin for one tenant.
+pub(crate) enum PluginInstance {
+    /// A component instantiated in the tenant's own `wasmtime::Store`.
+    Wasm(Box<WasmInstance>),
+    Builtin(Builtin),
+}
+
+impl PluginInstance {
+    /// Instantiates and configures `template` for the tenant of `shared`.
+    pub(crate) fn create(
+        template: &TenantTemplate,
+        shared: &Arc<TenantShared>,
+    ) -> Result<Self, PluginError> {
+        match &template.code {
+            PluginCode::Wasm(plugin) => {
+                WasmInstance::create(plugin, shared, &template.config, &template.limits)
+                    .map(|i| Self::Wasm(Box::new(i)))
+            }
+            PluginCode::Builtin(name) => Builtin::configure(name, &template.config)
+                .map(Self::Builtin)
+                .map_err(|message| PluginError::Config {
+                    key: format!("builtin {name:?} (tenant {})", shared.tenant()),
+                    message,
+                }),
+            PluginCode::Broken { path, reason } => {
+                Err(PluginError::bad_plugin(path, reason.clone()))
+            }
+        }
+    }
+}
