@@ -13,8 +13,12 @@
 //! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
 //! tests against each.
 
+mod batch;
+mod chunk;
 mod columns;
+mod dialect;
 mod driver;
+mod layout_sql;
 mod mysql;
 mod postgres;
 mod privileges;
@@ -322,25 +326,6 @@ pub trait ClaimedBatch: Send {
 
     /// Rolls back (SQLite: ends the leases): every row becomes claimable again, unchanged.
     fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-/// The end of [`ClaimedBatch::complete`] for drivers that hold rows in a transaction: commits
-/// `tx` when the outcome was `recorded`, else rolls it back at once — not when the connection
-/// is next used, so the rows' locks are gone before the caller settles the outcome in a fresh
-/// transaction — and returns the error.
-async fn commit_if_recorded<DB: sqlx::Database>(
-    tx: sqlx::Transaction<'static, DB>,
-    recorded: Result<(), StoreError>,
-) -> Result<(), StoreError> {
-    match recorded {
-        Ok(()) => Ok(tx.commit().await?),
-        Err(e) => {
-            if let Err(rollback) = tx.rollback().await {
-                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
-            }
-            Err(e)
-        }
-    }
 }
 
 /// Unsent rows of the outbox, by state.

@@ -8,11 +8,11 @@ use super::{BatchOutcome, RowFailure, Settlement, StoreError};
 use crate::model::OutboxId;
 
 /// A statement that changed nothing about a row it was given.
-pub const UNCHANGED: &str = "the statement changed no row (a trigger suppressed it)";
+pub(crate) const UNCHANGED: &str = "the statement changed no row (a trigger or rule suppressed it)";
 
 /// Files every row of `outcome` that is not in `held` (another relay has it, or it is gone)
 /// as skipped, and returns the sent ids and failures of the held ones.
-pub fn split_held(
+pub(crate) fn split_held(
     outcome: &BatchOutcome,
     held: &HashSet<OutboxId>,
     settlement: &mut Settlement,
@@ -39,29 +39,36 @@ pub fn split_held(
     (sent, failed)
 }
 
-/// Where a row goes once its own statement changed it.
+/// Which list of a [`Settlement`] a row goes to once its statement changed it.
 #[derive(Clone, Copy)]
-pub enum Target {
+pub(crate) enum SettledAs {
     Marked,
     Rescheduled,
 }
 
-/// Keeps one row's change (releasing its savepoint) and files it under `target`, or undoes it
+impl SettledAs {
+    /// Files `id` under this list of `settlement`.
+    pub(crate) fn file(self, settlement: &mut Settlement, id: OutboxId) {
+        match self {
+            Self::Marked => settlement.marked.push(id),
+            Self::Rescheduled => settlement.rescheduled.push(id),
+        }
+    }
+}
+
+/// Keeps one row's change (releasing its savepoint) and files it under `settled_as`, or undoes it
 /// and files it as refused.
-pub async fn settle_one<DB: sqlx::Database>(
+pub(crate) async fn settle_one<DB: sqlx::Database>(
     settlement: &mut Settlement,
     id: OutboxId,
     done: Result<u64, sqlx::Error>,
     savepoint: sqlx::Transaction<'_, DB>,
-    target: Target,
+    settled_as: SettledAs,
 ) -> Result<(), StoreError> {
     match done {
         Ok(1) => {
             savepoint.commit().await?;
-            match target {
-                Target::Marked => settlement.marked.push(id),
-                Target::Rescheduled => settlement.rescheduled.push(id),
-            }
+            settled_as.file(settlement, id);
         }
         Ok(_) => {
             savepoint.rollback().await?;

@@ -5,9 +5,10 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::prune::{CHUNK, delete_in_chunks};
+use super::prune::delete_in_chunks;
 use super::rows::read_id;
-use super::schema::MySql;
+use crate::store::chunk::CHUNK;
+use crate::store::layout_sql::LayoutSql;
 use crate::model::OutboxId;
 use crate::store::{DeadRow, ReplaySelection, StoreError};
 
@@ -15,7 +16,7 @@ use crate::store::{DeadRow, ReplaySelection, StoreError};
 /// rows without a tenant).
 pub async fn list(
     pool: &MySqlPool,
-    sql: &MySql,
+    sql: &LayoutSql,
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, StoreError> {
@@ -34,9 +35,9 @@ pub async fn list(
           LIMIT ?",
         id = sql.id_expr("o"),
         tenant = sql.tenant_expr("o"),
-        at = MySql::text_expr("o", &sql.aggregate_type),
-        ai = MySql::text_expr("o", &sql.aggregate_id),
-        et = MySql::text_expr("o", &sql.event_type),
+        at = sql.text_expr("o", &sql.aggregate_type),
+        ai = sql.text_expr("o", &sql.aggregate_id),
+        et = sql.text_expr("o", &sql.event_type),
         table = sql.table,
         order_by = sql.order_by("o"),
     );
@@ -51,7 +52,7 @@ pub async fn list(
         .collect::<Result<_, _>>()?)
 }
 
-fn dead_row(row: &MySqlRow, sql: &MySql) -> Result<DeadRow, sqlx::Error> {
+fn dead_row(row: &MySqlRow, sql: &LayoutSql) -> Result<DeadRow, sqlx::Error> {
     // A NULL string column (the reason such a row went dead) is shown empty.
     let text = |name: &str| -> Result<String, sqlx::Error> {
         Ok(row.try_get::<Option<String>, _>(name)?.unwrap_or_default())
@@ -72,7 +73,7 @@ fn dead_row(row: &MySqlRow, sql: &MySql) -> Result<DeadRow, sqlx::Error> {
 /// `last_error` is kept so the history of the row stays visible until it is delivered.
 pub async fn replay(
     pool: &MySqlPool,
-    sql: &MySql,
+    sql: &LayoutSql,
     selection: &ReplaySelection,
 ) -> Result<u64, StoreError> {
     let filter = match selection {
@@ -102,7 +103,7 @@ pub async fn replay(
 /// chunks of [`CHUNK`]; returns how many.
 pub async fn purge(
     pool: &MySqlPool,
-    sql: &MySql,
+    sql: &LayoutSql,
     older_than: Duration,
     tenant: Option<&str>,
 ) -> Result<u64, StoreError> {

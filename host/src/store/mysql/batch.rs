@@ -9,13 +9,9 @@ use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError, commit_if_recorded};
+use crate::store::batch::{UNSTORABLE_ERROR, check_count, commit_if_recorded};
+use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
 use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
-
-/// Recorded as `last_error` when the database refuses a failure's own text (a constraint, a
-/// trigger, a column character set that cannot hold it): plain ASCII.
-pub const UNSTORABLE_ERROR: &str =
-    "the error text could not be stored (the database refused it); see the relay's log";
 
 /// A claimed batch: the open transaction holding the row locks.
 pub struct MyBatch {
@@ -143,13 +139,4 @@ pub async fn reschedule(
         affected += query.execute(&mut *conn).await?.rows_affected();
     }
     Ok(affected)
-}
-
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
-    let expected = expected as u64;
-    if expected == affected {
-        Ok(())
-    } else {
-        Err(StoreError::MarkMismatch { expected, affected })
-    }
 }

@@ -38,7 +38,8 @@ use super::{
     StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::TenantId;
-use schema::MySql;
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
 use sql::Statements;
 
 /// How long to wait for a connection before reporting the database as unreachable.
@@ -125,7 +126,7 @@ impl MyStore {
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(MySql::new(layout), options)),
+            statements: Arc::new(Statements::new(LayoutSql::new(layout, Dialect::Mysql), options)),
         })
     }
 

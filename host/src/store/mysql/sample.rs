@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, MySqlPool};
 
-use super::schema::MySql;
+use crate::store::layout_sql::LayoutSql;
 use crate::store::{StoreError, TenantBacklog, tenant_backlogs};
 
-pub fn statement(sql: &MySql) -> String {
+pub fn statement(sql: &LayoutSql) -> String {
     format!(
         "SELECT tenant, CAST(SUM(due) AS SIGNED), CAST(SUM(dead) AS SIGNED),
                 CAST(TIMESTAMPDIFF(MICROSECOND, MIN(oldest), UTC_TIMESTAMP(6)) AS SIGNED)

@@ -14,7 +14,7 @@ use super::batch::{mark, reschedule};
 use super::rows::{bind_id, bind_null_id, placeholder_count, read_id};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
-use crate::store::settle::{Target, settle_one, split_held};
+use crate::store::settle::{SettledAs, settle_one, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
@@ -76,13 +76,13 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
             for id in sent {
                 let mut one = Acquire::begin(&mut *tx).await?;
                 let done = mark(&mut one, statements, std::slice::from_ref(&id)).await;
-                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
+                settle_one(&mut settlement, id, done, one, SettledAs::Marked).await?;
             }
             for failure in failed {
                 let mut one = Acquire::begin(&mut *tx).await?;
                 let done =
                     reschedule(&mut one, statements, std::slice::from_ref(&failure), None).await;
-                settle_one(&mut settlement, failure.id, done, one, Target::Rescheduled).await?;
+                settle_one(&mut settlement, failure.id, done, one, SettledAs::Rescheduled).await?;
             }
         }
     }

@@ -2,20 +2,14 @@
 //! recorded (mark, reschedule, count check, commit).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::rows::key_params;
-use crate::store::{
-    BatchOutcome, ClaimedBatch, Disposition, RowFailure, StoreError, commit_if_recorded,
-};
+use crate::store::batch::{UNSTORABLE_ERROR, check_count, commit_if_recorded};
+use crate::store::rows::Reschedule;
+use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
 use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
-
-/// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
-/// trigger of the application's): plain ASCII, so recording the failure cannot fail on text.
-const UNSTORABLE_ERROR: &str =
-    "the error text could not be stored (the database refused it); see the relay's log";
 
 /// A claimed batch: the open transaction holding the row locks.
 pub struct PgBatch {
@@ -75,14 +69,10 @@ impl PgBatch {
     /// of the application's), the failures are recorded with [`UNSTORABLE_ERROR`] instead, so
     /// the commit of a batch whose messages were already published cannot fail on text.
     async fn reschedule(&mut self, failed: &[RowFailure]) -> Result<u64, StoreError> {
-        let errors: Vec<String> = failed
-            .iter()
-            .map(|f| bounded(&f.error, MAX_STORED).into_owned())
-            .collect();
         sqlx::query("SAVEPOINT sluice_reschedule")
             .execute(&mut *self.tx)
             .await?;
-        match self.run_reschedule(failed, &errors).await {
+        match self.run_reschedule(failed, None).await {
             Ok(affected) => Ok(affected),
             Err(refused) => {
                 tracing::warn!(
@@ -93,8 +83,7 @@ impl PgBatch {
                 sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
                     .execute(&mut *self.tx)
                     .await?;
-                let fixed = vec![UNSTORABLE_ERROR.to_owned(); failed.len()];
-                self.run_reschedule(failed, &fixed).await
+                self.run_reschedule(failed, Some(UNSTORABLE_ERROR)).await
             }
         }
     }
@@ -102,40 +91,55 @@ impl PgBatch {
     async fn run_reschedule(
         &mut self,
         failed: &[RowFailure],
-        errors: &[String],
+        fixed: Option<&str>,
     ) -> Result<u64, StoreError> {
-        let ids = key_params(failed.iter().map(|f| &f.id));
-        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        let mut delays = Vec::with_capacity(ids.len());
-        let mut dead = Vec::with_capacity(ids.len());
-        let mut counted = Vec::with_capacity(ids.len());
-        for f in failed {
-            let (delay, is_dead, counts) = match f.disposition {
-                Disposition::Retry(d) => (millis(d), false, true),
-                Disposition::Dead => (0, true, true),
-                Disposition::Wait(d) => (millis(d), false, false),
-            };
-            delays.push(delay);
-            dead.push(is_dead);
-            counted.push(counts);
-        }
+        let params = RescheduleParams::new(failed.iter(), fixed);
         Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
-            .bind(&ids)
-            .bind(errors)
-            .bind(&delays)
-            .bind(&dead)
-            .bind(&counted)
+            .bind(params.ids)
+            .bind(params.errors)
+            .bind(params.delays)
+            .bind(params.dead)
+            .bind(params.counted)
             .execute(&mut *self.tx)
             .await?
             .rows_affected())
     }
 }
 
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
-    let expected = expected as u64;
-    if expected == affected {
-        Ok(())
-    } else {
-        Err(StoreError::MarkMismatch { expected, affected })
+/// A reschedule's parameters: the arrays its `unnest` takes.
+pub(super) struct RescheduleParams {
+    pub(super) ids: Vec<String>,
+    pub(super) errors: Vec<String>,
+    pub(super) delays: Vec<i64>,
+    pub(super) dead: Vec<bool>,
+    pub(super) counted: Vec<bool>,
+}
+
+impl RescheduleParams {
+    /// The rows of `failed`, each error made safe to store ([`bounded`]) or replaced with
+    /// `fixed`.
+    pub(super) fn new<'a>(
+        failed: impl Iterator<Item = &'a RowFailure>,
+        fixed: Option<&str>,
+    ) -> Self {
+        let mut params = Self {
+            ids: Vec::new(),
+            errors: Vec::new(),
+            delays: Vec::new(),
+            dead: Vec::new(),
+            counted: Vec::new(),
+        };
+        for f in failed {
+            let r = Reschedule::from(f.disposition);
+            params.ids.push(f.id.to_string());
+            params.errors.push(match fixed {
+                Some(text) => text.to_owned(),
+                None => bounded(&f.error, MAX_STORED).into_owned(),
+            });
+            params.delays.push(r.delay_ms);
+            params.dead.push(r.dead);
+            params.counted.push(r.counted);
+        }
+        params
     }
 }

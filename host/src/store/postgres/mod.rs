@@ -42,6 +42,8 @@ use super::{
     StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::{OutboxId, TenantId};
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
 use cursor::ClaimCursor;
 use sql::Statements;
 
@@ -93,7 +95,7 @@ pub struct PgStore {
     /// The options LISTEN connections are opened with (replaced with the pool's on
     /// [`PgStore::use_url`]).
     options: std::sync::RwLock<PgConnectOptions>,
-    layout: Arc<Layout>,
+    sql: LayoutSql,
     // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
     // `AssertSqlSafe`.
     statements: Statements,
@@ -113,11 +115,12 @@ impl PgStore {
         let pool = connect(url, connections).await?;
         let layout = schema::inspect(&pool, spec).await?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
-        let statements = Statements::new(&layout, options);
+        let sql = LayoutSql::new(layout, Dialect::Postgres);
+        let statements = Statements::new(&sql, options);
         Ok(Self {
             pool,
             options: std::sync::RwLock::new(connect_options(url)?),
-            layout: Arc::new(layout),
+            sql,
             statements,
             cursor: ClaimCursor::default(),
         })
@@ -125,7 +128,7 @@ impl PgStore {
 
     /// The checked table this store relays from.
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.sql.layout
     }
 
     /// Opens new connections with `url` from now on (rotated credentials); connections in
@@ -189,7 +192,7 @@ impl OutboxStore for PgStore {
         let mut rows = Vec::with_capacity(raw.len());
         let mut rejected = Vec::new();
         for row in &raw {
-            match rows::decode_row(row, &self.layout)? {
+            match rows::decode_row(row, &self.sql.layout)? {
                 Ok(r) => rows.push(r),
                 Err(failure) => rejected.push(failure),
             }
@@ -235,7 +238,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        prune::prune_once(&self.pool, &self.layout, retention).await
+        prune::prune_once(&self.pool, &self.sql, retention).await
     }
 
     async fn listen(
@@ -252,11 +255,11 @@ impl OutboxStore for PgStore {
     }
 
     async fn install_notify_trigger(&self, channel: &str) -> Result<(), StoreError> {
-        listen::install_trigger(&self.pool, &self.layout.table, channel).await
+        listen::install_trigger(&self.pool, &self.sql.layout.table, channel).await
     }
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        listen::drop_trigger(&self.pool, &self.layout.table).await
+        listen::drop_trigger(&self.pool, &self.sql.layout.table).await
     }
 
     async fn dead_rows(
@@ -264,11 +267,11 @@ impl OutboxStore for PgStore {
         tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.layout, tenant, limit).await
+        admin::list(&self.pool, &self.sql, tenant, limit).await
     }
 
     async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.layout, selection).await
+        admin::replay(&self.pool, &self.sql, selection).await
     }
 
     async fn purge_dead(
@@ -276,7 +279,7 @@ impl OutboxStore for PgStore {
         older_than: Duration,
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.layout, older_than, tenant).await
+        admin::purge(&self.pool, &self.sql, older_than, tenant).await
     }
 }
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, PgPool};
 
-use super::schema::{Layout, PgSql};
+use crate::store::layout_sql::LayoutSql;
 use crate::store::{StoreError, TenantBacklog, tenant_backlogs};
 
-pub fn statement(layout: &Layout) -> String {
+pub fn statement(sql: &LayoutSql) -> String {
     format!(
         "WITH unsent AS (
               SELECT {tenant} AS tenant, {created_at} AS created_at,
@@ -32,10 +32,10 @@ pub fn statement(layout: &Layout) -> String {
                  UNION ALL
                  SELECT tenant, 0, count(*), NULL FROM dead GROUP BY tenant) AS s
           GROUP BY tenant",
-        table = layout.table,
-        tenant = layout.tenant_expr("o"),
-        created_at = layout.created_at_expr("o"),
-        order_by = layout.order_by("o"),
+        table = sql.table,
+        tenant = sql.tenant_expr("o"),
+        created_at = sql.created_at_expr("o"),
+        order_by = sql.order_by("o"),
     )
 }
 

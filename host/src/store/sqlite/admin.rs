@@ -8,24 +8,16 @@ use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::rows::{LiteQuery, from_ms, now_ms, read_id};
-use super::schema::LiteSql;
+use crate::store::chunk::{CHUNK, Chunks, millis};
+use crate::store::layout_sql::LayoutSql;
 use crate::model::OutboxId;
 use crate::store::{DeadRow, ReplaySelection, StoreError};
-
-/// Rows deleted per statement.
-const CHUNK: i64 = 1_000;
-/// Pause between two full chunks, leaving the database to the relay and the application.
-const CHUNK_PAUSE: Duration = Duration::from_millis(50);
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// Dead rows, oldest first (in claim order), optionally of one tenant (`default` matches
 /// rows without a tenant).
 pub async fn list(
     pool: &SqlitePool,
-    sql: &LiteSql,
+    sql: &LayoutSql,
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, StoreError> {
@@ -62,7 +54,7 @@ pub async fn list(
         .collect::<Result<_, _>>()?)
 }
 
-fn dead_row(row: &SqliteRow, sql: &LiteSql) -> Result<DeadRow, sqlx::Error> {
+fn dead_row(row: &SqliteRow, sql: &LayoutSql) -> Result<DeadRow, sqlx::Error> {
     let text = |name: &str| -> Result<String, sqlx::Error> {
         Ok(row.try_get::<Option<String>, _>(name)?.unwrap_or_default())
     };
@@ -81,7 +73,7 @@ fn dead_row(row: &SqliteRow, sql: &LiteSql) -> Result<DeadRow, sqlx::Error> {
 /// Makes the selected dead rows due again with a fresh attempt count; returns how many.
 pub async fn replay(
     pool: &SqlitePool,
-    sql: &LiteSql,
+    sql: &LayoutSql,
     selection: &ReplaySelection,
 ) -> Result<u64, StoreError> {
     let l = &sql.layout;
@@ -113,7 +105,7 @@ pub async fn replay(
 /// how many.
 pub async fn purge(
     pool: &SqlitePool,
-    sql: &LiteSql,
+    sql: &LayoutSql,
     older_than: Duration,
     tenant: Option<&str>,
 ) -> Result<u64, StoreError> {
@@ -149,7 +141,7 @@ pub async fn purge(
 /// rows are never pruned. Returns how many rows it deleted.
 pub async fn prune(
     pool: &SqlitePool,
-    sql: &LiteSql,
+    sql: &LayoutSql,
     retention: Duration,
 ) -> Result<u64, StoreError> {
     let l = &sql.layout;
@@ -170,16 +162,14 @@ async fn delete_in_chunks(
     text: &str,
     bind: impl Fn(LiteQuery<'_>) -> LiteQuery<'_>,
 ) -> Result<u64, StoreError> {
-    let mut total = 0;
+    let mut chunks = Chunks::default();
     loop {
         let deleted = bind(sqlx::query(AssertSqlSafe(text)))
             .execute(pool)
             .await?
             .rows_affected();
-        total += deleted;
-        if deleted < CHUNK as u64 {
-            return Ok(total);
+        if !chunks.more(deleted).await {
+            return Ok(chunks.total());
         }
-        tokio::time::sleep(CHUNK_PAUSE).await;
     }
 }

@@ -14,13 +14,9 @@ use super::rows::{bind_id, now_ms};
 use super::sql::{Guard, Statements};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
+use crate::store::batch::{UNSTORABLE_ERROR, check_count};
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
 use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
-
-/// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
-/// trigger of the application's): plain ASCII.
-const UNSTORABLE_ERROR: &str =
-    "the error text could not be stored (the database refused it); see the relay's log";
 
 /// A claimed batch: its lease token and the rows it leased.
 pub struct LiteBatch {
@@ -211,13 +207,4 @@ async fn release(
         query.bind(token.to_owned()).execute(&mut *conn).await?;
     }
     Ok(())
-}
-
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
-    let expected = expected as u64;
-    if expected == affected {
-        Ok(())
-    } else {
-        Err(StoreError::MarkMismatch { expected, affected })
-    }
 }

@@ -42,7 +42,8 @@ use super::{
     StoreOptions, TableSpec, TenantBacklog,
 };
 use crate::model::TenantId;
-use schema::LiteSql;
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
 use sql::Statements;
 
 /// How long a statement waits for another connection's write transaction (the application's
@@ -132,7 +133,7 @@ impl LiteStore {
             "outbox table checked");
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(LiteSql { layout }, options)),
+            statements: Arc::new(Statements::new(LayoutSql::new(layout, Dialect::Sqlite), options)),
             lease: options.lease,
             process: format!("{:x}-{:016x}", std::process::id(), fastrand::u64(..)),
             batches: AtomicU64::new(0),

@@ -80,7 +80,7 @@ fn decode_columns(row: &SqliteRow, layout: &Layout, id: OutboxId) -> Result<Outb
     };
     let headers = text("headers", &layout.headers)?;
     let created_at = row
-        .try_get::<Option<i64>, _>("created_at_ms")
+        .try_get::<Option<i64>, _>("created_at")
         .map_err(|e| cannot(&layout.created_at, e))?
         .map_or_else(Utc::now, from_ms);
     Ok(OutboxRow {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use sqlx::{AssertSqlSafe, SqlitePool};
 
 use super::rows::now_ms;
-use super::schema::LiteSql;
+use crate::store::layout_sql::LayoutSql;
 use crate::store::{StoreError, TenantBacklog, tenant_backlogs};
 
-pub fn statement(sql: &LiteSql) -> String {
+pub fn statement(sql: &LayoutSql) -> String {
     format!(
         "SELECT tenant, SUM(due), SUM(dead), (?1 - MIN(oldest)) * 1000
            FROM (SELECT tenant, SUM(due) AS due, 0 AS dead,
@@ -31,9 +31,9 @@ pub fn statement(sql: &LiteSql) -> String {
                           LIMIT ?2)
                   GROUP BY tenant)
           GROUP BY tenant",
-        table = sql.layout.table,
+        table = sql.table,
         tenant = sql.tenant_expr("o"),
-        created_at = sql.created_at_ms_expr("o"),
+        created_at = sql.created_at_expr("o"),
         order_by = sql.order_by("o"),
     )
 }

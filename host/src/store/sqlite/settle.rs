@@ -13,7 +13,7 @@ use super::rows::{bind_id, now_ms, read_id};
 use super::{BEGIN_WRITE, LiteStore};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
-use crate::store::settle::{Target, settle_one, split_held};
+use crate::store::settle::{SettledAs, settle_one, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
@@ -81,7 +81,7 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
             for id in sent {
                 let mut one = Acquire::begin(&mut *tx).await?;
                 let done = mark(&mut one, statements, std::slice::from_ref(&id), now, None).await;
-                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
+                settle_one(&mut settlement, id, done, one, SettledAs::Marked).await?;
             }
             for failure in failed {
                 let mut one = Acquire::begin(&mut *tx).await?;
@@ -94,7 +94,7 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
                     None,
                 )
                 .await;
-                settle_one(&mut settlement, failure.id, done, one, Target::Rescheduled).await?;
+                settle_one(&mut settlement, failure.id, done, one, SettledAs::Rescheduled).await?;
             }
         }
     }
