@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use super::statement::{Run, Statement};
+
 /// Rows deleted per statement.
 pub(crate) const CHUNK: i64 = 1_000;
 /// Pause between two full chunks.
@@ -36,4 +38,15 @@ impl Chunks {
 /// `d` in whole milliseconds, saturating.
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Runs `statement` (a `DELETE` of at most [`CHUNK`] rows) until a chunk comes back short;
+/// returns the rows deleted.
+pub(crate) async fn delete_in_chunks<R: Run>(
+    run: &R,
+    statement: &Statement,
+) -> Result<u64, sqlx::Error> {
+    let mut chunks = Chunks::default();
+    while chunks.more(run.execute(statement).await?).await {}
+    Ok(chunks.total())
 }

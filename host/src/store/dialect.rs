@@ -2,6 +2,10 @@
 //! and the server's clock. Everything else a statement needs is built once from a
 //! [`Layout`](super::schema::Layout) and a [`Dialect`] ([`super::layout_sql`]).
 
+use std::time::Duration;
+
+use super::chunk::millis;
+
 /// One database's spelling of SQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
@@ -56,6 +60,28 @@ impl Dialect {
             Self::Postgres => "now()".to_owned(),
             Self::Mysql => "UTC_TIMESTAMP(6)".to_owned(),
             Self::Sqlite => param.to_owned(),
+        }
+    }
+
+    /// The time `age` ago, as a time column compares with it, given parameter `param` bound
+    /// to [`Dialect::ago_param`].
+    pub(crate) fn ago(self, param: &str) -> String {
+        match self {
+            Self::Postgres => format!("now() - {param} * interval '1 millisecond'"),
+            Self::Mysql => format!("UTC_TIMESTAMP(6) - INTERVAL {param} MICROSECOND"),
+            Self::Sqlite => param.to_owned(),
+        }
+    }
+
+    /// What [`Dialect::ago`]'s parameter binds for `age`: milliseconds (PostgreSQL),
+    /// microseconds (MySQL), or the time itself in milliseconds since the epoch (SQLite).
+    pub(crate) fn ago_param(self, age: Duration) -> i64 {
+        match self {
+            Self::Postgres => millis(age),
+            Self::Mysql => i64::try_from(age.as_micros()).unwrap_or(i64::MAX),
+            Self::Sqlite => chrono::Utc::now()
+                .timestamp_millis()
+                .saturating_sub(millis(age)),
         }
     }
 }

@@ -147,6 +147,54 @@ impl LayoutSql {
         )
     }
 
+    /// The SQL type a text id is cast to for comparison with the id column (PostgreSQL, where
+    /// ids travel as text).
+    pub(crate) fn key_cast(&self) -> &str {
+        match &self.layout.key {
+            KeyKind::Int => "int8",
+            KeyKind::Text { cast } => cast,
+        }
+    }
+
+    /// Parameter `param` as an id compared with the id column: PostgreSQL binds ids as text
+    /// and casts them to the column's type (so its index serves), the others bind the type.
+    pub(crate) fn id_param(&self, param: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("{param}::text::{}", self.key_cast()),
+            Dialect::Mysql | Dialect::Sqlite => param.to_owned(),
+        }
+    }
+
+    /// The alias a [`LayoutSql::delete_first`] filter names the table by: MySQL's
+    /// single-table `DELETE` (the only kind with `ORDER BY` and `LIMIT`) takes no alias before
+    /// 8.0.16, so there the table's own name.
+    pub(crate) fn delete_alias(&self) -> &str {
+        match self.dialect {
+            Dialect::Mysql => &self.table,
+            Dialect::Postgres | Dialect::Sqlite => "o",
+        }
+    }
+
+    /// Deletes the first `limit` rows in claim order matching `filter` (written against
+    /// [`LayoutSql::delete_alias`]): one chunk of a chunked delete.
+    pub(crate) fn delete_first(&self, filter: &str, limit: &str) -> String {
+        let table = &self.table;
+        match self.dialect {
+            Dialect::Mysql => format!(
+                "DELETE FROM {table} WHERE {filter} ORDER BY {order_by} LIMIT {limit}",
+                order_by = self.order_by(table),
+            ),
+            Dialect::Postgres | Dialect::Sqlite => format!(
+                "DELETE FROM {table}
+                  WHERE {id} IN (SELECT o.{id} FROM {table} AS o
+                                  WHERE {filter}
+                                  ORDER BY {order_by} LIMIT {limit})",
+                id = self.id,
+                order_by = self.order_by("o"),
+            ),
+        }
+    }
+
     /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
     pub(crate) fn order_by(&self, alias: &str) -> String {
         if self.layout.ordered_by_id() {

@@ -16,6 +16,7 @@
 mod batch;
 mod chunk;
 mod columns;
+mod dead;
 mod dialect;
 mod driver;
 mod layout_sql;
@@ -23,10 +24,12 @@ mod mysql;
 mod postgres;
 mod privileges;
 mod rows;
+mod sample;
 mod schema;
 mod settings;
 mod settle;
 mod sqlite;
+mod statement;
 mod table;
 mod tls;
 
@@ -348,21 +351,6 @@ pub struct TenantBacklog {
     /// Age of the oldest due row by the database's clock (`None`: no row is due).
     pub oldest_due_age: Option<Duration>,
     pub dead: i64,
-}
-
-/// The rows of [`OutboxStore::sample_backlog`] as the drivers read them: tenant, due, dead,
-/// and the oldest due row's age in microseconds.
-pub(crate) fn tenant_backlogs(
-    rows: Vec<(Option<String>, i64, i64, Option<i64>)>,
-) -> Vec<TenantBacklog> {
-    rows.into_iter()
-        .map(|(tenant, due, dead, age_us)| TenantBacklog {
-            tenant,
-            due,
-            dead,
-            oldest_due_age: age_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
-        })
-        .collect()
 }
 
 /// A dead-lettered row, as `sluice dead list` shows it.

@@ -11,15 +11,14 @@
 //! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
 //! - [`migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`], [`rows`], [`batch`]: the relay's statements, decoding, the claimed batch
-//! - [`settle`], [`admin`], [`prune`]: a failed commit's outcome, dead rows, retention
+//! - [`settle`], [`prune`]: a failed commit's outcome, retention (dead rows and the backlog
+//!   sample are shared: [`crate::store::dead`], [`crate::store::sample`])
 
-mod admin;
 mod batch;
 mod migrate;
 mod privileges;
 mod prune;
 mod rows;
-mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -40,6 +39,8 @@ use super::{
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::decode_claimed;
+use crate::store::{dead, sample};
 use sql::Statements;
 
 /// How long to wait for a connection before reporting the database as unreachable.
@@ -170,11 +171,10 @@ impl OutboxStore for MyStore {
             query = query.bind(tenant);
         }
         let raw = query.bind(limit).fetch_all(&mut *tx).await?;
-        let layout = &self.statements.sql.layout;
         let mut rows = Vec::with_capacity(raw.len());
         let mut rejected = Vec::new();
         for row in &raw {
-            match rows::decode_row(row, layout)? {
+            match decode_claimed(row, &self.statements.sql)? {
                 Ok(r) => rows.push(r),
                 Err(failure) => rejected.push(failure),
             }
@@ -191,7 +191,7 @@ impl OutboxStore for MyStore {
     }
 
     async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sample, limit).await
+        sample::sample(&self.pool, &self.statements.sql, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
@@ -227,11 +227,11 @@ impl OutboxStore for MyStore {
         tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.statements.sql, tenant, limit).await
+        dead::list(&self.pool, &self.statements.sql, tenant, limit).await
     }
 
     async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.statements.sql, selection).await
+        dead::replay(&self.pool, &self.statements.sql, selection).await
     }
 
     async fn purge_dead(
@@ -239,6 +239,6 @@ impl OutboxStore for MyStore {
         older_than: Duration,
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
+        dead::purge(&self.pool, &self.statements.sql, older_than, tenant).await
     }
 }

@@ -11,9 +11,9 @@ use sqlx::{Acquire, AssertSqlSafe};
 
 use super::MyStore;
 use super::batch::{mark, reschedule};
-use super::rows::{bind_id, bind_null_id, placeholder_count, read_id};
+use super::rows::{bind_id, bind_null_id, placeholder_count};
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
+use crate::store::rows::{IDS_PER_STATEMENT, placeholders, read_id};
 use crate::store::settle::{SettledAs, settle_one, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
@@ -50,7 +50,7 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
             query = bind_null_id(query, &sql.layout.key);
         }
         for row in query.fetch_all(&mut *tx).await? {
-            locked.insert(read_id(&row, &sql.layout, "id")?);
+            locked.insert(read_id(&row, &sql.layout.key, 0)?);
         }
     }
     let (sent, failed) = split_held(outcome, &locked, &mut settlement);

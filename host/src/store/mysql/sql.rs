@@ -53,7 +53,6 @@ pub struct Statements {
     pub claim: WithPaused,
     pub due: WithPaused,
     pub backlog: Arc<str>,
-    pub sample: Arc<str>,
     mark: MarkMode,
 }
 
@@ -96,7 +95,6 @@ impl Statements {
             claim,
             due,
             backlog: backlog.into(),
-            sample: super::sample::statement(&sql).into(),
             mark: options.mark,
             sql,
         }

@@ -8,12 +8,12 @@
 //! - [`migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule, backlog)
 //! - [`cursor`]: where the next claim starts while a backlog drains
-//! - [`rows`]: decoding claimed rows
+//! - [`rows`]: ids as parameters, the shared statements on PostgreSQL's pool
 //! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
 //! - [`settle`]: recording an outcome after a failed commit
-//! - [`admin`], [`prune`], [`listen`]: dead rows, retention, LISTEN/NOTIFY
+//! - [`prune`], [`listen`]: retention, LISTEN/NOTIFY (dead rows and the backlog sample are
+//!   shared: [`crate::store::dead`], [`crate::store::sample`])
 
-mod admin;
 mod batch;
 mod cursor;
 mod listen;
@@ -21,7 +21,6 @@ mod migrate;
 mod privileges;
 mod prune;
 mod rows;
-mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -44,6 +43,8 @@ use super::{
 use crate::model::{OutboxId, TenantId};
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::decode_claimed;
+use crate::store::{dead, sample};
 use cursor::ClaimCursor;
 use sql::Statements;
 
@@ -192,7 +193,7 @@ impl OutboxStore for PgStore {
         let mut rows = Vec::with_capacity(raw.len());
         let mut rejected = Vec::new();
         for row in &raw {
-            match rows::decode_row(row, &self.sql.layout)? {
+            match decode_claimed(row, &self.sql)? {
                 Ok(r) => rows.push(r),
                 Err(failure) => rejected.push(failure),
             }
@@ -226,7 +227,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sample, limit).await
+        sample::sample(&self.pool, &self.sql, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
@@ -267,11 +268,11 @@ impl OutboxStore for PgStore {
         tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.sql, tenant, limit).await
+        dead::list(&self.pool, &self.sql, tenant, limit).await
     }
 
     async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.sql, selection).await
+        dead::replay(&self.pool, &self.sql, selection).await
     }
 
     async fn purge_dead(
@@ -279,7 +280,7 @@ impl OutboxStore for PgStore {
         older_than: Duration,
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.sql, older_than, tenant).await
+        dead::purge(&self.pool, &self.sql, older_than, tenant).await
     }
 }
 

@@ -1,18 +1,18 @@
 //! Retention: in `mark = "published_at"` mode sent rows stay in the table as an audit trail;
 //! the pruner deletes those older than `relay.retention`, in bounded chunks
-//! ([`crate::store::chunk`]) so it never holds long locks or builds a huge transaction. Dead
-//! rows are never pruned (they are not sent): they stay until replayed or purged with
-//! `sluice dead purge`.
+//! ([`crate::store::chunk`]) so it never holds long locks or builds a huge transaction, one
+//! process per table at a time (an advisory lock taken by each chunk). Dead rows are never
+//! pruned (they are not sent): they stay until replayed or purged with `sluice dead purge`.
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgArguments, PgPool};
-use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Postgres};
+use sqlx::PgPool;
 
 use crate::store::StoreError;
-use crate::store::chunk::{CHUNK, Chunks, millis};
+use crate::store::chunk::{CHUNK, delete_in_chunks};
+use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
+use crate::store::statement::{Param, Statement};
 
 /// Advisory-lock key (with the table's oid): one pruner per table at a time, however many
 /// relays run.
@@ -25,46 +25,23 @@ pub async fn prune_once(
     sql: &LayoutSql,
     retention: Duration,
 ) -> Result<u64, StoreError> {
+    let mut statement = Statement::new(Dialect::Postgres);
+    let age = statement.param(Param::Int(Dialect::Postgres.ago_param(retention)));
+    let limit = statement.param(Param::Int(CHUNK));
+    let key = statement.param(Param::Int(PRUNE_LOCK_KEY.into()));
+    let table_name = statement.param(Param::Text(sql.table.clone()));
     // In id order: the primary key walks the rows (for integer ids the oldest, which are the
     // sent ones, first) and stops after a chunk; no extra index on published_at is needed.
-    let table = &sql.table;
     let text = format!(
-        "WITH locked AS (SELECT pg_try_advisory_xact_lock($3, to_regclass($4)::oid::int) AS ok)
+        "WITH locked AS (SELECT pg_try_advisory_xact_lock({key}::int,
+                                                          to_regclass({table_name})::oid::int) AS ok)
          DELETE FROM {table}
           WHERE {id} IN (SELECT {id} FROM {table}, locked
-                          WHERE locked.ok
-                            AND published_at < now() - $1 * interval '1 millisecond'
-                          ORDER BY {id} LIMIT $2)",
+                          WHERE locked.ok AND published_at < {ago}
+                          ORDER BY {id} LIMIT {limit})",
+        table = sql.table,
         id = sql.id,
+        ago = Dialect::Postgres.ago(&age),
     );
-    let retention_ms = millis(retention);
-    let table_name = table.to_string();
-    delete_in_chunks(pool, &text, |q| {
-        q.bind(retention_ms)
-            .bind(CHUNK)
-            .bind(PRUNE_LOCK_KEY)
-            .bind(table_name.clone())
-    })
-    .await
-}
-
-type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
-
-/// Runs the `DELETE` in `text` (which deletes at most [`CHUNK`] rows; `bind` supplies its
-/// parameters) until a chunk comes back short; returns the rows deleted.
-pub(crate) async fn delete_in_chunks(
-    pool: &PgPool,
-    text: &str,
-    bind: impl Fn(PgQuery<'_>) -> PgQuery<'_>,
-) -> Result<u64, StoreError> {
-    let mut chunks = Chunks::default();
-    loop {
-        let deleted = bind(sqlx::query(AssertSqlSafe(text)))
-            .execute(pool)
-            .await?
-            .rows_affected();
-        if !chunks.more(deleted).await {
-            return Ok(chunks.total());
-        }
-    }
+    Ok(delete_in_chunks(pool, &statement.with_sql(text)).await?)
 }

@@ -168,7 +168,7 @@ pub fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<Co
 
 #[cfg(test)]
 mod tests {
-    use super::super::sql::{key_array, key_cast};
+    use super::super::sql::key_array;
     use super::*;
     use crate::store::dialect::Dialect;
     use crate::store::layout_sql::LayoutSql;
@@ -261,7 +261,7 @@ mod tests {
             assert_eq!(pg(&layout).id_expr("o"), "o.\"id\"::int8");
             assert_eq!(pg(&layout).order_by("o"), "o.\"id\"");
             assert_eq!(pg(&layout).before("p", "o"), "p.\"id\" < o.\"id\"");
-            assert_eq!(key_array(&layout.key, "$1"), "$1::text[]::int8[]");
+            assert_eq!(key_array(&pg(&layout), "$1"), "$1::text[]::int8[]");
         }
     }
 
@@ -275,7 +275,7 @@ mod tests {
             }
         );
         assert_eq!(pg(&layout).id_expr("o"), "o.\"id\"::text");
-        assert_eq!(key_array(&layout.key, "$1"), "$1::text[]::uuid[]");
+        assert_eq!(key_array(&pg(&layout), "$1"), "$1::text[]::uuid[]");
         assert_eq!(layout.order.as_str(), "sluice_seq");
         assert_eq!(pg(&layout).order_by("o"), "o.\"sluice_seq\", o.\"id\"");
         assert_eq!(
@@ -298,7 +298,7 @@ mod tests {
             let mut table = sluice_table(shown);
             table.push(column("sluice_seq", "bigint"));
             let layout = check(&spec(), &table).unwrap();
-            assert_eq!(key_cast(&layout.key), cast, "{shown}");
+            assert_eq!(pg(&layout).key_cast(), cast, "{shown}");
         }
     }
 

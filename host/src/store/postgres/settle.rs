@@ -36,7 +36,7 @@ pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlemen
         id_text = id_text_expr(sql, "o"),
         table = sql.table,
         id = sql.id,
-        keys = key_array(&sql.layout.key, "$1"),
+        keys = key_array(sql, "$1"),
     );
     let mark_sql = format!(
         "{} RETURNING {}",

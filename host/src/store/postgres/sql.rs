@@ -8,18 +8,10 @@ use super::schema::KeyKind;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::{MarkMode, StoreOptions};
 
-/// The SQL type a text id is cast to for comparison with the id column.
-pub(super) fn key_cast(key: &KeyKind) -> &str {
-    match key {
-        KeyKind::Int => "int8",
-        KeyKind::Text { cast } => cast,
-    }
-}
-
 /// `param` (a `text[]` of ids) cast to an array of the id column's type, so the primary key's
 /// index serves `= ANY(…)`.
-pub(super) fn key_array(key: &KeyKind, param: &str) -> String {
-    format!("{param}::text[]::{}[]", key_cast(key))
+pub(super) fn key_array(sql: &LayoutSql, param: &str) -> String {
+    format!("{param}::text[]::{}[]", sql.key_cast())
 }
 
 /// The id as `text`, spelled as [`crate::model::OutboxId`]'s `Display` spells the claimed key
@@ -39,7 +31,6 @@ pub struct Statements {
     pub claim_after: Option<Arc<str>>,
     pub due: Arc<str>,
     pub backlog: Arc<str>,
-    pub sample: Arc<str>,
     pub mark: Arc<str>,
     pub reschedule: Arc<str>,
 }
@@ -73,7 +64,7 @@ impl Statements {
         };
         let claim_after = (layout.ordered_by_id() && matches!(layout.key, KeyKind::Int))
             .then(|| claim(&format!("AND o.{} > $3", sql.id)).into());
-        let keys = key_array(&layout.key, "$1");
+        let keys = key_array(sql, "$1");
         let mark = match options.mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
             MarkMode::PublishedAt => format!(
@@ -92,7 +83,7 @@ impl Statements {
                     AS f(id, error, delay_ms, dead, counted)
               WHERE o.{id} = f.id::{cast}",
             id = sql.id,
-            cast = key_cast(&layout.key),
+            cast = sql.key_cast(),
         );
         let backlog = format!(
             "SELECT count(*) FILTER (WHERE dead_at IS NULL
@@ -106,7 +97,6 @@ impl Statements {
             claim: claim("").into(),
             claim_after,
             backlog: backlog.into(),
-            sample: super::sample::statement(sql).into(),
             mark: mark.into(),
             reschedule: reschedule.into(),
         }
@@ -184,7 +174,7 @@ mod tests {
                     .iter()
                     .map(|item| item.trim().rsplit([' ', '.']).next().unwrap_or(item))
                     .collect();
-                assert_eq!(aliases, super::super::rows::column::ALIASES, "{select}");
+                assert_eq!(aliases, crate::store::rows::column::ALIASES, "{select}");
             }
         }
     }

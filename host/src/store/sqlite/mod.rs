@@ -14,13 +14,13 @@
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
 //! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
-//! - [`settle`], [`admin`]: a failed completion's outcome, dead rows, retention
+//! - [`settle`], [`prune`]: a failed completion's outcome, retention (dead rows and the
+//!   backlog sample are shared: [`crate::store::dead`], [`crate::store::sample`])
 
-mod admin;
+mod prune;
 mod batch;
 mod migrate;
 mod rows;
-mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -44,6 +44,7 @@ use super::{
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
+use crate::store::{dead, sample};
 use sql::Statements;
 
 /// How long a statement waits for another connection's write transaction (the application's
@@ -188,10 +189,9 @@ impl OutboxStore for LiteStore {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        let layout = &self.statements.sql.layout;
         let mut claimed = raw
             .iter()
-            .map(|row| rows::decode_row(row, layout))
+            .map(|row| rows::decode_row(row, &self.statements.sql))
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by(|a, b| a.order.cmp(&b.order));
         let ids = claimed.iter().map(|c| c.order.1.clone()).collect();
@@ -215,7 +215,7 @@ impl OutboxStore for LiteStore {
     }
 
     async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sample, limit).await
+        sample::sample(&self.pool, &self.statements.sql, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
@@ -228,7 +228,7 @@ impl OutboxStore for LiteStore {
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        admin::prune(&self.pool, &self.statements.sql, retention).await
+        prune::prune(&self.pool, &self.statements.sql, retention).await
     }
 
     async fn listen(
@@ -252,11 +252,11 @@ impl OutboxStore for LiteStore {
         tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.statements.sql, tenant, limit).await
+        dead::list(&self.pool, &self.statements.sql, tenant, limit).await
     }
 
     async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.statements.sql, selection).await
+        dead::replay(&self.pool, &self.statements.sql, selection).await
     }
 
     async fn purge_dead(
@@ -264,6 +264,6 @@ impl OutboxStore for LiteStore {
         older_than: Duration,
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
+        dead::purge(&self.pool, &self.statements.sql, older_than, tenant).await
     }
 }

@@ -9,10 +9,10 @@ use std::collections::HashSet;
 use sqlx::{Acquire, AssertSqlSafe};
 
 use super::batch::{mark, reschedule};
-use super::rows::{bind_id, now_ms, read_id};
+use super::rows::{bind_id, now_ms};
 use super::{BEGIN_WRITE, LiteStore};
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
+use crate::store::rows::{IDS_PER_STATEMENT, placeholders, read_id};
 use crate::store::settle::{SettledAs, settle_one, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
@@ -55,7 +55,7 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
             .fetch_all(&mut *tx)
             .await?;
         for row in &rows {
-            ours.insert(read_id(row, layout, "id")?);
+            ours.insert(read_id(row, &layout.key, 0)?);
         }
     }
     let (sent, failed) = split_held(outcome, &ours, &mut settlement);

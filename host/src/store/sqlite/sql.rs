@@ -40,8 +40,6 @@ pub struct Statements {
     pub due: Arc<str>,
     /// Binds: now.
     pub backlog: Arc<str>,
-    /// Binds: now, limit.
-    pub sample: Arc<str>,
     mark: MarkMode,
 }
 
@@ -90,7 +88,6 @@ impl Statements {
             .into(),
             claim: claim.into(),
             backlog: backlog.into(),
-            sample: super::sample::statement(&sql).into(),
             mark: options.mark,
             sql,
         }
