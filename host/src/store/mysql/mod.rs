@@ -1,4 +1,4 @@
-//! The MySQL/MariaDB driver: [`MyStore`] implements [`OutboxStore`] over a connection pool.
+//! The MySQL/MariaDB driver: [`MyStore`] implements [`StoreDriver`] over a connection pool.
 //!
 //! Claims hold a transaction open, as on PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`
 //! (MariaDB ≥ 10.6, MySQL ≥ 8.0; older servers are refused at start-up). Every connection runs
@@ -23,7 +23,6 @@ mod schema;
 mod settle;
 mod sql;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,15 +31,12 @@ use sqlx::{AssertSqlSafe, Executor};
 
 pub use batch::MyBatch;
 
-use super::{
-    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec, TenantBacklog,
-};
+use super::driver::StoreDriver;
+use super::{Backlog, BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
-use crate::store::{dead, sample};
 use sql::Statements;
 
 /// How long to wait for a connection before reporting the database as unreachable.
@@ -48,8 +44,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The session setting that keeps claims from blocking the application's inserts (see the
 /// module documentation).
 const ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
-/// The database's name in messages.
-const NAME: &str = "MySQL/MariaDB";
 
 /// Connects a pool of at most `connections`, each at READ COMMITTED. (sqlx sets the session's
 /// `time_zone` to `+00:00`, so `TIMESTAMP` columns read as UTC.)
@@ -105,7 +99,7 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
     Ok(layout.summary())
 }
 
-/// The MySQL/MariaDB [`OutboxStore`].
+/// The MySQL/MariaDB store.
 pub struct MyStore {
     pool: MySqlPool,
     statements: Arc<Statements>,
@@ -151,7 +145,18 @@ impl MyStore {
     }
 }
 
-impl OutboxStore for MyStore {
+impl StoreDriver for MyStore {
+    const NAME: &'static str = "MySQL/MariaDB";
+    type Pool = MySqlPool;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &LayoutSql {
+        &self.statements.sql
+    }
+
     type Batch = MyBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
@@ -190,10 +195,6 @@ impl OutboxStore for MyStore {
         settle::settle(self, outcome).await
     }
 
-    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sql, limit).await
-    }
-
     async fn backlog(&self) -> Result<Backlog, StoreError> {
         let (due, waiting, dead): (i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
@@ -204,41 +205,5 @@ impl OutboxStore for MyStore {
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
         prune::prune_once(&self.pool, &self.statements.sql, retention).await
-    }
-
-    async fn listen(
-        &self,
-        _channel: &str,
-        _wake: &(dyn Fn() + Send + Sync),
-    ) -> Result<Infallible, StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadRow>, StoreError> {
-        dead::list(&self.pool, &self.statements.sql, tenant, limit).await
-    }
-
-    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        dead::replay(&self.pool, &self.statements.sql, selection).await
-    }
-
-    async fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        dead::purge(&self.pool, &self.statements.sql, older_than, tenant).await
     }
 }

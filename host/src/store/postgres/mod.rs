@@ -1,4 +1,4 @@
-//! The PostgreSQL driver: [`PgStore`] implements [`OutboxStore`] over a connection pool.
+//! The PostgreSQL driver: [`PgStore`] implements [`StoreDriver`] over a connection pool.
 //!
 //! Every statement is built once from the checked [`Layout`] of the table, so whatever the
 //! application's column names and types, the Rust side sees one shape: `int8` or `text` keys,
@@ -36,15 +36,12 @@ pub use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 pub use schema::Layout;
 
-use super::{
-    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec, TenantBacklog,
-};
+use super::driver::StoreDriver;
+use super::{Backlog, BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::{OutboxId, TenantId};
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
-use crate::store::{dead, sample};
 use cursor::ClaimCursor;
 use sql::Statements;
 
@@ -90,7 +87,7 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
     Ok(layout.summary())
 }
 
-/// The PostgreSQL [`OutboxStore`].
+/// The PostgreSQL store.
 pub struct PgStore {
     pool: PgPool,
     /// The options LISTEN connections are opened with (replaced with the pool's on
@@ -151,7 +148,18 @@ impl PgStore {
     }
 }
 
-impl OutboxStore for PgStore {
+impl StoreDriver for PgStore {
+    const NAME: &'static str = "PostgreSQL";
+    type Pool = PgPool;
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &LayoutSql {
+        &self.sql
+    }
+
     type Batch = PgBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
@@ -226,10 +234,6 @@ impl OutboxStore for PgStore {
         settle::settle(self, outcome).await
     }
 
-    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.sql, limit).await
-    }
-
     async fn backlog(&self) -> Result<Backlog, StoreError> {
         let (due, waiting, dead): (i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
@@ -261,26 +265,6 @@ impl OutboxStore for PgStore {
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
         listen::drop_trigger(&self.pool, &self.sql.layout.table).await
-    }
-
-    async fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadRow>, StoreError> {
-        dead::list(&self.pool, &self.sql, tenant, limit).await
-    }
-
-    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        dead::replay(&self.pool, &self.sql, selection).await
-    }
-
-    async fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        dead::purge(&self.pool, &self.sql, older_than, tenant).await
     }
 }
 

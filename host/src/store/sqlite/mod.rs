@@ -1,4 +1,4 @@
-//! The SQLite driver: [`LiteStore`] implements [`OutboxStore`] over one database file that
+//! The SQLite driver: [`LiteStore`] implements [`StoreDriver`] over one database file that
 //! the application and any number of relay processes share.
 //!
 //! SQLite has no row locks and one writer at a time, so a transaction held across the broker
@@ -25,7 +25,6 @@ mod schema;
 mod settle;
 mod sql;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -37,14 +36,11 @@ use sqlx::sqlite::{
 
 pub use batch::LiteBatch;
 
-use super::{
-    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec, TenantBacklog,
-};
+use super::driver::StoreDriver;
+use super::{Backlog, BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
-use crate::store::{dead, sample};
 use sql::Statements;
 
 /// How long a statement waits for another connection's write transaction (the application's
@@ -55,8 +51,6 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Starts a write transaction at once (taking the write lock, waiting up to the busy
 /// timeout), so it never fails half-way on a lock upgrade.
 const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
-/// The database's name in messages.
-const NAME: &str = "SQLite";
 
 /// Connection options from a URL: WAL, the busy timeout, `synchronous = NORMAL` (in WAL mode
 /// a power cut can lose the last commits but not corrupt the file; a lost mark means a row is
@@ -106,7 +100,7 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
     Ok(layout.summary())
 }
 
-/// The SQLite [`OutboxStore`].
+/// The SQLite store.
 pub struct LiteStore {
     pool: SqlitePool,
     statements: Arc<Statements>,
@@ -158,7 +152,18 @@ impl LiteStore {
     }
 }
 
-impl OutboxStore for LiteStore {
+impl StoreDriver for LiteStore {
+    const NAME: &'static str = "SQLite";
+    type Pool = SqlitePool;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &LayoutSql {
+        &self.statements.sql
+    }
+
     type Batch = LiteBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
@@ -214,10 +219,6 @@ impl OutboxStore for LiteStore {
         settle::settle(self, outcome).await
     }
 
-    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sql, limit).await
-    }
-
     async fn backlog(&self) -> Result<Backlog, StoreError> {
         let (due, waiting, dead): (i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
@@ -229,41 +230,5 @@ impl OutboxStore for LiteStore {
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
         prune::prune(&self.pool, &self.statements.sql, retention).await
-    }
-
-    async fn listen(
-        &self,
-        _channel: &str,
-        _wake: &(dyn Fn() + Send + Sync),
-    ) -> Result<Infallible, StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadRow>, StoreError> {
-        dead::list(&self.pool, &self.statements.sql, tenant, limit).await
-    }
-
-    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        dead::replay(&self.pool, &self.statements.sql, selection).await
-    }
-
-    async fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        dead::purge(&self.pool, &self.statements.sql, older_than, tenant).await
     }
 }
