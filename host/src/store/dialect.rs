@@ -1,5 +1,5 @@
 //! How the three databases spell the same SQL: identifier quoting, casts, null-safe equality
-//! and the server's clock. Everything else a statement needs is built once from a
+//! and time arithmetic (placeholders and the current time: [`super::statement::Statement`]). Everything else a statement needs is built once from a
 //! [`Layout`](super::schema::Layout) and a [`Dialect`] ([`super::layout_sql`]).
 
 use std::time::Duration;
@@ -53,16 +53,6 @@ impl Dialect {
         }
     }
 
-    /// The server's current time as the bookkeeping columns hold it; SQLite's columns hold
-    /// milliseconds bound from Rust, so its statements take the time as parameter `param`.
-    pub(crate) fn now(self, param: &str) -> String {
-        match self {
-            Self::Postgres => "now()".to_owned(),
-            Self::Mysql => "UTC_TIMESTAMP(6)".to_owned(),
-            Self::Sqlite => param.to_owned(),
-        }
-    }
-
     /// The time `age` ago, as a time column compares with it, given parameter `param` bound
     /// to [`Dialect::ago_param`].
     pub(crate) fn ago(self, param: &str) -> String {
@@ -104,6 +94,5 @@ mod tests {
         );
         assert_eq!(Dialect::Mysql.null_safe_eq("a", "b"), "a <=> b");
         assert_eq!(Dialect::Sqlite.null_safe_eq("a", "b"), "a IS b");
-        assert_eq!(Dialect::Sqlite.now("?1"), "?1");
     }
 }

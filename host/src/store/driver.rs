@@ -2,7 +2,7 @@
 //! commands, or [`migrate`] a table. Callers hold a [`Store`] and never name a driver.
 //!
 //! What each database does its own way is one [`StoreDriver`] method per operation, one
-//! implementation per driver; the rest of [`OutboxStore`] (dead rows, the backlog sample) is
+//! implementation per driver; the rest of [`OutboxStore`] (dead rows, the backlog) is
 //! built once from the table's [`LayoutSql`] and run on the driver's pool.
 
 use std::convert::Infallible;
@@ -15,12 +15,12 @@ use super::sqlite::{self, LiteBatch, LiteStore};
 use super::statement::Run;
 use super::{
     Backlog, BatchOutcome, Claim, ClaimedBatch, DeadRow, OutboxStore, ReplaySelection, Settlement,
-    StoreError, StoreOptions, TableSpec, TenantBacklog, dead, sample,
+    StoreError, StoreOptions, TableSpec, TenantBacklog, backlog, dead,
 };
 use crate::model::TenantId;
 
 /// What one database's store does its own way: the claim and what completes it (row locks in
-/// a transaction, or a lease), the due probe and backlog count, settling, retention and
+/// a transaction, or a lease), the due probe, settling, retention and
 /// LISTEN/NOTIFY. See [`OutboxStore`] for what each operation means.
 pub(crate) trait StoreDriver: Send + Sync {
     /// The database's name in messages.
@@ -40,7 +40,6 @@ pub(crate) trait StoreDriver: Send + Sync {
         paused: &[TenantId],
     ) -> Result<Claim<Self::Batch>, StoreError>;
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError>;
-    async fn backlog(&self) -> Result<Backlog, StoreError>;
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError>;
 
     /// Databases without LISTEN/NOTIFY: relays poll.
@@ -261,11 +260,11 @@ impl OutboxStore for Store {
     }
 
     async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        dispatch!(self, s => sample::sample(s.pool(), s.sql(), limit).await)
+        dispatch!(self, s => backlog::sample(s.pool(), s.sql(), limit).await)
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        dispatch!(self, s => s.backlog().await)
+        dispatch!(self, s => backlog::count(s.pool(), s.sql()).await)
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {

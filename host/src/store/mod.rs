@@ -13,6 +13,7 @@
 //! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
 //! tests against each.
 
+mod backlog;
 mod batch;
 mod chunk;
 mod columns;
@@ -24,7 +25,6 @@ mod mysql;
 mod postgres;
 mod privileges;
 mod rows;
-mod sample;
 mod schema;
 mod settings;
 mod settle;

@@ -46,6 +46,17 @@ impl Statement {
         }
     }
 
+    /// The current time as the bookkeeping columns hold it: the server's clock, or on SQLite
+    /// (whose columns hold milliseconds since the epoch, bound from Rust so every process
+    /// compares with the same clock) a parameter bound to it now.
+    pub(crate) fn now(&mut self) -> String {
+        match self.dialect {
+            Dialect::Postgres => "now()".to_owned(),
+            Dialect::Mysql => "UTC_TIMESTAMP(6)".to_owned(),
+            Dialect::Sqlite => self.param(Param::Int(Utc::now().timestamp_millis())),
+        }
+    }
+
     /// `placeholder` (returned by [`Statement::param`] for `value`) once more: the same
     /// placeholder where the database numbers them, `value` bound again where it does not.
     pub(crate) fn again(&mut self, placeholder: &str, value: Param) -> String {

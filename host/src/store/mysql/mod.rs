@@ -12,7 +12,7 @@
 //! - [`migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`], [`rows`], [`batch`]: the relay's statements, decoding, the claimed batch
 //! - [`settle`], [`prune`]: a failed commit's outcome, retention (dead rows and the backlog
-//!   sample are shared: [`crate::store::dead`], [`crate::store::sample`])
+//!   are shared: [`crate::store::dead`], [`crate::store::backlog`])
 
 mod batch;
 mod migrate;
@@ -32,7 +32,7 @@ use sqlx::{AssertSqlSafe, Executor};
 pub use batch::MyBatch;
 
 use super::driver::StoreDriver;
-use super::{Backlog, BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
@@ -193,14 +193,6 @@ impl StoreDriver for MyStore {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
-    }
-
-    async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (due, waiting, dead): (i64, i64, i64) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(Backlog { due, waiting, dead })
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {

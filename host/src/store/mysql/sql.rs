@@ -1,5 +1,5 @@
 //! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim, the due
-//! probe, marking, rescheduling and the backlog count.
+//! probe, marking, rescheduling.
 //!
 //! MySQL has no array parameters: the paused tenants and the ids of a batch travel as one
 //! placeholder each, so those statements are built for the number of values (and cached per
@@ -52,7 +52,6 @@ pub struct Statements {
     pub sql: LayoutSql,
     pub claim: WithPaused,
     pub due: WithPaused,
-    pub backlog: Arc<str>,
     mark: MarkMode,
 }
 
@@ -83,18 +82,9 @@ impl Statements {
             sql.tenant_expr("o"),
             format!("{key_order}) AS SIGNED)"),
         );
-        let backlog = format!(
-            "SELECT CAST(COALESCE(SUM(dead_at IS NULL AND (next_attempt_at IS NULL
-                                          OR next_attempt_at <= UTC_TIMESTAMP(6))), 0) AS SIGNED),
-                    CAST(COALESCE(SUM(dead_at IS NULL
-                                      AND next_attempt_at > UTC_TIMESTAMP(6)), 0) AS SIGNED),
-                    CAST(COALESCE(SUM(dead_at IS NOT NULL), 0) AS SIGNED)
-               FROM {table} WHERE published_at IS NULL"
-        );
         Self {
             claim,
             due,
-            backlog: backlog.into(),
             mark: options.mark,
             sql,
         }

@@ -6,13 +6,13 @@
 //!
 //! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
 //! - [`migrate`]: creating or upgrading the table and its indexes
-//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule, backlog)
+//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule)
 //! - [`cursor`]: where the next claim starts while a backlog drains
 //! - [`rows`]: ids as parameters, the shared statements on PostgreSQL's pool
 //! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
 //! - [`settle`]: recording an outcome after a failed commit
-//! - [`prune`], [`listen`]: retention, LISTEN/NOTIFY (dead rows and the backlog sample are
-//!   shared: [`crate::store::dead`], [`crate::store::sample`])
+//! - [`prune`], [`listen`]: retention, LISTEN/NOTIFY (dead rows and the backlog are
+//!   shared: [`crate::store::dead`], [`crate::store::backlog`])
 
 mod batch;
 mod cursor;
@@ -37,7 +37,7 @@ pub use listen::{DEFAULT_CHANNEL, validate_channel};
 pub use schema::Layout;
 
 use super::driver::StoreDriver;
-use super::{Backlog, BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::{OutboxId, TenantId};
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
@@ -232,14 +232,6 @@ impl StoreDriver for PgStore {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
-    }
-
-    async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (due, waiting, dead): (i64, i64, i64) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(Backlog { due, waiting, dead })
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {

@@ -1,5 +1,5 @@
 //! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim, the due
-//! probe, marking, rescheduling and the backlog count. Ids travel as one `text[]` parameter,
+//! probe, marking, rescheduling. Ids travel as one `text[]` parameter,
 //! cast to the id column's type ([`key_array`]).
 
 use std::sync::Arc;
@@ -30,7 +30,6 @@ pub struct Statements {
     /// [`super::cursor`]).
     pub claim_after: Option<Arc<str>>,
     pub due: Arc<str>,
-    pub backlog: Arc<str>,
     pub mark: Arc<str>,
     pub reschedule: Arc<str>,
 }
@@ -85,18 +84,10 @@ impl Statements {
             id = sql.id,
             cast = sql.key_cast(),
         );
-        let backlog = format!(
-            "SELECT count(*) FILTER (WHERE dead_at IS NULL
-                                       AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
-                    count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
-                    count(*) FILTER (WHERE dead_at IS NOT NULL)
-               FROM {table} WHERE published_at IS NULL"
-        );
         Self {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim("").into(),
             claim_after,
-            backlog: backlog.into(),
             mark: mark.into(),
             reschedule: reschedule.into(),
         }

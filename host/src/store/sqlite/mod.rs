@@ -15,7 +15,7 @@
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
 //! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
 //! - [`settle`], [`prune`]: a failed completion's outcome, retention (dead rows and the
-//!   backlog sample are shared: [`crate::store::dead`], [`crate::store::sample`])
+//!   backlog are shared: [`crate::store::dead`], [`crate::store::backlog`])
 
 mod prune;
 mod batch;
@@ -37,7 +37,7 @@ use sqlx::sqlite::{
 pub use batch::LiteBatch;
 
 use super::driver::StoreDriver;
-use super::{Backlog, BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
@@ -217,15 +217,6 @@ impl StoreDriver for LiteStore {
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
-    }
-
-    async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (due, waiting, dead): (i64, i64, i64) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
-                .bind(rows::now_ms())
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(Backlog { due, waiting, dead })
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {

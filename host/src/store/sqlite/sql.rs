@@ -1,5 +1,5 @@
 //! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim (a lease),
-//! the due probe, marking, rescheduling, releasing leases and the backlog count.
+//! the due probe, marking, rescheduling, releasing leases.
 //!
 //! Times are bound from Rust as milliseconds since the epoch, so every process on the machine
 //! compares leases against the same clock. The paused tenants travel as one JSON array
@@ -38,8 +38,6 @@ pub struct Statements {
     pub claim: Arc<str>,
     /// Binds: now, paused tenants (JSON array).
     pub due: Arc<str>,
-    /// Binds: now.
-    pub backlog: Arc<str>,
     mark: MarkMode,
 }
 
@@ -73,13 +71,6 @@ impl Statements {
             columns = sql.claimed_columns(""),
             order = sql.order,
         );
-        let backlog = format!(
-            "SELECT COALESCE(SUM(dead_at IS NULL AND (next_attempt_at IS NULL
-                                                      OR next_attempt_at <= ?1)), 0),
-                    COALESCE(SUM(dead_at IS NULL AND next_attempt_at > ?1), 0),
-                    COALESCE(SUM(dead_at IS NOT NULL), 0)
-               FROM {table} WHERE published_at IS NULL"
-        );
         Self {
             due: format!(
                 "SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {})",
@@ -87,7 +78,6 @@ impl Statements {
             )
             .into(),
             claim: claim.into(),
-            backlog: backlog.into(),
             mark: options.mark,
             sql,
         }

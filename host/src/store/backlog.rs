@@ -1,25 +1,54 @@
-//! The metrics sampler's statement, for every database: due rows, the oldest due row's age and
-//! dead rows per tenant, reading at most `limit` unsent rows (the claim's partial index, in
-//! claim order) and at most `limit` dead ones (the dead rows' index; tables migrated before it
+//! Counting unsent rows, for every database: by state ([`count`], what `sluice drain` has to
+//! do) and, for the metrics sampler, per tenant ([`sample`]: due rows, the oldest due row's age
+//! and dead rows, reading at most `limit` unsent rows — the claim's partial index, in claim
+//! order — and at most `limit` dead ones — the dead rows' index; tables migrated before it
 //! existed get it from `sluice migrate`).
 
 use super::dialect::{Cast, Dialect};
 use super::layout_sql::LayoutSql;
 use super::statement::{Param, ReadRow, Run, Statement};
-use super::{StoreError, TenantBacklog};
+use super::{Backlog, StoreError, TenantBacklog};
 
-/// The sampler's statement for reading at most `limit` unsent and `limit` dead rows. Binds
-/// the time on SQLite (milliseconds since the epoch, like the claim's).
+/// `SUM(cond)` as a 64-bit integer, 0 over no rows.
+fn count_if(dialect: Dialect, cond: &str) -> String {
+    dialect.cast(
+        &format!("COALESCE(SUM(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"),
+        Cast::Int,
+    )
+}
+
+/// Unsent rows by state (see [`super::OutboxStore::backlog`]).
+pub(crate) async fn count<R: Run>(run: &R, sql: &LayoutSql) -> Result<Backlog, StoreError> {
+    let dialect = sql.dialect;
+    let mut statement = Statement::new(dialect);
+    let now = statement.now();
+    let text = format!(
+        "SELECT {due}, {waiting}, {dead} FROM {table} WHERE published_at IS NULL",
+        due = count_if(
+            dialect,
+            &format!("dead_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= {now})")
+        ),
+        waiting = count_if(
+            dialect,
+            &format!("dead_at IS NULL AND next_attempt_at > {now}")
+        ),
+        dead = count_if(dialect, "dead_at IS NOT NULL"),
+        table = sql.table,
+    );
+    let rows = run.fetch_all(&statement.with_sql(text)).await?;
+    let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Backlog {
+        due: row.int(0)?.unwrap_or(0),
+        waiting: row.int(1)?.unwrap_or(0),
+        dead: row.int(2)?.unwrap_or(0),
+    })
+}
+
+/// The sampler's statement for reading at most `limit` unsent and `limit` dead rows.
 fn statement(sql: &LayoutSql, limit: i64) -> Statement {
     let dialect = sql.dialect;
     let mut statement = Statement::new(dialect);
-    let now = match dialect {
-        Dialect::Sqlite => {
-            let now = statement.param(Param::Int(chrono::Utc::now().timestamp_millis()));
-            dialect.now(&now)
-        }
-        Dialect::Postgres | Dialect::Mysql => dialect.now(""),
-    };
+    let now = statement.now();
     let unsent_limit = statement.param(Param::Int(limit));
     let dead_limit = statement.again(&unsent_limit, Param::Int(limit));
     // The oldest due row's age in microseconds.
