@@ -2,7 +2,60 @@
 //! check, the text recorded when the database refuses an error's own, and the end of a batch
 //! held in a transaction.
 
-use super::StoreError;
+use futures::future::BoxFuture;
+use sqlx::Acquire;
+
+use super::{RowFailure, StoreError};
+use crate::model::OutboxId;
+use crate::text::{MAX_LOGGED, bounded};
+
+/// A driver's two statements that record an outcome's rows, on a connection of its database
+/// (boxed futures: the shared code holding them stays `Send` whatever the driver).
+pub(crate) trait RecordRows<DB: sqlx::Database>: Sync {
+    /// Marks `ids` sent; returns the rows changed.
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+
+    /// Reschedules or dead-letters `failed`, recording each row's error (made safe to store)
+    /// or `fixed`; returns the rows changed.
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+}
+
+/// Reschedules `failed` with their own error texts inside a savepoint of `tx`; should the
+/// database refuse the texts (a constraint or trigger of the application's, a column
+/// character set that cannot hold them), undoes that and records [`UNSTORABLE_ERROR`]
+/// instead, so the completion of a batch whose messages were already published cannot fail on
+/// text. Returns the rows changed.
+pub(crate) async fn reschedule_or_fixed<DB: sqlx::Database>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    rows: &(impl RecordRows<DB> + ?Sized),
+    failed: &[RowFailure],
+) -> Result<u64, StoreError> {
+    let mut savepoint = Acquire::begin(&mut *tx).await?;
+    match rows.reschedule(&mut savepoint, failed, None).await {
+        Ok(affected) => {
+            savepoint.commit().await?;
+            Ok(affected)
+        }
+        Err(refused) => {
+            tracing::warn!(
+                error = %bounded(&refused.to_string(), MAX_LOGGED),
+                rows = failed.len(),
+                "the database refused the failed rows' error texts; recording a fixed text instead"
+            );
+            savepoint.rollback().await?;
+            Ok(rows.reschedule(tx, failed, Some(UNSTORABLE_ERROR)).await?)
+        }
+    }
+}
 
 /// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
 /// trigger of the application's, a column character set that cannot hold it): plain ASCII,

@@ -1,9 +1,12 @@
 //! What every driver's [`OutboxStore::settle`](super::OutboxStore::settle) shares once it
 //! knows which of the batch's rows it may still record: splitting the outcome by those rows,
-//! and keeping or undoing one row's change in its own savepoint.
+//! recording them together or, failing that, one by one, each in its own savepoint.
 
 use std::collections::HashSet;
 
+use sqlx::Acquire;
+
+use super::batch::RecordRows;
 use super::{BatchOutcome, RowFailure, Settlement, StoreError};
 use crate::model::OutboxId;
 
@@ -77,6 +80,53 @@ pub(crate) async fn settle_one<DB: sqlx::Database>(
         Err(e) => {
             savepoint.rollback().await?;
             settlement.refused.push((id, e.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Records the held rows (`sent` and `failed`, from [`split_held`]) in `tx`: together inside a
+/// savepoint; if the database refuses that, or a statement changes fewer rows than it was
+/// given, row by row, each in its own savepoint ([`settle_one`]), so one row it refuses cannot
+/// keep the others from being recorded.
+pub(crate) async fn record_held<DB: sqlx::Database>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    rows: &(impl RecordRows<DB> + ?Sized),
+    sent: Vec<OutboxId>,
+    failed: Vec<RowFailure>,
+    settlement: &mut Settlement,
+) -> Result<(), StoreError> {
+    let mut all = Acquire::begin(&mut *tx).await?;
+    let together = match rows.mark(&mut all, &sent).await {
+        Ok(marked) => rows
+            .reschedule(&mut all, &failed, None)
+            .await
+            .map(|rescheduled| marked == sent.len() as u64 && rescheduled == failed.len() as u64),
+        Err(e) => Err(e),
+    };
+    match together {
+        Ok(true) => {
+            all.commit().await?;
+            settlement.marked = sent;
+            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
+        }
+        outcome => {
+            all.rollback().await?;
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
+            }
+            for id in sent {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = rows.mark(&mut one, std::slice::from_ref(&id)).await;
+                settle_one(settlement, id, done, one, SettledAs::Marked).await?;
+            }
+            for failure in failed {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = rows
+                    .reschedule(&mut one, std::slice::from_ref(&failure), None)
+                    .await;
+                settle_one(settlement, failure.id, done, one, SettledAs::Rescheduled).await?;
+            }
         }
     }
     Ok(())

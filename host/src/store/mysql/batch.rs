@@ -3,15 +3,16 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, MySql, Transaction};
+use futures::future::BoxFuture;
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, Transaction};
 
 use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::batch::{UNSTORABLE_ERROR, check_count, commit_if_recorded};
+use crate::store::batch::{RecordRows, check_count, commit_if_recorded, reschedule_or_fixed};
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
-use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
+use crate::text::{MAX_STORED, bounded};
 
 /// A claimed batch: the open transaction holding the row locks.
 pub struct MyBatch {
@@ -45,46 +46,37 @@ impl MyBatch {
             check_count(outcome.sent.len(), affected)?;
         }
         if !outcome.failed.is_empty() {
-            let affected = self.reschedule(&outcome.failed).await?;
+            let affected =
+                reschedule_or_fixed(&mut self.tx, &*self.statements, &outcome.failed).await?;
             check_count(outcome.failed.len(), affected)?;
         }
         Ok(())
     }
+}
 
-    /// Reschedules or dead-letters `failed` with their errors made safe to store; should the
-    /// database refuse the texts, records [`UNSTORABLE_ERROR`] instead (inside a savepoint),
-    /// so the commit of a published batch cannot fail on text.
-    async fn reschedule(&mut self, failed: &[RowFailure]) -> Result<u64, StoreError> {
-        sqlx::query("SAVEPOINT sluice_reschedule")
-            .execute(&mut *self.tx)
-            .await?;
-        match reschedule(&mut self.tx, &self.statements, failed, None).await {
-            Ok(affected) => Ok(affected),
-            Err(refused) => {
-                tracing::warn!(
-                    error = %bounded(&refused.to_string(), MAX_LOGGED),
-                    rows = failed.len(),
-                    "the database refused the failed rows' error texts; recording a fixed text instead"
-                );
-                sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
-                    .execute(&mut *self.tx)
-                    .await?;
-                Ok(reschedule(
-                    &mut self.tx,
-                    &self.statements,
-                    failed,
-                    Some(UNSTORABLE_ERROR),
-                )
-                .await?)
-            }
-        }
+impl RecordRows<MySql> for Statements {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(mark(conn, self, ids))
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(reschedule(conn, self, failed, fixed))
     }
 }
 
 /// Marks `ids` sent (in statements of at most [`IDS_PER_STATEMENT`] ids); returns the rows
 /// affected.
-pub async fn mark(
-    conn: &mut sqlx::MySqlConnection,
+async fn mark(
+    conn: &mut MySqlConnection,
     statements: &Statements,
     ids: &[OutboxId],
 ) -> Result<u64, sqlx::Error> {
@@ -106,8 +98,8 @@ pub async fn mark(
 
 /// Reschedules or dead-letters `failed`, recording each row's error (bounded) or `fixed`;
 /// returns the rows affected.
-pub async fn reschedule(
-    conn: &mut sqlx::MySqlConnection,
+async fn reschedule(
+    conn: &mut MySqlConnection,
     statements: &Statements,
     failed: &[RowFailure],
     fixed: Option<&str>,

@@ -3,32 +3,25 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use futures::future::BoxFuture;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 
 use super::rows::key_params;
-use crate::store::batch::{UNSTORABLE_ERROR, check_count, commit_if_recorded};
+use crate::model::OutboxId;
+use crate::store::batch::{RecordRows, check_count, commit_if_recorded, reschedule_or_fixed};
 use crate::store::rows::Reschedule;
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
-use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
+use crate::text::{MAX_STORED, bounded};
 
 /// A claimed batch: the open transaction holding the row locks.
 pub struct PgBatch {
     tx: Transaction<'static, Postgres>,
-    mark_sql: Arc<str>,
-    reschedule_sql: Arc<str>,
+    sql: BatchSql,
 }
 
 impl PgBatch {
-    pub(super) fn new(
-        tx: Transaction<'static, Postgres>,
-        mark_sql: Arc<str>,
-        reschedule_sql: Arc<str>,
-    ) -> Self {
-        Self {
-            tx,
-            mark_sql,
-            reschedule_sql,
-        }
+    pub(super) fn new(tx: Transaction<'static, Postgres>, sql: BatchSql) -> Self {
+        Self { tx, sql }
     }
 }
 
@@ -48,61 +41,58 @@ impl PgBatch {
     /// Marks and reschedules the outcome's rows, checking each count.
     async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
         if !outcome.sent.is_empty() {
-            let ids = key_params(outcome.sent.iter());
-            let affected = sqlx::query(AssertSqlSafe(Arc::clone(&self.mark_sql)))
-                .bind(&ids)
-                .execute(&mut *self.tx)
-                .await?
-                .rows_affected();
-            check_count(ids.len(), affected)?;
+            let affected = self.sql.mark(&mut self.tx, &outcome.sent).await?;
+            check_count(outcome.sent.len(), affected)?;
         }
         if !outcome.failed.is_empty() {
-            let affected = self.reschedule(&outcome.failed).await?;
+            let affected = reschedule_or_fixed(&mut self.tx, &self.sql, &outcome.failed).await?;
             check_count(outcome.failed.len(), affected)?;
         }
         Ok(())
     }
+}
 
-    /// Reschedules or dead-letters `failed`, recording each error made safe to store
-    /// ([`bounded`]: no NUL or other control characters, at most [`MAX_STORED`] bytes). Runs
-    /// inside a savepoint: should the database still refuse the texts (a constraint or trigger
-    /// of the application's), the failures are recorded with [`UNSTORABLE_ERROR`] instead, so
-    /// the commit of a batch whose messages were already published cannot fail on text.
-    async fn reschedule(&mut self, failed: &[RowFailure]) -> Result<u64, StoreError> {
-        sqlx::query("SAVEPOINT sluice_reschedule")
-            .execute(&mut *self.tx)
-            .await?;
-        match self.run_reschedule(failed, None).await {
-            Ok(affected) => Ok(affected),
-            Err(refused) => {
-                tracing::warn!(
-                    error = %bounded(&refused.to_string(), MAX_LOGGED),
-                    rows = failed.len(),
-                    "the database refused the failed rows' error texts; recording a fixed text instead"
-                );
-                sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
-                    .execute(&mut *self.tx)
-                    .await?;
-                self.run_reschedule(failed, Some(UNSTORABLE_ERROR)).await
-            }
-        }
+/// The batch's marking and rescheduling statements (see [`super::sql::Statements`]).
+pub(super) struct BatchSql {
+    pub(super) mark: Arc<str>,
+    pub(super) reschedule: Arc<str>,
+}
+
+impl RecordRows<Postgres> for BatchSql {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(async move {
+            Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.mark)))
+                .bind(key_params(ids.iter()))
+                .execute(conn)
+                .await?
+                .rows_affected())
+        })
     }
 
-    async fn run_reschedule(
-        &mut self,
-        failed: &[RowFailure],
-        fixed: Option<&str>,
-    ) -> Result<u64, StoreError> {
+    /// Reschedules or dead-letters `failed`, each error made safe to store ([`bounded`]: no
+    /// NUL or other control characters, at most [`MAX_STORED`] bytes) or `fixed`.
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
         let params = RescheduleParams::new(failed.iter(), fixed);
-        Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule_sql)))
-            .bind(params.ids)
-            .bind(params.errors)
-            .bind(params.delays)
-            .bind(params.dead)
-            .bind(params.counted)
-            .execute(&mut *self.tx)
-            .await?
-            .rows_affected())
+        Box::pin(async move {
+            Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule)))
+                .bind(params.ids)
+                .bind(params.errors)
+                .bind(params.delays)
+                .bind(params.dead)
+                .bind(params.counted)
+                .execute(conn)
+                .await?
+                .rows_affected())
+        })
     }
 }
 

@@ -33,6 +33,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use batch::PgBatch;
+use batch::BatchSql;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 pub use schema::Layout;
 
@@ -222,8 +223,10 @@ impl StoreDriver for PgStore {
         Ok(Claim {
             batch: PgBatch::new(
                 tx,
-                Arc::clone(&self.statements.mark),
-                Arc::clone(&self.statements.reschedule),
+                BatchSql {
+                    mark: Arc::clone(&self.statements.mark),
+                    reschedule: Arc::clone(&self.statements.reschedule),
+                },
             ),
             rows,
             rejected,

@@ -7,16 +7,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use sqlx::AssertSqlSafe;
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use futures::future::BoxFuture;
+use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::BEGIN_WRITE;
 use super::rows::{bind_id, now_ms};
 use super::sql::{Guard, Statements};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::batch::{UNSTORABLE_ERROR, check_count};
+use crate::store::batch::{RecordRows, check_count, reschedule_or_fixed};
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
-use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
+use crate::text::{MAX_STORED, bounded};
 
 /// A claimed batch: its lease token and the rows it leased.
 pub struct LiteBatch {
@@ -52,40 +53,12 @@ impl ClaimedBatch for LiteBatch {
             check_count(outcome.sent.len(), affected)?;
         }
         if !outcome.failed.is_empty() {
-            sqlx::query("SAVEPOINT sluice_reschedule")
-                .execute(&mut *tx)
-                .await?;
-            let affected = match reschedule(
-                &mut tx,
-                &self.statements,
-                &outcome.failed,
+            let rows = Recorder {
+                statements: &self.statements,
                 now,
                 lease,
-                None,
-            )
-            .await
-            {
-                Ok(affected) => affected,
-                Err(refused) => {
-                    tracing::warn!(
-                        error = %bounded(&refused.to_string(), MAX_LOGGED),
-                        rows = outcome.failed.len(),
-                        "the database refused the failed rows' error texts; recording a fixed text instead"
-                    );
-                    sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
-                        .execute(&mut *tx)
-                        .await?;
-                    reschedule(
-                        &mut tx,
-                        &self.statements,
-                        &outcome.failed,
-                        now,
-                        lease,
-                        Some(UNSTORABLE_ERROR),
-                    )
-                    .await?
-                }
             };
+            let affected = reschedule_or_fixed(&mut tx, &rows, &outcome.failed).await?;
             check_count(outcome.failed.len(), affected)?;
         }
         // Rows the relay put back without an outcome: claimable again at once.
@@ -121,8 +94,42 @@ impl ClaimedBatch for LiteBatch {
     }
 }
 
+/// The statements that record a batch's rows at time `now`: rows leased to `lease` (a
+/// token), or, without one, rows still unsent (settling).
+pub(super) struct Recorder<'a> {
+    pub(super) statements: &'a Statements,
+    pub(super) now: i64,
+    pub(super) lease: Option<&'a str>,
+}
+
+impl RecordRows<Sqlite> for Recorder<'_> {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(mark(conn, self.statements, ids, self.now, self.lease))
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(reschedule(
+            conn,
+            self.statements,
+            failed,
+            self.now,
+            self.lease,
+            fixed,
+        ))
+    }
+}
+
 /// Marks `ids` sent: rows leased to `lease` (a token), or, without one, rows still unsent.
-pub async fn mark(
+async fn mark(
     conn: &mut SqliteConnection,
     statements: &Statements,
     ids: &[OutboxId],
@@ -155,7 +162,7 @@ pub async fn mark(
 
 /// Reschedules or dead-letters `failed` (rows leased to `lease`, or still unsent without
 /// one), recording each row's error (bounded) or `fixed`; returns the rows affected.
-pub async fn reschedule(
+async fn reschedule(
     conn: &mut SqliteConnection,
     statements: &Statements,
     failed: &[RowFailure],

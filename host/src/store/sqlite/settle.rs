@@ -6,14 +6,14 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Acquire, AssertSqlSafe};
+use sqlx::AssertSqlSafe;
 
-use super::batch::{mark, reschedule};
+use super::batch::Recorder;
 use super::rows::{bind_id, now_ms};
 use super::{BEGIN_WRITE, LiteStore};
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, placeholders, read_id};
-use crate::store::settle::{SettledAs, settle_one, split_held};
+use crate::store::settle::{record_held, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
@@ -60,44 +60,12 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
     }
     let (sent, failed) = split_held(outcome, &ours, &mut settlement);
 
-    let mut all = Acquire::begin(&mut *tx).await?;
-    let together = async {
-        let marked = mark(&mut all, statements, &sent, now, None).await?;
-        let rescheduled = reschedule(&mut all, statements, &failed, now, None, None).await?;
-        Ok::<_, sqlx::Error>(marked == sent.len() as u64 && rescheduled == failed.len() as u64)
-    }
-    .await;
-    match together {
-        Ok(true) => {
-            all.commit().await?;
-            settlement.marked = sent;
-            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
-        }
-        outcome => {
-            all.rollback().await?;
-            if let Err(e) = outcome {
-                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
-            }
-            for id in sent {
-                let mut one = Acquire::begin(&mut *tx).await?;
-                let done = mark(&mut one, statements, std::slice::from_ref(&id), now, None).await;
-                settle_one(&mut settlement, id, done, one, SettledAs::Marked).await?;
-            }
-            for failure in failed {
-                let mut one = Acquire::begin(&mut *tx).await?;
-                let done = reschedule(
-                    &mut one,
-                    statements,
-                    std::slice::from_ref(&failure),
-                    now,
-                    None,
-                    None,
-                )
-                .await;
-                settle_one(&mut settlement, failure.id, done, one, SettledAs::Rescheduled).await?;
-            }
-        }
-    }
+    let rows = Recorder {
+        statements,
+        now,
+        lease: None,
+    };
+    record_held(&mut tx, &rows, sent, failed, &mut settlement).await?;
     tx.commit().await?;
     Ok(settlement)
 }
