@@ -113,28 +113,10 @@ pub(crate) async fn sample<R: Run>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::TableName;
-    use crate::store::columns::ColumnName;
-    use crate::store::schema::{KeyKind, Layout, PayloadKind, TimeKind};
+    use crate::store::test_layouts::sluice_layout;
 
     fn sql(dialect: Dialect) -> LayoutSql {
-        let col = |n: &str| ColumnName::parse(n).unwrap();
-        let layout = Layout {
-            table: TableName::parse("outbox").unwrap(),
-            id: col("id"),
-            key: KeyKind::Int,
-            tenant: Some(col("tenant")),
-            aggregate_type: col("aggregate_type"),
-            aggregate_id: col("aggregate_id"),
-            event_type: col("event_type"),
-            payload: col("payload"),
-            payload_kind: PayloadKind::Json,
-            headers: col("headers"),
-            created_at: col("created_at"),
-            created_at_kind: TimeKind::WithZone,
-            order: col("id"),
-        };
-        LayoutSql::new(layout, dialect)
+        LayoutSql::new(sluice_layout(), dialect)
     }
 
     #[test]

@@ -1,17 +1,21 @@
-//! What every driver's [`ClaimedBatch`](super::ClaimedBatch) shares: the affected-row count
-//! check, the text recorded when the database refuses an error's own, and the end of a batch
-//! held in a transaction.
+//! What every driver's [`ClaimedBatch`] shares: recording an outcome with the driver's
+//! statements ([`RecordRows`]), the affected-row count check, the text recorded when the
+//! database refuses an error's own, and the batch held in a transaction ([`TxBatch`],
+//! PostgreSQL's and MySQL's).
+
+use std::sync::Arc;
+
 
 use futures::future::BoxFuture;
 use sqlx::Acquire;
 
-use super::{RowFailure, StoreError};
+use super::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
 use crate::model::OutboxId;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A driver's two statements that record an outcome's rows, on a connection of its database
 /// (boxed futures: the shared code holding them stays `Send` whatever the driver).
-pub(crate) trait RecordRows<DB: sqlx::Database>: Sync {
+pub trait RecordRows<DB: sqlx::Database>: Sync {
     /// Marks `ids` sent; returns the rows changed.
     fn mark<'c>(
         &'c self,
@@ -27,6 +31,65 @@ pub(crate) trait RecordRows<DB: sqlx::Database>: Sync {
         failed: &'c [RowFailure],
         fixed: Option<&'static str>,
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+}
+
+impl<DB: sqlx::Database, T: RecordRows<DB> + Send> RecordRows<DB> for Arc<T> {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        T::mark(self, conn, ids)
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        T::reschedule(self, conn, failed, fixed)
+    }
+}
+
+/// A claimed batch held in an open transaction whose row locks keep other relays off its rows
+/// until it commits (PostgreSQL, MySQL), recorded with the driver's statements `S`.
+pub struct TxBatch<DB: sqlx::Database, S> {
+    tx: sqlx::Transaction<'static, DB>,
+    rows: S,
+}
+
+impl<DB: sqlx::Database, S> TxBatch<DB, S> {
+    pub(crate) fn new(tx: sqlx::Transaction<'static, DB>, rows: S) -> Self {
+        Self { tx, rows }
+    }
+}
+
+impl<DB: sqlx::Database, S: RecordRows<DB> + Send> ClaimedBatch for TxBatch<DB, S> {
+    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
+        let recorded = self.record(&outcome).await;
+        commit_if_recorded(self.tx, recorded).await
+    }
+
+    async fn abandon(self) -> Result<(), StoreError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
+
+impl<DB: sqlx::Database, S: RecordRows<DB>> TxBatch<DB, S> {
+    /// Marks and reschedules the outcome's rows, checking each count.
+    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
+        if !outcome.sent.is_empty() {
+            let affected = self.rows.mark(&mut self.tx, &outcome.sent).await?;
+            check_count(outcome.sent.len(), affected)?;
+        }
+        if !outcome.failed.is_empty() {
+            let affected = reschedule_or_fixed(&mut self.tx, &self.rows, &outcome.failed).await?;
+            check_count(outcome.failed.len(), affected)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reschedules `failed` with their own error texts inside a savepoint of `tx`; should the
@@ -77,7 +140,7 @@ pub(crate) fn check_count(expected: usize, affected: u64) -> Result<(), StoreErr
 /// rows in a transaction: commits `tx` when the outcome was `recorded`, else rolls it back at
 /// once — not when the connection is next used, so the rows' locks are gone before the caller
 /// settles the outcome in a fresh transaction — and returns the error.
-pub(crate) async fn commit_if_recorded<DB: sqlx::Database>(
+async fn commit_if_recorded<DB: sqlx::Database>(
     tx: sqlx::Transaction<'static, DB>,
     recorded: Result<(), StoreError>,
 ) -> Result<(), StoreError> {

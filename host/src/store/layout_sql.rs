@@ -266,27 +266,16 @@ impl LayoutSql {
 mod tests {
     use super::*;
     use crate::store::TableName;
+    use crate::store::test_layouts::{col, sluice_layout};
 
-    fn col(name: &str) -> ColumnName {
-        ColumnName::parse(name).unwrap()
-    }
-
-    /// Sluice's own table; `order`: the claim order column.
+    /// Sluice's own table in schema `app`; `order`: the claim order column.
     fn layout(key: KeyKind, tenant: bool, order: &str) -> Layout {
         Layout {
             table: TableName::parse("app.outbox").unwrap(),
-            id: col("id"),
             key,
             tenant: tenant.then(|| col("tenant")),
-            aggregate_type: col("aggregate_type"),
-            aggregate_id: col("aggregate_id"),
-            event_type: col("event_type"),
-            payload: col("payload"),
-            payload_kind: PayloadKind::Json,
-            headers: col("headers"),
-            created_at: col("created_at"),
-            created_at_kind: TimeKind::WithZone,
             order: col(order),
+            ..sluice_layout()
         }
     }
 

@@ -31,6 +31,8 @@ mod settle;
 mod sqlite;
 mod statement;
 mod table;
+#[cfg(test)]
+mod test_layouts;
 mod tls;
 
 use std::convert::Infallible;

@@ -1,58 +1,22 @@
-//! A claimed batch: the open transaction holding the row locks, and how its outcome is
-//! recorded (mark, reschedule, count check, commit).
+//! A claimed batch: the open transaction holding the row locks ([`TxBatch`]), and the
+//! statements that record its outcome (mark, reschedule), in chunks of at most
+//! [`IDS_PER_STATEMENT`] rows.
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use sqlx::{AssertSqlSafe, MySql, MySqlConnection, Transaction};
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection};
 
 use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::batch::{RecordRows, check_count, commit_if_recorded, reschedule_or_fixed};
-use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
+use crate::store::batch::{RecordRows, TxBatch};
+use crate::store::RowFailure;
 use crate::text::{MAX_STORED, bounded};
 
 /// A claimed batch: the open transaction holding the row locks.
-pub struct MyBatch {
-    tx: Transaction<'static, MySql>,
-    statements: Arc<Statements>,
-}
-
-impl MyBatch {
-    pub(super) fn new(tx: Transaction<'static, MySql>, statements: Arc<Statements>) -> Self {
-        Self { tx, statements }
-    }
-}
-
-impl ClaimedBatch for MyBatch {
-    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        let recorded = self.record(&outcome).await;
-        commit_if_recorded(self.tx, recorded).await
-    }
-
-    async fn abandon(self) -> Result<(), StoreError> {
-        self.tx.rollback().await?;
-        Ok(())
-    }
-}
-
-impl MyBatch {
-    /// Marks and reschedules the outcome's rows, checking each count.
-    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
-        if !outcome.sent.is_empty() {
-            let affected = mark(&mut self.tx, &self.statements, &outcome.sent).await?;
-            check_count(outcome.sent.len(), affected)?;
-        }
-        if !outcome.failed.is_empty() {
-            let affected =
-                reschedule_or_fixed(&mut self.tx, &*self.statements, &outcome.failed).await?;
-            check_count(outcome.failed.len(), affected)?;
-        }
-        Ok(())
-    }
-}
+pub type MyBatch = TxBatch<MySql, Arc<Statements>>;
 
 impl RecordRows<MySql> for Statements {
     fn mark<'c>(

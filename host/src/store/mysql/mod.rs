@@ -30,6 +30,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor};
 
 pub use batch::MyBatch;
+use crate::store::batch::TxBatch;
 
 use super::driver::StoreDriver;
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
@@ -185,7 +186,7 @@ impl StoreDriver for MyStore {
             }
         }
         Ok(Claim {
-            batch: MyBatch::new(tx, Arc::clone(&self.statements)),
+            batch: TxBatch::new(tx, Arc::clone(&self.statements)),
             rows,
             rejected,
         })

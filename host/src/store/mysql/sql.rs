@@ -49,14 +49,14 @@ impl WithPaused {
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 #[derive(Debug)]
 pub struct Statements {
-    pub sql: LayoutSql,
-    pub claim: WithPaused,
-    pub due: WithPaused,
+    pub(crate) sql: LayoutSql,
+    pub(crate) claim: WithPaused,
+    pub(crate) due: WithPaused,
     mark: MarkMode,
 }
 
 impl Statements {
-    pub fn new(sql: LayoutSql, options: StoreOptions) -> Self {
+    pub(crate) fn new(sql: LayoutSql, options: StoreOptions) -> Self {
         let table = &sql.table;
         let due_head = "o.published_at IS NULL AND o.dead_at IS NULL
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))";
@@ -142,32 +142,7 @@ fn by_id(sql: &LayoutSql, values: &str) -> String {
 mod tests {
     use super::*;
     use crate::store::Ordering;
-    use crate::store::TableName;
-    use crate::store::columns::ColumnName;
-    use crate::store::schema::{KeyKind, Layout, PayloadKind, TimeKind};
-
-    fn squash(sql: &str) -> String {
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
-    }
-
-    fn layout() -> Layout {
-        let col = |n: &str| ColumnName::parse(n).unwrap();
-        Layout {
-            table: TableName::parse("outbox").unwrap(),
-            id: col("id"),
-            key: KeyKind::Int,
-            tenant: Some(col("tenant")),
-            aggregate_type: col("aggregate_type"),
-            aggregate_id: col("aggregate_id"),
-            event_type: col("event_type"),
-            payload: col("payload"),
-            payload_kind: PayloadKind::Json,
-            headers: col("headers"),
-            created_at: col("created_at"),
-            created_at_kind: TimeKind::WithoutZone,
-            order: col("id"),
-        }
-    }
+    use crate::store::test_layouts::{sluice_layout as layout, squash};
 
     #[test]
     fn the_claim_locks_skipping_and_filters_paused_tenants_by_placeholder() {

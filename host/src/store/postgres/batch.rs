@@ -1,59 +1,23 @@
-//! A claimed batch: the open transaction holding the row locks, and how its outcome is
-//! recorded (mark, reschedule, count check, commit).
+//! A claimed batch: the open transaction holding the row locks ([`TxBatch`]), and the
+//! statements that record its outcome (mark, reschedule).
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use super::rows::key_params;
 use crate::model::OutboxId;
-use crate::store::batch::{RecordRows, check_count, commit_if_recorded, reschedule_or_fixed};
+use crate::store::batch::{RecordRows, TxBatch};
 use crate::store::rows::Reschedule;
-use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
+use crate::store::RowFailure;
 use crate::text::{MAX_STORED, bounded};
 
 /// A claimed batch: the open transaction holding the row locks.
-pub struct PgBatch {
-    tx: Transaction<'static, Postgres>,
-    sql: BatchSql,
-}
-
-impl PgBatch {
-    pub(super) fn new(tx: Transaction<'static, Postgres>, sql: BatchSql) -> Self {
-        Self { tx, sql }
-    }
-}
-
-impl ClaimedBatch for PgBatch {
-    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        let recorded = self.record(&outcome).await;
-        commit_if_recorded(self.tx, recorded).await
-    }
-
-    async fn abandon(self) -> Result<(), StoreError> {
-        self.tx.rollback().await?;
-        Ok(())
-    }
-}
-
-impl PgBatch {
-    /// Marks and reschedules the outcome's rows, checking each count.
-    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
-        if !outcome.sent.is_empty() {
-            let affected = self.sql.mark(&mut self.tx, &outcome.sent).await?;
-            check_count(outcome.sent.len(), affected)?;
-        }
-        if !outcome.failed.is_empty() {
-            let affected = reschedule_or_fixed(&mut self.tx, &self.sql, &outcome.failed).await?;
-            check_count(outcome.failed.len(), affected)?;
-        }
-        Ok(())
-    }
-}
+pub type PgBatch = TxBatch<Postgres, BatchSql>;
 
 /// The batch's marking and rescheduling statements (see [`super::sql::Statements`]).
-pub(super) struct BatchSql {
+pub struct BatchSql {
     pub(super) mark: Arc<str>,
     pub(super) reschedule: Arc<str>,
 }

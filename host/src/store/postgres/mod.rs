@@ -34,6 +34,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use batch::PgBatch;
 use batch::BatchSql;
+use crate::store::batch::TxBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 pub use schema::Layout;
 
@@ -221,7 +222,7 @@ impl StoreDriver for PgStore {
                 .claimed(after.map(|(_, id)| id), raw.len(), wanted, highest);
         }
         Ok(Claim {
-            batch: PgBatch::new(
+            batch: TxBatch::new(
                 tx,
                 BatchSql {
                     mark: Arc::clone(&self.statements.mark),
@@ -265,5 +266,3 @@ impl StoreDriver for PgStore {
 
 #[cfg(test)]
 mod startup_tests;
-#[cfg(test)]
-mod test_layouts;

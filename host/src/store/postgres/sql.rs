@@ -96,7 +96,7 @@ impl Statements {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_layouts::{debezium_layout, sluice_layout, squash};
+    use crate::store::test_layouts::{debezium_layout, sluice_layout, squash};
     use super::*;
     use crate::store::dialect::Dialect;
     use crate::store::schema::Layout;

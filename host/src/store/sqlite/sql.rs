@@ -141,32 +141,10 @@ mod tests {
     use super::*;
     use crate::store::Ordering;
     use crate::store::dialect::Dialect;
-    use crate::store::TableName;
-    use crate::store::columns::ColumnName;
-    use crate::store::schema::{KeyKind, Layout, PayloadKind, TimeKind};
-
-    fn squash(sql: &str) -> String {
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
-    }
+    use crate::store::test_layouts::{sluice_layout, squash};
 
     fn statements(options: StoreOptions) -> Statements {
-        let col = |n: &str| ColumnName::parse(n).unwrap();
-        let layout = Layout {
-            table: TableName::parse("outbox").unwrap(),
-            id: col("id"),
-            key: KeyKind::Int,
-            tenant: Some(col("tenant")),
-            aggregate_type: col("aggregate_type"),
-            aggregate_id: col("aggregate_id"),
-            event_type: col("event_type"),
-            payload: col("payload"),
-            payload_kind: PayloadKind::Json,
-            headers: col("headers"),
-            created_at: col("created_at"),
-            created_at_kind: TimeKind::WithoutZone,
-            order: col("id"),
-        };
-        Statements::new(LayoutSql::new(layout, Dialect::Sqlite), options)
+        Statements::new(LayoutSql::new(sluice_layout(), Dialect::Sqlite), options)
     }
 
     #[test]
