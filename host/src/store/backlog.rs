@@ -101,9 +101,9 @@ pub(crate) async fn sample<R: Run>(
                 tenant: row.text(0)?,
                 due: row.int(1)?.unwrap_or(0),
                 dead: row.int(2)?.unwrap_or(0),
-                oldest_due_age: row.int(3)?.map(|us| {
-                    std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0))
-                }),
+                oldest_due_age: row
+                    .int(3)?
+                    .map(|us| std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0))),
             })
         })
         .collect::<Result<_, sqlx::Error>>()

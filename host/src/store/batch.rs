@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-
 use futures::future::BoxFuture;
 use sqlx::Acquire;
 

@@ -240,7 +240,8 @@ impl LayoutSql {
                 let tenant = match &self.tenant {
                     Some(t) => format!(
                         "AND {}",
-                        self.dialect.null_safe_eq(&format!("p.{t}"), &format!("o.{t}"))
+                        self.dialect
+                            .null_safe_eq(&format!("p.{t}"), &format!("o.{t}"))
                     ),
                     None => String::new(),
                 };

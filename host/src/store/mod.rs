@@ -84,6 +84,13 @@ pub struct BatchOutcome {
     pub failed: Vec<RowFailure>,
 }
 
+impl BatchOutcome {
+    /// Every row of the outcome: sent, then failed.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = &OutboxId> {
+        self.sent.iter().chain(self.failed.iter().map(|f| &f.id))
+    }
+}
+
 /// Errors of the outbox store. Callers branch on them: a [`StoreError::MarkMismatch`] means the
 /// batch was rolled back and will be re-claimed (and re-published) later.
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@ use super::schema::{KeyKind, PayloadKind};
 use super::statement::ReadRow;
 use super::{ColumnName, Disposition, RowFailure, StoreError};
 use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
+use crate::text::{MAX_STORED, bounded};
 
 /// The claim's columns, in the order [`LayoutSql::claimed_columns`] lists them (a test of
 /// PostgreSQL's claim holds the two together). Columns are read by position, not by name: a
@@ -84,11 +85,7 @@ pub(crate) fn decode_claimed(
     )
 }
 
-fn decode_columns(
-    row: &impl ReadRow,
-    sql: &LayoutSql,
-    id: OutboxId,
-) -> Result<OutboxRow, String> {
+fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<OutboxRow, String> {
     let layout = &sql.layout;
     let cannot =
         |column: &ColumnName, e: sqlx::Error| format!("cannot decode column {column}: {e}");
@@ -103,9 +100,9 @@ fn decode_columns(
     };
     // MySQL reads text and JSON payloads as utf8mb4 text (`LayoutSql::payload_expr`).
     let payload = match (sql.dialect, layout.payload_kind) {
-        (Dialect::Mysql, PayloadKind::Json | PayloadKind::Text) => row
-            .text(column::PAYLOAD)
-            .map(|p| p.map(String::into_bytes)),
+        (Dialect::Mysql, PayloadKind::Json | PayloadKind::Text) => {
+            row.text(column::PAYLOAD).map(|p| p.map(String::into_bytes))
+        }
         _ => row.bytes(column::PAYLOAD),
     }
     .map_err(|e| cannot(&layout.payload, e))?;
@@ -183,6 +180,16 @@ impl From<Disposition> for Reschedule {
                 counted: false,
             },
         }
+    }
+}
+
+/// The `last_error` recorded for `failure`: its error made safe to store ([`bounded`]: no NUL
+/// or other control characters, at most [`MAX_STORED`] bytes), or `fixed` when the database
+/// refused that (see [`super::batch::reschedule_or_fixed`]).
+pub(crate) fn stored_error(failure: &RowFailure, fixed: Option<&str>) -> String {
+    match fixed {
+        Some(text) => text.to_owned(),
+        None => bounded(&failure.error, MAX_STORED).into_owned(),
     }
 }
 

@@ -21,9 +21,7 @@ pub(crate) fn split_held(
     settlement: &mut Settlement,
 ) -> (Vec<OutboxId>, Vec<RowFailure>) {
     settlement.skipped = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
+        .ids()
         .filter(|id| !held.contains(*id))
         .cloned()
         .collect();

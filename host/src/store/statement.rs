@@ -78,8 +78,10 @@ pub(crate) trait Run: Sync {
     type Row: ReadRow + Send;
 
     /// Runs `statement`; returns the rows it changed.
-    fn execute(&self, statement: &Statement)
-    -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    fn execute(
+        &self,
+        statement: &Statement,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     fn fetch_all(
         &self,
@@ -103,8 +105,11 @@ macro_rules! impl_run {
     ($pool:ty, $row:ty, $time:ty, $to_time:expr) => {
         fn bound<'q>(
             statement: &'q $crate::store::statement::Statement,
-        ) -> sqlx::query::Query<'q, <$row as sqlx::Row>::Database, <<$row as sqlx::Row>::Database as sqlx::Database>::Arguments>
-        {
+        ) -> sqlx::query::Query<
+            'q,
+            <$row as sqlx::Row>::Database,
+            <<$row as sqlx::Row>::Database as sqlx::Database>::Arguments,
+        > {
             use $crate::store::statement::Param;
             let mut query = sqlx::query(sqlx::AssertSqlSafe(statement.sql.as_str()));
             for param in &statement.params {

@@ -10,10 +10,9 @@ use sqlx::{AssertSqlSafe, MySql, MySqlConnection};
 use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::batch::{RecordRows, TxBatch};
 use crate::store::RowFailure;
-use crate::text::{MAX_STORED, bounded};
+use crate::store::batch::{RecordRows, TxBatch};
+use crate::store::rows::{IDS_PER_STATEMENT, Reschedule, stored_error};
 
 /// A claimed batch: the open transaction holding the row locks.
 pub type MyBatch = TxBatch<MySql, Arc<Statements>>;
@@ -75,10 +74,7 @@ async fn reschedule(
         let mut query = sqlx::query(AssertSqlSafe(statements.reschedule(slots)));
         for f in chunk {
             let r = Reschedule::from(f.disposition);
-            let error = match fixed {
-                Some(text) => text.to_owned(),
-                None => bounded(&f.error, MAX_STORED).into_owned(),
-            };
+            let error = stored_error(f, fixed);
             query = bind_id(query, &f.id)
                 .bind(error)
                 .bind(r.delay_ms)

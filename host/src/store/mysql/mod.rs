@@ -29,8 +29,8 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor};
 
-pub use batch::MyBatch;
 use crate::store::batch::TxBatch;
+pub use batch::MyBatch;
 
 use super::driver::StoreDriver;
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
@@ -122,7 +122,10 @@ impl MyStore {
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(LayoutSql::new(layout, Dialect::Mysql), options)),
+            statements: Arc::new(Statements::new(
+                LayoutSql::new(layout, Dialect::Mysql),
+                options,
+            )),
         })
     }
 

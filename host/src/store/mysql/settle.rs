@@ -18,11 +18,7 @@ use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
-    let wanted: Vec<&OutboxId> = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
-        .collect();
+    let wanted: Vec<&OutboxId> = outcome.ids().collect();
     if wanted.is_empty() {
         return Ok(settlement);
     }

@@ -146,7 +146,10 @@ mod tests {
 
     #[test]
     fn the_claim_locks_skipping_and_filters_paused_tenants_by_placeholder() {
-        let s = Statements::new(LayoutSql::new(layout(), Dialect::Mysql), StoreOptions::default());
+        let s = Statements::new(
+            LayoutSql::new(layout(), Dialect::Mysql),
+            StoreOptions::default(),
+        );
         let plain = squash(&s.claim.sql(0));
         assert!(
             plain.ends_with("ORDER BY o.`id` LIMIT ? FOR UPDATE SKIP LOCKED"),

@@ -8,10 +8,9 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use super::rows::key_params;
 use crate::model::OutboxId;
-use crate::store::batch::{RecordRows, TxBatch};
-use crate::store::rows::Reschedule;
 use crate::store::RowFailure;
-use crate::text::{MAX_STORED, bounded};
+use crate::store::batch::{RecordRows, TxBatch};
+use crate::store::rows::{Reschedule, stored_error};
 
 /// A claimed batch: the open transaction holding the row locks.
 pub type PgBatch = TxBatch<Postgres, BatchSql>;
@@ -37,8 +36,6 @@ impl RecordRows<Postgres> for BatchSql {
         })
     }
 
-    /// Reschedules or dead-letters `failed`, each error made safe to store ([`bounded`]: no
-    /// NUL or other control characters, at most [`MAX_STORED`] bytes) or `fixed`.
     fn reschedule<'c>(
         &'c self,
         conn: &'c mut PgConnection,
@@ -70,8 +67,7 @@ pub(super) struct RescheduleParams {
 }
 
 impl RescheduleParams {
-    /// The rows of `failed`, each error made safe to store ([`bounded`]) or replaced with
-    /// `fixed`.
+    /// The rows of `failed`, each with its [`stored_error`].
     pub(super) fn new<'a>(
         failed: impl Iterator<Item = &'a RowFailure>,
         fixed: Option<&str>,
@@ -86,10 +82,7 @@ impl RescheduleParams {
         for f in failed {
             let r = Reschedule::from(f.disposition);
             params.ids.push(f.id.to_string());
-            params.errors.push(match fixed {
-                Some(text) => text.to_owned(),
-                None => bounded(&f.error, MAX_STORED).into_owned(),
-            });
+            params.errors.push(stored_error(f, fixed));
             params.delays.push(r.delay_ms);
             params.dead.push(r.dead);
             params.counted.push(r.counted);

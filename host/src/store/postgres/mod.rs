@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-pub use batch::PgBatch;
-use batch::BatchSql;
 use crate::store::batch::TxBatch;
+use batch::BatchSql;
+pub use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 pub use schema::Layout;
 

@@ -18,12 +18,7 @@ use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
 pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
     // Keys travel as text (cast to the id column's type in SQL) and come back as text.
-    let ids: HashMap<String, &OutboxId> = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
-        .map(|id| (id.to_string(), id))
-        .collect();
+    let ids: HashMap<String, &OutboxId> = outcome.ids().map(|id| (id.to_string(), id)).collect();
     if ids.is_empty() {
         return Ok(settlement);
     }
@@ -102,8 +97,14 @@ pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlemen
             for failure in failed {
                 let mut one = Acquire::begin(&mut tx).await?;
                 let done = reschedule(&mut one, &reschedule_sql, &[failure]).await;
-                keep_or_undo(&mut settlement, &failure.id, done, one, SettledAs::Rescheduled)
-                    .await?;
+                keep_or_undo(
+                    &mut settlement,
+                    &failure.id,
+                    done,
+                    one,
+                    SettledAs::Rescheduled,
+                )
+                .await?;
             }
         }
     }

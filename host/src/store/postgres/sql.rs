@@ -96,10 +96,10 @@ impl Statements {
 
 #[cfg(test)]
 mod tests {
-    use crate::store::test_layouts::{debezium_layout, sluice_layout, squash};
     use super::*;
     use crate::store::dialect::Dialect;
     use crate::store::schema::Layout;
+    use crate::store::test_layouts::{debezium_layout, sluice_layout, squash};
     use crate::store::{AfterDead, Ordering};
 
     fn statements(layout: Layout, options: StoreOptions) -> Statements {

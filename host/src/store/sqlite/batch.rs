@@ -6,18 +6,17 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sqlx::AssertSqlSafe;
 use futures::future::BoxFuture;
+use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::BEGIN_WRITE;
 use super::rows::{bind_id, now_ms};
 use super::sql::{Guard, Statements};
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
 use crate::store::batch::{RecordRows, check_count, reschedule_or_fixed};
+use crate::store::rows::{IDS_PER_STATEMENT, Reschedule, stored_error};
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
-use crate::text::{MAX_STORED, bounded};
 
 /// A claimed batch: its lease token and the rows it leased.
 pub struct LiteBatch {
@@ -62,11 +61,7 @@ impl ClaimedBatch for LiteBatch {
             check_count(outcome.failed.len(), affected)?;
         }
         // Rows the relay put back without an outcome: claimable again at once.
-        let recorded: HashSet<&OutboxId> = outcome
-            .sent
-            .iter()
-            .chain(outcome.failed.iter().map(|f| &f.id))
-            .collect();
+        let recorded: HashSet<&OutboxId> = outcome.ids().collect();
         let rest: Vec<OutboxId> = self
             .claimed
             .iter()
@@ -180,10 +175,7 @@ async fn reschedule(
         let mut query = sqlx::query(AssertSqlSafe(statements.reschedule(chunk.len(), guard)));
         for f in chunk {
             let r = Reschedule::from(f.disposition);
-            let error = match fixed {
-                Some(text) => text.to_owned(),
-                None => bounded(&f.error, MAX_STORED).into_owned(),
-            };
+            let error = stored_error(f, fixed);
             query = bind_id(query, &f.id)
                 .bind(error)
                 .bind(r.delay_ms)

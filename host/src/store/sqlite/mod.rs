@@ -17,9 +17,9 @@
 //! - [`settle`], [`prune`]: a failed completion's outcome, retention (dead rows and the
 //!   backlog are shared: [`crate::store::dead`], [`crate::store::backlog`])
 
-mod prune;
 mod batch;
 mod migrate;
+mod prune;
 mod rows;
 mod schema;
 mod settle;
@@ -128,7 +128,10 @@ impl LiteStore {
             "outbox table checked");
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(LayoutSql::new(layout, Dialect::Sqlite), options)),
+            statements: Arc::new(Statements::new(
+                LayoutSql::new(layout, Dialect::Sqlite),
+                options,
+            )),
             lease: options.lease,
             process: format!("{:x}-{:016x}", std::process::id(), fastrand::u64(..)),
             batches: AtomicU64::new(0),
