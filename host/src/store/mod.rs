@@ -31,8 +31,6 @@ mod settle;
 mod sqlite;
 mod statement;
 mod table;
-#[cfg(test)]
-mod test_layouts;
 mod tls;
 
 use std::convert::Infallible;
@@ -318,6 +316,27 @@ pub struct Claim<B> {
 }
 
 impl<B> Claim<B> {
+    /// The claim of `batch` whose rows decoded as `decoded`, in claim order.
+    pub(crate) fn of(
+        batch: B,
+        decoded: impl IntoIterator<Item = Result<OutboxRow, RowFailure>>,
+    ) -> Self {
+        let decoded = decoded.into_iter();
+        let mut rows = Vec::with_capacity(decoded.size_hint().0);
+        let mut rejected = Vec::new();
+        for row in decoded {
+            match row {
+                Ok(row) => rows.push(row),
+                Err(failure) => rejected.push(failure),
+            }
+        }
+        Self {
+            batch,
+            rows,
+            rejected,
+        }
+    }
+
     /// Rows claimed, decoded or not.
     pub fn len(&self) -> usize {
         self.rows.len() + self.rejected.len()
@@ -470,3 +489,6 @@ impl<S: OutboxStore> OutboxStore for std::sync::Arc<S> {
         S::purge_dead(self, older_than, tenant)
     }
 }
+
+#[cfg(test)]
+mod test_layouts;

@@ -180,19 +180,14 @@ impl StoreDriver for MyStore {
             query = query.bind(tenant);
         }
         let raw = query.bind(limit).fetch_all(&mut *tx).await?;
-        let mut rows = Vec::with_capacity(raw.len());
-        let mut rejected = Vec::new();
-        for row in &raw {
-            match decode_claimed(row, &self.statements.sql)? {
-                Ok(r) => rows.push(r),
-                Err(failure) => rejected.push(failure),
-            }
-        }
-        Ok(Claim {
-            batch: TxBatch::new(tx, Arc::clone(&self.statements)),
-            rows,
-            rejected,
-        })
+        let decoded = raw
+            .iter()
+            .map(|row| decode_claimed(row, &self.statements.sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Claim::of(
+            TxBatch::new(tx, Arc::clone(&self.statements)),
+            decoded,
+        ))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

@@ -200,19 +200,24 @@ impl StoreDriver for PgStore {
                     .await?
             }
         };
-        let mut rows = Vec::with_capacity(raw.len());
-        let mut rejected = Vec::new();
-        for row in &raw {
-            match decode_claimed(row, &self.sql)? {
-                Ok(r) => rows.push(r),
-                Err(failure) => rejected.push(failure),
-            }
-        }
+        let decoded = raw
+            .iter()
+            .map(|row| decode_claimed(row, &self.sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let batch = TxBatch::new(
+            tx,
+            BatchSql {
+                mark: Arc::clone(&self.statements.mark),
+                reschedule: Arc::clone(&self.statements.reschedule),
+            },
+        );
+        let claim = Claim::of(batch, decoded);
         if self.statements.claim_after.is_some() {
-            let highest = rows
+            let highest = claim
+                .rows
                 .iter()
                 .map(|r| &r.id)
-                .chain(rejected.iter().map(|f| &f.id))
+                .chain(claim.rejected.iter().map(|f| &f.id))
                 .filter_map(|id| match id {
                     OutboxId::Int(id) => Some(*id),
                     OutboxId::Text(_) => None,
@@ -221,17 +226,7 @@ impl StoreDriver for PgStore {
             self.cursor
                 .claimed(after.map(|(_, id)| id), raw.len(), wanted, highest);
         }
-        Ok(Claim {
-            batch: TxBatch::new(
-                tx,
-                BatchSql {
-                    mark: Arc::clone(&self.statements.mark),
-                    reschedule: Arc::clone(&self.statements.reschedule),
-                },
-            ),
-            rows,
-            rejected,
-        })
+        Ok(claim)
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

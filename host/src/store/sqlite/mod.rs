@@ -203,19 +203,10 @@ impl StoreDriver for LiteStore {
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by(|a, b| a.order.cmp(&b.order));
         let ids = claimed.iter().map(|c| c.order.1.clone()).collect();
-        let mut rows = Vec::with_capacity(claimed.len());
-        let mut rejected = Vec::new();
-        for c in claimed {
-            match c.row {
-                Ok(row) => rows.push(row),
-                Err(failure) => rejected.push(failure),
-            }
-        }
-        Ok(Claim {
-            batch: LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
-            rows,
-            rejected,
-        })
+        Ok(Claim::of(
+            LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
+            claimed.into_iter().map(|c| c.row),
+        ))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
