@@ -12,6 +12,15 @@
 //! `postgres`, `mysql://` → `mysql`, `sqlite://` → `sqlite`. What a table must hold is
 //! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
 //! tests against each.
+//!
+//! One SQL dialect under three drivers: `dialect` spells what the databases spell differently
+//! (quoting, casts, null-safe equality, time arithmetic), `layout_sql` is the checked table as
+//! SQL of one dialect, and the statements that do not differ are built once from the two and
+//! run on any driver's pool (`statement`): dead rows (`dead`), the backlog (`backlog`),
+//! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), chunked
+//! deletes (`chunk`). Each driver (`postgres`, `mysql`, `sqlite`) implements
+//! `driver::StoreDriver` with only what its database does its own way: session setup, the
+//! claim, DDL and type tables, LISTEN/NOTIFY, the cursor, the lease.
 
 mod backlog;
 mod batch;
