@@ -1,17 +1,64 @@
 //! Picking the driver from the database URL: [`open`] a [`Store`] for the relay and the admin
 //! commands, or [`migrate`] a table. Callers hold a [`Store`] and never name a driver.
+//!
+//! What each database does its own way is one [`StoreDriver`] method per operation, one
+//! implementation per driver; the rest of [`OutboxStore`] (dead rows, the backlog) is
+//! built once from the table's [`LayoutSql`] and run on the driver's pool.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
+use super::layout_sql::LayoutSql;
 use super::mysql::{self, MyBatch, MyStore};
 use super::postgres::{self, PgBatch, PgStore};
 use super::sqlite::{self, LiteBatch, LiteStore};
+use super::statement::Run;
 use super::{
     Backlog, BatchOutcome, Claim, ClaimedBatch, DeadRow, OutboxStore, ReplaySelection, Settlement,
-    StoreError, StoreOptions, TableSpec, TenantBacklog,
+    StoreError, StoreOptions, TableSpec, TenantBacklog, backlog, dead,
 };
 use crate::model::TenantId;
+
+/// What one database's store does its own way: the claim and what completes it (row locks in
+/// a transaction, or a lease), the due probe, settling, retention and
+/// LISTEN/NOTIFY. See [`OutboxStore`] for what each operation means.
+pub(crate) trait StoreDriver: Send + Sync {
+    /// The database's name in messages.
+    const NAME: &'static str;
+    type Pool: Run;
+    type Batch: ClaimedBatch;
+
+    /// The pool the shared statements run on.
+    fn pool(&self) -> &Self::Pool;
+    /// The checked table, as this database's SQL.
+    fn sql(&self) -> &LayoutSql;
+
+    async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError>;
+    async fn claim(
+        &self,
+        limit: usize,
+        paused: &[TenantId],
+    ) -> Result<Claim<Self::Batch>, StoreError>;
+    async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError>;
+    async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError>;
+
+    /// Databases without LISTEN/NOTIFY: relays poll.
+    async fn listen(
+        &self,
+        _channel: &str,
+        _wake: &(dyn Fn() + Send + Sync),
+    ) -> Result<Infallible, StoreError> {
+        Err(StoreError::unsupported_notify(Self::NAME))
+    }
+
+    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
+        Err(StoreError::unsupported_notify(Self::NAME))
+    }
+
+    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
+        Err(StoreError::unsupported_notify(Self::NAME))
+    }
+}
 
 /// The databases Sluice relays from, by URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,11 +260,11 @@ impl OutboxStore for Store {
     }
 
     async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        dispatch!(self, s => s.sample_backlog(limit).await)
+        dispatch!(self, s => backlog::sample(s.pool(), s.sql(), limit).await)
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        dispatch!(self, s => s.backlog().await)
+        dispatch!(self, s => backlog::count(s.pool(), s.sql()).await)
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
@@ -245,11 +292,11 @@ impl OutboxStore for Store {
         tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
-        dispatch!(self, s => s.dead_rows(tenant, limit).await)
+        dispatch!(self, s => dead::list(s.pool(), s.sql(), tenant, limit).await)
     }
 
     async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        dispatch!(self, s => s.replay_dead(selection).await)
+        dispatch!(self, s => dead::replay(s.pool(), s.sql(), selection).await)
     }
 
     async fn purge_dead(
@@ -257,7 +304,7 @@ impl OutboxStore for Store {
         older_than: Duration,
         tenant: Option<&str>,
     ) -> Result<u64, StoreError> {
-        dispatch!(self, s => s.purge_dead(older_than, tenant).await)
+        dispatch!(self, s => dead::purge(s.pool(), s.sql(), older_than, tenant).await)
     }
 }
 

@@ -12,9 +12,24 @@
 //! `postgres`, `mysql://` → `mysql`, `sqlite://` → `sqlite`. What a table must hold is
 //! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
 //! tests against each.
+//!
+//! One SQL dialect under three drivers: `dialect` spells what the databases spell differently
+//! (quoting, casts, null-safe equality, time arithmetic), `layout_sql` is the checked table as
+//! SQL of one dialect, and the statements that do not differ are built once from the two and
+//! run on any driver's pool (`statement`): dead rows (`dead`), the backlog (`backlog`),
+//! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), chunked
+//! deletes (`chunk`). Each driver (`postgres`, `mysql`, `sqlite`) implements
+//! `driver::StoreDriver` with only what its database does its own way: session setup, the
+//! claim, DDL and type tables, LISTEN/NOTIFY, the cursor, the lease.
 
+mod backlog;
+mod batch;
+mod chunk;
 mod columns;
+mod dead;
+mod dialect;
 mod driver;
+mod layout_sql;
 mod mysql;
 mod postgres;
 mod privileges;
@@ -23,6 +38,7 @@ mod schema;
 mod settings;
 mod settle;
 mod sqlite;
+mod statement;
 mod table;
 mod tls;
 
@@ -73,6 +89,13 @@ pub struct BatchOutcome {
     pub sent: Vec<OutboxId>,
     /// Rows to reschedule or dead-letter, with the error recorded.
     pub failed: Vec<RowFailure>,
+}
+
+impl BatchOutcome {
+    /// Every row of the outcome: sent, then failed.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = &OutboxId> {
+        self.sent.iter().chain(self.failed.iter().map(|f| &f.id))
+    }
 }
 
 /// Errors of the outbox store. Callers branch on them: a [`StoreError::MarkMismatch`] means the
@@ -302,6 +325,27 @@ pub struct Claim<B> {
 }
 
 impl<B> Claim<B> {
+    /// The claim of `batch` whose rows decoded as `decoded`, in claim order.
+    pub(crate) fn of(
+        batch: B,
+        decoded: impl IntoIterator<Item = Result<OutboxRow, RowFailure>>,
+    ) -> Self {
+        let decoded = decoded.into_iter();
+        let mut rows = Vec::with_capacity(decoded.size_hint().0);
+        let mut rejected = Vec::new();
+        for row in decoded {
+            match row {
+                Ok(row) => rows.push(row),
+                Err(failure) => rejected.push(failure),
+            }
+        }
+        Self {
+            batch,
+            rows,
+            rejected,
+        }
+    }
+
     /// Rows claimed, decoded or not.
     pub fn len(&self) -> usize {
         self.rows.len() + self.rejected.len()
@@ -324,25 +368,6 @@ pub trait ClaimedBatch: Send {
     fn abandon(self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// The end of [`ClaimedBatch::complete`] for drivers that hold rows in a transaction: commits
-/// `tx` when the outcome was `recorded`, else rolls it back at once — not when the connection
-/// is next used, so the rows' locks are gone before the caller settles the outcome in a fresh
-/// transaction — and returns the error.
-async fn commit_if_recorded<DB: sqlx::Database>(
-    tx: sqlx::Transaction<'static, DB>,
-    recorded: Result<(), StoreError>,
-) -> Result<(), StoreError> {
-    match recorded {
-        Ok(()) => Ok(tx.commit().await?),
-        Err(e) => {
-            if let Err(rollback) = tx.rollback().await {
-                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
-            }
-            Err(e)
-        }
-    }
-}
-
 /// Unsent rows of the outbox, by state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
@@ -363,21 +388,6 @@ pub struct TenantBacklog {
     /// Age of the oldest due row by the database's clock (`None`: no row is due).
     pub oldest_due_age: Option<Duration>,
     pub dead: i64,
-}
-
-/// The rows of [`OutboxStore::sample_backlog`] as the drivers read them: tenant, due, dead,
-/// and the oldest due row's age in microseconds.
-pub(crate) fn tenant_backlogs(
-    rows: Vec<(Option<String>, i64, i64, Option<i64>)>,
-) -> Vec<TenantBacklog> {
-    rows.into_iter()
-        .map(|(tenant, due, dead, age_us)| TenantBacklog {
-            tenant,
-            due,
-            dead,
-            oldest_due_age: age_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
-        })
-        .collect()
 }
 
 /// A dead-lettered row, as `sluice dead list` shows it.
@@ -488,3 +498,6 @@ impl<S: OutboxStore> OutboxStore for std::sync::Arc<S> {
         S::purge_dead(self, older_than, tenant)
     }
 }
+
+#[cfg(test)]
+mod test_layouts;

@@ -1,18 +1,138 @@
-//! What the drivers share about rows: parsing the `headers` column, what a failure does to its
-//! row as the reschedule statements take it, and how long id lists are cut for databases
-//! without array parameters.
+//! What the drivers share about rows: decoding a claimed row (its columns already cast in
+//! SQL, [`super::layout_sql::LayoutSql::claimed_columns`]), parsing the `headers` column, what
+//! a failure does to its row as the reschedule statements take it, and how long id lists are
+//! cut for databases without array parameters.
 
 use std::time::Duration;
 
-use super::Disposition;
-use crate::model::Headers;
+use chrono::Utc;
+
+use super::dialect::Dialect;
+use super::layout_sql::LayoutSql;
+use super::schema::{KeyKind, PayloadKind};
+use super::statement::ReadRow;
+use super::{ColumnName, Disposition, RowFailure, StoreError};
+use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
+use crate::text::{MAX_STORED, bounded};
+
+/// The claim's columns, in the order [`LayoutSql::claimed_columns`] lists them (a test of
+/// PostgreSQL's claim holds the two together). Columns are read by position, not by name: a
+/// lookup by name hashes the name for every column of every row.
+pub(crate) mod column {
+    pub(crate) const ID: usize = 0;
+    pub(crate) const TENANT: usize = 1;
+    pub(crate) const AGGREGATE_TYPE: usize = 2;
+    pub(crate) const AGGREGATE_ID: usize = 3;
+    pub(crate) const EVENT_TYPE: usize = 4;
+    pub(crate) const PAYLOAD: usize = 5;
+    pub(crate) const HEADERS: usize = 6;
+    pub(crate) const CREATED_AT: usize = 7;
+    pub(crate) const ATTEMPTS: usize = 8;
+    /// SQLite only: the order column, to sort `RETURNING`'s rows (in no set order).
+    pub(crate) const CLAIM_ORDER: usize = 9;
+    /// The aliases, in that order.
+    #[cfg(test)]
+    pub(crate) const ALIASES: [&str; 9] = [
+        "id",
+        "tenant",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "created_at",
+        "attempts",
+    ];
+}
+
+/// Reads column `index` as an id as `key` carries it.
+pub(crate) fn read_id(
+    row: &impl ReadRow,
+    key: &KeyKind,
+    index: usize,
+) -> Result<OutboxId, sqlx::Error> {
+    let missing = || sqlx::Error::ColumnDecode {
+        index: index.to_string(),
+        source: "the id is NULL".into(),
+    };
+    Ok(match key {
+        KeyKind::Int => OutboxId::Int(row.int(index)?.ok_or_else(missing)?),
+        KeyKind::Text { .. } => OutboxId::Text(row.text(index)?.ok_or_else(missing)?.into()),
+    })
+}
+
+/// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
+/// own id, dead-lettered with the reason (retrying cannot help until someone fixes the row).
+/// Only an unreadable id is an error of the whole claim: without it the row cannot be named.
+/// (The schema check makes that impossible — the id is `NOT NULL` and cast in SQL — unless
+/// the table is altered under a running relay.)
+pub(crate) fn decode_claimed(
+    row: &impl ReadRow,
+    sql: &LayoutSql,
+) -> Result<Result<OutboxRow, RowFailure>, StoreError> {
+    let layout = &sql.layout;
+    let id = read_id(row, &layout.key, column::ID).map_err(|e| StoreError::Key {
+        table: layout.table.to_string(),
+        column: layout.id.to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(
+        decode_columns(row, sql, id.clone()).map_err(|error| RowFailure {
+            id,
+            error,
+            disposition: Disposition::Dead,
+        }),
+    )
+}
+
+fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<OutboxRow, String> {
+    let layout = &sql.layout;
+    let cannot =
+        |column: &ColumnName, e: sqlx::Error| format!("cannot decode column {column}: {e}");
+    let text = |index: usize, name: &ColumnName| match row.text(index) {
+        Ok(Some(value)) => Ok(value),
+        Ok(None) => Err(format!("column {name} is NULL")),
+        Err(e) => Err(cannot(name, e)),
+    };
+    let tenant = match &layout.tenant {
+        Some(name) => row.text(column::TENANT).map_err(|e| cannot(name, e))?,
+        None => None,
+    };
+    // MySQL reads text and JSON payloads as utf8mb4 text (`LayoutSql::payload_expr`).
+    let payload = match (sql.dialect, layout.payload_kind) {
+        (Dialect::Mysql, PayloadKind::Json | PayloadKind::Text) => {
+            row.text(column::PAYLOAD).map(|p| p.map(String::into_bytes))
+        }
+        _ => row.bytes(column::PAYLOAD),
+    }
+    .map_err(|e| cannot(&layout.payload, e))?;
+    let headers = text(column::HEADERS, &layout.headers)?;
+    // NULL: PostgreSQL and MySQL read it as now in SQL; SQLite's value is not a time.
+    let created_at = row
+        .time(column::CREATED_AT)
+        .map_err(|e| cannot(&layout.created_at, e))?
+        .unwrap_or_else(Utc::now);
+    Ok(OutboxRow {
+        id,
+        tenant: TenantId::from_column(tenant),
+        aggregate_type: text(column::AGGREGATE_TYPE, &layout.aggregate_type)?,
+        aggregate_id: text(column::AGGREGATE_ID, &layout.aggregate_id)?,
+        event_type: text(column::EVENT_TYPE, &layout.event_type)?,
+        payload: payload.unwrap_or_default(),
+        headers: parse_headers(&headers)?,
+        created_at,
+        attempts: row
+            .int32(column::ATTEMPTS)
+            .map_err(|e| format!("cannot decode column attempts: {e}"))?,
+    })
+}
 
 /// Rows per statement where ids travel as one placeholder each (MySQL, SQLite): far below
 /// either database's parameter limit, whatever `relay.batch_size` is.
-pub const IDS_PER_STATEMENT: usize = 1_000;
+pub(crate) const IDS_PER_STATEMENT: usize = 1_000;
 
 /// Parses the `headers` column: a JSON object whose values are strings.
-pub fn parse_headers(text: &str) -> Result<Headers, String> {
+pub(crate) fn parse_headers(text: &str) -> Result<Headers, String> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("headers column is not JSON: {e}"))?;
     let serde_json::Value::Object(map) = value else {
@@ -32,7 +152,7 @@ pub fn parse_headers(text: &str) -> Result<Headers, String> {
 
 /// A [`Disposition`] as the reschedule statements take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reschedule {
+pub(crate) struct Reschedule {
     /// Due again this many milliseconds after the statement (0 for dead rows).
     pub delay_ms: i64,
     pub dead: bool,
@@ -63,8 +183,18 @@ impl From<Disposition> for Reschedule {
     }
 }
 
+/// The `last_error` recorded for `failure`: its error made safe to store ([`bounded`]: no NUL
+/// or other control characters, at most [`MAX_STORED`] bytes), or `fixed` when the database
+/// refused that (see [`super::batch::reschedule_or_fixed`]).
+pub(crate) fn stored_error(failure: &RowFailure, fixed: Option<&str>) -> String {
+    match fixed {
+        Some(text) => text.to_owned(),
+        None => bounded(&failure.error, MAX_STORED).into_owned(),
+    }
+}
+
 /// `n` comma-separated `?` placeholders.
-pub fn placeholders(n: usize) -> String {
+pub(crate) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 

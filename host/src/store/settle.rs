@@ -1,26 +1,27 @@
 //! What every driver's [`OutboxStore::settle`](super::OutboxStore::settle) shares once it
 //! knows which of the batch's rows it may still record: splitting the outcome by those rows,
-//! and keeping or undoing one row's change in its own savepoint.
+//! recording them together or, failing that, one by one, each in its own savepoint.
 
 use std::collections::HashSet;
 
+use sqlx::Acquire;
+
+use super::batch::RecordRows;
 use super::{BatchOutcome, RowFailure, Settlement, StoreError};
 use crate::model::OutboxId;
 
 /// A statement that changed nothing about a row it was given.
-pub const UNCHANGED: &str = "the statement changed no row (a trigger suppressed it)";
+pub(crate) const UNCHANGED: &str = "the statement changed no row (a trigger or rule suppressed it)";
 
 /// Files every row of `outcome` that is not in `held` (another relay has it, or it is gone)
 /// as skipped, and returns the sent ids and failures of the held ones.
-pub fn split_held(
+pub(crate) fn split_held(
     outcome: &BatchOutcome,
     held: &HashSet<OutboxId>,
     settlement: &mut Settlement,
 ) -> (Vec<OutboxId>, Vec<RowFailure>) {
     settlement.skipped = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
+        .ids()
         .filter(|id| !held.contains(*id))
         .cloned()
         .collect();
@@ -39,29 +40,36 @@ pub fn split_held(
     (sent, failed)
 }
 
-/// Where a row goes once its own statement changed it.
+/// Which list of a [`Settlement`] a row goes to once its statement changed it.
 #[derive(Clone, Copy)]
-pub enum Target {
+pub(crate) enum SettledAs {
     Marked,
     Rescheduled,
 }
 
-/// Keeps one row's change (releasing its savepoint) and files it under `target`, or undoes it
+impl SettledAs {
+    /// Files `id` under this list of `settlement`.
+    pub(crate) fn file(self, settlement: &mut Settlement, id: OutboxId) {
+        match self {
+            Self::Marked => settlement.marked.push(id),
+            Self::Rescheduled => settlement.rescheduled.push(id),
+        }
+    }
+}
+
+/// Keeps one row's change (releasing its savepoint) and files it under `settled_as`, or undoes it
 /// and files it as refused.
-pub async fn settle_one<DB: sqlx::Database>(
+pub(crate) async fn settle_one<DB: sqlx::Database>(
     settlement: &mut Settlement,
     id: OutboxId,
     done: Result<u64, sqlx::Error>,
     savepoint: sqlx::Transaction<'_, DB>,
-    target: Target,
+    settled_as: SettledAs,
 ) -> Result<(), StoreError> {
     match done {
         Ok(1) => {
             savepoint.commit().await?;
-            match target {
-                Target::Marked => settlement.marked.push(id),
-                Target::Rescheduled => settlement.rescheduled.push(id),
-            }
+            settled_as.file(settlement, id);
         }
         Ok(_) => {
             savepoint.rollback().await?;
@@ -70,6 +78,53 @@ pub async fn settle_one<DB: sqlx::Database>(
         Err(e) => {
             savepoint.rollback().await?;
             settlement.refused.push((id, e.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Records the held rows (`sent` and `failed`, from [`split_held`]) in `tx`: together inside a
+/// savepoint; if the database refuses that, or a statement changes fewer rows than it was
+/// given, row by row, each in its own savepoint ([`settle_one`]), so one row it refuses cannot
+/// keep the others from being recorded.
+pub(crate) async fn record_held<DB: sqlx::Database>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    rows: &(impl RecordRows<DB> + ?Sized),
+    sent: Vec<OutboxId>,
+    failed: Vec<RowFailure>,
+    settlement: &mut Settlement,
+) -> Result<(), StoreError> {
+    let mut all = Acquire::begin(&mut *tx).await?;
+    let together = match rows.mark(&mut all, &sent).await {
+        Ok(marked) => rows
+            .reschedule(&mut all, &failed, None)
+            .await
+            .map(|rescheduled| marked == sent.len() as u64 && rescheduled == failed.len() as u64),
+        Err(e) => Err(e),
+    };
+    match together {
+        Ok(true) => {
+            all.commit().await?;
+            settlement.marked = sent;
+            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
+        }
+        outcome => {
+            all.rollback().await?;
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
+            }
+            for id in sent {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = rows.mark(&mut one, std::slice::from_ref(&id)).await;
+                settle_one(settlement, id, done, one, SettledAs::Marked).await?;
+            }
+            for failure in failed {
+                let mut one = Acquire::begin(&mut *tx).await?;
+                let done = rows
+                    .reschedule(&mut one, std::slice::from_ref(&failure), None)
+                    .await;
+                settle_one(settlement, failure.id, done, one, SettledAs::Rescheduled).await?;
+            }
         }
     }
     Ok(())

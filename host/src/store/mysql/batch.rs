@@ -1,94 +1,45 @@
-//! A claimed batch: the open transaction holding the row locks, and how its outcome is
-//! recorded (mark, reschedule, count check, commit).
+//! A claimed batch: the open transaction holding the row locks ([`TxBatch`]), and the
+//! statements that record its outcome (mark, reschedule), in chunks of at most
+//! [`IDS_PER_STATEMENT`] rows.
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, MySql, Transaction};
+use futures::future::BoxFuture;
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection};
 
 use super::rows::{bind_id, bind_null_id, placeholder_count};
 use super::sql::Statements;
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
-use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError, commit_if_recorded};
-use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
-
-/// Recorded as `last_error` when the database refuses a failure's own text (a constraint, a
-/// trigger, a column character set that cannot hold it): plain ASCII.
-pub const UNSTORABLE_ERROR: &str =
-    "the error text could not be stored (the database refused it); see the relay's log";
+use crate::store::RowFailure;
+use crate::store::batch::{RecordRows, TxBatch};
+use crate::store::rows::{IDS_PER_STATEMENT, Reschedule, stored_error};
 
 /// A claimed batch: the open transaction holding the row locks.
-pub struct MyBatch {
-    tx: Transaction<'static, MySql>,
-    statements: Arc<Statements>,
-}
+pub type MyBatch = TxBatch<MySql, Arc<Statements>>;
 
-impl MyBatch {
-    pub(super) fn new(tx: Transaction<'static, MySql>, statements: Arc<Statements>) -> Self {
-        Self { tx, statements }
-    }
-}
-
-impl ClaimedBatch for MyBatch {
-    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        let recorded = self.record(&outcome).await;
-        commit_if_recorded(self.tx, recorded).await
+impl RecordRows<MySql> for Statements {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(mark(conn, self, ids))
     }
 
-    async fn abandon(self) -> Result<(), StoreError> {
-        self.tx.rollback().await?;
-        Ok(())
-    }
-}
-
-impl MyBatch {
-    /// Marks and reschedules the outcome's rows, checking each count.
-    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
-        if !outcome.sent.is_empty() {
-            let affected = mark(&mut self.tx, &self.statements, &outcome.sent).await?;
-            check_count(outcome.sent.len(), affected)?;
-        }
-        if !outcome.failed.is_empty() {
-            let affected = self.reschedule(&outcome.failed).await?;
-            check_count(outcome.failed.len(), affected)?;
-        }
-        Ok(())
-    }
-
-    /// Reschedules or dead-letters `failed` with their errors made safe to store; should the
-    /// database refuse the texts, records [`UNSTORABLE_ERROR`] instead (inside a savepoint),
-    /// so the commit of a published batch cannot fail on text.
-    async fn reschedule(&mut self, failed: &[RowFailure]) -> Result<u64, StoreError> {
-        sqlx::query("SAVEPOINT sluice_reschedule")
-            .execute(&mut *self.tx)
-            .await?;
-        match reschedule(&mut self.tx, &self.statements, failed, None).await {
-            Ok(affected) => Ok(affected),
-            Err(refused) => {
-                tracing::warn!(
-                    error = %bounded(&refused.to_string(), MAX_LOGGED),
-                    rows = failed.len(),
-                    "the database refused the failed rows' error texts; recording a fixed text instead"
-                );
-                sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
-                    .execute(&mut *self.tx)
-                    .await?;
-                Ok(reschedule(
-                    &mut self.tx,
-                    &self.statements,
-                    failed,
-                    Some(UNSTORABLE_ERROR),
-                )
-                .await?)
-            }
-        }
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(reschedule(conn, self, failed, fixed))
     }
 }
 
 /// Marks `ids` sent (in statements of at most [`IDS_PER_STATEMENT`] ids); returns the rows
 /// affected.
-pub async fn mark(
-    conn: &mut sqlx::MySqlConnection,
+async fn mark(
+    conn: &mut MySqlConnection,
     statements: &Statements,
     ids: &[OutboxId],
 ) -> Result<u64, sqlx::Error> {
@@ -110,8 +61,8 @@ pub async fn mark(
 
 /// Reschedules or dead-letters `failed`, recording each row's error (bounded) or `fixed`;
 /// returns the rows affected.
-pub async fn reschedule(
-    conn: &mut sqlx::MySqlConnection,
+async fn reschedule(
+    conn: &mut MySqlConnection,
     statements: &Statements,
     failed: &[RowFailure],
     fixed: Option<&str>,
@@ -123,10 +74,7 @@ pub async fn reschedule(
         let mut query = sqlx::query(AssertSqlSafe(statements.reschedule(slots)));
         for f in chunk {
             let r = Reschedule::from(f.disposition);
-            let error = match fixed {
-                Some(text) => text.to_owned(),
-                None => bounded(&f.error, MAX_STORED).into_owned(),
-            };
+            let error = stored_error(f, fixed);
             query = bind_id(query, &f.id)
                 .bind(error)
                 .bind(r.delay_ms)
@@ -143,13 +91,4 @@ pub async fn reschedule(
         affected += query.execute(&mut *conn).await?.rows_affected();
     }
     Ok(affected)
-}
-
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
-    let expected = expected as u64;
-    if expected == affected {
-        Ok(())
-    } else {
-        Err(StoreError::MarkMismatch { expected, affected })
-    }
 }

@@ -1,4 +1,4 @@
-//! The MySQL/MariaDB driver: [`MyStore`] implements [`OutboxStore`] over a connection pool.
+//! The MySQL/MariaDB driver: [`MyStore`] implements [`StoreDriver`] over a connection pool.
 //!
 //! Claims hold a transaction open, as on PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`
 //! (MariaDB ≥ 10.6, MySQL ≥ 8.0; older servers are refused at start-up). Every connection runs
@@ -11,34 +11,33 @@
 //! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
 //! - [`migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`], [`rows`], [`batch`]: the relay's statements, decoding, the claimed batch
-//! - [`settle`], [`admin`], [`prune`]: a failed commit's outcome, dead rows, retention
+//! - [`settle`], [`prune`]: a failed commit's outcome, retention (dead rows and the backlog
+//!   are shared: [`crate::store::dead`], [`crate::store::backlog`])
 
-mod admin;
 mod batch;
 mod migrate;
 mod privileges;
 mod prune;
 mod rows;
-mod sample;
 mod schema;
 mod settle;
 mod sql;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor};
 
+use crate::store::batch::TxBatch;
 pub use batch::MyBatch;
 
-use super::{
-    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec, TenantBacklog,
-};
+use super::driver::StoreDriver;
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::TenantId;
-use schema::MySql;
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::decode_claimed;
 use sql::Statements;
 
 /// How long to wait for a connection before reporting the database as unreachable.
@@ -46,8 +45,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The session setting that keeps claims from blocking the application's inserts (see the
 /// module documentation).
 const ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
-/// The database's name in messages.
-const NAME: &str = "MySQL/MariaDB";
 
 /// Connects a pool of at most `connections`, each at READ COMMITTED. (sqlx sets the session's
 /// `time_zone` to `+00:00`, so `TIMESTAMP` columns read as UTC.)
@@ -103,7 +100,7 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
     Ok(layout.summary())
 }
 
-/// The MySQL/MariaDB [`OutboxStore`].
+/// The MySQL/MariaDB store.
 pub struct MyStore {
     pool: MySqlPool,
     statements: Arc<Statements>,
@@ -125,7 +122,10 @@ impl MyStore {
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(MySql::new(layout), options)),
+            statements: Arc::new(Statements::new(
+                LayoutSql::new(layout, Dialect::Mysql),
+                options,
+            )),
         })
     }
 
@@ -149,7 +149,18 @@ impl MyStore {
     }
 }
 
-impl OutboxStore for MyStore {
+impl StoreDriver for MyStore {
+    const NAME: &'static str = "MySQL/MariaDB";
+    type Pool = MySqlPool;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &LayoutSql {
+        &self.statements.sql
+    }
+
     type Batch = MyBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
@@ -169,75 +180,21 @@ impl OutboxStore for MyStore {
             query = query.bind(tenant);
         }
         let raw = query.bind(limit).fetch_all(&mut *tx).await?;
-        let layout = &self.statements.sql.layout;
-        let mut rows = Vec::with_capacity(raw.len());
-        let mut rejected = Vec::new();
-        for row in &raw {
-            match rows::decode_row(row, layout)? {
-                Ok(r) => rows.push(r),
-                Err(failure) => rejected.push(failure),
-            }
-        }
-        Ok(Claim {
-            batch: MyBatch::new(tx, Arc::clone(&self.statements)),
-            rows,
-            rejected,
-        })
+        let decoded = raw
+            .iter()
+            .map(|row| decode_claimed(row, &self.statements.sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Claim::of(
+            TxBatch::new(tx, Arc::clone(&self.statements)),
+            decoded,
+        ))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
     }
 
-    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sample, limit).await
-    }
-
-    async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (due, waiting, dead): (i64, i64, i64) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(Backlog { due, waiting, dead })
-    }
-
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
         prune::prune_once(&self.pool, &self.statements.sql, retention).await
-    }
-
-    async fn listen(
-        &self,
-        _channel: &str,
-        _wake: &(dyn Fn() + Send + Sync),
-    ) -> Result<Infallible, StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.statements.sql, tenant, limit).await
-    }
-
-    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.statements.sql, selection).await
-    }
-
-    async fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
     }
 }

@@ -1,20 +1,16 @@
 //! Retention: in `mark = "published_at"` mode the pruner deletes sent rows older than
-//! `relay.retention`, in bounded chunks, one process per table at a time (a named lock,
+//! `relay.retention`, in bounded chunks ([`crate::store::chunk`]), one process per table at a time (a named lock,
 //! `GET_LOCK`, held on one connection while it prunes). Dead rows are never pruned.
 
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlArguments, MySqlConnection, MySqlPool};
-use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, MySql as Db};
+use sqlx::AssertSqlSafe;
+use sqlx::mysql::{MySqlConnection, MySqlPool};
 
-use super::schema::MySql;
+use super::rows::MyQuery;
 use crate::store::StoreError;
-
-/// Rows deleted per statement: small enough for a short transaction and little undo at once.
-pub const CHUNK: i64 = 1_000;
-/// Pause between two full chunks, leaving the database to the relay in between.
-const CHUNK_PAUSE: Duration = Duration::from_millis(50);
+use crate::store::chunk::{CHUNK, Chunks};
+use crate::store::layout_sql::LayoutSql;
 
 /// The server-wide named lock of one table's pruner (names are limited to 64 characters, so
 /// the database and table are hashed).
@@ -24,7 +20,7 @@ const PRUNE_LOCK: &str = "CONCAT('sluice_prune_', LEFT(SHA2(CONCAT(DATABASE(), '
 /// another process is pruning the same table. Returns how many rows it deleted.
 pub async fn prune_once(
     pool: &MySqlPool,
-    sql: &MySql,
+    sql: &LayoutSql,
     retention: Duration,
 ) -> Result<u64, StoreError> {
     let mut conn = pool.acquire().await?;
@@ -57,26 +53,21 @@ pub async fn prune_once(
     Ok(pruned)
 }
 
-type MyQuery<'q> = Query<'q, Db, MySqlArguments>;
-
 /// Runs the `DELETE` in `text` (which deletes at most [`CHUNK`] rows; `bind` supplies its
-/// parameters) until a chunk comes back short, pausing between chunks; returns the rows
-/// deleted.
+/// parameters) until a chunk comes back short; returns the rows deleted.
 pub async fn delete_in_chunks(
     conn: &mut MySqlConnection,
     text: &str,
     bind: impl Fn(MyQuery<'_>) -> MyQuery<'_>,
 ) -> Result<u64, StoreError> {
-    let mut total = 0;
+    let mut chunks = Chunks::default();
     loop {
         let deleted = bind(sqlx::query(AssertSqlSafe(text)))
             .execute(&mut *conn)
             .await?
             .rows_affected();
-        total += deleted;
-        if deleted < CHUNK as u64 {
-            return Ok(total);
+        if !chunks.more(deleted).await {
+            return Ok(chunks.total());
         }
-        tokio::time::sleep(CHUNK_PAUSE).await;
     }
 }

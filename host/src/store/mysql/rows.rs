@@ -1,14 +1,15 @@
-//! Decoding claimed rows (already cast in SQL) into [`OutboxRow`]s, and binding ids.
+//! Binding ids (one placeholder each: MySQL has no array parameters), and the shared
+//! statements run on MySQL's pool ([`crate::store::statement`]).
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::mysql::{MySql, MySqlArguments, MySqlRow};
+use sqlx::mysql::{MySql, MySqlArguments, MySqlPool, MySqlRow};
 use sqlx::query::Query;
 
-use crate::model::{OutboxId, OutboxRow, TenantId};
-use crate::store::rows::parse_headers;
-use crate::store::schema::{KeyKind, Layout, PayloadKind};
-use crate::store::{ColumnName, Disposition, RowFailure, StoreError};
+use crate::model::OutboxId;
+use crate::store::schema::KeyKind;
+use crate::store::statement::impl_run;
+
+impl_run!(MySqlPool, MySqlRow, DateTime<Utc>, |time| time);
 
 pub type MyQuery<'q> = Query<'q, MySql, MySqlArguments>;
 
@@ -36,72 +37,6 @@ pub fn bind_id<'q>(query: MyQuery<'q>, id: &OutboxId) -> MyQuery<'q> {
         OutboxId::Int(n) => query.bind(*n),
         OutboxId::Text(text) => query.bind(text.to_string()),
     }
-}
-
-/// Reads the `id` column of a row as the layout carries it.
-pub fn read_id(row: &MySqlRow, layout: &Layout, column: &str) -> Result<OutboxId, sqlx::Error> {
-    Ok(match layout.key {
-        KeyKind::Int => OutboxId::Int(row.try_get(column)?),
-        KeyKind::Text { .. } => OutboxId::Text(row.try_get::<String, _>(column)?.into()),
-    })
-}
-
-/// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
-/// own id, dead-lettered with the reason; only an unreadable id fails the whole claim.
-pub fn decode_row(
-    row: &MySqlRow,
-    layout: &Layout,
-) -> Result<Result<OutboxRow, RowFailure>, StoreError> {
-    let id = read_id(row, layout, "id").map_err(|e| StoreError::Key {
-        table: layout.table.to_string(),
-        column: layout.id.to_string(),
-        message: e.to_string(),
-    })?;
-    Ok(
-        decode_columns(row, layout, id.clone()).map_err(|error| RowFailure {
-            id,
-            error,
-            disposition: Disposition::Dead,
-        }),
-    )
-}
-
-fn decode_columns(row: &MySqlRow, layout: &Layout, id: OutboxId) -> Result<OutboxRow, String> {
-    let cannot =
-        |column: &ColumnName, e: sqlx::Error| format!("cannot decode column {column}: {e}");
-    let text = |alias: &str, column: &ColumnName| match row.try_get::<Option<String>, _>(alias) {
-        Ok(Some(value)) => Ok(value),
-        Ok(None) => Err(format!("column {column} is NULL")),
-        Err(e) => Err(cannot(column, e)),
-    };
-    let tenant = match &layout.tenant {
-        Some(column) => row.try_get("tenant").map_err(|e| cannot(column, e))?,
-        None => None,
-    };
-    let payload = match layout.payload_kind {
-        PayloadKind::Json | PayloadKind::Text => row
-            .try_get::<Option<String>, _>("payload")
-            .map(|p| p.map(String::into_bytes)),
-        PayloadKind::Bytes => row.try_get::<Option<Vec<u8>>, _>("payload"),
-    }
-    .map_err(|e| cannot(&layout.payload, e))?;
-    let headers = text("headers", &layout.headers)?;
-    let created_at: DateTime<Utc> = row
-        .try_get("created_at")
-        .map_err(|e| cannot(&layout.created_at, e))?;
-    Ok(OutboxRow {
-        id,
-        tenant: TenantId::from_column(tenant),
-        aggregate_type: text("aggregate_type", &layout.aggregate_type)?,
-        aggregate_id: text("aggregate_id", &layout.aggregate_id)?,
-        event_type: text("event_type", &layout.event_type)?,
-        payload: payload.unwrap_or_default(),
-        headers: parse_headers(&headers)?,
-        created_at,
-        attempts: row
-            .try_get("attempts")
-            .map_err(|e| format!("cannot decode column attempts: {e}"))?,
-    })
 }
 
 #[cfg(test)]

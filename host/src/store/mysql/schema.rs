@@ -1,10 +1,9 @@
-//! MySQL's side of the table check: reading `information_schema`, which MySQL/MariaDB types
-//! fit which role ([`MyTypes`]), and the SQL expressions ([`MySql`]) that read the columns of a
-//! checked [`Layout`] whatever their types: `SIGNED` or `CHAR` keys, `CHAR` strings, payloads
-//! as text or bytes, `DATETIME`s read as UTC. The rules themselves are shared:
-//! [`crate::store::schema`].
+//! MySQL's side of the table check: reading `information_schema` and which MySQL/MariaDB
+//! types fit which role ([`MyTypes`]). The rules themselves are shared:
+//! [`crate::store::schema`]; the expressions that read a checked [`Layout`] too:
+//! [`crate::store::layout_sql`].
 
-use sqlx::mysql::MySql as Db;
+use sqlx::mysql::MySql;
 use sqlx::{Executor, Row};
 
 use crate::store::columns::{self, ColumnName, TableSpec};
@@ -126,7 +125,7 @@ pub async fn read_columns<'e, E>(
     table: &TableName,
 ) -> Result<Vec<FoundColumn>, StoreError>
 where
-    E: Executor<'e, Database = Db>,
+    E: Executor<'e, Database = MySql>,
 {
     // Every value is cast, so each arrives as one type whatever the server's version.
     let rows = sqlx::query(
@@ -179,114 +178,15 @@ pub fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<Co
     schema::order_column_to_add::<MyTypes>(spec, found)
 }
 
-/// A checked [`Layout`] as MySQL SQL: the quoted names and the expressions that read them.
-#[derive(Debug, Clone)]
-pub struct MySql {
-    pub layout: Layout,
-    pub table: String,
-    pub id: String,
-    pub tenant: Option<String>,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
-    pub payload: String,
-    pub headers: String,
-    pub created_at: String,
-    pub order: String,
-}
-
-impl MySql {
-    pub fn new(layout: Layout) -> Self {
-        let q = |c: &ColumnName| c.quoted_with('`');
-        Self {
-            table: layout.table.quoted_with('`'),
-            id: q(&layout.id),
-            tenant: layout.tenant.as_ref().map(q),
-            aggregate_type: q(&layout.aggregate_type),
-            aggregate_id: q(&layout.aggregate_id),
-            event_type: q(&layout.event_type),
-            payload: q(&layout.payload),
-            headers: q(&layout.headers),
-            created_at: q(&layout.created_at),
-            order: q(&layout.order),
-            layout,
-        }
-    }
-
-    /// `o.<id>` as `SIGNED` or `CHAR`.
-    pub fn id_expr(&self, alias: &str) -> String {
-        match self.layout.key {
-            KeyKind::Int => format!("CAST({alias}.{} AS SIGNED)", self.id),
-            KeyKind::Text { .. } => format!("CAST({alias}.{} AS CHAR)", self.id),
-        }
-    }
-
-    /// A string column as `CHAR` (utf8mb4, the connection's character set).
-    pub fn text_expr(alias: &str, column: &str) -> String {
-        format!("CAST({alias}.{column} AS CHAR)")
-    }
-
-    /// The tenant as `CHAR`, NULL for the default tenant.
-    pub fn tenant_expr(&self, alias: &str) -> String {
-        match &self.tenant {
-            Some(t) => Self::text_expr(alias, t),
-            None => "CAST(NULL AS CHAR)".to_owned(),
-        }
-    }
-
-    /// The tenant name as plugins see it (`default` for NULL), for filters.
-    pub fn tenant_name_expr(&self, alias: &str) -> String {
-        match &self.tenant {
-            Some(_) => format!("COALESCE({}, 'default')", self.tenant_expr(alias)),
-            None => "'default'".to_owned(),
-        }
-    }
-
-    /// The payload: text (JSON included) as `CHAR` in utf8mb4, binary types as they are.
-    pub fn payload_expr(&self, alias: &str) -> String {
-        match self.layout.payload_kind {
-            PayloadKind::Json | PayloadKind::Text => {
-                format!(
-                    "CAST({alias}.{} AS CHAR CHARACTER SET utf8mb4)",
-                    self.payload
-                )
-            }
-            PayloadKind::Bytes => format!("{alias}.{}", self.payload),
-        }
-    }
-
-    /// `created_at` (a `DATETIME` or, through the connection's `+00:00` time zone, a
-    /// `TIMESTAMP`, both in UTC; NULL as now).
-    pub fn created_at_expr(&self, alias: &str) -> String {
-        format!("COALESCE({alias}.{}, UTC_TIMESTAMP(6))", self.created_at)
-    }
-
-    /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
-    pub fn order_by(&self, alias: &str) -> String {
-        if self.layout.ordered_by_id() {
-            format!("{alias}.{}", self.id)
-        } else {
-            format!("{alias}.{}, {alias}.{}", self.order, self.id)
-        }
-    }
-
-    /// Whether row `a` comes before row `b` in claim order (a total order).
-    pub fn before(&self, a: &str, b: &str) -> String {
-        if self.layout.ordered_by_id() {
-            format!("{a}.{id} < {b}.{id}", id = self.id)
-        } else {
-            format!(
-                "({a}.{o}, {a}.{id}) < ({b}.{o}, {b}.{id})",
-                o = self.order,
-                id = self.id
-            )
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::dialect::Dialect;
+    use crate::store::layout_sql::LayoutSql;
+
+    fn my(layout: Layout) -> LayoutSql {
+        LayoutSql::new(layout, Dialect::Mysql)
+    }
 
     fn column(name: &str, base: &str) -> FoundColumn {
         FoundColumn {
@@ -325,7 +225,7 @@ mod tests {
     #[test]
     fn integer_ids_are_signed_and_order_the_claim() {
         let layout = check(&spec(), &table("bigint")).unwrap();
-        let sql = MySql::new(layout);
+        let sql = my(layout);
         assert_eq!(sql.table, "`app`.`outbox`");
         assert_eq!(sql.id_expr("o"), "CAST(o.`id` AS SIGNED)");
         assert_eq!(sql.order_by("o"), "o.`id`");
@@ -353,7 +253,7 @@ mod tests {
         );
         let mut with_seq = table("char");
         with_seq.push(column("sluice_seq", "bigint"));
-        let sql = MySql::new(check(&spec(), &with_seq).unwrap());
+        let sql = my(check(&spec(), &with_seq).unwrap());
         assert_eq!(sql.id_expr("o"), "CAST(o.`id` AS CHAR)");
         assert_eq!(sql.order_by("o"), "o.`sluice_seq`, o.`id`");
     }
@@ -381,6 +281,6 @@ mod tests {
         let layout = check(&spec(), &cols).unwrap();
         assert_eq!(layout.payload_kind, PayloadKind::Bytes);
         assert_eq!(layout.created_at_kind, TimeKind::WithZone);
-        assert_eq!(MySql::new(layout).payload_expr("o"), "o.`payload`");
+        assert_eq!(my(layout).payload_expr("o"), "o.`payload`");
     }
 }

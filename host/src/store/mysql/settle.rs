@@ -7,23 +7,18 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Acquire, AssertSqlSafe};
+use sqlx::AssertSqlSafe;
 
 use super::MyStore;
-use super::batch::{mark, reschedule};
-use super::rows::{bind_id, bind_null_id, placeholder_count, read_id};
+use super::rows::{bind_id, bind_null_id, placeholder_count};
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
-use crate::store::settle::{Target, settle_one, split_held};
+use crate::store::rows::{IDS_PER_STATEMENT, placeholders, read_id};
+use crate::store::settle::{record_held, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
-    let wanted: Vec<&OutboxId> = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
-        .collect();
+    let wanted: Vec<&OutboxId> = outcome.ids().collect();
     if wanted.is_empty() {
         return Ok(settlement);
     }
@@ -50,42 +45,12 @@ pub async fn settle(store: &MyStore, outcome: &BatchOutcome) -> Result<Settlemen
             query = bind_null_id(query, &sql.layout.key);
         }
         for row in query.fetch_all(&mut *tx).await? {
-            locked.insert(read_id(&row, &sql.layout, "id")?);
+            locked.insert(read_id(&row, &sql.layout.key, 0)?);
         }
     }
     let (sent, failed) = split_held(outcome, &locked, &mut settlement);
 
-    let mut all = Acquire::begin(&mut *tx).await?;
-    let together = async {
-        let marked = mark(&mut all, statements, &sent).await?;
-        let rescheduled = reschedule(&mut all, statements, &failed, None).await?;
-        Ok::<_, sqlx::Error>(marked == sent.len() as u64 && rescheduled == failed.len() as u64)
-    }
-    .await;
-    match together {
-        Ok(true) => {
-            all.commit().await?;
-            settlement.marked = sent;
-            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
-        }
-        outcome => {
-            all.rollback().await?;
-            if let Err(e) = outcome {
-                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
-            }
-            for id in sent {
-                let mut one = Acquire::begin(&mut *tx).await?;
-                let done = mark(&mut one, statements, std::slice::from_ref(&id)).await;
-                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
-            }
-            for failure in failed {
-                let mut one = Acquire::begin(&mut *tx).await?;
-                let done =
-                    reschedule(&mut one, statements, std::slice::from_ref(&failure), None).await;
-                settle_one(&mut settlement, failure.id, done, one, Target::Rescheduled).await?;
-            }
-        }
-    }
+    record_held(&mut tx, &**statements, sent, failed, &mut settlement).await?;
     tx.commit().await?;
     Ok(settlement)
 }

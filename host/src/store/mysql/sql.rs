@@ -1,5 +1,5 @@
-//! The relay's statements, built from the checked layout ([`MySql`]): the claim, the due
-//! probe, marking, rescheduling and the backlog count.
+//! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim, the due
+//! probe, marking, rescheduling.
 //!
 //! MySQL has no array parameters: the paused tenants and the ids of a batch travel as one
 //! placeholder each, so those statements are built for the number of values (and cached per
@@ -7,42 +7,9 @@
 
 use std::sync::Arc;
 
-use super::schema::MySql;
-use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
-
-/// In key order, a row is claimable only when no earlier row of its key is still unsent:
-/// not in another relay's open batch (its lock keeps it unsent until that commit), not
-/// waiting for a retry, and — unless dead rows are skipped — not dead. The subquery is a
-/// plain (non-locking) read, so a row locked by another claim counts as unsent rather than
-/// being skipped.
-fn key_order_filter(sql: &MySql, ordering: Ordering, after_dead: AfterDead) -> String {
-    match ordering {
-        Ordering::None => String::new(),
-        Ordering::Key => {
-            let dead = match after_dead {
-                AfterDead::Skip => "AND p.dead_at IS NULL",
-                AfterDead::Block => "",
-            };
-            let tenant = match &sql.tenant {
-                Some(t) => format!("AND p.{t} <=> o.{t}"),
-                None => String::new(),
-            };
-            format!(
-                "AND NOT EXISTS (
-                    SELECT 1 FROM {table} AS p
-                     WHERE p.{at} = o.{at}
-                       AND p.{ai} = o.{ai}
-                       {tenant}
-                       AND {before}
-                       AND p.published_at IS NULL {dead})",
-                table = sql.table,
-                at = sql.aggregate_type,
-                ai = sql.aggregate_id,
-                before = sql.before("p", "o"),
-            )
-        }
-    }
-}
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
+use crate::store::{MarkMode, StoreOptions};
 
 /// A statement with a place for the paused-tenants filter (one null-safe `NOT (tenant <=> ?)`
 /// per paused tenant, NULL standing for rows without a tenant), built for the number of
@@ -70,7 +37,11 @@ impl WithPaused {
         if paused == 0 {
             return Arc::clone(&self.unfiltered);
         }
-        let filter = format!(" AND NOT ({} <=> ?)", self.tenant).repeat(paused);
+        let filter = format!(
+            " AND NOT ({})",
+            Dialect::Mysql.null_safe_eq(&self.tenant, "?")
+        )
+        .repeat(paused);
         format!("{}{filter} {}", self.head, self.tail).into()
     }
 }
@@ -78,38 +49,24 @@ impl WithPaused {
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 #[derive(Debug)]
 pub struct Statements {
-    pub sql: MySql,
-    pub claim: WithPaused,
-    pub due: WithPaused,
-    pub backlog: Arc<str>,
-    pub sample: Arc<str>,
+    pub(crate) sql: LayoutSql,
+    pub(crate) claim: WithPaused,
+    pub(crate) due: WithPaused,
     mark: MarkMode,
 }
 
 impl Statements {
-    pub fn new(sql: MySql, options: StoreOptions) -> Self {
+    pub(crate) fn new(sql: LayoutSql, options: StoreOptions) -> Self {
         let table = &sql.table;
         let due_head = "o.published_at IS NULL AND o.dead_at IS NULL
                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))";
-        let key_order = key_order_filter(&sql, options.ordering, options.after_dead);
+        let key_order = sql.key_order_filter(options.ordering, options.after_dead);
         let claim = WithPaused::new(
             format!(
-                "SELECT {id} AS id, {tenant} AS tenant,
-                        {at} AS aggregate_type, {ai} AS aggregate_id, {et} AS event_type,
-                        {payload} AS payload,
-                        COALESCE(CAST(o.{headers} AS CHAR CHARACTER SET utf8mb4), '{{}}')
-                            AS headers,
-                        {created_at} AS created_at, o.attempts AS attempts
+                "SELECT {columns}
                    FROM {table} AS o
                   WHERE {due_head}",
-                id = sql.id_expr("o"),
-                tenant = sql.tenant_expr("o"),
-                at = MySql::text_expr("o", &sql.aggregate_type),
-                ai = MySql::text_expr("o", &sql.aggregate_id),
-                et = MySql::text_expr("o", &sql.event_type),
-                payload = sql.payload_expr("o"),
-                headers = sql.headers,
-                created_at = sql.created_at_expr("o"),
+                columns = sql.claimed_columns("o"),
             ),
             sql.tenant_expr("o"),
             format!(
@@ -125,19 +82,9 @@ impl Statements {
             sql.tenant_expr("o"),
             format!("{key_order}) AS SIGNED)"),
         );
-        let backlog = format!(
-            "SELECT CAST(COALESCE(SUM(dead_at IS NULL AND (next_attempt_at IS NULL
-                                          OR next_attempt_at <= UTC_TIMESTAMP(6))), 0) AS SIGNED),
-                    CAST(COALESCE(SUM(dead_at IS NULL
-                                      AND next_attempt_at > UTC_TIMESTAMP(6)), 0) AS SIGNED),
-                    CAST(COALESCE(SUM(dead_at IS NOT NULL), 0) AS SIGNED)
-               FROM {table} WHERE published_at IS NULL"
-        );
         Self {
             claim,
             due,
-            backlog: backlog.into(),
-            sample: super::sample::statement(&sql).into(),
             mark: options.mark,
             sql,
         }
@@ -183,7 +130,7 @@ impl Statements {
 /// first (`STRAIGHT_JOIN`): each row is found through the id's unique index. Left to itself
 /// the optimizer scans a small table instead, and a scanning `DELETE` waits on every row
 /// another relay's open claim has locked.
-fn by_id(sql: &MySql, values: &str) -> String {
+fn by_id(sql: &LayoutSql, values: &str) -> String {
     format!(
         "({values}) AS f STRAIGHT_JOIN {table} AS o ON o.{id} = f.id",
         table = sql.table,
@@ -194,36 +141,15 @@ fn by_id(sql: &MySql, values: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::TableName;
-    use crate::store::columns::ColumnName;
-    use crate::store::schema::{KeyKind, Layout, PayloadKind, TimeKind};
-
-    fn squash(sql: &str) -> String {
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
-    }
-
-    fn layout() -> Layout {
-        let col = |n: &str| ColumnName::parse(n).unwrap();
-        Layout {
-            table: TableName::parse("outbox").unwrap(),
-            id: col("id"),
-            key: KeyKind::Int,
-            tenant: Some(col("tenant")),
-            aggregate_type: col("aggregate_type"),
-            aggregate_id: col("aggregate_id"),
-            event_type: col("event_type"),
-            payload: col("payload"),
-            payload_kind: PayloadKind::Json,
-            headers: col("headers"),
-            created_at: col("created_at"),
-            created_at_kind: TimeKind::WithoutZone,
-            order: col("id"),
-        }
-    }
+    use crate::store::Ordering;
+    use crate::store::test_layouts::{sluice_layout as layout, squash};
 
     #[test]
     fn the_claim_locks_skipping_and_filters_paused_tenants_by_placeholder() {
-        let s = Statements::new(MySql::new(layout()), StoreOptions::default());
+        let s = Statements::new(
+            LayoutSql::new(layout(), Dialect::Mysql),
+            StoreOptions::default(),
+        );
         let plain = squash(&s.claim.sql(0));
         assert!(
             plain.ends_with("ORDER BY o.`id` LIMIT ? FOR UPDATE SKIP LOCKED"),
@@ -242,7 +168,7 @@ mod tests {
             ordering: Ordering::Key,
             ..StoreOptions::default()
         };
-        let s = Statements::new(MySql::new(layout()), options);
+        let s = Statements::new(LayoutSql::new(layout(), Dialect::Mysql), options);
         let claim = squash(&s.claim.sql(0));
         assert!(
             claim.contains("AND p.`tenant` <=> o.`tenant` AND p.`id` < o.`id`"),
@@ -256,7 +182,7 @@ mod tests {
             mark: MarkMode::PublishedAt,
             ..StoreOptions::default()
         };
-        let s = Statements::new(MySql::new(layout()), options);
+        let s = Statements::new(LayoutSql::new(layout(), Dialect::Mysql), options);
         assert_eq!(
             s.mark(3),
             "UPDATE (SELECT ? AS id UNION ALL SELECT ? UNION ALL SELECT ?) AS f \

@@ -152,8 +152,8 @@ fn index_sql(layout: &Layout) -> [String; 3] {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_layouts::{col, debezium_layout, sluice_layout, squash};
     use super::*;
+    use crate::store::test_layouts::{col, debezium_layout, sluice_layout, squash};
     use crate::store::{ColumnMap, TableName};
 
     #[test]

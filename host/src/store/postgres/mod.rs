@@ -1,4 +1,4 @@
-//! The PostgreSQL driver: [`PgStore`] implements [`OutboxStore`] over a connection pool.
+//! The PostgreSQL driver: [`PgStore`] implements [`StoreDriver`] over a connection pool.
 //!
 //! Every statement is built once from the checked [`Layout`] of the table, so whatever the
 //! application's column names and types, the Rust side sees one shape: `int8` or `text` keys,
@@ -6,14 +6,14 @@
 //!
 //! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
 //! - [`migrate`]: creating or upgrading the table and its indexes
-//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule, backlog)
+//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule)
 //! - [`cursor`]: where the next claim starts while a backlog drains
-//! - [`rows`]: decoding claimed rows
+//! - [`rows`]: ids as parameters, the shared statements on PostgreSQL's pool
 //! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
 //! - [`settle`]: recording an outcome after a failed commit
-//! - [`admin`], [`prune`], [`listen`]: dead rows, retention, LISTEN/NOTIFY
+//! - [`prune`], [`listen`]: retention, LISTEN/NOTIFY (dead rows and the backlog are
+//!   shared: [`crate::store::dead`], [`crate::store::backlog`])
 
-mod admin;
 mod batch;
 mod cursor;
 mod listen;
@@ -21,7 +21,6 @@ mod migrate;
 mod privileges;
 mod prune;
 mod rows;
-mod sample;
 mod schema;
 mod settle;
 mod sql;
@@ -33,15 +32,18 @@ use std::time::{Duration, Instant};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use crate::store::batch::TxBatch;
+use batch::BatchSql;
 pub use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 pub use schema::Layout;
 
-use super::{
-    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec, TenantBacklog,
-};
+use super::driver::StoreDriver;
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::{OutboxId, TenantId};
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::decode_claimed;
 use cursor::ClaimCursor;
 use sql::Statements;
 
@@ -87,13 +89,13 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
     Ok(layout.summary())
 }
 
-/// The PostgreSQL [`OutboxStore`].
+/// The PostgreSQL store.
 pub struct PgStore {
     pool: PgPool,
     /// The options LISTEN connections are opened with (replaced with the pool's on
     /// [`PgStore::use_url`]).
     options: std::sync::RwLock<PgConnectOptions>,
-    layout: Arc<Layout>,
+    sql: LayoutSql,
     // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
     // `AssertSqlSafe`.
     statements: Statements,
@@ -113,11 +115,12 @@ impl PgStore {
         let pool = connect(url, connections).await?;
         let layout = schema::inspect(&pool, spec).await?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
-        let statements = Statements::new(&layout, options);
+        let sql = LayoutSql::new(layout, Dialect::Postgres);
+        let statements = Statements::new(&sql, options);
         Ok(Self {
             pool,
             options: std::sync::RwLock::new(connect_options(url)?),
-            layout: Arc::new(layout),
+            sql,
             statements,
             cursor: ClaimCursor::default(),
         })
@@ -125,7 +128,7 @@ impl PgStore {
 
     /// The checked table this store relays from.
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.sql.layout
     }
 
     /// Opens new connections with `url` from now on (rotated credentials); connections in
@@ -147,7 +150,18 @@ impl PgStore {
     }
 }
 
-impl OutboxStore for PgStore {
+impl StoreDriver for PgStore {
+    const NAME: &'static str = "PostgreSQL";
+    type Pool = PgPool;
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &LayoutSql {
+        &self.sql
+    }
+
     type Batch = PgBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
@@ -186,19 +200,24 @@ impl OutboxStore for PgStore {
                     .await?
             }
         };
-        let mut rows = Vec::with_capacity(raw.len());
-        let mut rejected = Vec::new();
-        for row in &raw {
-            match rows::decode_row(row, &self.layout)? {
-                Ok(r) => rows.push(r),
-                Err(failure) => rejected.push(failure),
-            }
-        }
+        let decoded = raw
+            .iter()
+            .map(|row| decode_claimed(row, &self.sql))
+            .collect::<Result<Vec<_>, _>>()?;
+        let batch = TxBatch::new(
+            tx,
+            BatchSql {
+                mark: Arc::clone(&self.statements.mark),
+                reschedule: Arc::clone(&self.statements.reschedule),
+            },
+        );
+        let claim = Claim::of(batch, decoded);
         if self.statements.claim_after.is_some() {
-            let highest = rows
+            let highest = claim
+                .rows
                 .iter()
                 .map(|r| &r.id)
-                .chain(rejected.iter().map(|f| &f.id))
+                .chain(claim.rejected.iter().map(|f| &f.id))
                 .filter_map(|id| match id {
                     OutboxId::Int(id) => Some(*id),
                     OutboxId::Text(_) => None,
@@ -207,35 +226,15 @@ impl OutboxStore for PgStore {
             self.cursor
                 .claimed(after.map(|(_, id)| id), raw.len(), wanted, highest);
         }
-        Ok(Claim {
-            batch: PgBatch::new(
-                tx,
-                Arc::clone(&self.statements.mark),
-                Arc::clone(&self.statements.reschedule),
-            ),
-            rows,
-            rejected,
-        })
+        Ok(claim)
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
     }
 
-    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sample, limit).await
-    }
-
-    async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (due, waiting, dead): (i64, i64, i64) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(Backlog { due, waiting, dead })
-    }
-
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        prune::prune_once(&self.pool, &self.layout, retention).await
+        prune::prune_once(&self.pool, &self.sql, retention).await
     }
 
     async fn listen(
@@ -252,35 +251,13 @@ impl OutboxStore for PgStore {
     }
 
     async fn install_notify_trigger(&self, channel: &str) -> Result<(), StoreError> {
-        listen::install_trigger(&self.pool, &self.layout.table, channel).await
+        listen::install_trigger(&self.pool, &self.sql.layout.table, channel).await
     }
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        listen::drop_trigger(&self.pool, &self.layout.table).await
-    }
-
-    async fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.layout, tenant, limit).await
-    }
-
-    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.layout, selection).await
-    }
-
-    async fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.layout, older_than, tenant).await
+        listen::drop_trigger(&self.pool, &self.sql.layout.table).await
     }
 }
 
 #[cfg(test)]
 mod startup_tests;
-#[cfg(test)]
-mod test_layouts;

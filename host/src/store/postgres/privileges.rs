@@ -11,7 +11,7 @@ impl PgStore {
     /// Runs one probe per need in a transaction that is rolled back; the first one refused
     /// for want of a privilege is reported with the `GRANT` that covers all of `needs`.
     pub async fn check_privileges(&self, needs: &[Need]) -> Result<(), StoreError> {
-        let table = self.layout.table.to_string();
+        let table = self.sql.table.clone();
         let mut tx = self.pool.begin().await?;
         for need in needs {
             // A savepoint each: a refused statement aborts its (sub)transaction.

@@ -1,7 +1,6 @@
-//! PostgreSQL's side of the table check: reading the catalog, which PostgreSQL types fit which
-//! role ([`PgTypes`]), and the SQL expressions ([`PgSql`]) that read the columns of a checked
-//! [`Layout`] whatever their types: `int8` or `text` keys, `text` strings, `bytea` payloads,
-//! `timestamptz` times. The rules themselves are shared: [`crate::store::schema`].
+//! PostgreSQL's side of the table check: reading the catalog and which PostgreSQL types fit
+//! which role ([`PgTypes`]). The rules themselves are shared: [`crate::store::schema`]; the
+//! expressions that read a checked [`Layout`] too: [`crate::store::layout_sql`].
 
 use sqlx::postgres::PgPool;
 use sqlx::{Executor, Postgres};
@@ -167,121 +166,17 @@ pub fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<Co
     schema::order_column_to_add::<PgTypes>(spec, found)
 }
 
-/// PostgreSQL expressions reading a checked [`Layout`]'s columns (a trait, so that another
-/// driver's code cannot call them by mistake).
-pub trait PgSql {
-    /// `o.<id>` as `int8` or `text`.
-    fn id_expr(&self, alias: &str) -> String;
-    /// The id as `text`, spelled as [`crate::model::OutboxId`]'s `Display` spells the claimed
-    /// key (`alias` may be empty for statements without a table alias).
-    fn id_text_expr(&self, alias: &str) -> String;
-    /// The tenant as `text`, NULL for the default tenant.
-    fn tenant_expr(&self, alias: &str) -> String;
-    /// The tenant name as plugins see it (`default` for NULL), for filters.
-    fn tenant_name_expr(&self, alias: &str) -> String;
-    /// The payload as `bytea`.
-    fn payload_expr(&self, alias: &str) -> String;
-    /// `created_at` as `timestamptz` (a timestamp without zone read as UTC; NULL as now).
-    fn created_at_expr(&self, alias: &str) -> String;
-    /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
-    fn order_by(&self, alias: &str) -> String;
-    /// Whether row `a` comes before row `b` in claim order (a total order).
-    fn before(&self, a: &str, b: &str) -> String;
-    /// `param` (a `text[]` of ids) cast to an array of the id column's type, so the primary
-    /// key's index serves `= ANY(…)`.
-    fn key_array(&self, param: &str) -> String;
-    /// The SQL type a text id is cast to for comparison with the id column.
-    fn key_cast(&self) -> &str;
-}
-
-impl PgSql for Layout {
-    fn id_expr(&self, alias: &str) -> String {
-        match self.key {
-            KeyKind::Int => format!("{alias}.{}::int8", self.id),
-            KeyKind::Text { .. } => format!("{alias}.{}::text", self.id),
-        }
-    }
-
-    fn id_text_expr(&self, alias: &str) -> String {
-        let column = if alias.is_empty() {
-            self.id.to_string()
-        } else {
-            format!("{alias}.{}", self.id)
-        };
-        match self.key {
-            KeyKind::Int => format!("{column}::int8::text"),
-            KeyKind::Text { .. } => format!("{column}::text"),
-        }
-    }
-
-    fn tenant_expr(&self, alias: &str) -> String {
-        match &self.tenant {
-            Some(t) => format!("{alias}.{t}::text"),
-            None => "NULL::text".to_owned(),
-        }
-    }
-
-    fn tenant_name_expr(&self, alias: &str) -> String {
-        match &self.tenant {
-            Some(_) => format!("COALESCE({}, 'default')", self.tenant_expr(alias)),
-            None => "'default'::text".to_owned(),
-        }
-    }
-
-    fn payload_expr(&self, alias: &str) -> String {
-        let p = &self.payload;
-        match self.payload_kind {
-            PayloadKind::Json | PayloadKind::Text => {
-                format!("convert_to({alias}.{p}::text, 'UTF8')")
-            }
-            PayloadKind::Bytes => format!("{alias}.{p}"),
-        }
-    }
-
-    fn created_at_expr(&self, alias: &str) -> String {
-        let c = &self.created_at;
-        match self.created_at_kind {
-            TimeKind::WithZone => format!("COALESCE({alias}.{c}, now())"),
-            TimeKind::WithoutZone => format!("COALESCE({alias}.{c} AT TIME ZONE 'UTC', now())"),
-        }
-    }
-
-    fn order_by(&self, alias: &str) -> String {
-        if self.ordered_by_id() {
-            format!("{alias}.{}", self.id)
-        } else {
-            format!("{alias}.{}, {alias}.{}", self.order, self.id)
-        }
-    }
-
-    fn before(&self, a: &str, b: &str) -> String {
-        if self.ordered_by_id() {
-            format!("{a}.{id} < {b}.{id}", id = self.id)
-        } else {
-            format!(
-                "({a}.{o}, {a}.{id}) < ({b}.{o}, {b}.{id})",
-                o = self.order,
-                id = self.id
-            )
-        }
-    }
-
-    fn key_array(&self, param: &str) -> String {
-        format!("{param}::text[]::{}[]", self.key_cast())
-    }
-
-    fn key_cast(&self) -> &str {
-        match &self.key {
-            KeyKind::Int => "int8",
-            KeyKind::Text { cast } => cast,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::sql::key_array;
     use super::*;
+    use crate::store::dialect::Dialect;
+    use crate::store::layout_sql::LayoutSql;
     use crate::store::{ColumnMap, TenantColumn};
+
+    fn pg(layout: &Layout) -> LayoutSql {
+        LayoutSql::new(layout.clone(), Dialect::Postgres)
+    }
 
     fn column(name: &str, shown: &str) -> FoundColumn {
         let base = match shown {
@@ -363,10 +258,10 @@ mod tests {
         for id_type in ["smallint", "integer", "bigint", "serial"] {
             let layout = check(&spec(), &sluice_table(id_type)).unwrap();
             assert_eq!(layout.key, KeyKind::Int, "{id_type}");
-            assert_eq!(layout.id_expr("o"), "o.\"id\"::int8");
-            assert_eq!(layout.order_by("o"), "o.\"id\"");
-            assert_eq!(layout.before("p", "o"), "p.\"id\" < o.\"id\"");
-            assert_eq!(layout.key_array("$1"), "$1::text[]::int8[]");
+            assert_eq!(pg(&layout).id_expr("o"), "o.\"id\"::int8");
+            assert_eq!(pg(&layout).order_by("o"), "o.\"id\"");
+            assert_eq!(pg(&layout).before("p", "o"), "p.\"id\" < o.\"id\"");
+            assert_eq!(key_array(&pg(&layout), "$1"), "$1::text[]::int8[]");
         }
     }
 
@@ -379,18 +274,18 @@ mod tests {
                 cast: "uuid".into()
             }
         );
-        assert_eq!(layout.id_expr("o"), "o.\"id\"::text");
-        assert_eq!(layout.key_array("$1"), "$1::text[]::uuid[]");
+        assert_eq!(pg(&layout).id_expr("o"), "o.\"id\"::text");
+        assert_eq!(key_array(&pg(&layout), "$1"), "$1::text[]::uuid[]");
         assert_eq!(layout.order.as_str(), "sluice_seq");
-        assert_eq!(layout.order_by("o"), "o.\"sluice_seq\", o.\"id\"");
+        assert_eq!(pg(&layout).order_by("o"), "o.\"sluice_seq\", o.\"id\"");
         assert_eq!(
-            layout.before("p", "o"),
+            pg(&layout).before("p", "o"),
             "(p.\"sluice_seq\", p.\"id\") < (o.\"sluice_seq\", o.\"id\")"
         );
         // Debezium's table has no tenant column: every row is the default tenant.
         assert_eq!(layout.tenant, None);
-        assert_eq!(layout.tenant_expr("o"), "NULL::text");
-        assert_eq!(layout.tenant_name_expr("o"), "'default'::text");
+        assert_eq!(pg(&layout).tenant_expr("o"), "NULL::text");
+        assert_eq!(pg(&layout).tenant_name_expr("o"), "'default'::text");
     }
 
     #[test]
@@ -403,7 +298,7 @@ mod tests {
             let mut table = sluice_table(shown);
             table.push(column("sluice_seq", "bigint"));
             let layout = check(&spec(), &table).unwrap();
-            assert_eq!(layout.key_cast(), cast, "{shown}");
+            assert_eq!(pg(&layout).key_cast(), cast, "{shown}");
         }
     }
 
@@ -413,7 +308,7 @@ mod tests {
         table[7] = column("created_at", "timestamp without time zone");
         let layout = check(&spec(), &table).unwrap();
         assert_eq!(
-            layout.created_at_expr("o"),
+            pg(&layout).created_at_expr("o"),
             "COALESCE(o.\"created_at\" AT TIME ZONE 'UTC', now())"
         );
     }
@@ -429,7 +324,7 @@ mod tests {
             let mut table = sluice_table("bigint");
             table[5] = column("payload", shown);
             let layout = check(&spec(), &table).unwrap();
-            assert_eq!(layout.payload_expr("o"), expr, "{shown}");
+            assert_eq!(pg(&layout).payload_expr("o"), expr, "{shown}");
         }
     }
 

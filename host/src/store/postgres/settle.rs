@@ -8,47 +8,40 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{Acquire, AssertSqlSafe, PgConnection};
 
 use super::PgStore;
+use super::batch::RescheduleParams;
 use super::rows::key_params;
-use super::schema::PgSql;
+use super::sql::{id_text_expr, key_array};
 use crate::model::OutboxId;
-use crate::store::{BatchOutcome, Disposition, RowFailure, Settlement, StoreError};
-use crate::text::{MAX_STORED, bounded};
-
-/// A statement that changed nothing about a row it was given.
-const UNCHANGED: &str = "the statement changed no row (a trigger or rule suppressed it)";
+use crate::store::settle::{SettledAs, UNCHANGED};
+use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
 
 pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
     // Keys travel as text (cast to the id column's type in SQL) and come back as text.
-    let ids: HashMap<String, &OutboxId> = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
-        .map(|id| (id.to_string(), id))
-        .collect();
+    let ids: HashMap<String, &OutboxId> = outcome.ids().map(|id| (id.to_string(), id)).collect();
     if ids.is_empty() {
         return Ok(settlement);
     }
-    let layout = store.layout();
+    let sql = &store.sql;
     let wanted: Vec<String> = ids.keys().cloned().collect();
     let lock_sql = format!(
         "SELECT {id_text} FROM {table} AS o WHERE o.{id} = ANY({keys})
             AND o.published_at IS NULL AND o.dead_at IS NULL
             FOR UPDATE OF o SKIP LOCKED",
-        id_text = layout.id_text_expr("o"),
-        table = layout.table,
-        id = layout.id,
-        keys = layout.key_array("$1"),
+        id_text = id_text_expr(sql, "o"),
+        table = sql.table,
+        id = sql.id,
+        keys = key_array(sql, "$1"),
     );
     let mark_sql = format!(
         "{} RETURNING {}",
         store.statements.mark,
-        layout.id_text_expr("")
+        id_text_expr(sql, "")
     );
     let reschedule_sql = format!(
         "{} RETURNING {}",
         store.statements.reschedule,
-        layout.id_text_expr("o")
+        id_text_expr(sql, "o")
     );
 
     let mut tx = store.pool.begin().await?;
@@ -84,13 +77,13 @@ pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlemen
     match together {
         Ok((marked, rescheduled)) => {
             all.commit().await?;
-            sort(&mut settlement, &sent, &marked, Target::Marked);
+            file_returned(&mut settlement, &sent, &marked, SettledAs::Marked);
             let failed_ids: Vec<&OutboxId> = failed.iter().map(|f| &f.id).collect();
-            sort(
+            file_returned(
                 &mut settlement,
                 &failed_ids,
                 &rescheduled,
-                Target::Rescheduled,
+                SettledAs::Rescheduled,
             );
         }
         Err(e) => {
@@ -99,12 +92,19 @@ pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlemen
             for id in sent {
                 let mut one = Acquire::begin(&mut tx).await?;
                 let done = mark(&mut one, &mark_sql, &[id]).await;
-                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
+                keep_or_undo(&mut settlement, id, done, one, SettledAs::Marked).await?;
             }
             for failure in failed {
                 let mut one = Acquire::begin(&mut tx).await?;
                 let done = reschedule(&mut one, &reschedule_sql, &[failure]).await;
-                settle_one(&mut settlement, &failure.id, done, one, Target::Rescheduled).await?;
+                keep_or_undo(
+                    &mut settlement,
+                    &failure.id,
+                    done,
+                    one,
+                    SettledAs::Rescheduled,
+                )
+                .await?;
             }
         }
     }
@@ -112,23 +112,18 @@ pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlemen
     Ok(settlement)
 }
 
-#[derive(Clone, Copy)]
-enum Target {
-    Marked,
-    Rescheduled,
-}
-
-/// Files the `given` rows under `target` when the statement returned them, as refused
-/// otherwise.
-fn sort(settlement: &mut Settlement, given: &[&OutboxId], changed: &[String], target: Target) {
+/// Files the `given` rows as `settled_as` when the statement returned them (`RETURNING`), as
+/// refused otherwise.
+fn file_returned(
+    settlement: &mut Settlement,
+    given: &[&OutboxId],
+    changed: &[String],
+    settled_as: SettledAs,
+) {
     let changed: HashSet<&str> = changed.iter().map(String::as_str).collect();
     for id in given {
         if changed.contains(id.to_string().as_str()) {
-            let list = match target {
-                Target::Marked => &mut settlement.marked,
-                Target::Rescheduled => &mut settlement.rescheduled,
-            };
-            list.push((*id).clone());
+            settled_as.file(settlement, (*id).clone());
         } else {
             settlement
                 .refused
@@ -137,18 +132,19 @@ fn sort(settlement: &mut Settlement, given: &[&OutboxId], changed: &[String], ta
     }
 }
 
-/// Keeps one row's change (releasing its savepoint) or undoes it and files it as refused.
-async fn settle_one(
+/// Keeps one row's change (releasing its savepoint) and files what `RETURNING` gave back, or
+/// undoes it and files it as refused.
+async fn keep_or_undo(
     settlement: &mut Settlement,
     id: &OutboxId,
     done: Result<Vec<String>, sqlx::Error>,
     savepoint: sqlx::Transaction<'_, sqlx::Postgres>,
-    target: Target,
+    settled_as: SettledAs,
 ) -> Result<(), StoreError> {
     match done {
         Ok(changed) => {
             savepoint.commit().await?;
-            sort(settlement, &[id], &changed, target);
+            file_returned(settlement, &[id], &changed, settled_as);
         }
         Err(e) => {
             savepoint.rollback().await?;
@@ -180,28 +176,13 @@ async fn reschedule(
     if failed.is_empty() {
         return Ok(Vec::new());
     }
-    let millis = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    let mut errors = Vec::with_capacity(failed.len());
-    let mut delays = Vec::with_capacity(failed.len());
-    let mut dead = Vec::with_capacity(failed.len());
-    let mut counted = Vec::with_capacity(failed.len());
-    for f in failed {
-        let (delay, is_dead, counts) = match f.disposition {
-            Disposition::Retry(d) => (millis(d), false, true),
-            Disposition::Dead => (0, true, true),
-            Disposition::Wait(d) => (millis(d), false, false),
-        };
-        errors.push(bounded(&f.error, MAX_STORED).into_owned());
-        delays.push(delay);
-        dead.push(is_dead);
-        counted.push(counts);
-    }
+    let params = RescheduleParams::new(failed.iter().copied(), None);
     sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-        .bind(key_params(failed.iter().map(|f| &f.id)))
-        .bind(&errors)
-        .bind(&delays)
-        .bind(&dead)
-        .bind(&counted)
+        .bind(params.ids)
+        .bind(params.errors)
+        .bind(params.delays)
+        .bind(params.dead)
+        .bind(params.counted)
         .fetch_all(conn)
         .await
 }

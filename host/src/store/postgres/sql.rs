@@ -1,43 +1,25 @@
-//! The relay's statements, built from the checked [`Layout`]: the claim, the due probe, marking,
-//! rescheduling and the backlog count.
+//! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim, the due
+//! probe, marking, rescheduling. Ids travel as one `text[]` parameter,
+//! cast to the id column's type ([`key_array`]).
 
 use std::sync::Arc;
 
-use super::schema::{KeyKind, Layout, PgSql};
-use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
+use super::schema::KeyKind;
+use crate::store::layout_sql::LayoutSql;
+use crate::store::{MarkMode, StoreOptions};
 
-/// In key order, a row is claimable only when no earlier row of its key is still unsent:
-/// not in another relay's open batch (its lock keeps it unsent until that commit), not
-/// waiting for a retry, and — unless dead rows are skipped — not dead. So at most one row per
-/// key is ever in flight, and a failing row holds back its own key only. "Earlier" is the
-/// claim order ([`PgSql::before`](super::schema::PgSql::before)): a total order, so of two unsent rows of a key exactly one
-/// is first.
-fn key_order_filter(layout: &Layout, ordering: Ordering, after_dead: AfterDead) -> String {
-    match ordering {
-        Ordering::None => String::new(),
-        Ordering::Key => {
-            let dead = match after_dead {
-                AfterDead::Skip => "AND p.dead_at IS NULL",
-                AfterDead::Block => "",
-            };
-            let tenant = match &layout.tenant {
-                Some(t) => format!("AND p.{t} IS NOT DISTINCT FROM o.{t}"),
-                None => String::new(),
-            };
-            format!(
-                "AND NOT EXISTS (
-                    SELECT 1 FROM {table} AS p
-                     WHERE p.{at} = o.{at}
-                       AND p.{ai} = o.{ai}
-                       {tenant}
-                       AND {before}
-                       AND p.published_at IS NULL {dead})",
-                table = layout.table,
-                at = layout.aggregate_type,
-                ai = layout.aggregate_id,
-                before = layout.before("p", "o"),
-            )
-        }
+/// `param` (a `text[]` of ids) cast to an array of the id column's type, so the primary key's
+/// index serves `= ANY(…)`.
+pub(super) fn key_array(sql: &LayoutSql, param: &str) -> String {
+    format!("{param}::text[]::{}[]", sql.key_cast())
+}
+
+/// The id as `text`, spelled as [`crate::model::OutboxId`]'s `Display` spells the claimed key
+/// (`alias` may be empty for statements without a table alias).
+pub(super) fn id_text_expr(sql: &LayoutSql, alias: &str) -> String {
+    match sql.layout.key {
+        KeyKind::Int => format!("{}::text", sql.id_expr(alias)),
+        KeyKind::Text { .. } => sql.id_expr(alias),
     }
 }
 
@@ -48,15 +30,14 @@ pub struct Statements {
     /// [`super::cursor`]).
     pub claim_after: Option<Arc<str>>,
     pub due: Arc<str>,
-    pub backlog: Arc<str>,
-    pub sample: Arc<str>,
     pub mark: Arc<str>,
     pub reschedule: Arc<str>,
 }
 
 impl Statements {
-    pub fn new(layout: &Layout, options: StoreOptions) -> Self {
-        let table = &layout.table;
+    pub fn new(sql: &LayoutSql, options: StoreOptions) -> Self {
+        let layout = &sql.layout;
+        let table = &sql.table;
         // Unsent, not dead, due, not of a paused tenant ($1: their names, NULL for rows
         // without a tenant), and — in key order — not behind an earlier unsent row of its key.
         let due = format!(
@@ -65,39 +46,29 @@ impl Statements {
                 AND NOT EXISTS (SELECT 1 FROM unnest($1::text[]) AS paused(tenant)
                                  WHERE paused.tenant IS NOT DISTINCT FROM {tenant})
                 {key_order}",
-            tenant = layout.tenant_expr("o"),
-            key_order = key_order_filter(layout, options.ordering, options.after_dead),
+            tenant = sql.tenant_expr("o"),
+            key_order = sql.key_order_filter(options.ordering, options.after_dead),
         );
         let claim = |after: &str| {
             format!(
-                "SELECT {id} AS id, {tenant} AS tenant, o.{at}::text AS aggregate_type,
-                    o.{ai}::text AS aggregate_id, o.{et}::text AS event_type,
-                    {payload} AS payload, COALESCE(o.{headers}::text, '{{}}') AS headers,
-                    {created_at} AS created_at, o.attempts
+                "SELECT {columns}
                FROM {table} AS o
               WHERE {due} {after}
               ORDER BY {order_by}
               LIMIT $2
                 FOR UPDATE OF o SKIP LOCKED",
-                id = layout.id_expr("o"),
-                tenant = layout.tenant_expr("o"),
-                at = layout.aggregate_type,
-                ai = layout.aggregate_id,
-                et = layout.event_type,
-                payload = layout.payload_expr("o"),
-                headers = layout.headers,
-                created_at = layout.created_at_expr("o"),
-                order_by = layout.order_by("o"),
+                columns = sql.claimed_columns("o"),
+                order_by = sql.order_by("o"),
             )
         };
         let claim_after = (layout.ordered_by_id() && matches!(layout.key, KeyKind::Int))
-            .then(|| claim(&format!("AND o.{} > $3", layout.id)).into());
-        let keys = layout.key_array("$1");
+            .then(|| claim(&format!("AND o.{} > $3", sql.id)).into());
+        let keys = key_array(sql, "$1");
         let mark = match options.mark {
-            MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", layout.id),
+            MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
             MarkMode::PublishedAt => format!(
                 "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
-                layout.id
+                sql.id
             ),
         };
         let reschedule = format!(
@@ -110,22 +81,13 @@ impl Statements {
                FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
                     AS f(id, error, delay_ms, dead, counted)
               WHERE o.{id} = f.id::{cast}",
-            id = layout.id,
-            cast = layout.key_cast(),
-        );
-        let backlog = format!(
-            "SELECT count(*) FILTER (WHERE dead_at IS NULL
-                                       AND (next_attempt_at IS NULL OR next_attempt_at <= now())),
-                    count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
-                    count(*) FILTER (WHERE dead_at IS NOT NULL)
-               FROM {table} WHERE published_at IS NULL"
+            id = sql.id,
+            cast = sql.key_cast(),
         );
         Self {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim("").into(),
             claim_after,
-            backlog: backlog.into(),
-            sample: super::sample::statement(layout).into(),
             mark: mark.into(),
             reschedule: reschedule.into(),
         }
@@ -134,12 +96,23 @@ impl Statements {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_layouts::{debezium_layout, sluice_layout, squash};
     use super::*;
+    use crate::store::dialect::Dialect;
+    use crate::store::schema::Layout;
+    use crate::store::test_layouts::{debezium_layout, sluice_layout, squash};
+    use crate::store::{AfterDead, Ordering};
+
+    fn statements(layout: Layout, options: StoreOptions) -> Statements {
+        Statements::new(&LayoutSql::new(layout, Dialect::Postgres), options)
+    }
+
+    fn key_order_filter(layout: Layout, ordering: Ordering, after_dead: AfterDead) -> String {
+        LayoutSql::new(layout, Dialect::Postgres).key_order_filter(ordering, after_dead)
+    }
 
     #[test]
     fn uuid_keys_are_cast_back_to_uuid_when_marking_and_rescheduling() {
-        let s = Statements::new(&debezium_layout(), StoreOptions::default());
+        let s = statements(debezium_layout(), StoreOptions::default());
         assert_eq!(
             squash(&s.mark),
             "DELETE FROM \"outboxevent\" WHERE \"id\" = ANY($1::text[]::uuid[])"
@@ -166,7 +139,7 @@ mod tests {
     #[test]
     fn claims_list_their_columns_in_the_order_rows_are_decoded_in() {
         for layout in [debezium_layout(), sluice_layout()] {
-            let s = Statements::new(&layout, StoreOptions::default());
+            let s = statements(layout, StoreOptions::default());
             for claim in std::iter::once(&s.claim).chain(s.claim_after.as_ref()) {
                 let select = squash(claim);
                 let list = select
@@ -192,7 +165,7 @@ mod tests {
                     .iter()
                     .map(|item| item.trim().rsplit([' ', '.']).next().unwrap_or(item))
                     .collect();
-                assert_eq!(aliases, super::super::rows::column::ALIASES, "{select}");
+                assert_eq!(aliases, crate::store::rows::column::ALIASES, "{select}");
             }
         }
     }
@@ -203,7 +176,7 @@ mod tests {
             mark: MarkMode::PublishedAt,
             ..StoreOptions::default()
         };
-        let s = Statements::new(&sluice_layout(), options);
+        let s = statements(sluice_layout(), options);
         assert_eq!(
             squash(&s.mark),
             "UPDATE \"outbox\" SET published_at = now() WHERE \"id\" = ANY($1::text[]::int8[])"
@@ -219,7 +192,7 @@ mod tests {
     #[test]
     fn key_order_with_uuid_ids_compares_the_order_column_then_the_id() {
         let filter = squash(&key_order_filter(
-            &debezium_layout(),
+            debezium_layout(),
             Ordering::Key,
             AfterDead::Skip,
         ));
@@ -231,7 +204,7 @@ mod tests {
         // No tenant column: the key is (aggregate type, aggregate id) alone.
         assert!(!filter.contains("DISTINCT"), "{filter}");
         let with_tenant = squash(&key_order_filter(
-            &sluice_layout(),
+            sluice_layout(),
             Ordering::Key,
             AfterDead::Block,
         ));

@@ -6,21 +6,17 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use sqlx::AssertSqlSafe;
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::BEGIN_WRITE;
 use super::rows::{bind_id, now_ms};
 use super::sql::{Guard, Statements};
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, Reschedule};
+use crate::store::batch::{RecordRows, check_count, reschedule_or_fixed};
+use crate::store::rows::{IDS_PER_STATEMENT, Reschedule, stored_error};
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
-use crate::text::{MAX_LOGGED, MAX_STORED, bounded};
-
-/// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
-/// trigger of the application's): plain ASCII.
-const UNSTORABLE_ERROR: &str =
-    "the error text could not be stored (the database refused it); see the relay's log";
 
 /// A claimed batch: its lease token and the rows it leased.
 pub struct LiteBatch {
@@ -56,48 +52,16 @@ impl ClaimedBatch for LiteBatch {
             check_count(outcome.sent.len(), affected)?;
         }
         if !outcome.failed.is_empty() {
-            sqlx::query("SAVEPOINT sluice_reschedule")
-                .execute(&mut *tx)
-                .await?;
-            let affected = match reschedule(
-                &mut tx,
-                &self.statements,
-                &outcome.failed,
+            let rows = Recorder {
+                statements: &self.statements,
                 now,
                 lease,
-                None,
-            )
-            .await
-            {
-                Ok(affected) => affected,
-                Err(refused) => {
-                    tracing::warn!(
-                        error = %bounded(&refused.to_string(), MAX_LOGGED),
-                        rows = outcome.failed.len(),
-                        "the database refused the failed rows' error texts; recording a fixed text instead"
-                    );
-                    sqlx::query("ROLLBACK TO SAVEPOINT sluice_reschedule")
-                        .execute(&mut *tx)
-                        .await?;
-                    reschedule(
-                        &mut tx,
-                        &self.statements,
-                        &outcome.failed,
-                        now,
-                        lease,
-                        Some(UNSTORABLE_ERROR),
-                    )
-                    .await?
-                }
             };
+            let affected = reschedule_or_fixed(&mut tx, &rows, &outcome.failed).await?;
             check_count(outcome.failed.len(), affected)?;
         }
         // Rows the relay put back without an outcome: claimable again at once.
-        let recorded: HashSet<&OutboxId> = outcome
-            .sent
-            .iter()
-            .chain(outcome.failed.iter().map(|f| &f.id))
-            .collect();
+        let recorded: HashSet<&OutboxId> = outcome.ids().collect();
         let rest: Vec<OutboxId> = self
             .claimed
             .iter()
@@ -125,8 +89,42 @@ impl ClaimedBatch for LiteBatch {
     }
 }
 
+/// The statements that record a batch's rows at time `now`: rows leased to `lease` (a
+/// token), or, without one, rows still unsent (settling).
+pub(super) struct Recorder<'a> {
+    pub(super) statements: &'a Statements,
+    pub(super) now: i64,
+    pub(super) lease: Option<&'a str>,
+}
+
+impl RecordRows<Sqlite> for Recorder<'_> {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(mark(conn, self.statements, ids, self.now, self.lease))
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(reschedule(
+            conn,
+            self.statements,
+            failed,
+            self.now,
+            self.lease,
+            fixed,
+        ))
+    }
+}
+
 /// Marks `ids` sent: rows leased to `lease` (a token), or, without one, rows still unsent.
-pub async fn mark(
+async fn mark(
     conn: &mut SqliteConnection,
     statements: &Statements,
     ids: &[OutboxId],
@@ -159,7 +157,7 @@ pub async fn mark(
 
 /// Reschedules or dead-letters `failed` (rows leased to `lease`, or still unsent without
 /// one), recording each row's error (bounded) or `fixed`; returns the rows affected.
-pub async fn reschedule(
+async fn reschedule(
     conn: &mut SqliteConnection,
     statements: &Statements,
     failed: &[RowFailure],
@@ -177,10 +175,7 @@ pub async fn reschedule(
         let mut query = sqlx::query(AssertSqlSafe(statements.reschedule(chunk.len(), guard)));
         for f in chunk {
             let r = Reschedule::from(f.disposition);
-            let error = match fixed {
-                Some(text) => text.to_owned(),
-                None => bounded(&f.error, MAX_STORED).into_owned(),
-            };
+            let error = stored_error(f, fixed);
             query = bind_id(query, &f.id)
                 .bind(error)
                 .bind(r.delay_ms)
@@ -211,13 +206,4 @@ async fn release(
         query.bind(token.to_owned()).execute(&mut *conn).await?;
     }
     Ok(())
-}
-
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
-    let expected = expected as u64;
-    if expected == affected {
-        Ok(())
-    } else {
-        Err(StoreError::MarkMismatch { expected, affected })
-    }
 }

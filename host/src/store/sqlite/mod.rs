@@ -1,4 +1,4 @@
-//! The SQLite driver: [`LiteStore`] implements [`OutboxStore`] over one database file that
+//! The SQLite driver: [`LiteStore`] implements [`StoreDriver`] over one database file that
 //! the application and any number of relay processes share.
 //!
 //! SQLite has no row locks and one writer at a time, so a transaction held across the broker
@@ -14,18 +14,17 @@
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
 //! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
-//! - [`settle`], [`admin`]: a failed completion's outcome, dead rows, retention
+//! - [`settle`], [`prune`]: a failed completion's outcome, retention (dead rows and the
+//!   backlog are shared: [`crate::store::dead`], [`crate::store::backlog`])
 
-mod admin;
 mod batch;
 mod migrate;
+mod prune;
 mod rows;
-mod sample;
 mod schema;
 mod settle;
 mod sql;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -37,12 +36,11 @@ use sqlx::sqlite::{
 
 pub use batch::LiteBatch;
 
-use super::{
-    Backlog, BatchOutcome, Claim, DeadRow, OutboxStore, ReplaySelection, Settlement, StoreError,
-    StoreOptions, TableSpec, TenantBacklog,
-};
+use super::driver::StoreDriver;
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use crate::model::TenantId;
-use schema::LiteSql;
+use crate::store::dialect::Dialect;
+use crate::store::layout_sql::LayoutSql;
 use sql::Statements;
 
 /// How long a statement waits for another connection's write transaction (the application's
@@ -53,8 +51,6 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Starts a write transaction at once (taking the write lock, waiting up to the busy
 /// timeout), so it never fails half-way on a lock upgrade.
 const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
-/// The database's name in messages.
-const NAME: &str = "SQLite";
 
 /// Connection options from a URL: WAL, the busy timeout, `synchronous = NORMAL` (in WAL mode
 /// a power cut can lose the last commits but not corrupt the file; a lost mark means a row is
@@ -104,7 +100,7 @@ pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> 
     Ok(layout.summary())
 }
 
-/// The SQLite [`OutboxStore`].
+/// The SQLite store.
 pub struct LiteStore {
     pool: SqlitePool,
     statements: Arc<Statements>,
@@ -132,7 +128,10 @@ impl LiteStore {
             "outbox table checked");
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(LiteSql { layout }, options)),
+            statements: Arc::new(Statements::new(
+                LayoutSql::new(layout, Dialect::Sqlite),
+                options,
+            )),
             lease: options.lease,
             process: format!("{:x}-{:016x}", std::process::id(), fastrand::u64(..)),
             batches: AtomicU64::new(0),
@@ -156,7 +155,18 @@ impl LiteStore {
     }
 }
 
-impl OutboxStore for LiteStore {
+impl StoreDriver for LiteStore {
+    const NAME: &'static str = "SQLite";
+    type Pool = SqlitePool;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &LayoutSql {
+        &self.statements.sql
+    }
+
     type Batch = LiteBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
@@ -187,82 +197,23 @@ impl OutboxStore for LiteStore {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        let layout = &self.statements.sql.layout;
         let mut claimed = raw
             .iter()
-            .map(|row| rows::decode_row(row, layout))
+            .map(|row| rows::decode_row(row, &self.statements.sql))
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by(|a, b| a.order.cmp(&b.order));
         let ids = claimed.iter().map(|c| c.order.1.clone()).collect();
-        let mut rows = Vec::with_capacity(claimed.len());
-        let mut rejected = Vec::new();
-        for c in claimed {
-            match c.row {
-                Ok(row) => rows.push(row),
-                Err(failure) => rejected.push(failure),
-            }
-        }
-        Ok(Claim {
-            batch: LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
-            rows,
-            rejected,
-        })
+        Ok(Claim::of(
+            LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
+            claimed.into_iter().map(|c| c.row),
+        ))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         settle::settle(self, outcome).await
     }
 
-    async fn sample_backlog(&self, limit: i64) -> Result<Vec<TenantBacklog>, StoreError> {
-        sample::sample(&self.pool, &self.statements.sample, limit).await
-    }
-
-    async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (due, waiting, dead): (i64, i64, i64) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.statements.backlog)))
-                .bind(rows::now_ms())
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(Backlog { due, waiting, dead })
-    }
-
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        admin::prune(&self.pool, &self.statements.sql, retention).await
-    }
-
-    async fn listen(
-        &self,
-        _channel: &str,
-        _wake: &(dyn Fn() + Send + Sync),
-    ) -> Result<Infallible, StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(NAME))
-    }
-
-    async fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadRow>, StoreError> {
-        admin::list(&self.pool, &self.statements.sql, tenant, limit).await
-    }
-
-    async fn replay_dead(&self, selection: &ReplaySelection) -> Result<u64, StoreError> {
-        admin::replay(&self.pool, &self.statements.sql, selection).await
-    }
-
-    async fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> Result<u64, StoreError> {
-        admin::purge(&self.pool, &self.statements.sql, older_than, tenant).await
+        prune::prune(&self.pool, &self.statements.sql, retention).await
     }
 }

@@ -1,15 +1,18 @@
-//! Decoding claimed rows (cast in SQL) into [`OutboxRow`]s, binding ids, and time as Sluice's
-//! SQLite columns hold it.
+//! SQLite's rows: claimed rows with their place in claim order, binding ids, time as Sluice's
+//! SQLite columns hold it, and the shared statements run on its pool
+//! ([`crate::store::statement`]).
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use sqlx::query::Query;
-use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteRow};
+use sqlx::sqlite::{Sqlite, SqliteArguments, SqlitePool, SqliteRow};
 
-use crate::model::{OutboxId, OutboxRow, TenantId};
-use crate::store::rows::parse_headers;
-use crate::store::schema::{KeyKind, Layout};
-use crate::store::{ColumnName, Disposition, RowFailure, StoreError};
+use crate::model::{OutboxId, OutboxRow};
+use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::{column, decode_claimed};
+use crate::store::statement::{ReadRow, impl_run};
+use crate::store::{RowFailure, StoreError};
+
+impl_run!(SqlitePool, SqliteRow, i64, from_ms);
 
 pub type LiteQuery<'q> = Query<'q, Sqlite, SqliteArguments>;
 
@@ -31,72 +34,34 @@ pub fn bind_id<'q>(query: LiteQuery<'q>, id: &OutboxId) -> LiteQuery<'q> {
     }
 }
 
-/// Reads column `column` as an id as the layout carries it.
-pub fn read_id(row: &SqliteRow, layout: &Layout, column: &str) -> Result<OutboxId, sqlx::Error> {
-    Ok(match layout.key {
-        KeyKind::Int => OutboxId::Int(row.try_get(column)?),
-        KeyKind::Text { .. } => OutboxId::Text(row.try_get::<String, _>(column)?.into()),
-    })
-}
-
 /// A claimed row with its place in claim order (`RETURNING` gives rows in no set order).
 pub struct Claimed {
     pub order: (i64, OutboxId),
     pub row: Result<OutboxRow, RowFailure>,
 }
 
-/// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
-/// own id, dead-lettered with the reason; only an unreadable id fails the whole claim.
-pub fn decode_row(row: &SqliteRow, layout: &Layout) -> Result<Claimed, StoreError> {
-    let key_error = |e: sqlx::Error| StoreError::Key {
-        table: layout.table.to_string(),
-        column: layout.id.to_string(),
-        message: e.to_string(),
+/// Decodes a claimed row ([`decode_claimed`]) and its place in claim order.
+pub fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, StoreError> {
+    let decoded = decode_claimed(row, sql)?;
+    let order = row
+        .int(column::CLAIM_ORDER)
+        .and_then(|order| {
+            order.ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: column::CLAIM_ORDER.to_string(),
+                source: "the order column is NULL".into(),
+            })
+        })
+        .map_err(|e| StoreError::Key {
+            table: sql.layout.table.to_string(),
+            column: sql.layout.id.to_string(),
+            message: e.to_string(),
+        })?;
+    let id = match &decoded {
+        Ok(row) => row.id.clone(),
+        Err(failure) => failure.id.clone(),
     };
-    let id = read_id(row, layout, "id").map_err(key_error)?;
-    let order: i64 = row.try_get("claim_order").map_err(key_error)?;
-    let decoded = decode_columns(row, layout, id.clone()).map_err(|error| RowFailure {
-        id: id.clone(),
-        error,
-        disposition: Disposition::Dead,
-    });
     Ok(Claimed {
         order: (order, id),
         row: decoded,
-    })
-}
-
-fn decode_columns(row: &SqliteRow, layout: &Layout, id: OutboxId) -> Result<OutboxRow, String> {
-    let cannot =
-        |column: &ColumnName, e: sqlx::Error| format!("cannot decode column {column}: {e}");
-    let text = |alias: &str, column: &ColumnName| match row.try_get::<Option<String>, _>(alias) {
-        Ok(Some(value)) => Ok(value),
-        Ok(None) => Err(format!("column {column} is NULL")),
-        Err(e) => Err(cannot(column, e)),
-    };
-    let tenant = match &layout.tenant {
-        Some(column) => row.try_get("tenant").map_err(|e| cannot(column, e))?,
-        None => None,
-    };
-    let headers = text("headers", &layout.headers)?;
-    let created_at = row
-        .try_get::<Option<i64>, _>("created_at_ms")
-        .map_err(|e| cannot(&layout.created_at, e))?
-        .map_or_else(Utc::now, from_ms);
-    Ok(OutboxRow {
-        id,
-        tenant: TenantId::from_column(tenant),
-        aggregate_type: text("aggregate_type", &layout.aggregate_type)?,
-        aggregate_id: text("aggregate_id", &layout.aggregate_id)?,
-        event_type: text("event_type", &layout.event_type)?,
-        payload: row
-            .try_get::<Option<Vec<u8>>, _>("payload")
-            .map_err(|e| cannot(&layout.payload, e))?
-            .unwrap_or_default(),
-        headers: parse_headers(&headers)?,
-        created_at,
-        attempts: row
-            .try_get("attempts")
-            .map_err(|e| format!("cannot decode column attempts: {e}"))?,
     })
 }

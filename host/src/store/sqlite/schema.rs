@@ -208,85 +208,11 @@ pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaEr
     schema::check::<LiteTypes>(spec, found)
 }
 
-/// A checked [`Layout`] as SQLite SQL: the expressions that read its columns (SQLite quotes
-/// identifiers as PostgreSQL does, so the names' `Display` serves).
-#[derive(Debug, Clone)]
-pub struct LiteSql {
-    pub layout: Layout,
-}
-
-impl LiteSql {
-    /// The tenant name as plugins see it (`default` for NULL), for filters.
-    pub fn tenant_name_expr(&self, alias: &str) -> String {
-        match &self.layout.tenant {
-            Some(t) => format!("COALESCE(CAST({} AS TEXT), 'default')", qualified(alias, t)),
-            None => "'default'".to_owned(),
-        }
-    }
-
-    /// The tenant as text, NULL for the default tenant (`alias` may be empty).
-    pub fn tenant_expr(&self, alias: &str) -> String {
-        match &self.layout.tenant {
-            Some(t) => format!("CAST({} AS TEXT)", qualified(alias, t)),
-            None => "NULL".to_owned(),
-        }
-    }
-
-    /// The id as an integer or text (`alias` may be empty: the bare column).
-    pub fn id_expr(&self, alias: &str) -> String {
-        let column = qualified(alias, &self.layout.id);
-        match self.layout.key {
-            KeyKind::Int => format!("CAST({column} AS INTEGER)"),
-            KeyKind::Text { .. } => format!("CAST({column} AS TEXT)"),
-        }
-    }
-
-    /// `created_at` as milliseconds since the epoch (NULL when it is not a time).
-    pub fn created_at_ms_expr(&self, alias: &str) -> String {
-        let c = qualified(alias, &self.layout.created_at);
-        format!("CAST(round((julianday({c}) - 2440587.5) * 86400000.0) AS INTEGER)")
-    }
-
-    /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
-    pub fn order_by(&self, alias: &str) -> String {
-        let l = &self.layout;
-        if l.ordered_by_id() {
-            qualified(alias, &l.id)
-        } else {
-            format!(
-                "{}, {}",
-                qualified(alias, &l.order),
-                qualified(alias, &l.id)
-            )
-        }
-    }
-
-    /// Whether row `a` comes before row `b` in claim order (a total order).
-    pub fn before(&self, a: &str, b: &str) -> String {
-        let l = &self.layout;
-        if l.ordered_by_id() {
-            format!("{a}.{id} < {b}.{id}", id = l.id)
-        } else {
-            format!(
-                "({a}.{o}, {a}.{id}) < ({b}.{o}, {b}.{id})",
-                o = l.order,
-                id = l.id
-            )
-        }
-    }
-}
-
-fn qualified(alias: &str, column: &ColumnName) -> String {
-    if alias.is_empty() {
-        column.to_string()
-    } else {
-        format!("{alias}.{column}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::dialect::Dialect;
+    use crate::store::layout_sql::LayoutSql;
 
     fn column(name: &str, declared: &str) -> FoundColumn {
         FoundColumn {
@@ -332,7 +258,7 @@ mod tests {
         let layout = check(&spec(), &table("INTEGER")).unwrap();
         assert_eq!(layout.key, KeyKind::Int);
         assert_eq!(layout.payload_kind, PayloadKind::Json);
-        let sql = LiteSql { layout };
+        let sql = LayoutSql::new(layout, Dialect::Sqlite);
         assert_eq!(sql.order_by("o"), "o.\"id\"");
         assert_eq!(sql.id_expr(""), "CAST(\"id\" AS INTEGER)");
     }
@@ -351,9 +277,7 @@ mod tests {
         });
         let mut named = spec();
         named.columns.order = Some(ColumnName::parse("seq").unwrap());
-        let sql = LiteSql {
-            layout: check(&named, &with_seq).unwrap(),
-        };
+        let sql = LayoutSql::new(check(&named, &with_seq).unwrap(), Dialect::Sqlite);
         assert_eq!(
             sql.before("p", "o"),
             "(p.\"seq\", p.\"id\") < (o.\"seq\", o.\"id\")"

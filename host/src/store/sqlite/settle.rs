@@ -6,23 +6,19 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Acquire, AssertSqlSafe};
+use sqlx::AssertSqlSafe;
 
-use super::batch::{mark, reschedule};
-use super::rows::{bind_id, now_ms, read_id};
+use super::batch::Recorder;
+use super::rows::{bind_id, now_ms};
 use super::{BEGIN_WRITE, LiteStore};
 use crate::model::OutboxId;
-use crate::store::rows::{IDS_PER_STATEMENT, placeholders};
-use crate::store::settle::{Target, settle_one, split_held};
+use crate::store::rows::{IDS_PER_STATEMENT, placeholders, read_id};
+use crate::store::settle::{record_held, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
 pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
-    let wanted: Vec<&OutboxId> = outcome
-        .sent
-        .iter()
-        .chain(outcome.failed.iter().map(|f| &f.id))
-        .collect();
+    let wanted: Vec<&OutboxId> = outcome.ids().collect();
     if wanted.is_empty() {
         return Ok(settlement);
     }
@@ -55,49 +51,17 @@ pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlem
             .fetch_all(&mut *tx)
             .await?;
         for row in &rows {
-            ours.insert(read_id(row, layout, "id")?);
+            ours.insert(read_id(row, &layout.key, 0)?);
         }
     }
     let (sent, failed) = split_held(outcome, &ours, &mut settlement);
 
-    let mut all = Acquire::begin(&mut *tx).await?;
-    let together = async {
-        let marked = mark(&mut all, statements, &sent, now, None).await?;
-        let rescheduled = reschedule(&mut all, statements, &failed, now, None, None).await?;
-        Ok::<_, sqlx::Error>(marked == sent.len() as u64 && rescheduled == failed.len() as u64)
-    }
-    .await;
-    match together {
-        Ok(true) => {
-            all.commit().await?;
-            settlement.marked = sent;
-            settlement.rescheduled = failed.into_iter().map(|f| f.id).collect();
-        }
-        outcome => {
-            all.rollback().await?;
-            if let Err(e) = outcome {
-                tracing::warn!(error = %e, "recording the batch's rows together failed; recording them one by one");
-            }
-            for id in sent {
-                let mut one = Acquire::begin(&mut *tx).await?;
-                let done = mark(&mut one, statements, std::slice::from_ref(&id), now, None).await;
-                settle_one(&mut settlement, id, done, one, Target::Marked).await?;
-            }
-            for failure in failed {
-                let mut one = Acquire::begin(&mut *tx).await?;
-                let done = reschedule(
-                    &mut one,
-                    statements,
-                    std::slice::from_ref(&failure),
-                    now,
-                    None,
-                    None,
-                )
-                .await;
-                settle_one(&mut settlement, failure.id, done, one, Target::Rescheduled).await?;
-            }
-        }
-    }
+    let rows = Recorder {
+        statements,
+        now,
+        lease: None,
+    };
+    record_held(&mut tx, &rows, sent, failed, &mut settlement).await?;
     tx.commit().await?;
     Ok(settlement)
 }

@@ -1,5 +1,5 @@
-//! The relay's statements, built from the checked layout ([`LiteSql`]): the claim (a lease),
-//! the due probe, marking, rescheduling, releasing leases and the backlog count.
+//! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim (a lease),
+//! the due probe, marking, rescheduling, releasing leases.
 //!
 //! Times are bound from Rust as milliseconds since the epoch, so every process on the machine
 //! compares leases against the same clock. The paused tenants travel as one JSON array
@@ -7,41 +7,9 @@
 
 use std::sync::Arc;
 
-use super::schema::LiteSql;
+use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::placeholders;
-use crate::store::{AfterDead, MarkMode, Ordering, StoreOptions};
-
-/// In key order, a row is claimable only when no earlier row of its key is still unsent —
-/// leased by another relay, waiting for a retry, or (unless dead rows are skipped) dead.
-fn key_order_filter(sql: &LiteSql, ordering: Ordering, after_dead: AfterDead) -> String {
-    match ordering {
-        Ordering::None => String::new(),
-        Ordering::Key => {
-            let l = &sql.layout;
-            let dead = match after_dead {
-                AfterDead::Skip => "AND p.dead_at IS NULL",
-                AfterDead::Block => "",
-            };
-            let tenant = match &l.tenant {
-                Some(t) => format!("AND p.{t} IS o.{t}"),
-                None => String::new(),
-            };
-            format!(
-                "AND NOT EXISTS (
-                    SELECT 1 FROM {table} AS p
-                     WHERE p.{at} = o.{at}
-                       AND p.{ai} = o.{ai}
-                       {tenant}
-                       AND {before}
-                       AND p.published_at IS NULL {dead})",
-                table = l.table,
-                at = l.aggregate_type,
-                ai = l.aggregate_id,
-                before = sql.before("p", "o"),
-            )
-        }
-    }
-}
+use crate::store::{MarkMode, StoreOptions};
 
 /// Which rows a marking or rescheduling statement may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,32 +33,29 @@ impl Guard {
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 #[derive(Debug)]
 pub struct Statements {
-    pub sql: LiteSql,
+    pub sql: LayoutSql,
     /// Binds: token, lease deadline, now, paused tenants (JSON array), limit.
     pub claim: Arc<str>,
     /// Binds: now, paused tenants (JSON array).
     pub due: Arc<str>,
-    /// Binds: now.
-    pub backlog: Arc<str>,
-    /// Binds: now, limit.
-    pub sample: Arc<str>,
     mark: MarkMode,
 }
 
 impl Statements {
-    pub fn new(sql: LiteSql, options: StoreOptions) -> Self {
-        let l = &sql.layout;
-        let table = &l.table;
+    pub fn new(sql: LayoutSql, options: StoreOptions) -> Self {
+        let table = &sql.table;
         let due = |now: &str, paused: &str| {
             format!(
                 "o.published_at IS NULL AND o.dead_at IS NULL
                     AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now})
                     AND (o.lease_until IS NULL OR o.lease_until <= {now})
                     AND NOT EXISTS (SELECT 1 FROM json_each({paused}) AS paused
-                                     WHERE paused.value IS {tenant})
+                                     WHERE {paused_tenant})
                     {key_order}",
-                tenant = sql.tenant_expr("o"),
-                key_order = key_order_filter(&sql, options.ordering, options.after_dead),
+                paused_tenant = sql
+                    .dialect
+                    .null_safe_eq("paused.value", &sql.tenant_expr("o")),
+                key_order = sql.key_order_filter(options.ordering, options.after_dead),
             )
         };
         let claim = format!(
@@ -99,34 +64,12 @@ impl Statements {
                               WHERE {due}
                               ORDER BY {order_by}
                               LIMIT ?5)
-             RETURNING {id_expr} AS id, {tenant} AS tenant,
-                       CAST({at} AS TEXT) AS aggregate_type,
-                       CAST({ai} AS TEXT) AS aggregate_id,
-                       CAST({et} AS TEXT) AS event_type,
-                       CAST({payload} AS BLOB) AS payload,
-                       COALESCE(CAST({headers} AS TEXT), '{{}}') AS headers,
-                       {created_at} AS created_at_ms,
-                       attempts,
-                       CAST({order} AS INTEGER) AS claim_order",
-            id = l.id,
+             RETURNING {columns}, CAST({order} AS INTEGER) AS claim_order",
+            id = sql.id,
             due = due("?3", "?4"),
             order_by = sql.order_by("o"),
-            id_expr = sql.id_expr(""),
-            tenant = sql.tenant_expr(""),
-            at = l.aggregate_type,
-            ai = l.aggregate_id,
-            et = l.event_type,
-            payload = l.payload,
-            headers = l.headers,
-            created_at = sql.created_at_ms_expr(""),
-            order = l.order,
-        );
-        let backlog = format!(
-            "SELECT COALESCE(SUM(dead_at IS NULL AND (next_attempt_at IS NULL
-                                                      OR next_attempt_at <= ?1)), 0),
-                    COALESCE(SUM(dead_at IS NULL AND next_attempt_at > ?1), 0),
-                    COALESCE(SUM(dead_at IS NOT NULL), 0)
-               FROM {table} WHERE published_at IS NULL"
+            columns = sql.claimed_columns(""),
+            order = sql.order,
         );
         Self {
             due: format!(
@@ -135,8 +78,6 @@ impl Statements {
             )
             .into(),
             claim: claim.into(),
-            backlog: backlog.into(),
-            sample: super::sample::statement(&sql).into(),
             mark: options.mark,
             sql,
         }
@@ -198,32 +139,12 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::TableName;
-    use crate::store::columns::ColumnName;
-    use crate::store::schema::{KeyKind, Layout, PayloadKind, TimeKind};
-
-    fn squash(sql: &str) -> String {
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
-    }
+    use crate::store::Ordering;
+    use crate::store::dialect::Dialect;
+    use crate::store::test_layouts::{sluice_layout, squash};
 
     fn statements(options: StoreOptions) -> Statements {
-        let col = |n: &str| ColumnName::parse(n).unwrap();
-        let layout = Layout {
-            table: TableName::parse("outbox").unwrap(),
-            id: col("id"),
-            key: KeyKind::Int,
-            tenant: Some(col("tenant")),
-            aggregate_type: col("aggregate_type"),
-            aggregate_id: col("aggregate_id"),
-            event_type: col("event_type"),
-            payload: col("payload"),
-            payload_kind: PayloadKind::Json,
-            headers: col("headers"),
-            created_at: col("created_at"),
-            created_at_kind: TimeKind::WithoutZone,
-            order: col("id"),
-        };
-        Statements::new(LiteSql { layout }, options)
+        Statements::new(LayoutSql::new(sluice_layout(), Dialect::Sqlite), options)
     }
 
     #[test]

@@ -1,8 +1,8 @@
-//! Layouts of two typical tables, for the SQL builders' tests.
+//! Layouts of two typical tables, for the SQL builders' tests (every dialect's).
 
 use super::schema::PayloadKind;
 use super::schema::{KeyKind, Layout, TimeKind};
-use crate::store::{ColumnName, TableName};
+use super::{ColumnName, TableName};
 
 pub fn col(name: &str) -> ColumnName {
     ColumnName::parse(name).unwrap()

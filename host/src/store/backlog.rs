@@ -1,0 +1,133 @@
+//! Counting unsent rows, for every database: by state ([`count`], what `sluice drain` has to
+//! do) and, for the metrics sampler, per tenant ([`sample`]: due rows, the oldest due row's age
+//! and dead rows, reading at most `limit` unsent rows — the claim's partial index, in claim
+//! order — and at most `limit` dead ones — the dead rows' index; tables migrated before it
+//! existed get it from `sluice migrate`).
+
+use super::dialect::{Cast, Dialect};
+use super::layout_sql::LayoutSql;
+use super::statement::{Param, ReadRow, Run, Statement};
+use super::{Backlog, StoreError, TenantBacklog};
+
+/// `SUM(cond)` as a 64-bit integer, 0 over no rows.
+fn count_if(dialect: Dialect, cond: &str) -> String {
+    dialect.cast(
+        &format!("COALESCE(SUM(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"),
+        Cast::Int,
+    )
+}
+
+/// Unsent rows by state (see [`super::OutboxStore::backlog`]).
+pub(crate) async fn count<R: Run>(run: &R, sql: &LayoutSql) -> Result<Backlog, StoreError> {
+    let dialect = sql.dialect;
+    let mut statement = Statement::new(dialect);
+    let now = statement.now();
+    let text = format!(
+        "SELECT {due}, {waiting}, {dead} FROM {table} WHERE published_at IS NULL",
+        due = count_if(
+            dialect,
+            &format!("dead_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= {now})")
+        ),
+        waiting = count_if(
+            dialect,
+            &format!("dead_at IS NULL AND next_attempt_at > {now}")
+        ),
+        dead = count_if(dialect, "dead_at IS NOT NULL"),
+        table = sql.table,
+    );
+    let rows = run.fetch_all(&statement.with_sql(text)).await?;
+    let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Backlog {
+        due: row.int(0)?.unwrap_or(0),
+        waiting: row.int(1)?.unwrap_or(0),
+        dead: row.int(2)?.unwrap_or(0),
+    })
+}
+
+/// The sampler's statement for reading at most `limit` unsent and `limit` dead rows.
+fn statement(sql: &LayoutSql, limit: i64) -> Statement {
+    let dialect = sql.dialect;
+    let mut statement = Statement::new(dialect);
+    let now = statement.now();
+    let unsent_limit = statement.param(Param::Int(limit));
+    let dead_limit = statement.again(&unsent_limit, Param::Int(limit));
+    // The oldest due row's age in microseconds.
+    let age = match dialect {
+        Dialect::Postgres => "(extract(epoch FROM now() - MIN(oldest)) * 1000000)::int8".to_owned(),
+        Dialect::Mysql => {
+            "CAST(TIMESTAMPDIFF(MICROSECOND, MIN(oldest), UTC_TIMESTAMP(6)) AS SIGNED)".to_owned()
+        }
+        Dialect::Sqlite => format!("({now} - MIN(oldest)) * 1000"),
+    };
+    let text = format!(
+        "SELECT tenant, {due}, {dead}, {age}
+           FROM (SELECT tenant, SUM(CASE WHEN due THEN 1 ELSE 0 END) AS due, 0 AS dead,
+                        MIN(CASE WHEN due THEN created_at END) AS oldest
+                   FROM (SELECT {tenant} AS tenant, {created_at} AS created_at,
+                                (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now}) AS due
+                           FROM {table} AS o
+                          WHERE o.published_at IS NULL AND o.dead_at IS NULL
+                          ORDER BY {order_by}
+                          LIMIT {unsent_limit}) AS u
+                  GROUP BY tenant
+                 UNION ALL
+                 SELECT tenant, 0, COUNT(*), NULL
+                   FROM (SELECT {tenant} AS tenant FROM {table} AS o
+                          WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
+                          ORDER BY {order_by}
+                          LIMIT {dead_limit}) AS d
+                  GROUP BY tenant) AS s
+          GROUP BY tenant",
+        due = dialect.cast("SUM(due)", Cast::Int),
+        dead = dialect.cast("SUM(dead)", Cast::Int),
+        table = sql.table,
+        tenant = sql.tenant_expr("o"),
+        created_at = sql.created_at_expr("o"),
+        order_by = sql.order_by("o"),
+    );
+    statement.with_sql(text)
+}
+
+/// Samples the backlog per tenant (see [`super::OutboxStore::sample_backlog`]).
+pub(crate) async fn sample<R: Run>(
+    run: &R,
+    sql: &LayoutSql,
+    limit: i64,
+) -> Result<Vec<TenantBacklog>, StoreError> {
+    let rows = run.fetch_all(&statement(sql, limit)).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(TenantBacklog {
+                tenant: row.text(0)?,
+                due: row.int(1)?.unwrap_or(0),
+                dead: row.int(2)?.unwrap_or(0),
+                oldest_due_age: row
+                    .int(3)?
+                    .map(|us| std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::test_layouts::sluice_layout;
+
+    fn sql(dialect: Dialect) -> LayoutSql {
+        LayoutSql::new(sluice_layout(), dialect)
+    }
+
+    #[test]
+    fn the_limit_is_bound_once_where_placeholders_are_numbered() {
+        let pg = statement(&sql(Dialect::Postgres), 10);
+        assert_eq!(pg.params, [Param::Int(10)]);
+        assert_eq!(pg.sql.matches("LIMIT $1").count(), 2, "{}", pg.sql);
+        let my = statement(&sql(Dialect::Mysql), 10);
+        assert_eq!(my.params, [Param::Int(10), Param::Int(10)]);
+        let lite = statement(&sql(Dialect::Sqlite), 10);
+        assert_eq!(lite.params.len(), 2);
+        assert_eq!(lite.sql.matches("LIMIT ?2").count(), 2, "{}", lite.sql);
+    }
+}

@@ -1,0 +1,172 @@
+//! What every driver's [`ClaimedBatch`] shares: recording an outcome with the driver's
+//! statements ([`RecordRows`]), the affected-row count check, the text recorded when the
+//! database refuses an error's own, and the batch held in a transaction ([`TxBatch`],
+//! PostgreSQL's and MySQL's).
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use sqlx::Acquire;
+
+use super::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
+use crate::model::OutboxId;
+use crate::text::{MAX_LOGGED, bounded};
+
+/// A driver's two statements that record an outcome's rows, on a connection of its database
+/// (boxed futures: the shared code holding them stays `Send` whatever the driver).
+pub trait RecordRows<DB: sqlx::Database>: Sync {
+    /// Marks `ids` sent; returns the rows changed.
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+
+    /// Reschedules or dead-letters `failed`, recording each row's error (made safe to store)
+    /// or `fixed`; returns the rows changed.
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+}
+
+impl<DB: sqlx::Database, T: RecordRows<DB> + Send> RecordRows<DB> for Arc<T> {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        T::mark(self, conn, ids)
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        T::reschedule(self, conn, failed, fixed)
+    }
+}
+
+/// A claimed batch held in an open transaction whose row locks keep other relays off its rows
+/// until it commits (PostgreSQL, MySQL), recorded with the driver's statements `S`.
+pub struct TxBatch<DB: sqlx::Database, S> {
+    tx: sqlx::Transaction<'static, DB>,
+    rows: S,
+}
+
+impl<DB: sqlx::Database, S> TxBatch<DB, S> {
+    pub(crate) fn new(tx: sqlx::Transaction<'static, DB>, rows: S) -> Self {
+        Self { tx, rows }
+    }
+}
+
+impl<DB: sqlx::Database, S: RecordRows<DB> + Send> ClaimedBatch for TxBatch<DB, S> {
+    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
+        let recorded = self.record(&outcome).await;
+        commit_if_recorded(self.tx, recorded).await
+    }
+
+    async fn abandon(self) -> Result<(), StoreError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
+
+impl<DB: sqlx::Database, S: RecordRows<DB>> TxBatch<DB, S> {
+    /// Marks and reschedules the outcome's rows, checking each count.
+    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
+        if !outcome.sent.is_empty() {
+            let affected = self.rows.mark(&mut self.tx, &outcome.sent).await?;
+            check_count(outcome.sent.len(), affected)?;
+        }
+        if !outcome.failed.is_empty() {
+            let affected = reschedule_or_fixed(&mut self.tx, &self.rows, &outcome.failed).await?;
+            check_count(outcome.failed.len(), affected)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reschedules `failed` with their own error texts inside a savepoint of `tx`; should the
+/// database refuse the texts (a constraint or trigger of the application's, a column
+/// character set that cannot hold them), undoes that and records [`UNSTORABLE_ERROR`]
+/// instead, so the completion of a batch whose messages were already published cannot fail on
+/// text. Returns the rows changed.
+pub(crate) async fn reschedule_or_fixed<DB: sqlx::Database>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    rows: &(impl RecordRows<DB> + ?Sized),
+    failed: &[RowFailure],
+) -> Result<u64, StoreError> {
+    let mut savepoint = Acquire::begin(&mut *tx).await?;
+    match rows.reschedule(&mut savepoint, failed, None).await {
+        Ok(affected) => {
+            savepoint.commit().await?;
+            Ok(affected)
+        }
+        Err(refused) => {
+            tracing::warn!(
+                error = %bounded(&refused.to_string(), MAX_LOGGED),
+                rows = failed.len(),
+                "the database refused the failed rows' error texts; recording a fixed text instead"
+            );
+            savepoint.rollback().await?;
+            Ok(rows.reschedule(tx, failed, Some(UNSTORABLE_ERROR)).await?)
+        }
+    }
+}
+
+/// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
+/// trigger of the application's, a column character set that cannot hold it): plain ASCII,
+/// so recording the failure cannot fail on text.
+pub(crate) const UNSTORABLE_ERROR: &str =
+    "the error text could not be stored (the database refused it); see the relay's log";
+
+/// [`StoreError::MarkMismatch`] unless a statement given `expected` rows changed as many.
+pub(crate) fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
+    let expected = expected as u64;
+    if expected == affected {
+        Ok(())
+    } else {
+        Err(StoreError::MarkMismatch { expected, affected })
+    }
+}
+
+/// The end of [`ClaimedBatch::complete`](super::ClaimedBatch::complete) for drivers that hold
+/// rows in a transaction: commits `tx` when the outcome was `recorded`, else rolls it back at
+/// once — not when the connection is next used, so the rows' locks are gone before the caller
+/// settles the outcome in a fresh transaction — and returns the error.
+async fn commit_if_recorded<DB: sqlx::Database>(
+    tx: sqlx::Transaction<'static, DB>,
+    recorded: Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    match recorded {
+        Ok(()) => Ok(tx.commit().await?),
+        Err(e) => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_short_of_the_rows_given_is_a_mismatch() {
+        assert!(check_count(3, 3).is_ok());
+        assert!(matches!(
+            check_count(3, 2),
+            Err(StoreError::MarkMismatch {
+                expected: 3,
+                affected: 2
+            })
+        ));
+    }
+}

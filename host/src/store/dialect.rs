@@ -1,0 +1,98 @@
+//! How the three databases spell the same SQL: identifier quoting, casts, null-safe equality
+//! and time arithmetic (placeholders and the current time: [`super::statement::Statement`]). Everything else a statement needs is built once from a
+//! [`Layout`](super::schema::Layout) and a [`Dialect`] ([`super::layout_sql`]).
+
+use std::time::Duration;
+
+use super::chunk::millis;
+
+/// One database's spelling of SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+/// The two types values are cast to before Rust reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cast {
+    /// A 64-bit integer.
+    Int,
+    /// Text in the connection's character set.
+    Text,
+}
+
+impl Dialect {
+    /// The identifier quote (names are validated identifiers: they need no escaping).
+    pub(crate) fn quote(self) -> char {
+        match self {
+            Self::Mysql => '`',
+            Self::Postgres | Self::Sqlite => '"',
+        }
+    }
+
+    /// `expr` cast to `to`.
+    pub(crate) fn cast(self, expr: &str, to: Cast) -> String {
+        match (self, to) {
+            (Self::Postgres, Cast::Int) => format!("{expr}::int8"),
+            (Self::Postgres, Cast::Text) => format!("{expr}::text"),
+            (Self::Mysql, Cast::Int) => format!("CAST({expr} AS SIGNED)"),
+            (Self::Mysql, Cast::Text) => format!("CAST({expr} AS CHAR)"),
+            (Self::Sqlite, Cast::Int) => format!("CAST({expr} AS INTEGER)"),
+            (Self::Sqlite, Cast::Text) => format!("CAST({expr} AS TEXT)"),
+        }
+    }
+
+    /// `a` equals `b`, NULL equalling NULL.
+    pub(crate) fn null_safe_eq(self, a: &str, b: &str) -> String {
+        match self {
+            Self::Postgres => format!("{a} IS NOT DISTINCT FROM {b}"),
+            Self::Mysql => format!("{a} <=> {b}"),
+            Self::Sqlite => format!("{a} IS {b}"),
+        }
+    }
+
+    /// The time `age` ago, as a time column compares with it, given parameter `param` bound
+    /// to [`Dialect::ago_param`].
+    pub(crate) fn ago(self, param: &str) -> String {
+        match self {
+            Self::Postgres => format!("now() - {param} * interval '1 millisecond'"),
+            Self::Mysql => format!("UTC_TIMESTAMP(6) - INTERVAL {param} MICROSECOND"),
+            Self::Sqlite => param.to_owned(),
+        }
+    }
+
+    /// What [`Dialect::ago`]'s parameter binds for `age`: milliseconds (PostgreSQL),
+    /// microseconds (MySQL), or the time itself in milliseconds since the epoch (SQLite).
+    pub(crate) fn ago_param(self, age: Duration) -> i64 {
+        match self {
+            Self::Postgres => millis(age),
+            Self::Mysql => i64::try_from(age.as_micros()).unwrap_or(i64::MAX),
+            Self::Sqlite => chrono::Utc::now()
+                .timestamp_millis()
+                .saturating_sub(millis(age)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_database_spells_casts_and_null_safe_equality_its_way() {
+        assert_eq!(Dialect::Postgres.cast("o.x", Cast::Int), "o.x::int8");
+        assert_eq!(Dialect::Mysql.cast("o.x", Cast::Text), "CAST(o.x AS CHAR)");
+        assert_eq!(
+            Dialect::Sqlite.cast("o.x", Cast::Int),
+            "CAST(o.x AS INTEGER)"
+        );
+        assert_eq!(
+            Dialect::Postgres.null_safe_eq("a", "b"),
+            "a IS NOT DISTINCT FROM b"
+        );
+        assert_eq!(Dialect::Mysql.null_safe_eq("a", "b"), "a <=> b");
+        assert_eq!(Dialect::Sqlite.null_safe_eq("a", "b"), "a IS b");
+    }
+}

@@ -1,0 +1,366 @@
+//! The SQL view of a checked [`Layout`] in one [`Dialect`]: the quoted names and the
+//! expressions that read its columns whatever their types (ids as integers or text, strings as
+//! text, payloads as bytes, `created_at` as a time), the claim order, and the key-order
+//! filter. Every driver's statements are built from it.
+
+use super::dialect::{Cast, Dialect};
+use super::schema::{KeyKind, Layout, PayloadKind, TimeKind};
+use super::{AfterDead, ColumnName, Ordering};
+
+/// A checked [`Layout`] as SQL of one [`Dialect`]: quoted names and column expressions.
+#[derive(Debug, Clone)]
+pub(crate) struct LayoutSql {
+    pub(crate) layout: Layout,
+    pub(crate) dialect: Dialect,
+    /// The quoted table name (`schema.table` when qualified).
+    pub(crate) table: String,
+    pub(crate) id: String,
+    pub(crate) tenant: Option<String>,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
+    pub(crate) payload: String,
+    pub(crate) headers: String,
+    pub(crate) created_at: String,
+    pub(crate) order: String,
+}
+
+impl LayoutSql {
+    pub(crate) fn new(layout: Layout, dialect: Dialect) -> Self {
+        let quote = dialect.quote();
+        let q = |c: &ColumnName| c.quoted_with(quote);
+        Self {
+            table: layout.table.quoted_with(quote),
+            id: q(&layout.id),
+            tenant: layout.tenant.as_ref().map(q),
+            aggregate_type: q(&layout.aggregate_type),
+            aggregate_id: q(&layout.aggregate_id),
+            event_type: q(&layout.event_type),
+            payload: q(&layout.payload),
+            headers: q(&layout.headers),
+            created_at: q(&layout.created_at),
+            order: q(&layout.order),
+            layout,
+            dialect,
+        }
+    }
+
+    /// `alias.column`, or the bare column when `alias` is empty (statements without an alias,
+    /// such as SQLite's `RETURNING`).
+    pub(crate) fn column(alias: &str, column: &str) -> String {
+        if alias.is_empty() {
+            column.to_owned()
+        } else {
+            format!("{alias}.{column}")
+        }
+    }
+
+    /// The id as a 64-bit integer or as text, as the layout carries it.
+    pub(crate) fn id_expr(&self, alias: &str) -> String {
+        let cast = match self.layout.key {
+            KeyKind::Int => Cast::Int,
+            KeyKind::Text { .. } => Cast::Text,
+        };
+        self.dialect.cast(&Self::column(alias, &self.id), cast)
+    }
+
+    /// A string column (`column` quoted) as text.
+    pub(crate) fn text_expr(&self, alias: &str, column: &str) -> String {
+        self.dialect.cast(&Self::column(alias, column), Cast::Text)
+    }
+
+    /// The tenant as text, NULL for the default tenant.
+    pub(crate) fn tenant_expr(&self, alias: &str) -> String {
+        match &self.tenant {
+            Some(t) => self.text_expr(alias, t),
+            None => self.dialect.cast("NULL", Cast::Text),
+        }
+    }
+
+    /// The tenant name as plugins see it (`default` for NULL), for filters.
+    pub(crate) fn tenant_name_expr(&self, alias: &str) -> String {
+        match &self.tenant {
+            Some(_) => format!("COALESCE({}, 'default')", self.tenant_expr(alias)),
+            None => self.dialect.cast("'default'", Cast::Text),
+        }
+    }
+
+    /// The payload as bytes (PostgreSQL, SQLite) or, for text and JSON on MySQL, as utf8mb4
+    /// text (read as bytes in Rust).
+    pub(crate) fn payload_expr(&self, alias: &str) -> String {
+        let p = Self::column(alias, &self.payload);
+        match (self.dialect, self.layout.payload_kind) {
+            (Dialect::Sqlite, _) => format!("CAST({p} AS BLOB)"),
+            (_, PayloadKind::Bytes) => p,
+            (Dialect::Postgres, PayloadKind::Json | PayloadKind::Text) => {
+                format!("convert_to({p}::text, 'UTF8')")
+            }
+            (Dialect::Mysql, PayloadKind::Json | PayloadKind::Text) => {
+                format!("CAST({p} AS CHAR CHARACTER SET utf8mb4)")
+            }
+        }
+    }
+
+    /// The headers as text, `{}` when NULL.
+    pub(crate) fn headers_expr(&self, alias: &str) -> String {
+        let h = Self::column(alias, &self.headers);
+        let text = match self.dialect {
+            Dialect::Mysql => format!("CAST({h} AS CHAR CHARACTER SET utf8mb4)"),
+            Dialect::Postgres | Dialect::Sqlite => self.dialect.cast(&h, Cast::Text),
+        };
+        format!("COALESCE({text}, '{{}}')")
+    }
+
+    /// `created_at` as a UTC time, NULL read as now (PostgreSQL: `timestamptz`, a timestamp
+    /// without zone read as UTC; MySQL: a `DATETIME`, or a `TIMESTAMP` through the
+    /// connection's `+00:00` time zone). SQLite: milliseconds since the epoch, NULL when the
+    /// value is not a time (read as now in Rust).
+    pub(crate) fn created_at_expr(&self, alias: &str) -> String {
+        let c = Self::column(alias, &self.created_at);
+        match (self.dialect, self.layout.created_at_kind) {
+            (Dialect::Postgres, TimeKind::WithZone) => format!("COALESCE({c}, now())"),
+            (Dialect::Postgres, TimeKind::WithoutZone) => {
+                format!("COALESCE({c} AT TIME ZONE 'UTC', now())")
+            }
+            (Dialect::Mysql, _) => format!("COALESCE({c}, UTC_TIMESTAMP(6))"),
+            (Dialect::Sqlite, _) => {
+                format!("CAST(round((julianday({c}) - 2440587.5) * 86400000.0) AS INTEGER)")
+            }
+        }
+    }
+
+    /// The claim's columns, in the order [`super::rows::column`] reads them, with its aliases.
+    pub(crate) fn claimed_columns(&self, alias: &str) -> String {
+        format!(
+            "{id} AS id, {tenant} AS tenant, {at} AS aggregate_type, {ai} AS aggregate_id,
+             {et} AS event_type, {payload} AS payload, {headers} AS headers,
+             {created_at} AS created_at, {attempts} AS attempts",
+            id = self.id_expr(alias),
+            tenant = self.tenant_expr(alias),
+            at = self.text_expr(alias, &self.aggregate_type),
+            ai = self.text_expr(alias, &self.aggregate_id),
+            et = self.text_expr(alias, &self.event_type),
+            payload = self.payload_expr(alias),
+            headers = self.headers_expr(alias),
+            created_at = self.created_at_expr(alias),
+            attempts = Self::column(alias, "attempts"),
+        )
+    }
+
+    /// The SQL type a text id is cast to for comparison with the id column (PostgreSQL, where
+    /// ids travel as text).
+    pub(crate) fn key_cast(&self) -> &str {
+        match &self.layout.key {
+            KeyKind::Int => "int8",
+            KeyKind::Text { cast } => cast,
+        }
+    }
+
+    /// Parameter `param` as an id compared with the id column: PostgreSQL binds ids as text
+    /// and casts them to the column's type (so its index serves), the others bind the type.
+    pub(crate) fn id_param(&self, param: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("{param}::text::{}", self.key_cast()),
+            Dialect::Mysql | Dialect::Sqlite => param.to_owned(),
+        }
+    }
+
+    /// The alias a [`LayoutSql::delete_first`] filter names the table by: MySQL's
+    /// single-table `DELETE` (the only kind with `ORDER BY` and `LIMIT`) takes no alias before
+    /// 8.0.16, so there the table's own name.
+    pub(crate) fn delete_alias(&self) -> &str {
+        match self.dialect {
+            Dialect::Mysql => &self.table,
+            Dialect::Postgres | Dialect::Sqlite => "o",
+        }
+    }
+
+    /// Deletes the first `limit` rows in claim order matching `filter` (written against
+    /// [`LayoutSql::delete_alias`]): one chunk of a chunked delete.
+    pub(crate) fn delete_first(&self, filter: &str, limit: &str) -> String {
+        let table = &self.table;
+        match self.dialect {
+            Dialect::Mysql => format!(
+                "DELETE FROM {table} WHERE {filter} ORDER BY {order_by} LIMIT {limit}",
+                order_by = self.order_by(table),
+            ),
+            Dialect::Postgres | Dialect::Sqlite => format!(
+                "DELETE FROM {table}
+                  WHERE {id} IN (SELECT o.{id} FROM {table} AS o
+                                  WHERE {filter}
+                                  ORDER BY {order_by} LIMIT {limit})",
+                id = self.id,
+                order_by = self.order_by("o"),
+            ),
+        }
+    }
+
+    /// `ORDER BY` list: the order column, then the id as a tie-break when they differ.
+    pub(crate) fn order_by(&self, alias: &str) -> String {
+        if self.layout.ordered_by_id() {
+            Self::column(alias, &self.id)
+        } else {
+            format!(
+                "{}, {}",
+                Self::column(alias, &self.order),
+                Self::column(alias, &self.id)
+            )
+        }
+    }
+
+    /// Whether row `a` comes before row `b` in claim order (a total order).
+    pub(crate) fn before(&self, a: &str, b: &str) -> String {
+        if self.layout.ordered_by_id() {
+            format!("{a}.{id} < {b}.{id}", id = self.id)
+        } else {
+            format!(
+                "({a}.{o}, {a}.{id}) < ({b}.{o}, {b}.{id})",
+                o = self.order,
+                id = self.id
+            )
+        }
+    }
+
+    /// In key order, a row `o` is claimable only when no earlier row of its key is still
+    /// unsent: not in another relay's open batch (PostgreSQL, MySQL: its lock keeps it unsent
+    /// until that commit; SQLite: its lease), not waiting for a retry, and — unless dead rows
+    /// are skipped — not dead. So at most one row per key is ever in flight, and a failing row
+    /// holds back its own key only. "Earlier" is the claim order ([`LayoutSql::before`]): a
+    /// total order, so of two unsent rows of a key exactly one is first. The subquery is a
+    /// plain (non-locking) read, so a row locked by another claim counts as unsent rather than
+    /// being skipped. Empty without key order.
+    pub(crate) fn key_order_filter(&self, ordering: Ordering, after_dead: AfterDead) -> String {
+        match ordering {
+            Ordering::None => String::new(),
+            Ordering::Key => {
+                let dead = match after_dead {
+                    AfterDead::Skip => "AND p.dead_at IS NULL",
+                    AfterDead::Block => "",
+                };
+                let tenant = match &self.tenant {
+                    Some(t) => format!(
+                        "AND {}",
+                        self.dialect
+                            .null_safe_eq(&format!("p.{t}"), &format!("o.{t}"))
+                    ),
+                    None => String::new(),
+                };
+                format!(
+                    "AND NOT EXISTS (
+                    SELECT 1 FROM {table} AS p
+                     WHERE p.{at} = o.{at}
+                       AND p.{ai} = o.{ai}
+                       {tenant}
+                       AND {before}
+                       AND p.published_at IS NULL {dead})",
+                    table = self.table,
+                    at = self.aggregate_type,
+                    ai = self.aggregate_id,
+                    before = self.before("p", "o"),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::TableName;
+    use crate::store::test_layouts::{col, sluice_layout};
+
+    /// Sluice's own table in schema `app`; `order`: the claim order column.
+    fn layout(key: KeyKind, tenant: bool, order: &str) -> Layout {
+        Layout {
+            table: TableName::parse("app.outbox").unwrap(),
+            key,
+            tenant: tenant.then(|| col("tenant")),
+            order: col(order),
+            ..sluice_layout()
+        }
+    }
+
+    #[test]
+    fn names_are_quoted_the_dialects_way() {
+        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Mysql);
+        assert_eq!(my.table, "`app`.`outbox`");
+        assert_eq!(my.id_expr("o"), "CAST(o.`id` AS SIGNED)");
+        let pg = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Postgres);
+        assert_eq!(pg.table, "\"app\".\"outbox\"");
+        assert_eq!(pg.id_expr("o"), "o.\"id\"::int8");
+        let lite = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Sqlite);
+        assert_eq!(lite.id_expr(""), "CAST(\"id\" AS INTEGER)");
+    }
+
+    #[test]
+    fn claim_order_is_the_order_column_then_the_id() {
+        let text = KeyKind::Text {
+            cast: "uuid".into(),
+        };
+        let pg = LayoutSql::new(layout(text, false, "sluice_seq"), Dialect::Postgres);
+        assert_eq!(pg.order_by("o"), "o.\"sluice_seq\", o.\"id\"");
+        assert_eq!(
+            pg.before("p", "o"),
+            "(p.\"sluice_seq\", p.\"id\") < (o.\"sluice_seq\", o.\"id\")"
+        );
+        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Mysql);
+        assert_eq!(my.order_by("o"), "o.`id`");
+        assert_eq!(my.before("p", "o"), "p.`id` < o.`id`");
+    }
+
+    #[test]
+    fn the_default_tenant_is_null_and_named_default() {
+        let pg = LayoutSql::new(layout(KeyKind::Int, false, "id"), Dialect::Postgres);
+        assert_eq!(pg.tenant_expr("o"), "NULL::text");
+        assert_eq!(pg.tenant_name_expr("o"), "'default'::text");
+        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Mysql);
+        assert_eq!(
+            my.tenant_name_expr("o"),
+            "COALESCE(CAST(o.`tenant` AS CHAR), 'default')"
+        );
+    }
+
+    #[test]
+    fn key_order_compares_tenants_null_safely_in_each_dialect() {
+        for (dialect, eq) in [
+            (
+                Dialect::Postgres,
+                "AND p.\"tenant\" IS NOT DISTINCT FROM o.\"tenant\"",
+            ),
+            (Dialect::Mysql, "AND p.`tenant` <=> o.`tenant`"),
+            (Dialect::Sqlite, "AND p.\"tenant\" IS o.\"tenant\""),
+        ] {
+            let sql = LayoutSql::new(layout(KeyKind::Int, true, "id"), dialect);
+            let filter = sql.key_order_filter(Ordering::Key, AfterDead::Skip);
+            assert!(filter.contains(eq), "{filter}");
+            assert!(filter.contains("AND p.dead_at IS NULL"), "{filter}");
+            assert!(
+                sql.key_order_filter(Ordering::None, AfterDead::Skip)
+                    .is_empty()
+            );
+        }
+    }
+
+    #[test]
+    fn payloads_become_bytes() {
+        let mut bytes = layout(KeyKind::Int, true, "id");
+        bytes.payload_kind = PayloadKind::Bytes;
+        assert_eq!(
+            LayoutSql::new(bytes.clone(), Dialect::Mysql).payload_expr("o"),
+            "o.`payload`"
+        );
+        assert_eq!(
+            LayoutSql::new(bytes, Dialect::Postgres).payload_expr("o"),
+            "o.\"payload\""
+        );
+        let json = layout(KeyKind::Int, true, "id");
+        assert_eq!(
+            LayoutSql::new(json.clone(), Dialect::Mysql).payload_expr("o"),
+            "CAST(o.`payload` AS CHAR CHARACTER SET utf8mb4)"
+        );
+        assert_eq!(
+            LayoutSql::new(json, Dialect::Postgres).payload_expr("o"),
+            "convert_to(o.\"payload\"::text, 'UTF8')"
+        );
+    }
+}
