@@ -68,7 +68,7 @@ ensure_mariadb() {
 }
 
 # The features the tests need: dynostore (the memory storage engine) and libsql (the SQLite
-# one, the only engine here that keeps SCRAM users: tests/tests/secure_kafka.rs; see
+# one, the only engine here that keeps SCRAM users: tests/tests/e2e/secure_kafka.rs; see
 # docs/security.md, "Testing against Tansu"). Installed into a root of its own, named by
 # version and features, so a tansu built otherwise (on PATH, in ~/.cargo/bin) is never taken
 # for it.

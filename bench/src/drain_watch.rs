@@ -16,10 +16,10 @@ use anyhow::{Context, bail};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres};
 
-use crate::db;
-use crate::outbox::OutboxTable;
 use crate::procstat::{ProcSample, SystemSample};
-use crate::relay::RelayProcess;
+use crate::relay::{Measured, RelayProcess};
+use sluice_testkit::DbTable;
+use sluice_testkit::db;
 
 /// Width of the id range watched for the first rows to leave.
 const HEAD_IDS: i64 = 5_000;
@@ -77,7 +77,7 @@ pub struct DrainWatch {
 
 impl DrainWatch {
     /// Looks at the filled `table` (call before starting the relay).
-    pub async fn prepare(url: &str, table: &OutboxTable, rows: Rows) -> anyhow::Result<Self> {
+    pub async fn prepare(url: &str, table: &DbTable, rows: Rows) -> anyhow::Result<Self> {
         let mut conn = db::connection(url).await?;
         // The probes are tiny; parallel workers would only add processes competing for CPU.
         db::execute(
@@ -94,9 +94,9 @@ impl DrainWatch {
             sqlx::query_as::<Postgres, (i64, i64)>(AssertSqlSafe(sql))
                 .fetch_one(&mut conn)
                 .await
-                .with_context(|| format!("cannot count the backlog of {}", table.name()))?;
+                .with_context(|| format!("cannot count the backlog of {}", &table.name))?;
         if total == 0 {
-            bail!("the backlog of {} is empty", table.name());
+            bail!("the backlog of {} is empty", &table.name);
         }
         let mut watch = Self {
             conn,

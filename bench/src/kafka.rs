@@ -1,20 +1,12 @@
-//! Talking to the broker: creating topics (Tansu does not auto-create them), the naive relay's
-//! producer and the latency scenario's consumer.
+//! The benchmark's Kafka clients: the naive relay's producer and the latency scenario's
+//! consumer (creating topics is the test kit's).
 
-use std::time::Duration;
-
-use anyhow::{Context, bail};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use anyhow::Context;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::FutureProducer;
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-/// Partitions of every benchmark topic.
-const PARTITIONS: i32 = 3;
-/// How long admin and metadata requests may take.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+use sluice_testkit::kafka::assign_from_beginning;
+pub use sluice_testkit::kafka::create_topics;
 
 /// The producer settings of `sluice run` (host/src/sink/kafka.rs `DEFAULT_PROPERTIES`:
 /// idempotence and acks=all so retries neither duplicate nor lose, a 30 s delivery timeout),
@@ -29,33 +21,6 @@ pub const PRODUCER_PROPERTIES: &[(&str, &str)] = &[
 /// The two topics the reference router writes to for the benchmark rows.
 pub fn topics(prefix: &str) -> Vec<String> {
     vec![format!("{prefix}order"), format!("{prefix}customer")]
-}
-
-/// Creates `topics` with 3 partitions each; topics that already exist are fine.
-pub async fn create_topics(bootstrap: &str, topics: &[String]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .context("cannot create a Kafka admin client")?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|t| NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1)))
-        .collect();
-    let results = admin
-        .create_topics(
-            &new,
-            &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
-        )
-        .await
-        .with_context(|| format!("cannot create topics {topics:?} on {bootstrap}"))?;
-    for result in results {
-        if let Err((topic, code)) = result
-            && code != RDKafkaErrorCode::TopicAlreadyExists
-        {
-            bail!("cannot create topic {topic} on {bootstrap}: {code:?}");
-        }
-    }
-    Ok(())
 }
 
 /// A producer with [`PRODUCER_PROPERTIES`].
@@ -84,28 +49,6 @@ pub fn low_latency_consumer(
         .set("fetch.min.bytes", "1")
         .create()
         .context("cannot create the Kafka consumer")?;
-    let mut assignment = TopicPartitionList::new();
-    for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
-            .with_context(|| format!("cannot fetch metadata of topic {topic}"))?;
-        let partitions = metadata
-            .topics()
-            .first()
-            .map(|t| t.partitions().len())
-            .unwrap_or(0);
-        if partitions == 0 {
-            bail!("topic {topic} has no partitions");
-        }
-        for partition in 0..partitions {
-            let partition = i32::try_from(partition).context("partition number")?;
-            assignment
-                .add_partition_offset(topic, partition, Offset::Beginning)
-                .with_context(|| format!("cannot assign {topic}/{partition}"))?;
-        }
-    }
-    consumer
-        .assign(&assignment)
-        .context("cannot assign the consumer's partitions")?;
+    assign_from_beginning(&consumer, topics)?;
     Ok(consumer)
 }

@@ -54,7 +54,7 @@ impl Machine {
 }
 
 async fn postgres_version(url: &str) -> Option<String> {
-    let pool = crate::db::pool(url).await.ok()?;
+    let pool = sluice_testkit::db::pool(url).await.ok()?;
     let version = sqlx::query_scalar::<sqlx::Postgres, String>("SHOW server_version")
         .fetch_one(&pool)
         .await

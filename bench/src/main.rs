@@ -62,10 +62,7 @@
 //! empty and a filled compile cache (median of 3) and a drain of `--rows` (default 100,000;
 //! median of 3) with rows/s, relay CPU per 1,000 rows and peak RSS; then a side-by-side table.
 
-mod broker;
 mod cli;
-mod db;
-mod dbtable;
 mod drain_watch;
 mod kafka;
 mod machine;
@@ -73,10 +70,8 @@ mod names;
 mod outbox;
 mod procstat;
 mod relay;
-mod relay_config;
 mod report;
 mod scenarios;
-mod scrape;
 mod stats;
 
 use std::process::ExitCode;

@@ -1,17 +1,17 @@
-//! Benchmark outbox tables: created with `sluice migrate` (as a user would), filled with the
-//! standard rows, dropped at the end of the scenario.
-
-use std::path::Path;
+//! The benchmark's outbox tables: the test kit's [`DbTable`], created with `sluice migrate`
+//! (as a user would), filled with the standard rows (two aggregate types, 1,000 ids, a 256-byte
+//! JSON payload), probed while a relay drains them, emptied between runs and dropped at the end
+//! of the scenario.
 
 use anyhow::{Context, bail};
-use sqlx::postgres::PgPool;
-use sqlx::{AssertSqlSafe, Postgres};
+use sluice_testkit::{Database, DbTable, Servers};
 
 use crate::cli::Settings;
-use crate::db;
+use crate::names;
 
-/// The standard row for series value `g` (a `bigint`): aggregate types `order` and `customer`
-/// alternating, 1,000 aggregate ids, a 256-byte JSON payload. Columns are [`ROW_COLUMNS`].
+/// The standard row for series value `g` (a `bigint`), PostgreSQL: aggregate types `order` and
+/// `customer` alternating, 1,000 aggregate ids, a 256-byte JSON payload. Columns are
+/// [`ROW_COLUMNS`].
 const ROW_VALUES: &str = "CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
        'agg-' || (g % 1000),
        'Created',
@@ -24,46 +24,6 @@ pub fn insert_rows_sql(table: &str, from: &str) -> String {
     format!("INSERT INTO {table} ({ROW_COLUMNS}) SELECT {ROW_VALUES} FROM {from}")
 }
 
-/// Runs `sluice migrate` for `table` in the database at `url`, optionally installing the NOTIFY
-/// trigger on `notify_channel`.
-pub async fn migrate(
-    sluice: &Path,
-    url: &str,
-    table: &str,
-    notify_channel: Option<&str>,
-) -> anyhow::Result<()> {
-    let mut command = tokio::process::Command::new(sluice);
-    command
-        .arg("migrate")
-        .arg("--database-url")
-        .arg(url)
-        .arg("--table")
-        .arg(table)
-        .env("RUST_LOG", "warn")
-        .env_remove("SLUICE_DATABASE_URL");
-    if let Some(channel) = notify_channel {
-        command
-            .arg("--notify-trigger")
-            .arg("--notify-channel")
-            .arg(channel);
-    }
-    let out = command
-        .output()
-        .await
-        .with_context(|| format!("cannot run {} migrate", sluice.display()))?;
-    if !out.status.success() {
-        bail!(
-            "`sluice migrate --table {table}{}` failed ({}): {}",
-            notify_channel
-                .map(|c| format!(" --notify-trigger --notify-channel {c}"))
-                .unwrap_or_default(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
 /// Rows of a second tenant mixed into a backlog, evenly spread.
 #[derive(Debug, Clone, Copy)]
 pub struct OtherTenant<'a> {
@@ -71,114 +31,168 @@ pub struct OtherTenant<'a> {
     pub rows: u64,
 }
 
-/// An outbox table in the benchmark database, owned by one scenario.
-pub struct OutboxTable {
-    name: String,
-    quoted: String,
-    pool: PgPool,
+/// The servers of the benchmark's settings.
+fn servers(settings: &Settings) -> Servers {
+    Servers {
+        postgres: settings.database_url.clone(),
+        mariadb: settings.mysql_url.clone(),
+    }
 }
 
-impl OutboxTable {
-    /// Creates a table named after `stem` with `sluice migrate` (see [`migrate`]).
-    pub async fn create(
-        settings: &Settings,
-        pool: &PgPool,
-        stem: &str,
-        notify_channel: Option<&str>,
-    ) -> anyhow::Result<Self> {
-        let name = crate::names::table(stem);
-        migrate(
-            &settings.sluice,
-            &settings.database_url,
-            &name,
-            notify_channel,
-        )
-        .await?;
-        Ok(Self {
-            quoted: db::quote_ident(&name),
-            name,
-            pool: pool.clone(),
-        })
-    }
+/// A PostgreSQL table named after `stem`, created with `sluice migrate`, optionally with the
+/// NOTIFY trigger on `notify_channel`.
+pub async fn create(
+    settings: &Settings,
+    stem: &str,
+    notify_channel: Option<&str>,
+) -> anyhow::Result<DbTable> {
+    DbTable::migrated(
+        &servers(settings),
+        Database::Postgres,
+        names::table(stem),
+        &settings.sluice,
+        notify_channel,
+    )
+    .await
+}
 
-    /// The bare name, for `database.table`.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
+/// A table on `database` named after `stem`, created with `sluice migrate`.
+pub async fn create_on(
+    settings: &Settings,
+    database: Database,
+    stem: &str,
+) -> anyhow::Result<DbTable> {
+    DbTable::migrated(
+        &servers(settings),
+        database,
+        names::table(stem),
+        &settings.sluice,
+        None,
+    )
+    .await
+}
 
-    /// The quoted name, for SQL.
-    pub fn quoted(&self) -> &str {
-        &self.quoted
-    }
-
+/// What a benchmark does with its table beyond the kit's.
+pub trait BenchTable {
     /// Inserts `rows` standard rows with tenant NULL, plus `other`'s rows spread evenly among
-    /// them, in one statement; then `VACUUM ANALYZE` so every run starts from the same state.
-    pub async fn fill(&self, rows: u64, other: Option<OtherTenant<'_>>) -> anyhow::Result<()> {
-        let (other_name, other_rows) = other.map_or((None, 0), |o| (Some(o.name), o.rows));
-        let total = rows + other_rows;
-        // Every `step`-th row belongs to the other tenant, at most `other_rows` of them.
-        let step = total.checked_div(other_rows).unwrap_or(1).max(1);
-        let sql = format!(
-            "INSERT INTO {table} (tenant, {ROW_COLUMNS})
-             SELECT CASE WHEN $2::int8 > 0 AND g % $3::int8 = 0 AND g / $3::int8 <= $2::int8
-                         THEN $4::text END,
-                    {ROW_VALUES}
-               FROM generate_series(1, $1::int8) AS g",
-            table = self.quoted
-        );
-        sqlx::query::<Postgres>(AssertSqlSafe(sql))
-            .bind(to_i64(total)?)
-            .bind(to_i64(other_rows)?)
-            .bind(to_i64(step)?)
-            .bind(other_name)
-            .execute(&self.pool)
-            .await
-            .with_context(|| format!("cannot insert {total} rows into {}", self.name))?;
-        db::execute(&self.pool, format!("VACUUM ANALYZE {}", self.quoted)).await
+    /// them (PostgreSQL only), then updates the planner's statistics so every run starts from
+    /// the same state.
+    async fn fill(&self, rows: u64, other: Option<OtherTenant<'_>>) -> anyhow::Result<()>;
+    /// Rows with an id below `id`.
+    async fn count_below(&self, id: i64) -> anyhow::Result<i64>;
+    /// The lowest id left, if any row is.
+    async fn first_id(&self) -> anyhow::Result<Option<i64>>;
+    /// Deletes every row.
+    async fn truncate(&self) -> anyhow::Result<()>;
+}
+
+impl BenchTable for DbTable {
+    async fn fill(&self, rows: u64, other: Option<OtherTenant<'_>>) -> anyhow::Result<()> {
+        if other.is_some() && self.database != Database::Postgres {
+            bail!("a second tenant's rows are only mixed in on PostgreSQL");
+        }
+        match self.database {
+            Database::Postgres => {
+                let (other_name, other_rows) = other.map_or((None, 0), |o| (Some(o.name), o.rows));
+                let total = rows + other_rows;
+                // Every `step`-th row belongs to the other tenant, at most `other_rows` of them.
+                let step = total.checked_div(other_rows).unwrap_or(1).max(1);
+                let sql = self.sql(&format!(
+                    "INSERT INTO {{t}} (tenant, {ROW_COLUMNS})
+                     SELECT CASE WHEN $2::int8 > 0 AND g % $3::int8 = 0 AND g / $3::int8 <= $2::int8
+                                 THEN $4::text END,
+                            {ROW_VALUES}
+                       FROM generate_series(1, $1::int8) AS g"
+                ));
+                sqlx::query::<sqlx::Postgres>(sqlx::AssertSqlSafe(sql))
+                    .bind(to_i64(total)?)
+                    .bind(to_i64(other_rows)?)
+                    .bind(to_i64(step)?)
+                    .bind(other_name)
+                    .execute(self.pg_pool())
+                    .await
+                    .with_context(|| format!("cannot insert {total} rows into {}", self.name))?;
+                self.try_execute("VACUUM ANALYZE {t}").await
+            }
+            // MariaDB stops a recursive CTE after max_recursive_iterations (1,000 by default).
+            Database::Mariadb => {
+                let mut from = 1;
+                while from <= rows {
+                    let to = (from + 999).min(rows);
+                    self.try_execute(&format!(
+                        "INSERT INTO {{t}} (aggregate_type, aggregate_id, event_type, payload)
+                         WITH RECURSIVE s(g) AS (SELECT {from} UNION ALL SELECT g + 1 FROM s WHERE g < {to})
+                         SELECT CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
+                                CONCAT('agg-', g % 1000), 'Created',
+                                JSON_OBJECT('n', g, 'pad', REPEAT('x', 236))
+                           FROM s"
+                    ))
+                    .await?;
+                    from = to + 1;
+                }
+                self.try_execute("ANALYZE TABLE {t}").await
+            }
+            Database::Sqlite => {
+                self.try_execute(&format!(
+                    "WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < {rows})
+                     INSERT INTO {{t}} (aggregate_type, aggregate_id, event_type, payload)
+                     SELECT CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
+                            'agg-' || (g % 1000), 'Created',
+                            json_object('n', g, 'pad', printf('%.236c', 'x'))
+                       FROM s"
+                ))
+                .await?;
+                self.try_execute("ANALYZE").await
+            }
+        }
     }
 
-    /// Runs `step` once per item in order, emptying the table after each, then drops the
-    /// table — also when a step fails, whose error is then returned.
-    pub async fn for_each<I, T>(
-        self,
-        items: impl IntoIterator<Item = I>,
-        mut step: impl AsyncFnMut(&OutboxTable, I) -> anyhow::Result<T>,
-    ) -> anyhow::Result<Vec<T>> {
-        let mut results = Vec::new();
-        let mut failure = None;
-        for item in items {
-            match step(&self, item).await {
-                Ok(result) => results.push(result),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-            if let Err(e) = self.truncate().await {
+    async fn count_below(&self, id: i64) -> anyhow::Result<i64> {
+        Ok(self
+            .try_scalar(&format!("SELECT COUNT(*) FROM {{t}} WHERE id < {id}"))
+            .await?
+            .unwrap_or(0))
+    }
+
+    async fn first_id(&self) -> anyhow::Result<Option<i64>> {
+        self.try_scalar("SELECT id FROM {t} ORDER BY id LIMIT 1")
+            .await
+    }
+
+    async fn truncate(&self) -> anyhow::Result<()> {
+        match self.database {
+            Database::Postgres => self.try_execute("TRUNCATE {t}").await,
+            _ => self.try_execute("DELETE FROM {t}").await,
+        }
+    }
+}
+
+/// Runs `step` once per item in order, emptying `table` after each, then drops the table —
+/// also when a step fails, whose error is then returned.
+pub async fn for_each<I, T>(
+    table: DbTable,
+    items: impl IntoIterator<Item = I>,
+    mut step: impl AsyncFnMut(&DbTable, I) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<T>> {
+    let mut results = Vec::new();
+    let mut failure = None;
+    for item in items {
+        match step(&table, item).await {
+            Ok(result) => results.push(result),
+            Err(e) => {
                 failure = Some(e);
                 break;
             }
         }
-        self.drop_table().await;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(results),
+        if let Err(e) = table.truncate().await {
+            failure = Some(e);
+            break;
         }
     }
-
-    /// Deletes every row.
-    pub async fn truncate(&self) -> anyhow::Result<()> {
-        db::execute(&self.pool, format!("TRUNCATE {}", self.quoted)).await
-    }
-
-    /// Drops the table; a failure is reported on stderr, not returned, so it never hides the
-    /// scenario's own result.
-    pub async fn drop_table(self) {
-        if let Err(e) =
-            db::execute(&self.pool, format!("DROP TABLE IF EXISTS {}", self.quoted)).await
-        {
-            eprintln!("warning: cannot drop table {}: {e:#}", self.name);
-        }
+    table.drop_table().await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(results),
     }
 }
 

@@ -5,9 +5,9 @@
 //! rows inserted and inspected by plain SQL the way an application would, never through the
 //! store under test. [`conformance!`] stamps out one `#[tokio::test]` per body and database.
 //!
-//! Databases: `SLUICE_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
-//! `SLUICE_TEST_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`), and SQLite files in
-//! temporary directories.
+//! The tables are the test kit's (`sluice_testkit::DbTable`): `SLUICE_TEST_DATABASE_URL`
+//! (default `postgres://postgres@127.0.0.1:5432/test`), `SLUICE_TEST_MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306/test`), and SQLite files in temporary directories.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use sluice::store::{
     self, AfterDead, BatchOutcome, ClaimedBatch, Disposition, MarkMode, Ordering, OutboxStore,
     ReplaySelection, RowFailure, Store, StoreError, StoreOptions, TableName, TableSpec,
 };
+use sluice_testkit::{Database, DbTable};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
@@ -99,60 +100,60 @@ trait Fixture: Sized {
     }
 }
 
-fn unique(stem: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() % 100_000_000)
-        .unwrap_or(0);
-    format!(
-        "{stem}_{}_{t}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+/// What every fixture holds: a fresh table of the test kit (`sluice_testkit::DbTable`).
+macro_rules! kit_fixture {
+    ($fixture:ident) => {
+        pub struct $fixture {
+            t: DbTable,
+        }
+
+        impl $fixture {
+            pub fn sql(&self, sql: &str) -> String {
+                self.t.sql(sql)
+            }
+        }
+    };
 }
 
-mod pg {
-    use super::*;
-    use sqlx::postgres::{PgPool, PgPoolOptions};
-    use sqlx::{AssertSqlSafe, Row};
-
-    pub struct PgFixture {
-        url: String,
-        table: String,
-        pool: PgPool,
-    }
-
-    impl PgFixture {
-        fn sql(&self, sql: &str) -> String {
-            sql.replace("{t}", &format!("\"{}\"", self.table))
-        }
-    }
-
-    impl Fixture for PgFixture {
+/// The parts of [`Fixture`] every database does the same way through the kit's table.
+macro_rules! kit_fixture_common {
+    ($database:expr) => {
         async fn new() -> Self {
-            let url = std::env::var("SLUICE_TEST_DATABASE_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .connect(&url)
-                .await
-                .expect("PostgreSQL must be reachable (SLUICE_TEST_DATABASE_URL)");
             Self {
-                url,
-                table: unique("conf"),
-                pool,
+                t: DbTable::fresh($database, "conf").await,
             }
         }
 
         fn url(&self) -> String {
-            self.url.clone()
+            self.t.url.clone()
         }
 
         fn table(&self) -> &str {
-            &self.table
+            &self.t.name
         }
+
+        async fn count(&self) -> i64 {
+            self.t.count().await
+        }
+
+        async fn exec(&self, sql: &str) {
+            self.t.execute(sql).await;
+        }
+
+        async fn cleanup(self) {
+            self.t.drop_table().await;
+        }
+    };
+}
+
+mod pg {
+    use super::*;
+    use sqlx::{AssertSqlSafe, Row};
+
+    kit_fixture!(PgFixture);
+
+    impl Fixture for PgFixture {
+        kit_fixture_common!(Database::Postgres);
 
         async fn insert(&self, rows: &[NewRow]) -> Vec<i64> {
             let sql = self.sql(
@@ -168,7 +169,7 @@ mod pg {
                     .bind(r.event_type)
                     .bind(&r.payload)
                     .bind(&r.headers)
-                    .fetch_one(&self.pool)
+                    .fetch_one(self.t.pg_pool())
                     .await
                     .expect("insert");
                 ids.push(id);
@@ -179,16 +180,9 @@ mod pg {
         async fn delete(&self, id: i64) {
             sqlx::query(AssertSqlSafe(self.sql("DELETE FROM {t} WHERE id = $1")))
                 .bind(id)
-                .execute(&self.pool)
+                .execute(self.t.pg_pool())
                 .await
                 .expect("delete");
-        }
-
-        async fn count(&self) -> i64 {
-            sqlx::query_scalar(AssertSqlSafe(self.sql("SELECT count(*) FROM {t}")))
-                .fetch_one(&self.pool)
-                .await
-                .expect("count")
         }
 
         async fn state(&self, id: i64) -> Option<RowState> {
@@ -198,7 +192,7 @@ mod pg {
                    FROM {t} WHERE id = $1",
             )))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.t.pg_pool())
             .await
             .expect("state")?;
             Some(RowState {
@@ -227,7 +221,7 @@ mod pg {
             .bind(aggregate_type)
             .bind(aggregate_id)
             .bind(payload)
-            .execute(&self.pool)
+            .execute(self.t.pg_pool())
             .await
             .expect("insert");
         }
@@ -239,61 +233,21 @@ mod pg {
             )
             .await;
         }
-
-        async fn exec(&self, sql: &str) {
-            sqlx::raw_sql(AssertSqlSafe(self.sql(sql)))
-                .execute(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-
-        async fn cleanup(self) {
-            self.exec("DROP TABLE IF EXISTS {t}").await;
-        }
     }
 }
 
 mod my {
     use super::*;
-    use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
     use sqlx::{AssertSqlSafe, Row};
 
     pub fn url() -> String {
-        std::env::var("SLUICE_TEST_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+        sluice_testkit::mysql_url()
     }
 
-    pub struct MyFixture {
-        table: String,
-        pub pool: MySqlPool,
-    }
-
-    impl MyFixture {
-        pub fn sql(&self, sql: &str) -> String {
-            sql.replace("{t}", &format!("`{}`", self.table))
-        }
-    }
+    kit_fixture!(MyFixture);
 
     impl Fixture for MyFixture {
-        async fn new() -> Self {
-            let pool = MySqlPoolOptions::new()
-                .max_connections(3)
-                .connect(&url())
-                .await
-                .expect("MariaDB/MySQL must be reachable (SLUICE_TEST_MYSQL_URL)");
-            Self {
-                table: unique("conf"),
-                pool,
-            }
-        }
-
-        fn url(&self) -> String {
-            url()
-        }
-
-        fn table(&self) -> &str {
-            &self.table
-        }
+        kit_fixture_common!(Database::Mariadb);
 
         async fn insert(&self, rows: &[NewRow]) -> Vec<i64> {
             let sql = self.sql(
@@ -309,7 +263,7 @@ mod my {
                     .bind(r.event_type)
                     .bind(&r.payload)
                     .bind(&r.headers)
-                    .execute(&self.pool)
+                    .execute(self.t.mysql_pool())
                     .await
                     .expect("insert");
                 ids.push(done.last_insert_id() as i64);
@@ -320,16 +274,9 @@ mod my {
         async fn delete(&self, id: i64) {
             sqlx::query(AssertSqlSafe(self.sql("DELETE FROM {t} WHERE id = ?")))
                 .bind(id)
-                .execute(&self.pool)
+                .execute(self.t.mysql_pool())
                 .await
                 .expect("delete");
-        }
-
-        async fn count(&self) -> i64 {
-            sqlx::query_scalar(AssertSqlSafe(self.sql("SELECT COUNT(*) FROM {t}")))
-                .fetch_one(&self.pool)
-                .await
-                .expect("count")
         }
 
         async fn state(&self, id: i64) -> Option<RowState> {
@@ -340,7 +287,7 @@ mod my {
                    FROM {t} WHERE id = ?",
             )))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.t.mysql_pool())
             .await
             .expect("state")?;
             Some(RowState {
@@ -369,7 +316,7 @@ mod my {
             .bind(aggregate_type)
             .bind(aggregate_id)
             .bind(payload)
-            .execute(&self.pool)
+            .execute(self.t.mysql_pool())
             .await
             .expect("insert");
         }
@@ -381,68 +328,17 @@ mod my {
             )
             .await;
         }
-
-        async fn exec(&self, sql: &str) {
-            sqlx::raw_sql(AssertSqlSafe(self.sql(sql)))
-                .execute(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-
-        async fn cleanup(self) {
-            self.exec("DROP TABLE IF EXISTS {t}").await;
-        }
     }
 }
 
 mod lite {
     use super::*;
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
     use sqlx::{AssertSqlSafe, Row};
 
-    pub struct LiteFixture {
-        dir: tempfile::TempDir,
-        table: String,
-        pub pool: SqlitePool,
-    }
-
-    impl LiteFixture {
-        fn sql(&self, sql: &str) -> String {
-            sql.replace("{t}", &format!("\"{}\"", self.table))
-        }
-
-        pub fn path(&self) -> std::path::PathBuf {
-            self.dir.path().join("app.db")
-        }
-    }
+    kit_fixture!(LiteFixture);
 
     impl Fixture for LiteFixture {
-        async fn new() -> Self {
-            let dir = tempfile::tempdir().expect("temporary directory");
-            let options = SqliteConnectOptions::new()
-                .filename(dir.path().join("app.db"))
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(10));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(2)
-                .connect_with(options)
-                .await
-                .expect("open SQLite file");
-            Self {
-                dir,
-                table: "outbox".to_owned(),
-                pool,
-            }
-        }
-
-        fn url(&self) -> String {
-            format!("sqlite://{}", self.path().display())
-        }
-
-        fn table(&self) -> &str {
-            &self.table
-        }
+        kit_fixture_common!(Database::Sqlite);
 
         async fn insert(&self, rows: &[NewRow]) -> Vec<i64> {
             let sql = self.sql(
@@ -458,7 +354,7 @@ mod lite {
                     .bind(r.event_type)
                     .bind(&r.payload)
                     .bind(&r.headers)
-                    .fetch_one(&self.pool)
+                    .fetch_one(self.t.sqlite_pool())
                     .await
                     .expect("insert");
                 ids.push(id);
@@ -469,16 +365,9 @@ mod lite {
         async fn delete(&self, id: i64) {
             sqlx::query(AssertSqlSafe(self.sql("DELETE FROM {t} WHERE id = ?")))
                 .bind(id)
-                .execute(&self.pool)
+                .execute(self.t.sqlite_pool())
                 .await
                 .expect("delete");
-        }
-
-        async fn count(&self) -> i64 {
-            sqlx::query_scalar(AssertSqlSafe(self.sql("SELECT count(*) FROM {t}")))
-                .fetch_one(&self.pool)
-                .await
-                .expect("count")
         }
 
         async fn state(&self, id: i64) -> Option<RowState> {
@@ -490,7 +379,7 @@ mod lite {
             )))
             .bind(now)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.t.sqlite_pool())
             .await
             .expect("state")?;
             Some(RowState {
@@ -519,7 +408,7 @@ mod lite {
             .bind(aggregate_type)
             .bind(aggregate_id)
             .bind(payload)
-            .execute(&self.pool)
+            .execute(self.t.sqlite_pool())
             .await
             .expect("insert");
         }
@@ -530,17 +419,6 @@ mod lite {
                     payload INTEGER, headers TEXT, created_at TEXT)",
             )
             .await;
-        }
-
-        async fn exec(&self, sql: &str) {
-            sqlx::raw_sql(AssertSqlSafe(self.sql(sql)))
-                .execute(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-
-        async fn cleanup(self) {
-            self.pool.close().await;
         }
     }
 }

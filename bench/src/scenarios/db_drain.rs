@@ -10,12 +10,13 @@ use anyhow::{Context, bail};
 
 use super::THROUGHPUT;
 use crate::cli::Settings;
-use crate::dbtable::{Database, DbTable};
+use crate::outbox::{self, BenchTable};
 use crate::procstat::cpu_seconds;
-use crate::relay::RelayProcess;
-use crate::relay_config::{Plugin, RelayConfig};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
 use crate::{kafka, names};
+use sluice_testkit::config::{Plugin, RelayConfig};
+use sluice_testkit::{Database, DbTable};
 
 /// Drains per database; the median is reported.
 const RUNS: usize = 3;
@@ -30,7 +31,8 @@ pub fn label(database: Database) -> String {
 }
 
 pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
-    let table = DbTable::create(settings, database, &format!("drain_{}", database.label())).await?;
+    let table =
+        outbox::create_on(settings, database, &format!("drain_{}", database.label())).await?;
     let mut runs = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
         let measured = measure(settings, &table).await;
@@ -67,20 +69,20 @@ pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<
 async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<Vec<Figure>> {
     let prefix = names::topic_prefix(&format!("drain_{}", table.database.label()));
     kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
-    table.fill(settings.rows).await?;
-    let total = table.count().await?;
+    table.fill(settings.rows, None).await?;
+    let total = table.try_count().await?;
     let first = table.first_id().await?.context("the backlog is empty")?;
     let head_end = first + HEAD_IDS;
     let head_total = table.count_below(head_end).await?;
     let config = RelayConfig {
         database_url: table.url.clone(),
-        table: table.name().to_owned(),
+        table: table.name.clone(),
         kafka: settings.kafka.clone(),
         default_plugin: Some((Plugin::Builtin("route-by-aggregate"), prefix)),
         relay: settings.relay.clone(),
         ..RelayConfig::default()
     };
-    let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
+    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
 
     let deadline = Instant::now() + START_TIMEOUT;
     let (started, head_left) = loop {
@@ -111,7 +113,7 @@ async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<Vec<Fig
         tokio::time::sleep(POLL).await;
     }
     let elapsed = started.elapsed();
-    let stopped = relay.stop().await?;
+    let stopped = relay.stop_measured().await?;
     let cpu = cpu_seconds(stopped.last.cpu_ticks.saturating_sub(start.cpu_ticks));
     let label = label(table.database);
     Ok(vec![

@@ -12,12 +12,13 @@ use std::path::PathBuf;
 use super::THROUGHPUT;
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Rows};
-use crate::outbox::OutboxTable;
+use crate::outbox::{self, BenchTable};
 use crate::procstat::cpu_seconds;
-use crate::relay::RelayProcess;
-use crate::relay_config::{Plugin, RelayConfig};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
-use crate::{db, kafka, names};
+use crate::{kafka, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::config::{Plugin, RelayConfig};
 
 /// The router under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +83,7 @@ pub struct Drain<'a> {
 /// figures with the slowest and fastest rows/s.
 pub async fn run_median(settings: &Settings, drain: &Drain<'_>) -> anyhow::Result<Vec<Figure>> {
     let Drain { label, stem, .. } = *drain;
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, stem, None).await?;
+    let table = outbox::create(settings, stem, None).await?;
     let mut runs = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
         match measure(settings, drain, &table).await {
@@ -118,7 +118,7 @@ pub async fn run_median(settings: &Settings, drain: &Drain<'_>) -> anyhow::Resul
 pub(super) async fn measure(
     settings: &Settings,
     drain: &Drain<'_>,
-    table: &OutboxTable,
+    table: &DbTable,
 ) -> anyhow::Result<Vec<Figure>> {
     Ok(measure_with_metrics(settings, drain, table).await?.0)
 }
@@ -128,7 +128,7 @@ pub(super) async fn measure(
 pub(super) async fn measure_with_metrics(
     settings: &Settings,
     drain: &Drain<'_>,
-    table: &OutboxTable,
+    table: &DbTable,
 ) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
     let label = drain.label;
     let prefix = names::topic_prefix(drain.stem);
@@ -137,7 +137,7 @@ pub(super) async fn measure_with_metrics(
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
     let config = RelayConfig {
         database_url: settings.database_url.clone(),
-        table: table.name().to_owned(),
+        table: table.name.clone(),
         kafka: settings.kafka.clone(),
         cache_dir: drain.cache_dir.clone(),
         default_plugin: Some((drain.plugin.clone(), prefix)),
@@ -145,13 +145,13 @@ pub(super) async fn measure_with_metrics(
         telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
     };
-    let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
+    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     let drained = watch.run(&mut relay).await?;
     let metrics = match &settings.telemetry {
-        Some(listen) => Some(crate::scrape::metrics(listen).await?),
+        Some(listen) => Some(sluice_testkit::scrape::metrics(listen).await?),
         None => None,
     };
-    let stopped = relay.stop().await?;
+    let stopped = relay.stop_measured().await?;
 
     let cpu = cpu_seconds(
         stopped

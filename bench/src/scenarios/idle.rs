@@ -15,12 +15,13 @@ use anyhow::{Context, bail};
 use sqlx::{PgPool, Postgres};
 
 use crate::cli::Settings;
-use crate::outbox::migrate;
+use crate::names;
 use crate::procstat::cpu_seconds;
-use crate::relay::RelayProcess;
-use crate::relay_config::{Plugin, RelayConfig};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
-use crate::{db, names};
+use sluice_testkit::config::{Plugin, RelayConfig};
+use sluice_testkit::db;
+use sluice_testkit::relay::migrate;
 
 pub const NAME: &str = "idle";
 
@@ -64,7 +65,7 @@ async fn measure(
         telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
     };
-    let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
+    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     relay.sleep(SETTLE_BEFORE).await?;
 
     let window_start = Instant::now();
@@ -78,7 +79,7 @@ async fn measure(
     let window = window_start.elapsed();
     relay.sleep(STATS_DELAY).await?;
     let xacts_end = transactions(admin).await?;
-    relay.stop().await?;
+    relay.stop_measured().await?;
 
     let seconds = window.as_secs_f64();
     let cpu = cpu_seconds(cpu_end.cpu_ticks.saturating_sub(cpu_start.cpu_ticks));

@@ -18,11 +18,12 @@ use super::THROUGHPUT;
 use super::drain::{Drain, run_median};
 use super::startup::{CACHE_HIT_LINE, ms, time_to_ready};
 use crate::cli::Settings;
-use crate::outbox::OutboxTable;
-use crate::relay_config::{Plugin, RelayConfig};
+use crate::names;
+use crate::outbox;
 use crate::report::Figure;
 use crate::stats::summarize;
-use crate::{db, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::config::{Plugin, RelayConfig};
 
 pub const NAME: &str = "languages";
 
@@ -117,8 +118,7 @@ async fn startup(
     plugin: &std::path::Path,
 ) -> anyhow::Result<(Vec<Figure>, TempDir)> {
     let stem = format!("{}_start", language.stem());
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, &stem, None).await?;
+    let table = outbox::create(settings, &stem, None).await?;
     let measured = startup_on(settings, &table, &stem, plugin).await;
     table.drop_table().await;
     let (cold, cached, cache) = measured?;
@@ -134,7 +134,7 @@ async fn startup(
 /// times in ms and the last cache.
 async fn startup_on(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     stem: &str,
     plugin: &std::path::Path,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>, TempDir)> {
@@ -147,7 +147,7 @@ async fn startup_on(
         }
         let config = RelayConfig {
             database_url: settings.database_url.clone(),
-            table: table.name().to_owned(),
+            table: table.name.clone(),
             kafka: settings.kafka.clone(),
             cache_dir: Some(cache.path().to_path_buf()),
             default_plugin: Some((

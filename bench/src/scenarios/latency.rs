@@ -27,12 +27,14 @@ use sqlx::{AssertSqlSafe, Connection, Postgres};
 use tokio::time::MissedTickBehavior;
 
 use crate::cli::Settings;
-use crate::outbox::{OutboxTable, insert_rows_sql};
-use crate::relay::RelayProcess;
-use crate::relay_config::{Plugin, RelayConfig, toml_string};
+use crate::outbox::{self, insert_rows_sql};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
 use crate::stats::{Summary, summarize};
-use crate::{db, kafka, names};
+use crate::{kafka, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::config::{Plugin, RelayConfig, toml_string};
+use sluice_testkit::db;
 
 /// The channel `sluice migrate --notify-trigger` notifies and the relay listens on.
 const NOTIFY_CHANNEL: &str = "sluice_outbox";
@@ -82,8 +84,7 @@ impl Wakeup {
 
 pub async fn run(settings: &Settings, wakeup: Wakeup) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, wakeup.stem(), wakeup.channel()).await?;
+    let table = outbox::create(settings, wakeup.stem(), wakeup.channel()).await?;
     let measured = measure(settings, wakeup, plugin, &table).await;
     table.drop_table().await;
     measured
@@ -93,7 +94,7 @@ async fn measure(
     settings: &Settings,
     wakeup: Wakeup,
     plugin: std::path::PathBuf,
-    table: &OutboxTable,
+    table: &DbTable,
 ) -> anyhow::Result<Vec<Figure>> {
     let prefix = names::topic_prefix(wakeup.stem());
     let topics = kafka::topics(&prefix);
@@ -102,7 +103,7 @@ async fn measure(
 
     let config = RelayConfig {
         database_url: settings.database_url.clone(),
-        table: table.name().to_owned(),
+        table: table.name.clone(),
         kafka: settings.kafka.clone(),
         relay: wakeup
             .channel()
@@ -114,7 +115,7 @@ async fn measure(
         telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
     };
-    let mut relay = RelayProcess::start(&settings.sluice, &config, "warn")?;
+    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     relay.sleep(WARM_UP).await?;
     let inserted = insert_load(
         &settings.database_url,
@@ -127,7 +128,7 @@ async fn measure(
     while consumer.seen() < inserted.commits.len() && Instant::now() < catch_up_until {
         relay.sleep(Duration::from_millis(50)).await?;
     }
-    relay.stop().await?;
+    relay.stop_measured().await?;
     let sightings = consumer.finish().await?;
     figures(wakeup.label(), &inserted, &sightings)
 }
@@ -151,14 +152,14 @@ fn rows_per_transaction(rate: u64) -> anyhow::Result<i64> {
 /// delays the following ones rather than bursting).
 async fn insert_load(
     url: &str,
-    table: &OutboxTable,
+    table: &DbTable,
     duration: Duration,
     rows_per_transaction: i64,
 ) -> anyhow::Result<Inserted> {
     let mut conn = db::connection(url).await?;
     let sql = format!(
         "{} RETURNING id",
-        insert_rows_sql(table.quoted(), "generate_series($1::int8, $2::int8) AS g")
+        insert_rows_sql(&table.quoted(), "generate_series($1::int8, $2::int8) AS g")
     );
     let mut ticker = tokio::time::interval(INSERT_EVERY);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);

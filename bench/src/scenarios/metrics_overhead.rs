@@ -12,13 +12,13 @@
 
 use super::THROUGHPUT;
 use super::drain::{self, Drain};
-use crate::broker::OwnBroker;
 use crate::cli::Settings;
-use crate::db;
-use crate::outbox::OutboxTable;
-use crate::relay_config::Plugin;
+use crate::outbox;
 use crate::report::Figure;
 use crate::stats::{percentile, sorted};
+use sluice_testkit::DbTable;
+use sluice_testkit::OwnTansu;
+use sluice_testkit::config::Plugin;
 
 pub const NAME: &str = "metrics-overhead";
 
@@ -31,8 +31,7 @@ struct Measured {
 
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "overhead", None).await?;
+    let table = outbox::create(settings, "overhead", None).await?;
     // (pair, metrics on): off first in even pairs, on first in odd ones.
     let order: Vec<(usize, bool)> = (0..settings.pairs)
         .flat_map(|pair| {
@@ -40,19 +39,18 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
             [(pair, on_first), (pair, !on_first)]
         })
         .collect();
-    let drains = table
-        .for_each(order, async |table, (pair, on)| {
-            let measured = measure(settings, table, &plugin, on).await?;
-            eprintln!(
-                "    pair {}: metrics {}: {:.0} rows/s, relay CPU {:.2} ms per 1,000 rows",
-                pair + 1,
-                if on { "on " } else { "off" },
-                measured.rows_per_second,
-                measured.relay_cpu_per_1k * 1000.0
-            );
-            Ok((pair, on, measured))
-        })
-        .await?;
+    let drains = outbox::for_each(table, order, async |table, (pair, on)| {
+        let measured = measure(settings, table, &plugin, on).await?;
+        eprintln!(
+            "    pair {}: metrics {}: {:.0} rows/s, relay CPU {:.2} ms per 1,000 rows",
+            pair + 1,
+            if on { "on " } else { "off" },
+            measured.rows_per_second,
+            measured.relay_cpu_per_1k * 1000.0
+        );
+        Ok((pair, on, measured))
+    })
+    .await?;
 
     let side = |on: bool, pick: fn(&Measured) -> f64| -> Vec<f64> {
         drains
@@ -143,18 +141,21 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
 async fn measure(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     plugin: &Plugin,
     metrics: bool,
 ) -> anyhow::Result<Measured> {
-    let broker = OwnBroker::start()?;
+    let broker = OwnTansu::fresh()?;
     let telemetry = if metrics {
-        Some(format!("127.0.0.1:{}", crate::broker::free_port()?))
+        Some(format!(
+            "127.0.0.1:{}",
+            sluice_testkit::broker::try_free_port()?
+        ))
     } else {
         None
     };
     let settings = Settings {
-        kafka: broker.bootstrap().to_owned(),
+        kafka: broker.bootstrap(),
         telemetry,
         ..settings.clone()
     };

@@ -19,9 +19,9 @@ mod startup;
 use anyhow::Context;
 
 use crate::cli::{Cli, Command, Settings};
-use crate::dbtable::Database;
 use crate::machine::Machine;
 use crate::report::{Figure, Report};
+use sluice_testkit::Database;
 
 /// Name of the rows/s figure of sql-ceiling, naive and the drains (the ratios look it up).
 const THROUGHPUT: &str = "throughput";

@@ -20,9 +20,11 @@ use sluice::store::{
 use super::rate_figures;
 use super::sql_ceiling::BATCH_SIZE;
 use crate::cli::Settings;
-use crate::outbox::OutboxTable;
+use crate::outbox::{self, BenchTable};
 use crate::report::Figure;
-use crate::{db, kafka, names};
+use crate::{kafka, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::db;
 
 pub const NAME: &str = "naive";
 
@@ -34,8 +36,7 @@ const EMPTY_SLEEP: Duration = Duration::from_secs(1);
 const MAX_EMPTY_CLAIMS: u32 = 3;
 
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "naive", None).await?;
+    let table = outbox::create(settings, "naive", None).await?;
     let measured = measure(settings, &table).await;
     table.drop_table().await;
     let (rows, elapsed) = measured?;
@@ -44,12 +45,12 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
 /// Fills the table and relays it; returns rows published and the time from the first claim
 /// to the last commit.
-async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u64, Duration)> {
+async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration)> {
     let prefix = names::topic_prefix("naive");
     kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
     table.fill(settings.naive_rows, None).await?;
     let producer = kafka::producer(&settings.kafka)?;
-    let spec = TableSpec::new(TableName::parse(table.name())?);
+    let spec = TableSpec::new(TableName::parse(&table.name)?);
     let options = StoreOptions {
         mark: MarkMode::PublishedAt,
         ..StoreOptions::default()
@@ -59,7 +60,7 @@ async fn measure(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u6
         .with_context(|| {
             format!(
                 "cannot open {} at {}",
-                table.name(),
+                &table.name,
                 db::redact(&settings.database_url)
             )
         })?;

@@ -6,11 +6,12 @@
 
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Rows};
-use crate::outbox::{OtherTenant, OutboxTable};
-use crate::relay::RelayProcess;
-use crate::relay_config::{Plugin, RelayConfig, Tenant};
+use crate::outbox::{self, BenchTable, OtherTenant};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
-use crate::{db, kafka, names};
+use crate::{kafka, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::config::{Plugin, RelayConfig, Tenant};
 
 pub const NAME: &str = "noisy";
 
@@ -28,8 +29,7 @@ fn median(values: &mut [f64]) -> f64 {
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let hostile = settings.hostile_plugin()?;
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "noisy", None).await?;
+    let table = outbox::create(settings, "noisy", None).await?;
     let measured = measure(settings, &table, plugin, hostile).await;
     table.drop_table().await;
     measured
@@ -37,7 +37,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
 async fn measure(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     plugin: std::path::PathBuf,
     hostile: std::path::PathBuf,
 ) -> anyhow::Result<Vec<Figure>> {
@@ -45,7 +45,7 @@ async fn measure(
     kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
     let config = RelayConfig {
         database_url: settings.database_url.clone(),
-        table: table.name().to_owned(),
+        table: table.name.clone(),
         kafka: settings.kafka.clone(),
         default_plugin: Some((Plugin::Wasm(plugin), prefix.clone())),
         tenants: vec![Tenant {
@@ -91,14 +91,14 @@ async fn measure(
 /// returns their rows/s.
 async fn good_rate(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     config: &RelayConfig,
     other: Option<OtherTenant<'_>>,
 ) -> anyhow::Result<f64> {
     table.fill(settings.rows, other).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::NoTenant).await?;
-    let mut relay = RelayProcess::start(&settings.sluice, config, "warn")?;
+    let mut relay = relay::start(&settings.sluice, config, "warn")?;
     let drained = watch.run(&mut relay).await?;
-    relay.stop().await?;
+    relay.stop_measured().await?;
     Ok(drained.rows_per_second())
 }

@@ -11,9 +11,10 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres};
 
 use crate::cli::Settings;
-use crate::db;
-use crate::outbox::{OutboxTable, insert_rows_sql};
+use crate::outbox::{self, insert_rows_sql};
 use crate::report::Figure;
+use sluice_testkit::DbTable;
+use sluice_testkit::db;
 
 pub const NAME: &str = "notify-cost";
 
@@ -21,9 +22,8 @@ const CHANNEL: &str = "sluice_bench_notify";
 const WRITERS: usize = 8;
 
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
-    let pool = db::pool(&settings.database_url).await?;
-    let without = insert_rate(settings, &pool, None).await?;
-    let with = insert_rate(settings, &pool, Some(CHANNEL)).await?;
+    let without = insert_rate(settings, None).await?;
+    let with = insert_rate(settings, Some(CHANNEL)).await?;
     Ok(vec![
         Figure::new(NAME, "writers", WRITERS as f64, "connections"),
         Figure::new(NAME, "without trigger", without, "inserts/s"),
@@ -34,17 +34,13 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
 /// Single-row insert transactions per second into a fresh table (with the trigger on
 /// `channel`, if given).
-async fn insert_rate(
-    settings: &Settings,
-    pool: &sqlx::PgPool,
-    channel: Option<&str>,
-) -> anyhow::Result<f64> {
+async fn insert_rate(settings: &Settings, channel: Option<&str>) -> anyhow::Result<f64> {
     let stem = if channel.is_some() {
         "notify_cost_trigger"
     } else {
         "notify_cost_plain"
     };
-    let table = OutboxTable::create(settings, pool, stem, channel).await?;
+    let table = outbox::create(settings, stem, channel).await?;
     let measured = hammer(settings, &table).await;
     table.drop_table().await;
     let (inserts, elapsed) = measured?;
@@ -52,8 +48,8 @@ async fn insert_rate(
 }
 
 /// Runs the writers for `notify_cost_duration`; returns inserts and the time taken.
-async fn hammer(settings: &Settings, table: &OutboxTable) -> anyhow::Result<(u64, Duration)> {
-    let sql: Arc<str> = insert_rows_sql(table.quoted(), "(SELECT $1::int8 AS g) AS one").into();
+async fn hammer(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration)> {
+    let sql: Arc<str> = insert_rows_sql(&table.quoted(), "(SELECT $1::int8 AS g) AS one").into();
     let mut connections = Vec::with_capacity(WRITERS);
     for _ in 0..WRITERS {
         connections.push(db::connection(&settings.database_url).await?);

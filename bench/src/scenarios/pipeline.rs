@@ -33,14 +33,15 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 
 use super::drain::Drain;
 use super::{THROUGHPUT, drain, sql_ceiling};
-use crate::broker::OwnBroker;
 use crate::cli::Settings;
-use crate::dbtable::Database;
-use crate::outbox::OutboxTable;
-use crate::relay_config::Plugin;
+use crate::outbox::{self, BenchTable};
 use crate::report::Figure;
 use crate::stats::spread;
-use crate::{db, kafka, names, procstat};
+use crate::{kafka, names, procstat};
+use sluice_testkit::Database;
+use sluice_testkit::DbTable;
+use sluice_testkit::OwnTansu;
+use sluice_testkit::config::Plugin;
 
 pub const NAME: &str = "pipeline";
 /// Runs; medians are reported.
@@ -50,8 +51,7 @@ const AGGREGATES: u64 = 1_000;
 
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "pipeline", None).await?;
+    let table = outbox::create(settings, "pipeline", None).await?;
     let result = runs(settings, &table, &plugin).await;
     table.drop_table().await;
     let runs = result?;
@@ -121,24 +121,20 @@ impl Run {
     }
 }
 
-async fn runs(
-    settings: &Settings,
-    table: &OutboxTable,
-    plugin: &Plugin,
-) -> anyhow::Result<Vec<Run>> {
+async fn runs(settings: &Settings, table: &DbTable, plugin: &Plugin) -> anyhow::Result<Vec<Run>> {
     let mut runs = Vec::with_capacity(RUNS);
     for n in 1..=RUNS {
         let ceiling = sql_ceiling::run(settings, Database::Postgres).await?;
         let sql = figure(&ceiling, THROUGHPUT)?;
         let sql_cpu_per_1k = figure(&ceiling, sql_ceiling::CLIENT_CPU)?;
         let (produce, produce_cpu_per_1k) = {
-            let broker = OwnBroker::start()?;
-            produce_ceiling(broker.bootstrap(), settings.rows, "pipeline_produce").await?
+            let broker = OwnTansu::fresh()?;
+            produce_ceiling(&broker.bootstrap(), settings.rows, "pipeline_produce").await?
         };
         let drained = {
-            let broker = OwnBroker::start()?;
+            let broker = OwnTansu::fresh()?;
             let settings = Settings {
-                kafka: broker.bootstrap().to_owned(),
+                kafka: broker.bootstrap(),
                 relay: Vec::new(),
                 telemetry: None,
                 ..settings.clone()

@@ -2,8 +2,8 @@
 //! ceiling, the naive relay and the native router.
 
 use super::{THROUGHPUT, db_drain, drain, naive, sql_ceiling};
-use crate::dbtable::Database;
 use crate::report::{Figure, Report};
+use sluice_testkit::Database;
 
 pub const NAME: &str = "ratios";
 /// The per-database ratios' label.

@@ -6,14 +6,17 @@
 use anyhow::Context;
 
 use super::THROUGHPUT;
-use crate::broker::{OwnBroker, free_port};
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Rows};
-use crate::outbox::OutboxTable;
-use crate::relay::RelayProcess;
-use crate::relay_config::{Plugin, RelayConfig};
+use crate::outbox::{self, BenchTable};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
-use crate::{db, kafka, names, scrape};
+use crate::{kafka, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::OwnTansu;
+use sluice_testkit::broker::try_free_port;
+use sluice_testkit::config::{Plugin, RelayConfig};
+use sluice_testkit::scrape;
 
 pub const NAME: &str = "scale-out";
 /// Relay processes per step.
@@ -21,41 +24,39 @@ const RELAYS: [usize; 3] = [1, 2, 4];
 
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "scale_out", None).await?;
-    let figures = table
-        .for_each(RELAYS, async |table, relays| {
-            measure(settings, table, &plugin, relays).await
-        })
-        .await?;
+    let table = outbox::create(settings, "scale_out", None).await?;
+    let figures = outbox::for_each(table, RELAYS, async |table, relays| {
+        measure(settings, table, &plugin, relays).await
+    })
+    .await?;
     Ok(figures.into_iter().flatten().collect())
 }
 
 async fn measure(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     plugin: &Plugin,
     relays: usize,
 ) -> anyhow::Result<Vec<Figure>> {
-    let broker = OwnBroker::start()?;
+    let broker = OwnTansu::fresh()?;
     let prefix = names::topic_prefix("scale_out");
-    kafka::create_topics(broker.bootstrap(), &kafka::topics(&prefix)).await?;
+    kafka::create_topics(&broker.bootstrap(), &kafka::topics(&prefix)).await?;
     table.fill(settings.rows, None).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
     let mut processes = Vec::with_capacity(relays);
     let mut listens = Vec::with_capacity(relays);
     for _ in 0..relays {
-        let listen = format!("127.0.0.1:{}", free_port()?);
+        let listen = format!("127.0.0.1:{}", try_free_port()?);
         let config = RelayConfig {
             database_url: settings.database_url.clone(),
-            table: table.name().to_owned(),
-            kafka: broker.bootstrap().to_owned(),
+            table: table.name.clone(),
+            kafka: broker.bootstrap(),
             default_plugin: Some((plugin.clone(), prefix.clone())),
             relay: settings.relay.clone(),
             telemetry: Some(listen.clone()),
             ..RelayConfig::default()
         };
-        processes.push(RelayProcess::start(&settings.sluice, &config, "warn")?);
+        processes.push(relay::start(&settings.sluice, &config, "warn")?);
         listens.push(listen);
     }
     let first = processes.first_mut().context("no relay was started")?;
@@ -69,7 +70,7 @@ async fn measure(
         ));
     }
     for p in processes {
-        p.stop().await?;
+        p.stop_measured().await?;
     }
     drop(broker);
 

@@ -14,9 +14,10 @@ use sluice::store::{
 
 use super::rate_figures;
 use crate::cli::Settings;
-use crate::dbtable::{Database, DbTable};
+use crate::outbox::{self, BenchTable};
 use crate::procstat;
 use crate::report::Figure;
+use sluice_testkit::{Database, DbTable};
 
 /// Rows per claim: Sluice's default `relay.batch_size`.
 pub const BATCH_SIZE: usize = 500;
@@ -35,7 +36,7 @@ pub fn label(database: Database) -> String {
 }
 
 pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
-    let table = DbTable::create(settings, database, "sql_ceiling").await?;
+    let table = outbox::create_on(settings, database, "sql_ceiling").await?;
     let measured = measure(settings, &table).await;
     table.drop_table().await;
     let (rows, elapsed, cpu) = measured?;
@@ -59,8 +60,8 @@ pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<
 /// Fills the table, then drains it with the workers; returns rows deleted, the time taken and
 /// this process's CPU seconds meanwhile (nothing else runs in it then).
 async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration, f64)> {
-    table.fill(settings.rows).await?;
-    let spec = TableSpec::new(TableName::parse(table.name())?);
+    table.fill(settings.rows, None).await?;
+    let spec = TableSpec::new(TableName::parse(&table.name)?);
     let connections = u32::try_from(settings.workers).unwrap_or(u32::MAX);
     let store = Arc::new(
         store::open(&table.url, &spec, StoreOptions::default(), connections)

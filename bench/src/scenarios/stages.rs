@@ -18,12 +18,13 @@ use anyhow::Context;
 
 use super::THROUGHPUT;
 use super::drain::{self, Drain};
-use crate::broker::OwnBroker;
 use crate::cli::Settings;
-use crate::outbox::OutboxTable;
-use crate::relay_config::Plugin;
+use crate::outbox;
 use crate::report::Figure;
-use crate::{db, scrape};
+use sluice_testkit::DbTable;
+use sluice_testkit::OwnTansu;
+use sluice_testkit::config::Plugin;
+use sluice_testkit::scrape;
 
 pub const NAME: &str = "stages";
 
@@ -53,13 +54,11 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     if let Some(baseline) = &settings.baseline {
         binaries.insert(0, ("baseline".to_owned(), baseline.clone()));
     }
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "stages", None).await?;
-    let breakdowns = table
-        .for_each(&binaries, async |table, (label, sluice)| {
-            measure(settings, table, &plugin, label, sluice).await
-        })
-        .await?;
+    let table = outbox::create(settings, "stages", None).await?;
+    let breakdowns = outbox::for_each(table, &binaries, async |table, (label, sluice)| {
+        measure(settings, table, &plugin, label, sluice).await
+    })
+    .await?;
     if let Some(path) = &settings.plot {
         std::fs::write(path, svg(&breakdowns))
             .with_context(|| format!("cannot write the plot to {}", path.display()))?;
@@ -112,15 +111,15 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
 async fn measure(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     plugin: &Plugin,
     label: &str,
     sluice: &Path,
 ) -> anyhow::Result<Breakdown> {
-    let broker = OwnBroker::start()?;
-    let listen = format!("127.0.0.1:{}", crate::broker::free_port()?);
+    let broker = OwnTansu::fresh()?;
+    let listen = format!("127.0.0.1:{}", sluice_testkit::broker::try_free_port()?);
     let settings = Settings {
-        kafka: broker.bootstrap().to_owned(),
+        kafka: broker.bootstrap(),
         telemetry: Some(listen),
         sluice: sluice.to_path_buf(),
         ..settings.clone()

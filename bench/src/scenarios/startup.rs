@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::cli::Settings;
-use crate::outbox::OutboxTable;
-use crate::relay::RelayProcess;
-use crate::relay_config::{RelayConfig, Tenant};
+use crate::names;
+use crate::outbox;
+use crate::relay::{self, Measured};
 use crate::report::Figure;
-use crate::{db, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::config::{RelayConfig, Tenant};
 
 pub const NAME: &str = "startup";
 
@@ -27,8 +28,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
-    let pool = db::pool(&settings.database_url).await?;
-    let table = OutboxTable::create(settings, &pool, "startup", None).await?;
+    let table = outbox::create(settings, "startup", None).await?;
     let measured = measure(settings, &table, plugin).await;
     table.drop_table().await;
     measured
@@ -36,7 +36,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
 async fn measure(
     settings: &Settings,
-    table: &OutboxTable,
+    table: &DbTable,
     plugin: PathBuf,
 ) -> anyhow::Result<Vec<Figure>> {
     let cache = tempfile::tempdir().context("cannot create a temporary compile cache")?;
@@ -53,7 +53,7 @@ async fn measure(
     let prefix = names::topic_prefix("startup");
     let config = RelayConfig {
         database_url: settings.database_url.clone(),
-        table: table.name().to_owned(),
+        table: table.name.clone(),
         kafka: settings.kafka.clone(),
         cache_dir: Some(cache.path().to_path_buf()),
         tenants: (0..TENANTS)
@@ -100,7 +100,7 @@ pub(super) async fn time_to_ready(
     config: &RelayConfig,
 ) -> anyhow::Result<(Duration, String)> {
     let started = Instant::now();
-    let mut relay = RelayProcess::start(&settings.sluice, config, "info")?;
+    let mut relay = relay::start(&settings.sluice, config, "info")?;
     let ready = loop {
         if relay.log().contains(READY_LINE) {
             break started.elapsed();
@@ -114,7 +114,7 @@ pub(super) async fn time_to_ready(
         }
         tokio::time::sleep(LOG_POLL).await;
     };
-    let stopped = relay.stop().await?;
+    let stopped = relay.stop_measured().await?;
     Ok((ready, stopped.log))
 }
 

@@ -33,11 +33,11 @@ fn main() -> anyhow::Result<()> {
         .map(|h| h.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
         .map(|f| f.ok_or_else(|| anyhow::anyhow!("--header must be NAME=VALUE")))
         .transpose()?;
-    let matches = |m: &sluice_e2e::Received| match &filter {
+    let matches = |m: &sluice_testkit::Received| match &filter {
         Some((k, v)) => m.header(k).as_deref() == Some(v.as_str()),
         None => true,
     };
-    let messages = sluice_e2e::consume_until(
+    let messages = sluice_testkit::consume_until(
         &args.bootstrap,
         &args.topics,
         Duration::from_secs(args.timeout_secs),
