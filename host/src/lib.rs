@@ -12,16 +12,16 @@
 
 pub mod app;
 pub mod config;
-pub mod maintenance;
+mod maintenance;
 pub mod model;
 pub mod plugin;
-pub mod problem;
+mod problem;
 pub mod relay;
 pub mod secret;
 pub mod shutdown;
-pub mod sink;
+mod sink;
 pub mod store;
-pub mod telemetry;
+mod telemetry;
 pub mod text;
 
 pub use config::Config;
