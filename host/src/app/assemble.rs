@@ -25,10 +25,10 @@ const DATABASE_START_PATIENCE: Duration = Duration::from_secs(30);
 const DATABASE_RETRY: Duration = Duration::from_millis(250);
 
 /// The relay `sluice run` and `sluice drain` drive.
-pub type AppRelay = Relay<Arc<Store>, Arc<PluginRouter>, KafkaSink>;
+pub(super) type AppRelay = Relay<Arc<Store>, Arc<PluginRouter>, KafkaSink>;
 
 /// A relay's parts, ready to run.
-pub struct Parts {
+pub(super) struct Parts {
     pub router: Arc<PluginRouter>,
     pub store: Arc<Store>,
     pub relay: Arc<AppRelay>,
@@ -38,7 +38,10 @@ pub struct Parts {
 
 /// Loads the plugins, then connects the database and the producer. Returns `None` when
 /// `stop` fired meanwhile: start-up is abandoned before anything was claimed.
-pub async fn assemble(config: &Config, stop: &mut Shutdown) -> anyhow::Result<Option<Parts>> {
+pub(super) async fn assemble(
+    config: &Config,
+    stop: &mut Shutdown,
+) -> anyhow::Result<Option<Parts>> {
     let starting = async {
         // Valid, but maybe not what was meant (`config check` lists these as warnings).
         for warning in config.warnings() {
@@ -159,7 +162,7 @@ impl Collector for RouterCollector {
 }
 
 /// The table privileges `sluice run` and `sluice drain` need with `config`'s `[relay]`.
-pub fn privileges_needed(config: &Config) -> Vec<store::Need> {
+pub(super) fn privileges_needed(config: &Config) -> Vec<store::Need> {
     let prunes = matches!(config.relay.retention, Retention::Keep(_));
     store::relay_needs(config.relay.mark, prunes)
 }

@@ -22,7 +22,7 @@ use crate::telemetry::{Metrics, TelemetrySettings};
 /// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
 /// the backlog sampler among `services`. Returns the endpoints' credentials, for SIGHUP to
 /// replace (`None` without `listen`).
-pub async fn start(
+pub(super) async fn start(
     services: &mut Services,
     config: &Config,
     store: &Arc<Store>,

@@ -12,7 +12,7 @@ use crate::shutdown::Shutdown;
 /// How often plugin files are checked for replacement.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
-pub async fn run(
+pub(super) async fn run(
     router: Arc<PluginRouter>,
     hangup: std::io::Result<Signal>,
     mut shutdown: Shutdown,

@@ -20,7 +20,7 @@ use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
 
 /// What the relay runs with now, as last applied.
-pub struct Applied {
+pub(super) struct Applied {
     pub kafka: BTreeMap<String, String>,
     /// What the files `[kafka]` names by path (`ssl.ca.location`, …) held when its producer
     /// was made: a CA or key renewed at the same path also needs a new producer.
@@ -33,7 +33,7 @@ pub struct Applied {
 }
 
 impl Applied {
-    pub fn of(config: &Config) -> Self {
+    pub(super) fn of(config: &Config) -> Self {
         let kafka = config.kafka_properties();
         Self {
             kafka_files: KafkaFiles::of(&kafka),
@@ -45,7 +45,7 @@ impl Applied {
     }
 
     /// With the credentials the telemetry server checks (`None`: no server).
-    pub fn with_telemetry(self, access: Option<Arc<SharedAccess>>) -> Self {
+    pub(super) fn with_telemetry(self, access: Option<Arc<SharedAccess>>) -> Self {
         Self {
             telemetry: access,
             ..self
@@ -55,7 +55,7 @@ impl Applied {
 
 /// Re-reads `path` on every SIGHUP `hangup` receives and applies changed credentials, until
 /// shutdown.
-pub async fn run(
+pub(super) async fn run(
     path: PathBuf,
     mut applied: Applied,
     relay: Arc<AppRelay>,
@@ -148,10 +148,10 @@ async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRela
 /// A digest of each file (or directory of files) a `*.location` property names; `None` where
 /// it cannot be read (librdkafka will say why when it makes the producer).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct KafkaFiles(BTreeMap<String, Option<[u8; 32]>>);
+pub(super) struct KafkaFiles(BTreeMap<String, Option<[u8; 32]>>);
 
 impl KafkaFiles {
-    pub fn of(properties: &BTreeMap<String, String>) -> Self {
+    pub(super) fn of(properties: &BTreeMap<String, String>) -> Self {
         Self(
             properties
                 .iter()

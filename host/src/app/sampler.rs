@@ -18,7 +18,7 @@ use crate::telemetry::{Metrics, TelemetrySettings, TenantSample};
 
 /// What the last sample saw, for `/status` and `/readyz`.
 #[derive(Debug, Default)]
-pub struct LastSample {
+pub(super) struct LastSample {
     pub at: Option<chrono::DateTime<Utc>>,
     pub backlog: Vec<TenantBacklog>,
     /// Why the last broker check failed (authentication, TLS, unreachable), for `/readyz`.
@@ -27,7 +27,7 @@ pub struct LastSample {
 
 /// Samples the backlog gauges and checks the database and the broker every
 /// `sample_interval`, until `stop` fires.
-pub async fn sample<T: RowTransformer, K: Sink>(
+pub(super) async fn sample<T: RowTransformer, K: Sink>(
     store: Arc<Store>,
     relay: Arc<Relay<Arc<Store>, T, K>>,
     metrics: Arc<Metrics>,

@@ -5,5 +5,5 @@
 //! - [`pruner`]: deletes sent rows past `relay.retention` (`mark = "published_at"`)
 //! - [`wakeups`]: LISTEN/NOTIFY, which cuts an idle relay's wait short
 
-pub mod pruner;
-pub mod wakeups;
+pub(crate) mod pruner;
+pub(crate) mod wakeups;

@@ -12,9 +12,9 @@ use crate::shutdown::Shutdown;
 use crate::store::OutboxStore;
 
 /// In `mark = "published_at"` mode, sent rows older than this are deleted.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often the pruner looks for sent rows past `relay.retention`.
-pub const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// `relay.retention`: a duration, or `"forever"` to keep sent rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl<'de> Deserialize<'de> for Retention {
 /// Prunes sent rows older than `retention` every `interval` until `shutdown`. Errors are
 /// logged and retried at the next interval; a prune in progress is abandoned at shutdown
 /// (each chunk is its own statement, so nothing is left half done).
-pub async fn run<S: OutboxStore>(
+pub(crate) async fn run<S: OutboxStore>(
     store: &S,
     retention: Duration,
     interval: Duration,

@@ -13,7 +13,7 @@ const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Listens on `channel` until `shutdown`, calling `wake` on every notification (and after
 /// every reconnection, since notifications sent meanwhile were missed).
-pub async fn run<S: OutboxStore>(
+pub(crate) async fn run<S: OutboxStore>(
     store: &S,
     channel: &str,
     wake: &(dyn Fn() + Send + Sync),

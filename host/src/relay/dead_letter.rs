@@ -9,7 +9,7 @@ use crate::store::Disposition;
 
 /// Publishes a copy of every row of `outcomes` that goes dead. The row is dead either way; a
 /// copy that was not published is noted in its `last_error`.
-pub async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outcomes<'_>) {
+pub(super) async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outcomes<'_>) {
     // Each copy is paired with the failure it reports on as it is made.
     let (copies, failures): (Vec<OutboundMessage>, Vec<&mut Failure>) = outcomes
         .rows_mut()

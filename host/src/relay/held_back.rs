@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use crate::model::OutboxId;
 
 /// Hold after the first refusal.
-pub const FIRST_HOLD: Duration = Duration::from_secs(1);
+pub(super) const FIRST_HOLD: Duration = Duration::from_secs(1);
 /// Longest hold: a row the database keeps refusing is tried this often.
-pub const LONGEST_HOLD: Duration = Duration::from_secs(60);
+pub(super) const LONGEST_HOLD: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy)]
 struct Hold {
@@ -34,7 +34,7 @@ struct Hold {
 
 /// The rows held back by this relay process.
 #[derive(Debug, Default)]
-pub struct HeldBack {
+pub(super) struct HeldBack {
     holds: Mutex<HashMap<OutboxId, Hold>>,
     /// Rows in a commit (and its settling), with the number of batches committing them.
     committing: Mutex<HashMap<OutboxId, u32>>,
@@ -42,7 +42,7 @@ pub struct HeldBack {
 
 /// Rows registered as committing until this is dropped.
 #[derive(Debug)]
-pub struct Committing<'a> {
+pub(super) struct Committing<'a> {
     held: &'a HeldBack,
     ids: Vec<OutboxId>,
 }
@@ -73,12 +73,12 @@ impl HeldBack {
     }
 
     /// Whether `id` is held at `now`.
-    pub fn is_held(&self, id: &OutboxId, now: Instant) -> bool {
+    pub(super) fn is_held(&self, id: &OutboxId, now: Instant) -> bool {
         self.holds().get(id).is_some_and(|h| h.until > now)
     }
 
     /// Registers `ids` as committing until the returned guard is dropped.
-    pub fn committing_while<'a>(&'a self, ids: Vec<OutboxId>) -> Committing<'a> {
+    pub(super) fn committing_while<'a>(&'a self, ids: Vec<OutboxId>) -> Committing<'a> {
         let mut committing = self.committing();
         for id in &ids {
             *committing.entry(id.clone()).or_default() += 1;
@@ -87,13 +87,13 @@ impl HeldBack {
     }
 
     /// Whether any of `ids` is in a commit of this process.
-    pub fn any_committing<'a>(&self, ids: impl IntoIterator<Item = &'a OutboxId>) -> bool {
+    pub(super) fn any_committing<'a>(&self, ids: impl IntoIterator<Item = &'a OutboxId>) -> bool {
         let committing = self.committing();
         !committing.is_empty() && ids.into_iter().any(|id| committing.contains_key(id))
     }
 
     /// Holds `id` after the database refused its outcome at `now`; returns for how long.
-    pub fn hold(&self, id: &OutboxId, now: Instant) -> Duration {
+    pub(super) fn hold(&self, id: &OutboxId, now: Instant) -> Duration {
         let mut holds = self.holds();
         // Forget rows not refused again within a longest hold (sent by someone else, or
         // recorded since): the map only keeps rows that are still trouble.
@@ -112,7 +112,7 @@ impl HeldBack {
     }
 
     /// Ends the holds of rows whose outcome was recorded.
-    pub fn release<'a>(&self, ids: impl IntoIterator<Item = &'a OutboxId>) {
+    pub(super) fn release<'a>(&self, ids: impl IntoIterator<Item = &'a OutboxId>) {
         let mut holds = self.holds();
         if holds.is_empty() {
             return;

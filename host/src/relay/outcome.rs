@@ -16,7 +16,7 @@ use crate::store::{BatchOutcome, Disposition, RowFailure};
 
 /// The fate of one row in this batch.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Fate {
+pub(super) enum Fate {
     /// The plugin produced `messages` messages (at least one), which follow those of the
     /// previous rows in [`Outcomes::messages`]. After publishing: every one was acknowledged.
     Sent { messages: usize },
@@ -30,7 +30,7 @@ pub enum Fate {
 
 /// Why a row was not delivered, and what happens to it next.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
+pub(super) struct Failure {
     pub error: String,
     pub disposition: Disposition,
     /// The broker refused one of its messages for a reason of the tenant's own making (a
@@ -42,7 +42,7 @@ pub struct Failure {
 
 /// One claimed row and its fate.
 #[derive(Debug)]
-pub struct RowOutcome<'a> {
+pub(super) struct RowOutcome<'a> {
     pub row: &'a OutboxRow,
     pub fate: Fate,
 }
@@ -61,7 +61,7 @@ pub struct ResultCountMismatch {
 
 /// The outcomes of a batch's decoded rows, in claim order, and the messages to publish.
 #[derive(Debug)]
-pub struct Outcomes<'a> {
+pub(super) struct Outcomes<'a> {
     rows: Vec<RowOutcome<'a>>,
     /// The messages of the [`Fate::Sent`] rows, row after row in the order of `rows`.
     messages: Vec<OutboundMessage>,
@@ -69,7 +69,7 @@ pub struct Outcomes<'a> {
 
 /// What publishing did with one tenant's rows (for its circuit breaker).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PublishTally {
+pub(super) struct PublishTally {
     /// Rows whose every message was acknowledged.
     pub delivered: usize,
     /// Rows with a message refused for a reason of the tenant's own making.
@@ -78,7 +78,7 @@ pub struct PublishTally {
 
 impl<'a> Outcomes<'a> {
     /// Pairs each row with its transform result, in one pass.
-    pub fn build(
+    pub(super) fn build(
         rows: &'a [OutboxRow],
         results: Vec<RowResult>,
         retry: &RetryPolicy,
@@ -117,22 +117,26 @@ impl<'a> Outcomes<'a> {
     }
 
     /// Everything the plugins produced, to publish in one go.
-    pub fn messages(&self) -> &[OutboundMessage] {
+    pub(super) fn messages(&self) -> &[OutboundMessage] {
         &self.messages
     }
 
-    pub fn rows(&self) -> &[RowOutcome<'a>] {
+    pub(super) fn rows(&self) -> &[RowOutcome<'a>] {
         &self.rows
     }
 
-    pub fn rows_mut(&mut self) -> &mut [RowOutcome<'a>] {
+    pub(super) fn rows_mut(&mut self) -> &mut [RowOutcome<'a>] {
         &mut self.rows
     }
 
     /// Applies the delivery reports of [`Outcomes::messages`] (one per message, in order): a
     /// row stays sent only if every one of its messages was acknowledged. A report the sink
     /// did not return counts as a broker failure.
-    pub fn apply_reports(&mut self, reports: Vec<Result<(), SinkError>>, retry: &RetryPolicy) {
+    pub(super) fn apply_reports(
+        &mut self,
+        reports: Vec<Result<(), SinkError>>,
+        retry: &RetryPolicy,
+    ) {
         let mut reports = reports.into_iter();
         for outcome in &mut self.rows {
             let Fate::Sent { messages } = outcome.fate else {
@@ -153,7 +157,7 @@ impl<'a> Outcomes<'a> {
 
     /// Per tenant, what publishing did with its rows; tenants that published nothing are left
     /// out.
-    pub fn publish_tallies(&self) -> BTreeMap<&'a TenantId, PublishTally> {
+    pub(super) fn publish_tallies(&self) -> BTreeMap<&'a TenantId, PublishTally> {
         let mut tallies: BTreeMap<&TenantId, PublishTally> = BTreeMap::new();
         for outcome in &self.rows {
             let tenant = &outcome.row.tenant;
@@ -169,7 +173,7 @@ impl<'a> Outcomes<'a> {
     /// What the store records: sent and dropped rows are marked, failed ones rescheduled or
     /// dead-lettered (with the rows the store could not decode, `rejected`), deferred ones
     /// left alone.
-    pub fn store_outcome(&self, rejected: &[RowFailure]) -> BatchOutcome {
+    pub(super) fn store_outcome(&self, rejected: &[RowFailure]) -> BatchOutcome {
         let mut outcome = BatchOutcome::default();
         for o in &self.rows {
             match &o.fate {
@@ -187,7 +191,7 @@ impl<'a> Outcomes<'a> {
     }
 
     /// The batch report, as if the store recorded [`Outcomes::store_outcome`].
-    pub fn report(&self, rejected: &[RowFailure]) -> BatchReport {
+    pub(super) fn report(&self, rejected: &[RowFailure]) -> BatchReport {
         let mut report = BatchReport {
             claimed: self.rows.len() + rejected.len(),
             messages: self.messages.len(),
@@ -217,7 +221,7 @@ impl<'a> Outcomes<'a> {
     }
 
     /// The ids of the rows the store is asked to record (all but the deferred ones).
-    pub fn recorded_ids(&self) -> impl Iterator<Item = &OutboxId> {
+    pub(super) fn recorded_ids(&self) -> impl Iterator<Item = &OutboxId> {
         self.rows
             .iter()
             .filter(|o| o.fate != Fate::Deferred)

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use crate::shutdown::Shutdown;
 
 /// Why an idle wait ended: the `cause` label of `sluice_poll_wakeups_total`, one list for both.
-pub use crate::telemetry::metrics::WakeCause;
+pub(crate) use crate::telemetry::metrics::WakeCause;
 
 /// How full the last claim was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

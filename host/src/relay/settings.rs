@@ -11,7 +11,7 @@ use crate::problem::Problem;
 pub const DEFAULT_BATCH_SIZE: usize = 500;
 /// Largest `relay.batch_size`: one transaction holds this many row locks while it waits for
 /// the broker.
-pub const MAX_BATCH_SIZE: usize = 100_000;
+pub(super) const MAX_BATCH_SIZE: usize = 100_000;
 /// Longest wait between polls of an empty outbox: the idle load is one cheap query per
 /// interval, and a row inserted into an idle outbox (without NOTIFY) waits at most this long.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);

@@ -13,7 +13,7 @@ use super::SinkError;
 
 /// The kind of an error librdkafka reports about the client as a whole (not one message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionProblem {
+pub(super) enum ConnectionProblem {
     /// The broker refused the credentials, or the SASL exchange failed.
     Authentication,
     /// The TLS handshake failed: the broker's certificate does not verify, or the protocols
@@ -29,7 +29,7 @@ impl ConnectionProblem {
     /// The kind of an error event with `code` and text `reason`. librdkafka reports a failed
     /// TLS handshake or SASL exchange twice, as itself and again as a transport failure
     /// whose text names it; that text decides, or the state would flap between the two.
-    pub fn classify(code: RDKafkaErrorCode, reason: &str) -> Self {
+    pub(super) fn classify(code: RDKafkaErrorCode, reason: &str) -> Self {
         match Self::of(code) {
             Self::Unreachable if code != RDKafkaErrorCode::AllBrokersDown => {
                 if reason.contains("SSL") {
@@ -45,7 +45,7 @@ impl ConnectionProblem {
     }
 
     /// The kind of an error event with `code`.
-    pub fn of(code: RDKafkaErrorCode) -> Self {
+    pub(super) fn of(code: RDKafkaErrorCode) -> Self {
         use RDKafkaErrorCode::*;
         match code {
             Authentication
@@ -64,7 +64,7 @@ impl ConnectionProblem {
     }
 
     /// The error readiness reports for this problem, with librdkafka's `reason`.
-    pub fn error(self, reason: &str) -> SinkError {
+    pub(super) fn error(self, reason: &str) -> SinkError {
         let reason = reason.to_owned();
         match self {
             Self::Authentication => SinkError::Authentication(reason),
@@ -96,7 +96,7 @@ impl ConnectionProblem {
 
 /// The producer's connection state: `None` while it works (or nothing was reported yet).
 #[derive(Debug, Default)]
-pub struct ConnectionWatch {
+pub(super) struct ConnectionWatch {
     /// Whether a problem is set, so a successful delivery (one per message) only takes the
     /// lock when there is something to clear.
     troubled: AtomicBool,
@@ -105,7 +105,7 @@ pub struct ConnectionWatch {
 
 /// What [`ConnectionWatch::report`] did with an error event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reported {
+pub(super) enum Reported {
     /// The state changed to this problem: logged.
     Changed,
     /// Same problem as before (a retry): not logged again.
@@ -117,7 +117,7 @@ pub enum Reported {
 impl ConnectionWatch {
     /// Files an error event from librdkafka (`reason` is its text) and logs it if it changes
     /// the state.
-    pub fn report(&self, code: RDKafkaErrorCode, reason: &str) -> Reported {
+    pub(super) fn report(&self, code: RDKafkaErrorCode, reason: &str) -> Reported {
         let problem = ConnectionProblem::classify(code, reason);
         if problem == ConnectionProblem::Other {
             tracing::error!(target: "librdkafka", code = ?code, "librdkafka: {reason}");
@@ -144,7 +144,7 @@ impl ConnectionWatch {
 
     /// The connection works (a message was acknowledged, or metadata came back): clears the
     /// problem, logging once that it is over.
-    pub fn works(&self) {
+    pub(super) fn works(&self) {
         if !self.troubled.load(Ordering::Acquire) {
             return;
         }
@@ -160,13 +160,13 @@ impl ConnectionWatch {
 
     /// Forgets the problem without a word: a new producer (new credentials, on SIGHUP) has
     /// yet to show whether it has the same problem, and if so it is logged again.
-    pub fn forget(&self) {
+    pub(super) fn forget(&self) {
         *self.lock() = None;
         self.troubled.store(false, Ordering::Release);
     }
 
     /// The current problem and the reason librdkafka gave when it began.
-    pub fn problem(&self) -> Option<(ConnectionProblem, String)> {
+    pub(super) fn problem(&self) -> Option<(ConnectionProblem, String)> {
         self.lock().clone()
     }
 

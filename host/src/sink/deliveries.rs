@@ -11,10 +11,10 @@ use rdkafka::error::KafkaError;
 use tokio::sync::oneshot;
 
 /// A message's report: acknowledged, or why not.
-pub type Report = Result<(), KafkaError>;
+pub(super) type Report = Result<(), KafkaError>;
 
 /// The opaque value of a message: its batch in the high 32 bits, its index in the low 32.
-pub type Opaque = usize;
+pub(super) type Opaque = usize;
 
 // The opaque packs two 32-bit numbers into librdkafka's pointer-sized opaque.
 const _: () = assert!(
@@ -24,7 +24,7 @@ const _: () = assert!(
 
 /// The batches waiting for reports. One per sink, shared by every producer it creates.
 #[derive(Default)]
-pub struct Deliveries {
+pub(super) struct Deliveries {
     next_batch: AtomicU32,
     waiting: Mutex<HashMap<u32, Waiting>>,
 }
@@ -42,7 +42,7 @@ impl Deliveries {
 
     /// Opens a batch of `messages` messages; its reports are filed until the returned
     /// [`Pending`] is waited on or dropped.
-    pub fn open(&self, messages: usize) -> Pending<'_> {
+    pub(super) fn open(&self, messages: usize) -> Pending<'_> {
         let (done, finished) = oneshot::channel();
         let mut waiting = self.waiting();
         // Numbers wrap after 4 billion batches; one still waiting is skipped.
@@ -69,13 +69,13 @@ impl Deliveries {
 
     /// No batch is waiting.
     #[cfg(test)]
-    pub fn is_idle(&self) -> bool {
+    pub(super) fn is_idle(&self) -> bool {
         self.waiting().is_empty()
     }
 
     /// Files the report of the message enqueued with `opaque` (called on the producer's
     /// poll thread). Reports of batches no longer waiting (given up on) are dropped.
-    pub fn file(&self, opaque: Opaque, report: Report) {
+    pub(super) fn file(&self, opaque: Opaque, report: Report) {
         let (batch, index) = unpack(opaque);
         if let Some(entry) = self.waiting().get_mut(&batch) {
             entry.file(index, report);
@@ -102,7 +102,7 @@ impl Waiting {
 }
 
 /// A batch waiting for its reports; dropping it stops filing them.
-pub struct Pending<'d> {
+pub(super) struct Pending<'d> {
     deliveries: &'d Deliveries,
     batch: u32,
     messages: usize,
@@ -111,17 +111,17 @@ pub struct Pending<'d> {
 
 impl Pending<'_> {
     /// The opaque value to enqueue message `index` with.
-    pub fn opaque(&self, index: usize) -> Opaque {
+    pub(super) fn opaque(&self, index: usize) -> Opaque {
         pack(self.batch, index)
     }
 
     /// Files the report of a message that never reached librdkafka (refused at enqueue).
-    pub fn settle(&self, index: usize, report: Report) {
+    pub(super) fn settle(&self, index: usize, report: Report) {
         self.deliveries.file(self.opaque(index), report);
     }
 
     /// Waits for every message's report; one per message, in message order.
-    pub async fn reports(mut self) -> Vec<Report> {
+    pub(super) async fn reports(mut self) -> Vec<Report> {
         // The sender lives in the entry until the last report; it cannot be dropped first.
         let _ = (&mut self.finished).await;
         let reports = self

@@ -36,7 +36,7 @@ type KafkaProducer = Arc<rdkafka::producer::ThreadedProducer<SinkContext>>;
 /// its error events (authentication, TLS, unreachable broker) set the connection state, which
 /// is logged once per change and named by the sink's readiness probe ([`Sink::probe`]).
 #[derive(Clone, Default)]
-pub struct SinkContext {
+pub(super) struct SinkContext {
     metrics: Option<Arc<Metrics>>,
     deliveries: Arc<Deliveries>,
     connection: Arc<ConnectionWatch>,
@@ -107,7 +107,7 @@ impl ProducerContext for SinkContext {
 ///   up after 30 s (librdkafka's default is 5 min) and reschedule the rows instead.
 /// - linger.ms: Sluice enqueues a whole batch at once and then waits, so librdkafka's 5 ms
 ///   default only adds latency; 1 ms still lets a batch's messages share produce requests.
-pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
+pub(super) const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
     ("acks", "all"),
     ("message.timeout.ms", "30000"),
@@ -126,7 +126,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 const METADATA_REQUESTS: usize = 8;
 
 /// The client configuration Sluice uses: defaults, then the user's properties.
-pub fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfig {
+pub(crate) fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfig {
     let mut config = ClientConfig::new();
     for (k, v) in DEFAULT_PROPERTIES {
         config.set(*k, *v);
@@ -141,7 +141,7 @@ pub fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfi
 /// `request.required.acks` — when it is weaker than `all` (`-1`): key and value. Sluice marks a
 /// row sent on the acknowledgement, so anything weaker can lose messages of rows already
 /// marked.
-pub fn weak_acks(properties: &BTreeMap<String, String>) -> Option<(&'static str, String)> {
+pub(crate) fn weak_acks(properties: &BTreeMap<String, String>) -> Option<(&'static str, String)> {
     ["acks", "request.required.acks"]
         .into_iter()
         .find_map(|key| {
@@ -155,7 +155,7 @@ pub fn weak_acks(properties: &BTreeMap<String, String>) -> Option<(&'static str,
 const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
 
 /// Publishes to Kafka. Re-creates its producer after a fatal (idempotence) error.
-pub struct KafkaSink {
+pub(crate) struct KafkaSink {
     inner: Arc<Inner>,
 }
 
@@ -174,14 +174,14 @@ struct Inner {
 impl KafkaSink {
     /// Creates the producer; invalid or unknown librdkafka properties are reported here.
     /// Creating a producer starts librdkafka's threads: call it off the async reactor.
-    pub fn new(properties: &BTreeMap<String, String>) -> Result<Self, SinkError> {
+    pub(crate) fn new(properties: &BTreeMap<String, String>) -> Result<Self, SinkError> {
         Self::create(properties, SinkContext::default(), None)
     }
 
     /// [`KafkaSink::new`], with the producer's queue depth read into `metrics` every
     /// `interval` from librdkafka's statistics (unless `[kafka]` sets
     /// `statistics.interval.ms` itself). Without metrics librdkafka computes no statistics.
-    pub fn with_metrics(
+    pub(crate) fn with_metrics(
         properties: &BTreeMap<String, String>,
         metrics: Arc<Metrics>,
         interval: Duration,
@@ -216,7 +216,10 @@ impl KafkaSink {
     /// (flushed) after the last of them; the next batch gets the new one, so no message is
     /// lost or sent twice by the swap. Invalid properties leave the current producer in
     /// place. Creating a producer blocks: call it off the async reactor.
-    pub fn reconfigure(&self, properties: &BTreeMap<String, String>) -> Result<(), SinkError> {
+    pub(crate) fn reconfigure(
+        &self,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<(), SinkError> {
         let config = producer_config(properties, self.inner.statistics)?;
         let new = create(&config, &self.inner.context)?;
         *self
@@ -381,7 +384,7 @@ fn create(config: &ClientConfig, context: &SinkContext) -> Result<KafkaProducer,
 }
 
 /// The version of the librdkafka Sluice is built with (for `sluice_build_info`).
-pub fn librdkafka_version() -> String {
+pub(crate) fn librdkafka_version() -> String {
     rdkafka::util::get_rdkafka_version().1
 }
 

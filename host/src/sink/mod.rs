@@ -9,14 +9,14 @@
 mod connection;
 mod deliveries;
 mod kafka;
-pub mod topics;
+pub(crate) mod topics;
 
 use std::future::Future;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
-pub use kafka::{KafkaSink, kafka_client_config, librdkafka_version, weak_acks};
+pub(crate) use kafka::{KafkaSink, librdkafka_version, weak_acks};
 
 use crate::model::OutboundMessage;
 
@@ -25,7 +25,7 @@ const MAX_TOPIC_NAME: usize = 249;
 
 /// Whether `name` can be a Kafka topic: 1–249 ASCII letters, digits, `.`, `_` and `-`, and not
 /// `.` or `..`. Errors say why.
-pub fn check_topic_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_topic_name(name: &str) -> Result<(), String> {
     let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if name.is_empty() || name.len() > MAX_TOPIC_NAME {
         Err(format!(

@@ -13,14 +13,14 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a topic found missing is taken as missing before the broker is asked again.
-pub const MISSING_TOPIC_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const MISSING_TOPIC_RECHECK: Duration = Duration::from_secs(5);
 /// Most topics remembered. Plugins choose topic names (within their `allowed_topics`), so
 /// the set must not grow without bound; past this, topics found missing are forgotten first.
 const MAX_TOPICS: usize = 10_000;
 
 /// What is known about a topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Known {
+pub(crate) enum Known {
     /// The broker has it.
     Present,
     /// The broker said recently that it has no such topic.
@@ -37,7 +37,7 @@ enum Entry {
 
 /// The sink's topic-existence cache.
 #[derive(Debug)]
-pub struct TopicCache {
+pub(crate) struct TopicCache {
     entries: Mutex<HashMap<String, Entry>>,
     recheck: Duration,
 }
@@ -50,7 +50,7 @@ impl Default for TopicCache {
 
 impl TopicCache {
     /// A cache that asks about a missing topic again `recheck` after it was found missing.
-    pub fn new(recheck: Duration) -> Self {
+    pub(crate) fn new(recheck: Duration) -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
             recheck,
@@ -61,7 +61,7 @@ impl TopicCache {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn lookup(&self, topic: &str, now: Instant) -> Known {
+    pub(crate) fn lookup(&self, topic: &str, now: Instant) -> Known {
         match self.entries().get(topic) {
             Some(Entry::Present) => Known::Present,
             Some(Entry::Missing { checked })
@@ -74,7 +74,7 @@ impl TopicCache {
     }
 
     /// Records that the broker has `topic`.
-    pub fn found(&self, topic: &str) {
+    pub(crate) fn found(&self, topic: &str) {
         let mut entries = self.entries();
         if !matches!(entries.get(topic), Some(Entry::Present)) {
             make_room(&mut entries, Instant::now(), self.recheck);
@@ -83,14 +83,14 @@ impl TopicCache {
     }
 
     /// Records that the broker said, at `now`, that it has no `topic`.
-    pub fn missing(&self, topic: &str, now: Instant) {
+    pub(crate) fn missing(&self, topic: &str, now: Instant) {
         let mut entries = self.entries();
         make_room(&mut entries, now, self.recheck);
         entries.insert(topic.to_owned(), Entry::Missing { checked: now });
     }
 
     /// Forgets what is known about `topic` (a send to it failed as unknown after all).
-    pub fn forget(&self, topic: &str) {
+    pub(crate) fn forget(&self, topic: &str) {
         self.entries().remove(topic);
     }
 }

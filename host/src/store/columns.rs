@@ -10,15 +10,15 @@ use crate::problem::Problem;
 
 /// Sluice's bookkeeping columns. Sluice owns them (`sluice migrate` adds them), so their names
 /// are fixed; a mapped column may not use one of them.
-pub const PUBLISHED_AT: &str = "published_at";
-pub const ATTEMPTS: &str = "attempts";
-pub const NEXT_ATTEMPT_AT: &str = "next_attempt_at";
-pub const LAST_ERROR: &str = "last_error";
-pub const DEAD_AT: &str = "dead_at";
+pub(super) const PUBLISHED_AT: &str = "published_at";
+pub(super) const ATTEMPTS: &str = "attempts";
+pub(super) const NEXT_ATTEMPT_AT: &str = "next_attempt_at";
+pub(super) const LAST_ERROR: &str = "last_error";
+pub(super) const DEAD_AT: &str = "dead_at";
 /// SQLite only: the relay holding a row's lease, and until when (see `store::sqlite`).
-pub const LEASED_BY: &str = "leased_by";
-pub const LEASE_UNTIL: &str = "lease_until";
-pub const BOOKKEEPING: [&str; 7] = [
+pub(super) const LEASED_BY: &str = "leased_by";
+pub(super) const LEASE_UNTIL: &str = "lease_until";
+pub(super) const BOOKKEEPING: [&str; 7] = [
     PUBLISHED_AT,
     ATTEMPTS,
     NEXT_ATTEMPT_AT,

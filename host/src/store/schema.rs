@@ -15,7 +15,7 @@ use crate::model::OutboxId;
 
 /// A column as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FoundColumn {
+pub(super) struct FoundColumn {
     pub name: String,
     /// The declared type as the database prints it, e.g. `character varying(255)`.
     pub shown: String,
@@ -132,11 +132,11 @@ impl fmt::Display for SchemaError {
 }
 
 /// Whether a column's type is usable for a role.
-pub type Accept = fn(&FoundColumn) -> bool;
+pub(super) type Accept = fn(&FoundColumn) -> bool;
 
 /// Which of a database's column types fit which role, and how the accepted types are named in
 /// a refusal.
-pub trait ColumnTypes {
+pub(super) trait ColumnTypes {
     /// Accepted types of the id column, as a refusal lists them.
     const ACCEPTED_ID: &'static str;
     /// … of `tenant`, `aggregate_type`, `aggregate_id` and `event_type`.
@@ -165,7 +165,7 @@ pub trait ColumnTypes {
 
 /// Checks the columns `found` of `spec`'s table with the database's `T`ypes: the [`Layout`],
 /// or every problem.
-pub fn check<T: ColumnTypes>(
+pub(super) fn check<T: ColumnTypes>(
     spec: &TableSpec,
     found: &[FoundColumn],
 ) -> Result<Layout, SchemaError> {
@@ -245,7 +245,7 @@ pub fn check<T: ColumnTypes>(
 /// The order column `sluice migrate` adds, if any: the configured one when the table lacks
 /// it, or [`columns::DEFAULT_ORDER_COLUMN`] when the id is usable but not an integer and the
 /// table lacks that. `None` too when the database cannot add one (the check then says so).
-pub fn order_column_to_add<T: ColumnTypes>(
+pub(super) fn order_column_to_add<T: ColumnTypes>(
     spec: &TableSpec,
     found: &[FoundColumn],
 ) -> Option<ColumnName> {

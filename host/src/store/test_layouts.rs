@@ -4,12 +4,12 @@ use super::schema::PayloadKind;
 use super::schema::{KeyKind, Layout, TimeKind};
 use super::{ColumnName, TableName};
 
-pub fn col(name: &str) -> ColumnName {
+pub(super) fn col(name: &str) -> ColumnName {
     ColumnName::parse(name).unwrap()
 }
 
 /// Debezium's default table (uuid id, no tenant) after `sluice migrate`.
-pub fn debezium_layout() -> Layout {
+pub(super) fn debezium_layout() -> Layout {
     Layout {
         table: TableName::parse("outboxevent").unwrap(),
         id: col("id"),
@@ -29,7 +29,7 @@ pub fn debezium_layout() -> Layout {
     }
 }
 
-pub fn sluice_layout() -> Layout {
+pub(super) fn sluice_layout() -> Layout {
     Layout {
         table: TableName::parse("outbox").unwrap(),
         id: col("id"),
@@ -47,6 +47,6 @@ pub fn sluice_layout() -> Layout {
     }
 }
 
-pub fn squash(sql: &str) -> String {
+pub(super) fn squash(sql: &str) -> String {
     sql.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -22,7 +22,7 @@ const FILE_PARAMETERS: &[&str] = &[
 
 /// Checks that every certificate or key file `url` names can be read; the error names the
 /// parameter and the path.
-pub fn check_files(url: &str) -> Result<(), StoreError> {
+pub(super) fn check_files(url: &str) -> Result<(), StoreError> {
     for (key, path) in query_pairs(url) {
         if !FILE_PARAMETERS.contains(&key.as_str()) {
             continue;
@@ -38,7 +38,7 @@ pub fn check_files(url: &str) -> Result<(), StoreError> {
 }
 
 /// What to change when connecting failed in TLS: empty for other errors.
-pub fn hint(error: &sqlx::Error) -> &'static str {
+pub(super) fn hint(error: &sqlx::Error) -> &'static str {
     let sqlx::Error::Tls(tls) = error else {
         return "";
     };

@@ -112,15 +112,15 @@ impl Access {
 /// The [`Access`] in force, shared by the server and SIGHUP's re-read of the config, so rotated
 /// credentials take effect without a restart.
 #[derive(Debug, Default)]
-pub struct SharedAccess(RwLock<Access>);
+pub(crate) struct SharedAccess(RwLock<Access>);
 
 impl SharedAccess {
-    pub fn new(access: Access) -> Self {
+    pub(crate) fn new(access: Access) -> Self {
         Self(RwLock::new(access))
     }
 
     /// The access in force now.
-    pub fn current(&self) -> Access {
+    pub(crate) fn current(&self) -> Access {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -128,7 +128,7 @@ impl SharedAccess {
     }
 
     /// Replaces the access for the requests that follow.
-    pub fn set(&self, access: Access) {
+    pub(crate) fn set(&self, access: Access) {
         *self
             .0
             .write()

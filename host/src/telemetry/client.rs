@@ -14,7 +14,7 @@ use super::auth::Secret;
 
 /// Why a GET did not return a body.
 #[derive(Debug, thiserror::Error)]
-pub enum GetError {
+pub(crate) enum GetError {
     #[error("no answer from {addr} within {timeout:?}")]
     Timeout { addr: SocketAddr, timeout: Duration },
     #[error("{addr}: {message}")]
@@ -23,7 +23,7 @@ pub enum GetError {
 
 /// GETs `path` from `addr`, with `authorization` as the `Authorization` header when given
 /// (see [`super::auth::Access::authorization`]): the status code and the body as text.
-pub async fn get(
+pub(crate) async fn get(
     addr: SocketAddr,
     path: &str,
     authorization: Option<&Secret>,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::model::TenantId;
 
 /// The `tenant` label value of every tenant without its own `[tenants.<name>]` entry.
-pub const OTHER_TENANTS: &str = "_default";
+pub(crate) const OTHER_TENANTS: &str = "_default";
 
 /// Maps a row's tenant to its `tenant` label value.
 #[derive(Debug, Clone)]

@@ -119,7 +119,7 @@ fn in_order(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
 
 /// Where a client reaches a server listening on `addr`: a server on every interface
 /// (`0.0.0.0`, `[::]`) answers on the loopback one.
-pub fn reachable(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn reachable(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())

@@ -14,14 +14,14 @@
 //! - [`server`]: the HTTP endpoints, one background service
 //! - [`settings`]: the `[telemetry]` section
 
-pub mod auth;
-pub mod client;
-pub mod labels;
-pub mod listen;
-pub mod metrics;
-pub mod server;
-pub mod settings;
+pub(crate) mod auth;
+pub(crate) mod client;
+pub(crate) mod labels;
+pub(crate) mod listen;
+pub(crate) mod metrics;
+pub(crate) mod server;
+pub(crate) mod settings;
 
-pub use labels::TenantLabels;
-pub use metrics::{Metrics, TenantSample};
-pub use settings::TelemetrySettings;
+pub(crate) use labels::TenantLabels;
+pub(crate) use metrics::{Metrics, TenantSample};
+pub(crate) use settings::TelemetrySettings;

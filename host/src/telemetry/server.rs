@@ -26,13 +26,13 @@ const JSON: &str = "application/json";
 
 /// A health or readiness answer: 200 when `ok`, else 503; `body` says why.
 #[derive(Debug, Clone)]
-pub struct Check {
+pub(crate) struct Check {
     pub ok: bool,
     pub body: serde_json::Value,
 }
 
 /// What the endpoints answer.
-pub trait Endpoints: Send + Sync + 'static {
+pub(crate) trait Endpoints: Send + Sync + 'static {
     /// The exposition, in the Prometheus text format.
     fn metrics(&self) -> Result<String, std::fmt::Error>;
     fn health(&self) -> Check;
@@ -43,7 +43,7 @@ pub trait Endpoints: Send + Sync + 'static {
 /// Binds the listening socket (at start-up, so a taken port fails the start). A name that
 /// resolves to several addresses is served on the first that can be bound, IPv4 first (see
 /// [`ListenAddr::resolve`]); the error is the last address's.
-pub async fn bind(listen: &ListenAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(listen: &ListenAddr) -> std::io::Result<TcpListener> {
     let mut failed = None;
     for addr in listen.resolve().await? {
         match TcpListener::bind(addr).await {
@@ -60,7 +60,7 @@ pub async fn bind(listen: &ListenAddr) -> std::io::Result<TcpListener> {
 /// Serves `endpoints` on `listener` until `stop` fires; open connections are closed then.
 /// `/metrics` and `/status` answer 401 to a request without the credentials `access` names
 /// at the time of the request.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     endpoints: Arc<dyn Endpoints>,
     access: Arc<SharedAccess>,
@@ -189,7 +189,7 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
 }
 
 /// The address the server listens on, for logs and tests.
-pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
+pub(crate) fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
 }
 

@@ -11,19 +11,19 @@ use crate::problem::Problem;
 
 /// How often the sampler reads the backlog gauges and checks the database and the broker:
 /// a fraction of a statement per second, and fresh enough for alerts that wait minutes.
-pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
+pub(crate) const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 /// Rows one sample reads at most (unsent, then dead): the gauges saturate there, so the
 /// sample stays cheap however large the backlog grows.
-pub const DEFAULT_SAMPLE_LIMIT: i64 = 10_000;
+pub(crate) const DEFAULT_SAMPLE_LIMIT: i64 = 10_000;
 /// How long one batch may be in a worker's hands before `/healthz` calls the worker stuck. A
 /// batch's steps are each bounded far below it (the producer gives up after
 /// `message.timeout.ms`, 30 s by default); a worker past it is wedged and a restart helps.
-pub const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(300);
 /// How long a readiness check waits for the broker.
-pub const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a readiness check waits for the database (the backlog sample): a database that
 /// accepts connections but does not answer is as good as down.
-pub const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[telemetry]`; unset keys take their defaults. Without `listen`, no endpoint is served and
 /// nothing is sampled. (`Debug` shows no credential: they are [`Secret`]s.)

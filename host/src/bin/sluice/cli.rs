@@ -16,7 +16,7 @@ use sluice::store::DEFAULT_CHANNEL;
     version,
     about = "Transactional outbox relay: PostgreSQL, MySQL/MariaDB or SQLite → WebAssembly plugin → Kafka"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
     /// Log lines as text for people, or one JSON object per line for log collectors.
@@ -46,7 +46,7 @@ impl From<LogFormatArg> for LogFormat {
 }
 
 #[derive(Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Create the outbox table, or upgrade and check one the application created (idempotent).
     Migrate {
         /// The database, the table and its `[database.columns]`: from a config file, or
@@ -105,7 +105,7 @@ pub enum Command {
 
 /// Which outbox table: from a config file, or from a URL and table name.
 #[derive(clap::Args)]
-pub struct TableTarget {
+pub(crate) struct TableTarget {
     /// Take database.url (or SLUICE_DATABASE_URL), database.table and [database.columns] from
     /// this config file.
     #[arg(long, short, global = true)]
@@ -121,7 +121,7 @@ pub struct TableTarget {
 }
 
 impl TableTarget {
-    pub fn target(&self) -> Target<'_> {
+    pub(crate) fn target(&self) -> Target<'_> {
         match &self.config {
             Some(path) => Target::Config(path),
             None => Target::Url {
@@ -133,7 +133,7 @@ impl TableTarget {
 }
 
 #[derive(Subcommand)]
-pub enum ConfigCommand {
+pub(crate) enum ConfigCommand {
     /// List every problem of a configuration (exit 1), or none (exit 0): keys and the rules
     /// between them, every plugin loads and accepts its tenant's config, allow-lists parse.
     Check {
@@ -146,7 +146,7 @@ pub enum ConfigCommand {
 }
 
 #[derive(Subcommand)]
-pub enum DeadCommand {
+pub(crate) enum DeadCommand {
     /// Print dead rows, oldest first.
     List {
         /// Only rows of this tenant (`default` for rows without tenant).
@@ -177,7 +177,7 @@ pub enum DeadCommand {
 }
 
 #[derive(Subcommand)]
-pub enum PluginCommand {
+pub(crate) enum PluginCommand {
     /// Create a plugin project (source, build script with the pinned toolchain, sample rows
     /// and their expected output, README) from the built-in templates.
     New {
@@ -248,7 +248,7 @@ fn parse_language(s: &str) -> Result<Language, String> {
     s.parse()
 }
 
-pub fn parse_pair(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),

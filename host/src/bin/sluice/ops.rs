@@ -7,7 +7,7 @@ use sluice::app::status::{self, StatusSource};
 use sluice::config::Config;
 use sluice::secret::scrub;
 
-pub async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     let (report, source) = status::status(config).await?;
     // Scrubbed like every output: a tenant's state may quote a plugin's error text.
     if json {
@@ -32,7 +32,7 @@ pub async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
 /// Prints each problem (`<file>: <key>: <message>`), then each warning (`<file>: warning:
 /// <key>: <message>`), then `OK` when there is no problem; the counts on stderr. Warnings
 /// alone exit 0.
-pub async fn config_check(path: &Path, connect: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn config_check(path: &Path, connect: bool) -> anyhow::Result<ExitCode> {
     let report = sluice::app::check::check(path, connect).await;
     let (problems, warnings) = (&report.problems, &report.warnings);
     for problem in problems {

@@ -11,14 +11,14 @@ use sluice::plugin::PluginSource;
 
 use crate::cli::PluginCommand;
 
-pub mod scaffold;
-pub mod testbench;
+pub(crate) mod scaffold;
+pub(crate) mod testbench;
 
 /// Exit status of `sluice plugin test --expect` when the output differs from the golden file
 /// (1 is any error, 2 a usage error).
 const EXPECT_DIFFERS: u8 = 3;
 
-pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
     match command {
         PluginCommand::New { name, lang, dir } => {
             let dest = dir.unwrap_or_else(|| PathBuf::from(&name));

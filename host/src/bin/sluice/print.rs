@@ -6,7 +6,7 @@ use sluice::app::admin::{Migrated, TriggerChange};
 use sluice::store::DeadRow;
 use sluice::text::{MAX_LOGGED, bounded};
 
-pub fn migrated(migrated: &Migrated, trigger: &TriggerChange) {
+pub(crate) fn migrated(migrated: &Migrated, trigger: &TriggerChange) {
     let table = &migrated.table;
     println!("outbox table {table} is ready ({})", migrated.summary);
     match trigger {
@@ -21,7 +21,7 @@ pub fn migrated(migrated: &Migrated, trigger: &TriggerChange) {
 
 /// `sluice dead list`: one tab-separated line per row. The columns are the application's
 /// text: printed escaped and bounded.
-pub fn dead_rows(rows: &[DeadRow]) -> std::io::Result<()> {
+pub(crate) fn dead_rows(rows: &[DeadRow]) -> std::io::Result<()> {
     // A row's last error quotes what a plugin or the broker said: scrubbed like every output.
     let safe = |text: &str| sluice::secret::scrub(&bounded(text, MAX_LOGGED)).into_owned();
     let mut out = std::io::stdout().lock();

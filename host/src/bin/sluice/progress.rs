@@ -16,7 +16,7 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
 const DRAW_EVERY: Duration = Duration::from_millis(200);
 
 /// Reports the rows handled (sent or failed) out of `total` until `done` fires.
-pub async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdown) {
+pub(crate) async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdown) {
     let handled = || {
         let s = counters.snapshot();
         s.rows_sent + s.rows_failed + s.rows_unsettled

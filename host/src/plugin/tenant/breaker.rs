@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 /// What the breaker says about running the next row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     Run,
     /// Paused until this instant.
     Paused(Instant),
@@ -22,14 +22,14 @@ pub enum Gate {
 
 /// Breaker state transitions worth logging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     None,
     Opened,
     Closed,
 }
 
 #[derive(Debug)]
-pub struct CircuitBreaker {
+pub(crate) struct CircuitBreaker {
     threshold: u32,
     cooldown: Duration,
     instance_failures: u32,
@@ -40,7 +40,7 @@ pub struct CircuitBreaker {
 }
 
 impl CircuitBreaker {
-    pub fn new(threshold: u32, cooldown: Duration) -> Self {
+    pub(crate) fn new(threshold: u32, cooldown: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
             cooldown,
@@ -51,7 +51,7 @@ impl CircuitBreaker {
         }
     }
 
-    pub fn gate(&self, now: Instant) -> Gate {
+    pub(crate) fn gate(&self, now: Instant) -> Gate {
         match self.open_until {
             Some(until) if now < until => Gate::Paused(until),
             _ => Gate::Run,
@@ -59,12 +59,12 @@ impl CircuitBreaker {
     }
 
     /// Whether the breaker is open or half open.
-    pub fn tripped(&self) -> bool {
+    pub(crate) fn tripped(&self) -> bool {
         self.tripped
     }
 
     /// The instance answered (messages, or a row's own error).
-    pub fn record_success(&mut self) -> Transition {
+    pub(crate) fn record_success(&mut self) -> Transition {
         self.instance_failures = 0;
         self.maybe_close()
     }
@@ -72,13 +72,13 @@ impl CircuitBreaker {
     /// A call that ran into its `call_timeout` opens the breaker at once: each such call
     /// burns a core (or holds rows) for the whole timeout, so waiting for K of them would let
     /// one tenant take K × call_timeout from the others every cool-down.
-    pub fn record_deadline(&mut self, now: Instant) -> Transition {
+    pub(crate) fn record_deadline(&mut self, now: Instant) -> Transition {
         self.instance_failures = self.instance_failures.saturating_add(1).max(self.threshold);
         self.open(now)
     }
 
     /// The instance failed (trap, memory cap, `retryable` error, failed instantiation).
-    pub fn record_failure(&mut self, now: Instant) -> Transition {
+    pub(crate) fn record_failure(&mut self, now: Instant) -> Transition {
         self.instance_failures = self.instance_failures.saturating_add(1);
         if self.instance_failures >= self.threshold {
             // Also after a failed half-open try: the count stays at or above the threshold.
@@ -91,7 +91,12 @@ impl CircuitBreaker {
     /// What publishing did with the tenant's rows of one batch. The order within a batch is
     /// not known, so refusals are counted as if they came after the deliveries: a batch with
     /// deliveries restarts the count, its refusals then add to it.
-    pub fn record_publish(&mut self, delivered: usize, refused: usize, now: Instant) -> Transition {
+    pub(crate) fn record_publish(
+        &mut self,
+        delivered: usize,
+        refused: usize,
+        now: Instant,
+    ) -> Transition {
         if delivered > 0 {
             self.refused_publishes = 0;
         }
@@ -108,7 +113,7 @@ impl CircuitBreaker {
 
     /// Forgets everything (a new plugin version deserves a fresh start). Returns whether the
     /// breaker had been tripped.
-    pub fn reset(&mut self) -> bool {
+    pub(crate) fn reset(&mut self) -> bool {
         let was = self.tripped;
         *self = Self::new(self.threshold, self.cooldown);
         was

@@ -6,13 +6,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 /// First retry after a tenant was quarantined…
-pub const FIRST_RETRY: Duration = Duration::from_secs(5);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(5);
 /// …doubling up to this.
-pub const MAX_RETRY: Duration = Duration::from_secs(300);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// What is known about a quarantined plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuarantineState {
+pub(crate) struct QuarantineState {
     /// Why it cannot start (bounded, printable).
     pub reason: String,
     /// When it was quarantined.
@@ -25,11 +25,11 @@ pub struct QuarantineState {
 
 /// Quarantine flag of one tenant template; empty when the plugin runs.
 #[derive(Debug, Default)]
-pub struct Quarantine(Mutex<Option<QuarantineState>>);
+pub(crate) struct Quarantine(Mutex<Option<QuarantineState>>);
 
 impl Quarantine {
     /// Records a failed start: enters quarantine, or stays with a doubled back-off.
-    pub fn failed(&self, reason: String, now: Instant) {
+    pub(crate) fn failed(&self, reason: String, now: Instant) {
         let mut state = self.lock();
         let tries = state.as_ref().map_or(0, |s| s.tries).saturating_add(1);
         let since = state.as_ref().map_or_else(SystemTime::now, |s| s.since);
@@ -42,20 +42,20 @@ impl Quarantine {
     }
 
     /// Leaves quarantine; returns whether it was in it.
-    pub fn clear(&self) -> bool {
+    pub(crate) fn clear(&self) -> bool {
         self.lock().take().is_some()
     }
 
-    pub fn state(&self) -> Option<QuarantineState> {
+    pub(crate) fn state(&self) -> Option<QuarantineState> {
         self.lock().clone()
     }
 
-    pub fn is_quarantined(&self) -> bool {
+    pub(crate) fn is_quarantined(&self) -> bool {
         self.lock().is_some()
     }
 
     /// Whether a retry is due at `now`.
-    pub fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         self.lock().as_ref().is_some_and(|s| s.next_try <= now)
     }
 

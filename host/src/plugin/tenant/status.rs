@@ -37,10 +37,10 @@ pub struct TenantStatus {
 
 /// Event counts by a fixed set of reasons (bounded: the reasons are compiled in).
 #[derive(Debug, Default)]
-pub struct ReasonCounts(Mutex<BTreeMap<&'static str, u64>>);
+pub(crate) struct ReasonCounts(Mutex<BTreeMap<&'static str, u64>>);
 
 impl ReasonCounts {
-    pub fn add(&self, reason: &'static str) {
+    pub(crate) fn add(&self, reason: &'static str) {
         let mut counts = self
             .0
             .lock()
@@ -48,7 +48,7 @@ impl ReasonCounts {
         *counts.entry(reason).or_default() += 1;
     }
 
-    pub fn snapshot(&self) -> BTreeMap<&'static str, u64> {
+    pub(crate) fn snapshot(&self) -> BTreeMap<&'static str, u64> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -13,4 +13,4 @@ wasmtime::component::bindgen!({
     ownership: Borrowing { duplicate_if_necessary: true },
 });
 
-pub use sluice::plugin::types;
+pub(crate) use sluice::plugin::types;

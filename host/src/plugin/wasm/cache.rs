@@ -18,21 +18,21 @@ const ENTRY_SUFFIX: &str = ".cwasm";
 
 /// A compile cache directory and its size bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompileCache {
+pub(crate) struct CompileCache {
     pub dir: PathBuf,
     pub max_bytes: u64,
 }
 
 /// What one pruning removed.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Pruned {
+pub(crate) struct Pruned {
     pub entries: usize,
     pub bytes: u64,
 }
 
 impl CompileCache {
     /// The entry of `bytes` for this engine: content hash + engine compatibility hash.
-    pub fn entry(&self, engine: &PluginEngine, bytes: &[u8]) -> PathBuf {
+    pub(crate) fn entry(&self, engine: &PluginEngine, bytes: &[u8]) -> PathBuf {
         let content = Sha256::digest(bytes);
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine
@@ -45,7 +45,7 @@ impl CompileCache {
     }
 
     /// Marks `entry` as used now (its modification time orders the pruning).
-    pub fn touch(entry: &Path) {
+    pub(crate) fn touch(entry: &Path) {
         let touched = std::fs::File::options()
             .write(true)
             .open(entry)
@@ -57,7 +57,7 @@ impl CompileCache {
 
     /// Writes `component` as `entry` atomically (temp file + rename, so a concurrent start
     /// never reads half a file), then prunes the directory, keeping `entry`.
-    pub fn save(&self, component: &Component, entry: &Path) -> std::io::Result<Pruned> {
+    pub(crate) fn save(&self, component: &Component, entry: &Path) -> std::io::Result<Pruned> {
         let bytes = component
             .serialize()
             .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
@@ -71,7 +71,7 @@ impl CompileCache {
     /// Removes the least recently used entries until the directory's entries fit
     /// `max_bytes`; never `keep` (the entry just written or loaded). An entry another process
     /// still has mapped stays readable to it (Unix unlink semantics).
-    pub fn prune(&self, keep: &Path) -> std::io::Result<Pruned> {
+    pub(crate) fn prune(&self, keep: &Path) -> std::io::Result<Pruned> {
         let mut entries: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
         for item in std::fs::read_dir(&self.dir)? {
             let path = item?.path();

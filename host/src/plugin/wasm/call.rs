@@ -38,7 +38,7 @@ thread_local! {
 /// there is one (the relay's; guest calls run on its blocking threads), else in
 /// `wasmtime-wasi`'s own background runtime (start-up, `sluice plugin …`). Must not be called
 /// from an async task: it blocks the thread.
-pub fn run_until<F: Future>(future: F, deadline: Instant) -> Option<F::Output> {
+pub(crate) fn run_until<F: Future>(future: F, deadline: Instant) -> Option<F::Output> {
     wasmtime_wasi::runtime::with_ambient_tokio_runtime(|| {
         let mut future = std::pin::pin!(future);
         WAKER.with(|waker| {

@@ -16,7 +16,7 @@ use crate::plugin::{ComponentError, PluginError};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// A compiled, linked plugin file. Cheap to instantiate many times.
-pub struct LoadedPlugin {
+pub(crate) struct LoadedPlugin {
     path: PathBuf,
     engine: Arc<PluginEngine>,
     pre: PluginPre<HostState>,
@@ -31,7 +31,7 @@ impl LoadedPlugin {
     /// stored per content hash and engine compatibility hash, so unchanged plugins start
     /// without recompiling (large Python/JS components take seconds to compile). Imports the
     /// sandbox lacks are refused before compiling.
-    pub fn load_cached(
+    pub(crate) fn load_cached(
         engine: &Arc<PluginEngine>,
         path: &Path,
         cache: Option<&CompileCache>,
@@ -95,18 +95,18 @@ impl LoadedPlugin {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The file's content hash as loaded: changes with every reload of a new build.
-    pub fn digest(&self) -> &str {
+    pub(crate) fn digest(&self) -> &str {
         &self.digest
     }
 
     /// The version from the plugin's `info()` (empty when `info()` failed); `None` until an
     /// instance was created.
-    pub fn version(&self) -> Option<&str> {
+    pub(crate) fn version(&self) -> Option<&str> {
         self.version.get().map(String::as_str)
     }
 
@@ -115,7 +115,7 @@ impl LoadedPlugin {
         let _ = self.version.set(version);
     }
 
-    pub fn engine(&self) -> &Arc<PluginEngine> {
+    pub(crate) fn engine(&self) -> &Arc<PluginEngine> {
         &self.engine
     }
 

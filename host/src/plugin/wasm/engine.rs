@@ -13,14 +13,14 @@ use crate::plugin::wasm::bindings::Plugin;
 use crate::plugin::wasm::host_api::HostState;
 
 /// Granularity of call deadlines: the ticker bumps the engine's epoch this often.
-pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 /// How long the parked ticker sleeps before checking whether the engine is gone.
 const TICKER_PARK: Duration = Duration::from_secs(1);
 
 /// Engine + linker shared by every plugin and tenant. Dropping the last handle stops the
 /// ticker thread.
-pub struct PluginEngine {
+pub(crate) struct PluginEngine {
     engine: Engine,
     linker: Linker<HostState>,
     /// Guest calls (and instantiations) running now; the ticker only ticks while there are
@@ -30,7 +30,7 @@ pub struct PluginEngine {
 }
 
 /// Held while a guest call runs: keeps the epoch ticker going (see [`PluginEngine::enter`]).
-pub struct CallGuard<'a> {
+pub(crate) struct CallGuard<'a> {
     engine: &'a PluginEngine,
 }
 
@@ -41,7 +41,7 @@ impl Drop for CallGuard<'_> {
 }
 
 impl PluginEngine {
-    pub fn new() -> Result<Arc<Self>, PluginError> {
+    pub(crate) fn new() -> Result<Arc<Self>, PluginError> {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
@@ -70,7 +70,7 @@ impl PluginEngine {
 
     /// Marks a guest call as running until the guard is dropped. Deadlines are counted in
     /// epoch ticks from the moment they are armed, so arm them after entering.
-    pub fn enter(&self) -> CallGuard<'_> {
+    pub(crate) fn enter(&self) -> CallGuard<'_> {
         if self.active_calls.fetch_add(1, Ordering::AcqRel) == 0
             && let Some(ticker) = self.ticker.get()
         {
@@ -79,11 +79,11 @@ impl PluginEngine {
         CallGuard { engine: self }
     }
 
-    pub fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
 
-    pub fn linker(&self) -> &Linker<HostState> {
+    pub(crate) fn linker(&self) -> &Linker<HostState> {
         &self.linker
     }
 }
@@ -111,7 +111,7 @@ fn spawn_ticker(engine: Weak<PluginEngine>) -> Result<thread::Thread, PluginErro
 }
 
 /// Epoch ticks that make up `timeout` (at least one).
-pub fn deadline_ticks(timeout: Duration) -> u64 {
+pub(crate) fn deadline_ticks(timeout: Duration) -> u64 {
     let ticks = timeout.as_micros() / EPOCH_TICK.as_micros().max(1);
     u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
 }

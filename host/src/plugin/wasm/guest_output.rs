@@ -18,7 +18,7 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use crate::text::bounded_tail;
 
 /// Bytes of guest output kept per instance (the end of what it wrote).
-pub const GUEST_OUTPUT_TAIL: usize = 4 * 1024;
+pub(crate) const GUEST_OUTPUT_TAIL: usize = 4 * 1024;
 /// Most bytes a guest may hand over in one write (what `check-write` grants): bounds the
 /// host's allocation per write, as WASI's own streams do.
 const WRITE_PERMIT: usize = 64 * 1024;
@@ -26,7 +26,7 @@ const WRITE_PERMIT: usize = 64 * 1024;
 /// The tail of one instance's stdout and stderr (both, interleaved as written). Cheap to
 /// clone: every clone shares the buffer.
 #[derive(Clone, Default)]
-pub struct GuestOutput(Arc<Mutex<VecDeque<u8>>>);
+pub(crate) struct GuestOutput(Arc<Mutex<VecDeque<u8>>>);
 
 impl GuestOutput {
     fn tail(&self) -> std::sync::MutexGuard<'_, VecDeque<u8>> {
@@ -44,14 +44,14 @@ impl GuestOutput {
     }
 
     /// Forgets what was written so far (before a call).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.tail().clear();
     }
 
     /// What was written since the last [`clear`](Self::clear), as text made safe to log and
     /// store (control characters escaped, at most `max` bytes from the end); `None` if
     /// nothing but white space was written.
-    pub fn text(&self, max: usize) -> Option<String> {
+    pub(crate) fn text(&self, max: usize) -> Option<String> {
         let bytes: Vec<u8> = self.tail().iter().copied().collect();
         let text = String::from_utf8_lossy(&bytes);
         let text = text.trim();

@@ -20,19 +20,19 @@ use crate::plugin::wasm::guest_output::GuestOutput;
 use crate::text::bounded;
 
 /// Longest guest log line kept; the rest is cut so a guest cannot flood the logs line by line.
-pub const MAX_LOG_LINE: usize = 1_024;
+pub(crate) const MAX_LOG_LINE: usize = 1_024;
 /// Guest log lines per second a tenant may write on average…
-pub const LOG_LINES_PER_SEC: f64 = 20.0;
+pub(crate) const LOG_LINES_PER_SEC: f64 = 20.0;
 /// …and in one burst. Lines beyond are dropped and counted.
-pub const LOG_BURST: f64 = 100.0;
+pub(crate) const LOG_BURST: f64 = 100.0;
 /// Distinct `counter-add` names kept per tenant, `_overflow` included (what the metrics
 /// export shows per plugin).
-pub const MAX_COUNTER_NAMES: usize = 32;
+pub(crate) const MAX_COUNTER_NAMES: usize = 32;
 /// Longest counter name kept; longer names are added to `_overflow`.
-pub const MAX_COUNTER_NAME: usize = 64;
+pub(crate) const MAX_COUNTER_NAME: usize = 64;
 /// Where counters past [`MAX_COUNTER_NAMES`], and names that are too long, empty or contain
 /// control characters, are added.
-pub const OVERFLOW_COUNTER: &str = "_overflow";
+pub(crate) const OVERFLOW_COUNTER: &str = "_overflow";
 
 /// A wall and monotonic clock stuck at zero: guests get no time source (a plugin's output
 /// must depend on the row, not on when it ran; `created-at-ms` carries the row's time).
@@ -119,14 +119,14 @@ fn acceptable_counter_name(name: &str) -> bool {
 }
 
 /// Host-side state of one tenant that every `wasmtime::Store` of it shares.
-pub struct TenantShared {
+pub(crate) struct TenantShared {
     tenant: TenantId,
     log_budget: Mutex<LogBudget>,
     counters: Mutex<Counters>,
 }
 
 impl TenantShared {
-    pub fn new(tenant: TenantId) -> Arc<Self> {
+    pub(crate) fn new(tenant: TenantId) -> Arc<Self> {
         Arc::new(Self {
             tenant,
             log_budget: Mutex::new(LogBudget::new()),
@@ -134,12 +134,12 @@ impl TenantShared {
         })
     }
 
-    pub fn tenant(&self) -> &TenantId {
+    pub(crate) fn tenant(&self) -> &TenantId {
         &self.tenant
     }
 
     /// The tenant's `counter-add` totals, by name (at most [`MAX_COUNTER_NAMES`]).
-    pub fn counters(&self) -> BTreeMap<String, u64> {
+    pub(crate) fn counters(&self) -> BTreeMap<String, u64> {
         lock(&self.counters).0.clone()
     }
 
@@ -184,7 +184,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Data of one tenant's `wasmtime::Store`. Never shared between tenants.
-pub struct HostState {
+pub(crate) struct HostState {
     pub(crate) shared: Arc<TenantShared>,
     pub(crate) limiter: TenantLimiter,
     /// The tail of what the guest wrote to stdout and stderr.
@@ -194,7 +194,7 @@ pub struct HostState {
 }
 
 impl HostState {
-    pub fn new(shared: Arc<TenantShared>, limiter: TenantLimiter) -> Self {
+    pub(crate) fn new(shared: Arc<TenantShared>, limiter: TenantLimiter) -> Self {
         let output = GuestOutput::default();
         Self {
             shared,

@@ -21,7 +21,7 @@ const PROVIDED_PACKAGES: &[&str] = &[
 
 /// Why a component is refused before it is compiled.
 #[derive(Debug)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The file does not parse as WebAssembly.
     Unreadable(BinaryReaderError),
     /// It imports what the sandbox does not provide (the text names it and how to avoid it).
@@ -65,7 +65,7 @@ fn package(import: &str) -> &str {
 
 /// Refuses a component importing anything the sandbox does not provide, naming the first
 /// such import and how to build without it. Text (WAT) is left to the compiler.
-pub fn check(bytes: &[u8]) -> Result<(), Refused> {
+pub(crate) fn check(bytes: &[u8]) -> Result<(), Refused> {
     if !bytes.starts_with(b"\0asm") {
         return Ok(());
     }

@@ -27,7 +27,7 @@ const MAX_INFO_FIELD: usize = 256;
 const MAX_CONFIG_SCHEMA: usize = 64 * 1024;
 
 /// A configured instance of a plugin for one tenant.
-pub struct WasmInstance {
+pub(crate) struct WasmInstance {
     wasm_store: wasmtime::Store<HostState>,
     bindings: Plugin,
     limits: Limits,
@@ -39,7 +39,7 @@ pub struct WasmInstance {
 impl WasmInstance {
     /// Instantiates `plugin` in a fresh `wasmtime::Store` for `tenant` and calls
     /// `configure(config)`.
-    pub fn create(
+    pub(crate) fn create(
         plugin: &Arc<LoadedPlugin>,
         shared: &Arc<TenantShared>,
         config: &[(String, String)],
@@ -83,7 +83,7 @@ impl WasmInstance {
     }
 
     /// Instantiates `plugin` in a fresh `wasmtime::Store` without configuring it (for `info()`).
-    pub fn instantiate(
+    pub(crate) fn instantiate(
         plugin: &Arc<LoadedPlugin>,
         shared: &Arc<TenantShared>,
         limits: &Limits,
@@ -143,17 +143,17 @@ impl WasmInstance {
     }
 
     /// Linear memory of the instance's `wasmtime::Store` now, in bytes.
-    pub fn memory_bytes(&self) -> usize {
+    pub(crate) fn memory_bytes(&self) -> usize {
         self.wasm_store.data().limiter.memory_used()
     }
 
     /// Linear memory right after instantiation and `configure`, in bytes.
-    pub fn baseline_memory_bytes(&self) -> usize {
+    pub(crate) fn baseline_memory_bytes(&self) -> usize {
         self.baseline_memory
     }
 
     /// The plugin's `info()`, with its text made safe to print.
-    pub fn info(&mut self) -> Result<PluginInfo, String> {
+    pub(crate) fn info(&mut self) -> Result<PluginInfo, String> {
         let info = self
             .call(|bindings, wasm_store| bindings.sluice_plugin_transformer().call_info(wasm_store))
             .map_err(|trapped| trapped.reason)?;
@@ -169,7 +169,7 @@ impl WasmInstance {
     /// Runs one row through the plugin. `Err` means the call trapped and this instance is
     /// poisoned and must be dropped; the plugin's own answer (messages or error) is `Ok`, to
     /// be checked with [`crate::plugin::output::accept`].
-    pub fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
+    pub(crate) fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
         let parts = WitParts::of(row);
         let input = parts.row(row);
         self.call(|bindings, wasm_store| {
@@ -181,7 +181,7 @@ impl WasmInstance {
 
     /// Runs several rows through the plugin's `transform-batch` in one call (one deadline for
     /// the whole call). A result list of the wrong length is refused.
-    pub fn transform_batch(&mut self, rows: &[&OutboxRow]) -> Result<Vec<Answer>, Trapped> {
+    pub(crate) fn transform_batch(&mut self, rows: &[&OutboxRow]) -> Result<Vec<Answer>, Trapped> {
         let parts: Vec<WitParts<'_>> = rows.iter().map(|row| WitParts::of(row)).collect();
         let input: Vec<wit::OutboxRow<'_>> = parts
             .iter()
@@ -210,11 +210,11 @@ impl WasmInstance {
 }
 
 /// The plugin's own answer for one row.
-pub type Answer = Result<Vec<wit::OutputMessage>, wit::TransformError>;
+pub(crate) type Answer = Result<Vec<wit::OutputMessage>, wit::TransformError>;
 
 /// A guest call that trapped; the instance must be discarded.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Trapped {
+pub(crate) struct Trapped {
     /// Why, bounded and free of control characters.
     pub reason: String,
     /// The call ran into its `call_timeout`.
@@ -229,7 +229,7 @@ pub struct Trapped {
 
 /// Bytes of the guest's output quoted in a trap's reason: with the trap's own text (at most
 /// [`MAX_LOGGED`]) it stays within what `last_error` keeps ([`crate::text::MAX_STORED`]).
-pub const GUEST_OUTPUT_IN_REASON: usize = 900;
+pub(crate) const GUEST_OUTPUT_IN_REASON: usize = 900;
 
 impl Trapped {
     fn from_error(error: &wasmtime::Error, limits: &Limits) -> Self {
@@ -264,7 +264,7 @@ impl Trapped {
     }
 
     /// The row's failure.
-    pub fn into_failure(self) -> TransformFailure {
+    pub(crate) fn into_failure(self) -> TransformFailure {
         if self.deadline {
             TransformFailure::DeadlineExceeded(self.reason)
         } else {
@@ -275,13 +275,13 @@ impl Trapped {
 
 /// What a row's WIT record needs that the row does not hold in that form: its id as text
 /// and its headers as borrowed pairs. Everything else is borrowed from the row as it is.
-pub struct WitParts<'r> {
+pub(crate) struct WitParts<'r> {
     id: std::borrow::Cow<'r, str>,
     headers: Vec<(&'r str, &'r [u8])>,
 }
 
 impl<'r> WitParts<'r> {
-    pub fn of(row: &'r OutboxRow) -> Self {
+    pub(crate) fn of(row: &'r OutboxRow) -> Self {
         Self {
             id: match &row.id {
                 OutboxId::Int(id) => std::borrow::Cow::Owned(id.to_string()),
@@ -296,7 +296,7 @@ impl<'r> WitParts<'r> {
     }
 
     /// The WIT record of `row` (the row these parts were made from).
-    pub fn row<'a>(&'a self, row: &'a OutboxRow) -> wit::OutboxRow<'a> {
+    pub(crate) fn row<'a>(&'a self, row: &'a OutboxRow) -> wit::OutboxRow<'a> {
         wit::OutboxRow {
             id: &self.id,
             tenant: row.tenant.as_str(),

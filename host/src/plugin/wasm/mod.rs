@@ -11,12 +11,12 @@
 //! - [`guest_output`]: the bounded tail of a guest's stdout and stderr, quoted on traps
 //! - [`bindings`]: generated from `wit/sluice.wit`
 
-pub mod bindings;
-pub mod cache;
-pub mod call;
-pub mod component;
-pub mod engine;
-pub mod guest_output;
-pub mod host_api;
-pub mod imports;
-pub mod instance;
+pub(super) mod bindings;
+pub(super) mod cache;
+pub(super) mod call;
+pub(super) mod component;
+pub(super) mod engine;
+pub(super) mod guest_output;
+pub(super) mod host_api;
+pub(super) mod imports;
+pub(super) mod instance;

@@ -21,7 +21,7 @@ use crate::store::{
 
 /// A row as the in-memory table holds it.
 #[derive(Debug, Clone)]
-pub struct StoredRow {
+pub(super) struct StoredRow {
     pub row: OutboxRow,
     pub sent: bool,
     /// When it was marked sent (for pruning).
@@ -36,7 +36,7 @@ pub struct StoredRow {
 
 /// How a scripted commit fails.
 #[derive(Debug, Clone, Copy)]
-pub enum CommitFailure {
+pub(super) enum CommitFailure {
     MarkMismatch,
     Database,
 }
@@ -54,7 +54,7 @@ impl CommitFailure {
 }
 
 #[derive(Debug, Default)]
-pub struct StoreState {
+pub(super) struct StoreState {
     pub rows: BTreeMap<i64, StoredRow>,
     pub locked: HashSet<i64>,
     /// How the next commits fail, in order (each failure rolls its batch back).
@@ -73,12 +73,12 @@ pub struct StoreState {
 
 /// An outbox in memory. Clones share the table.
 #[derive(Debug, Clone, Default)]
-pub struct MemoryStore {
+pub(super) struct MemoryStore {
     state: Arc<Mutex<StoreState>>,
 }
 
 /// The row with id `id` of `tenant`, as an application would insert it.
-pub fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxRow {
+pub(super) fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxRow {
     OutboxRow {
         id: OutboxId::Int(id),
         tenant: TenantId::named(tenant),
@@ -93,11 +93,11 @@ pub fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxRow {
 }
 
 impl MemoryStore {
-    pub fn state(&self) -> MutexGuard<'_, StoreState> {
+    pub(super) fn state(&self) -> MutexGuard<'_, StoreState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn insert(&self, row: OutboxRow) {
+    pub(super) fn insert(&self, row: OutboxRow) {
         let OutboxId::Int(id) = row.id else {
             panic!("integer ids only")
         };
@@ -116,7 +116,7 @@ impl MemoryStore {
         );
     }
 
-    pub fn row(&self, id: i64) -> StoredRow {
+    pub(super) fn row(&self, id: i64) -> StoredRow {
         self.state().rows[&id].clone()
     }
 
@@ -366,7 +366,7 @@ impl OutboxStore for MemoryStore {
 
 /// A claimed batch: its rows stay locked until it completes, is abandoned or dropped.
 #[derive(Debug)]
-pub struct MemoryBatch {
+pub(super) struct MemoryBatch {
     store: MemoryStore,
     ids: Vec<i64>,
     open: bool,
@@ -439,7 +439,7 @@ type Script = Box<dyn Fn(&OutboxRow) -> RowResult + Send + Sync>;
 
 /// A transformer that answers each row as its script says and remembers what it was told
 /// about publishing.
-pub struct ScriptedTransformer {
+pub(super) struct ScriptedTransformer {
     script: Mutex<Script>,
     /// Results added (positive) or left out (negative) at the end: a transformer that
     /// miscounts.
@@ -451,7 +451,9 @@ pub struct ScriptedTransformer {
 }
 
 impl ScriptedTransformer {
-    pub fn new(script: impl Fn(&OutboxRow) -> RowResult + Send + Sync + 'static) -> Arc<Self> {
+    pub(super) fn new(
+        script: impl Fn(&OutboxRow) -> RowResult + Send + Sync + 'static,
+    ) -> Arc<Self> {
         Arc::new(Self {
             script: Mutex::new(Box::new(script)),
             miscount: Mutex::new(0),
@@ -461,17 +463,20 @@ impl ScriptedTransformer {
     }
 
     /// Routes every row to one message on topic `t.<aggregate_type>`.
-    pub fn routing() -> Arc<Self> {
+    pub(super) fn routing() -> Arc<Self> {
         Self::new(|row| Ok(vec![message(row, &format!("t.{}", row.aggregate_type))]))
     }
 
-    pub fn set_script(&self, script: impl Fn(&OutboxRow) -> RowResult + Send + Sync + 'static) {
+    pub(super) fn set_script(
+        &self,
+        script: impl Fn(&OutboxRow) -> RowResult + Send + Sync + 'static,
+    ) {
         *self.script.lock().unwrap() = Box::new(script);
     }
 }
 
 /// A message of `row` to `topic`, its payload the row's.
-pub fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
+pub(super) fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
     OutboundMessage {
         row: row.id.clone(),
         topic: topic.to_owned(),
@@ -515,7 +520,7 @@ impl RowTransformer for ScriptedTransformer {
 type Answer = Box<dyn Fn(&OutboundMessage) -> Result<(), SinkError> + Send + Sync>;
 
 /// A sink that records every message it is asked to publish and answers as scripted.
-pub struct RecordingSink {
+pub(super) struct RecordingSink {
     pub published: Mutex<Vec<OutboundMessage>>,
     pub calls: AtomicUsize,
     answer: Answer,
@@ -525,11 +530,11 @@ pub struct RecordingSink {
 
 impl RecordingSink {
     /// Acknowledges everything.
-    pub fn acking() -> Self {
+    pub(super) fn acking() -> Self {
         Self::answering(|_| Ok(()))
     }
 
-    pub fn answering(
+    pub(super) fn answering(
         answer: impl Fn(&OutboundMessage) -> Result<(), SinkError> + Send + Sync + 'static,
     ) -> Self {
         Self {
@@ -540,7 +545,7 @@ impl RecordingSink {
         }
     }
 
-    pub fn hanging() -> Self {
+    pub(super) fn hanging() -> Self {
         Self {
             hang: true,
             ..Self::acking()
@@ -548,7 +553,7 @@ impl RecordingSink {
     }
 
     /// Messages published for row `id` (dead-letter copies included).
-    pub fn for_row(&self, id: i64) -> Vec<OutboundMessage> {
+    pub(super) fn for_row(&self, id: i64) -> Vec<OutboundMessage> {
         self.published
             .lock()
             .unwrap()
@@ -560,7 +565,7 @@ impl RecordingSink {
 }
 
 /// A publish failure of `topic` for which `fault` is to blame.
-pub fn publish_error(topic: &str, fault: PublishFault) -> SinkError {
+pub(super) fn publish_error(topic: &str, fault: PublishFault) -> SinkError {
     SinkError::publish_failed(topic, format!("scripted {fault:?}"), fault)
 }
 

@@ -15,7 +15,7 @@ use crate::store::batch::{RecordRows, TxBatch};
 use crate::store::rows::{IDS_PER_STATEMENT, Reschedule, stored_error};
 
 /// A claimed batch: the open transaction holding the row locks.
-pub type MyBatch = TxBatch<MySql, Arc<Statements>>;
+pub(crate) type MyBatch = TxBatch<MySql, Arc<Statements>>;
 
 impl RecordRows<MySql> for Statements {
     fn mark<'c>(

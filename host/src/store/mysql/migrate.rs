@@ -25,7 +25,7 @@ const MAX_IDENTIFIER: usize = 64;
 const INDEX_PREFIX: u32 = 191;
 
 /// Creates or upgrades the table and its indexes (see the module documentation).
-pub async fn migrate(pool: &MySqlPool, spec: &TableSpec) -> Result<Layout, StoreError> {
+pub(super) async fn migrate(pool: &MySqlPool, spec: &TableSpec) -> Result<Layout, StoreError> {
     let mut conn = pool.acquire().await?;
     let table = spec.name.quoted_with('`');
     let locked: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(

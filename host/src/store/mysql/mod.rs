@@ -30,7 +30,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor};
 
 use crate::store::batch::TxBatch;
-pub use batch::MyBatch;
+pub(super) use batch::MyBatch;
 
 use super::driver::StoreDriver;
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
@@ -93,7 +93,7 @@ async fn check_version(pool: &MySqlPool) -> Result<(), StoreError> {
 
 /// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
 /// description of what Sluice will relay from.
-pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
     let pool = connect(url, 1).await?;
     check_version(&pool).await?;
     let layout = migrate::migrate(&pool, spec).await?;

@@ -18,7 +18,7 @@ const PRUNE_LOCK: &str = "CONCAT('sluice_prune_', LEFT(SHA2(CONCAT(DATABASE(), '
 
 /// Deletes sent rows older than `retention`, chunk by chunk, until none are left, unless
 /// another process is pruning the same table. Returns how many rows it deleted.
-pub async fn prune_once(
+pub(super) async fn prune_once(
     pool: &MySqlPool,
     sql: &LayoutSql,
     retention: Duration,
@@ -55,7 +55,7 @@ pub async fn prune_once(
 
 /// Runs the `DELETE` in `text` (which deletes at most [`CHUNK`] rows; `bind` supplies its
 /// parameters) until a chunk comes back short; returns the rows deleted.
-pub async fn delete_in_chunks(
+pub(super) async fn delete_in_chunks(
     conn: &mut MySqlConnection,
     text: &str,
     bind: impl Fn(MyQuery<'_>) -> MyQuery<'_>,

@@ -11,7 +11,7 @@ use crate::store::statement::impl_run;
 
 impl_run!(MySqlPool, MySqlRow, DateTime<Utc>, |time| time);
 
-pub type MyQuery<'q> = Query<'q, MySql, MySqlArguments>;
+pub(super) type MyQuery<'q> = Query<'q, MySql, MySqlArguments>;
 
 /// The number of placeholders a statement for `n` values gets: the next power of two, the rest
 /// bound as NULL (which matches no row). Statements differ only by their placeholders, and
@@ -19,12 +19,12 @@ pub type MyQuery<'q> = Query<'q, MySql, MySqlArguments>;
 /// the cache would overflow, and every statement it evicts is closed with a packet MySQL does
 /// not answer, which stalls the next statement for a delayed ACK (40 ms) under Nagle's
 /// algorithm. Powers of two keep each connection at a handful of texts.
-pub fn placeholder_count(n: usize) -> usize {
+pub(super) fn placeholder_count(n: usize) -> usize {
     n.max(1).next_power_of_two()
 }
 
 /// Binds a NULL of the id's type, for the placeholders beyond the values.
-pub fn bind_null_id<'q>(query: MyQuery<'q>, key: &KeyKind) -> MyQuery<'q> {
+pub(super) fn bind_null_id<'q>(query: MyQuery<'q>, key: &KeyKind) -> MyQuery<'q> {
     match key {
         KeyKind::Int => query.bind(None::<i64>),
         KeyKind::Text { .. } => query.bind(None::<String>),
@@ -32,7 +32,7 @@ pub fn bind_null_id<'q>(query: MyQuery<'q>, key: &KeyKind) -> MyQuery<'q> {
 }
 
 /// Binds `id` as the type the id column compares with: an integer, or its text.
-pub fn bind_id<'q>(query: MyQuery<'q>, id: &OutboxId) -> MyQuery<'q> {
+pub(super) fn bind_id<'q>(query: MyQuery<'q>, id: &OutboxId) -> MyQuery<'q> {
     match id {
         OutboxId::Int(n) => query.bind(*n),
         OutboxId::Text(text) => query.bind(text.to_string()),

@@ -34,7 +34,7 @@ fn is_textual(base: &str) -> bool {
 
 /// MySQL's and MariaDB's types, by role (`information_schema.COLUMNS.DATA_TYPE`). MariaDB's
 /// `JSON` is an alias of `LONGTEXT` (with a `json_valid` check) and is listed as such.
-pub struct MyTypes;
+pub(super) struct MyTypes;
 
 impl ColumnTypes for MyTypes {
     const ACCEPTED_ID: &'static str = "tinyint, smallint, mediumint, int, bigint (AUTO_INCREMENT), char(n), varchar(n), uuid (MariaDB)";
@@ -120,7 +120,7 @@ impl ColumnTypes for MyTypes {
 
 /// Reads the table's columns from `information_schema`; empty when the table does not exist.
 /// An unqualified table is looked up in the connection's database.
-pub async fn read_columns<'e, E>(
+pub(super) async fn read_columns<'e, E>(
     executor: E,
     table: &TableName,
 ) -> Result<Vec<FoundColumn>, StoreError>
@@ -169,12 +169,12 @@ where
 }
 
 /// Checks the columns `found` against `spec` with MySQL's types.
-pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
+pub(super) fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
     schema::check::<MyTypes>(spec, found)
 }
 
 /// The order column `sluice migrate` adds, if any (see [`schema::order_column_to_add`]).
-pub fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
+pub(super) fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
     schema::order_column_to_add::<MyTypes>(spec, found)
 }
 

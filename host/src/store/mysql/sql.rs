@@ -15,7 +15,7 @@ use crate::store::{MarkMode, StoreOptions};
 /// per paused tenant, NULL standing for rows without a tenant), built for the number of
 /// paused tenants; the common case, none, is built once.
 #[derive(Debug)]
-pub struct WithPaused {
+pub(crate) struct WithPaused {
     head: String,
     tenant: String,
     tail: String,
@@ -33,7 +33,7 @@ impl WithPaused {
     }
 
     /// The statement for `paused` tenants; their names bind in place of the filter.
-    pub fn sql(&self, paused: usize) -> Arc<str> {
+    pub(crate) fn sql(&self, paused: usize) -> Arc<str> {
         if paused == 0 {
             return Arc::clone(&self.unfiltered);
         }

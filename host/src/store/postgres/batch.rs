@@ -13,7 +13,7 @@ use crate::store::batch::{RecordRows, TxBatch};
 use crate::store::rows::{Reschedule, stored_error};
 
 /// A claimed batch: the open transaction holding the row locks.
-pub type PgBatch = TxBatch<Postgres, BatchSql>;
+pub(crate) type PgBatch = TxBatch<Postgres, BatchSql>;
 
 /// The batch's marking and rescheduling statements (see [`super::sql::Statements`]).
 pub struct BatchSql {

@@ -18,11 +18,11 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Longest time between two claims from the start of the order.
-pub const REFRESH: Duration = Duration::from_millis(500);
+pub(super) const REFRESH: Duration = Duration::from_millis(500);
 
 /// The cursor of one store (shared by the process's workers).
 #[derive(Debug)]
-pub struct ClaimCursor {
+pub(super) struct ClaimCursor {
     state: Mutex<State>,
 }
 
@@ -52,7 +52,7 @@ impl ClaimCursor {
 
     /// Where the claim starting now begins: past `Some(id)`, or from the start (`None`, also
     /// when the last claim from the start is [`REFRESH`] ago).
-    pub fn start(&self, now: Instant) -> Option<i64> {
+    pub(super) fn start(&self, now: Instant) -> Option<i64> {
         let mut state = self.state();
         if now.duration_since(state.from_start) >= REFRESH {
             state.from_start = now;
@@ -66,7 +66,13 @@ impl ClaimCursor {
 
     /// A claim that began at `started` (what [`ClaimCursor::start`] returned) found `rows`
     /// rows of the `limit` it asked for, the highest id among them being `highest`.
-    pub fn claimed(&self, started: Option<i64>, rows: usize, limit: usize, highest: Option<i64>) {
+    pub(super) fn claimed(
+        &self,
+        started: Option<i64>,
+        rows: usize,
+        limit: usize,
+        highest: Option<i64>,
+    ) {
         let mut state = self.state();
         if rows >= limit {
             // More is waiting past these rows.

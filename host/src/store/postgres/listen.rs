@@ -51,7 +51,7 @@ fn trigger_name(table: &TableName) -> String {
 ///
 /// Cost: NOTIFY takes a database-wide lock at commit, which serialises inserting commits
 /// (see docs/benchmarks.md for the figure on this machine).
-pub async fn install_trigger(
+pub(super) async fn install_trigger(
     pool: &PgPool,
     table: &TableName,
     channel: &str,
@@ -77,7 +77,7 @@ pub async fn install_trigger(
 }
 
 /// Removes the trigger and its function, if present.
-pub async fn drop_trigger(pool: &PgPool, table: &TableName) -> Result<(), StoreError> {
+pub(super) async fn drop_trigger(pool: &PgPool, table: &TableName) -> Result<(), StoreError> {
     let statements = [
         format!("DROP TRIGGER IF EXISTS {} ON {table}", trigger_name(table)),
         format!("DROP FUNCTION IF EXISTS {}()", function_name(table)),
@@ -102,7 +102,7 @@ async fn run_in_transaction(pool: &PgPool, statements: &[String]) -> Result<(), 
 /// Listens on `channel` on a connection of its own and calls `wake` for every notification,
 /// once when listening starts (rows inserted before LISTEN took effect were not announced)
 /// and once after the connection was lost and re-established. Returns only with an error.
-pub async fn listen(
+pub(super) async fn listen(
     options: &PgConnectOptions,
     channel: &str,
     wake: &(dyn Fn() + Send + Sync),

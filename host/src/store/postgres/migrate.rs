@@ -16,7 +16,7 @@ const MIGRATE_LOCK_KEY: i64 = 0x736c_7569_6365;
 /// row, which rewrites the table once), and the partial indexes on unsent rows. Then checks
 /// the table as `sluice run` would; a table Sluice cannot use is refused with every problem
 /// and left unchanged. Idempotent, and safe to run from several processes at once.
-pub async fn migrate(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
+pub(super) async fn migrate(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
     let mut tx = pool.begin().await?;
     // "column already exists, skipping" notices are expected on every re-run; keep them quiet.
     sqlx::query("SET LOCAL client_min_messages = warning")

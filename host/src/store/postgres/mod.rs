@@ -34,9 +34,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::store::batch::TxBatch;
 use batch::BatchSql;
-pub use batch::PgBatch;
+pub(super) use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
-pub use schema::Layout;
+use schema::Layout;
 
 use super::driver::StoreDriver;
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
@@ -50,7 +50,7 @@ use sql::Statements;
 /// How long to wait for a connection before reporting the database as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
-pub const APPLICATION_NAME: &str = "sluice";
+pub(super) const APPLICATION_NAME: &str = "sluice";
 
 /// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
 /// (so operators can find the connections in `pg_stat_activity`). Without the
@@ -83,7 +83,7 @@ async fn connect(url: &str, connections: u32) -> Result<PgPool, StoreError> {
 
 /// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
 /// description of what Sluice will relay from.
-pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
     let pool = connect(url, 1).await?;
     let layout = migrate::migrate(&pool, spec).await?;
     Ok(layout.summary())

@@ -20,7 +20,7 @@ const PRUNE_LOCK_KEY: i32 = 0x736c_7570; // "slup"
 
 /// Deletes sent rows older than `retention`, chunk by chunk, until none are left or another
 /// process is pruning the same table. Returns how many rows it deleted.
-pub async fn prune_once(
+pub(super) async fn prune_once(
     pool: &PgPool,
     sql: &LayoutSql,
     retention: Duration,

@@ -7,7 +7,9 @@ use sqlx::{Executor, Postgres};
 
 use crate::store::columns::{self, ColumnName, TableSpec};
 use crate::store::schema::{self, Accept, ColumnTypes};
-pub use crate::store::schema::{FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind};
+pub(super) use crate::store::schema::{
+    FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind,
+};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
@@ -22,7 +24,7 @@ fn is_timestamptz(c: &FoundColumn) -> bool {
 }
 
 /// PostgreSQL's types, by role.
-pub struct PgTypes;
+pub(super) struct PgTypes;
 
 impl ColumnTypes for PgTypes {
     const ACCEPTED_ID: &'static str = "smallint, integer, bigint (serial, bigserial, identity), uuid, text, varchar, char(n), citext";
@@ -109,7 +111,7 @@ impl ColumnTypes for PgTypes {
 }
 
 /// Reads the table's columns from the catalog; empty when the table does not exist.
-pub async fn read_columns<'e, E>(
+pub(super) async fn read_columns<'e, E>(
     executor: E,
     table: &TableName,
 ) -> Result<Vec<FoundColumn>, StoreError>
@@ -151,18 +153,18 @@ where
 }
 
 /// Looks the table up and checks it: the [`Layout`] to read it with, or every problem.
-pub async fn inspect(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
+pub(super) async fn inspect(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
     let found = read_columns(pool, &spec.name).await?;
     Ok(check(spec, &found)?)
 }
 
 /// Checks the columns `found` against `spec` with PostgreSQL's types.
-pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
+pub(super) fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
     schema::check::<PgTypes>(spec, found)
 }
 
 /// The order column `sluice migrate` adds, if any (see [`schema::order_column_to_add`]).
-pub fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
+pub(super) fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
     schema::order_column_to_add::<PgTypes>(spec, found)
 }
 

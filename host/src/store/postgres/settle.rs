@@ -15,7 +15,10 @@ use crate::model::OutboxId;
 use crate::store::settle::{SettledAs, UNCHANGED};
 use crate::store::{BatchOutcome, RowFailure, Settlement, StoreError};
 
-pub async fn settle(store: &PgStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+pub(super) async fn settle(
+    store: &PgStore,
+    outcome: &BatchOutcome,
+) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
     // Keys travel as text (cast to the id column's type in SQL) and come back as text.
     let ids: HashMap<String, &OutboxId> = outcome.ids().map(|id| (id.to_string(), id)).collect();

@@ -24,7 +24,7 @@ pub(super) fn id_text_expr(sql: &LayoutSql, alias: &str) -> String {
 }
 
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
-pub struct Statements {
+pub(super) struct Statements {
     pub claim: Arc<str>,
     /// The claim past a given id (`$3`), when rows are claimed in integer id order (see
     /// [`super::cursor`]).
@@ -35,7 +35,7 @@ pub struct Statements {
 }
 
 impl Statements {
-    pub fn new(sql: &LayoutSql, options: StoreOptions) -> Self {
+    pub(super) fn new(sql: &LayoutSql, options: StoreOptions) -> Self {
         let layout = &sql.layout;
         let table = &sql.table;
         // Unsent, not dead, due, not of a paused tenant ($1: their names, NULL for rows

@@ -12,7 +12,10 @@ use crate::store::schema::{FoundColumn, Layout};
 use crate::store::{ColumnName, StoreError, TableSpec, TenantColumn};
 
 /// Creates or upgrades the table and its indexes inside the caller's write transaction.
-pub async fn migrate(conn: &mut SqliteConnection, spec: &TableSpec) -> Result<Layout, StoreError> {
+pub(super) async fn migrate(
+    conn: &mut SqliteConnection,
+    spec: &TableSpec,
+) -> Result<Layout, StoreError> {
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     if found.is_empty() {
         run(&mut *conn, create_table_sql(spec)).await?;

@@ -34,7 +34,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-pub use batch::LiteBatch;
+pub(super) use batch::LiteBatch;
 
 use super::driver::StoreDriver;
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
@@ -45,7 +45,7 @@ use sql::Statements;
 
 /// How long a statement waits for another connection's write transaction (the application's
 /// or another relay's) before failing with "database is locked".
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for a connection from the pool.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Starts a write transaction at once (taking the write lock, waiting up to the busy
@@ -90,7 +90,7 @@ async fn connect(url: &str, connections: u32, create: bool) -> Result<SqlitePool
 
 /// Creates the database file if missing, creates or upgrades the table (see
 /// [`migrate::migrate`]) and returns a one-line description of what Sluice will relay from.
-pub async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
     let pool = connect(url, 1, true).await?;
     let mut tx = pool.begin_with(BEGIN_WRITE).await?;
     // Refused: `tx` is dropped, which rolls everything back.

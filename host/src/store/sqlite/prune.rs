@@ -14,7 +14,7 @@ use crate::store::layout_sql::LayoutSql;
 use crate::store::statement::{Param, Statement};
 
 /// Deletes sent rows older than `retention`, in id order; returns how many rows it deleted.
-pub async fn prune(
+pub(super) async fn prune(
     pool: &SqlitePool,
     sql: &LayoutSql,
     retention: Duration,

@@ -14,20 +14,20 @@ use crate::store::{RowFailure, StoreError};
 
 impl_run!(SqlitePool, SqliteRow, i64, from_ms);
 
-pub type LiteQuery<'q> = Query<'q, Sqlite, SqliteArguments>;
+pub(super) type LiteQuery<'q> = Query<'q, Sqlite, SqliteArguments>;
 
 /// Now, as milliseconds since the Unix epoch (how Sluice's time columns hold time).
-pub fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
 /// Milliseconds since the epoch as a time (the epoch itself for values out of range).
-pub fn from_ms(ms: i64) -> DateTime<Utc> {
+pub(super) fn from_ms(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
 /// Binds `id` as the type the id column holds: an integer, or its text.
-pub fn bind_id<'q>(query: LiteQuery<'q>, id: &OutboxId) -> LiteQuery<'q> {
+pub(super) fn bind_id<'q>(query: LiteQuery<'q>, id: &OutboxId) -> LiteQuery<'q> {
     match id {
         OutboxId::Int(n) => query.bind(*n),
         OutboxId::Text(text) => query.bind(text.to_string()),
@@ -35,13 +35,13 @@ pub fn bind_id<'q>(query: LiteQuery<'q>, id: &OutboxId) -> LiteQuery<'q> {
 }
 
 /// A claimed row with its place in claim order (`RETURNING` gives rows in no set order).
-pub struct Claimed {
+pub(super) struct Claimed {
     pub order: (i64, OutboxId),
     pub row: Result<OutboxRow, RowFailure>,
 }
 
 /// Decodes a claimed row ([`decode_claimed`]) and its place in claim order.
-pub fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, StoreError> {
+pub(super) fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, StoreError> {
     let decoded = decode_claimed(row, sql)?;
     let order = row
         .int(column::CLAIM_ORDER)

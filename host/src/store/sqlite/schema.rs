@@ -54,7 +54,7 @@ fn is_json(c: &FoundColumn) -> bool {
 }
 
 /// SQLite's declared types, by affinity.
-pub struct LiteTypes;
+pub(super) struct LiteTypes;
 
 impl ColumnTypes for LiteTypes {
     const ACCEPTED_ID: &'static str =
@@ -131,7 +131,7 @@ impl ColumnTypes for LiteTypes {
 
 /// Reads the table's columns (`pragma_table_info`) and which of them a unique index or the
 /// primary key covers alone; empty when the table does not exist.
-pub async fn read_columns(
+pub(super) async fn read_columns(
     conn: &mut SqliteConnection,
     table: &TableName,
 ) -> Result<Vec<FoundColumn>, StoreError> {
@@ -204,7 +204,7 @@ async fn unique_columns(
 }
 
 /// Checks the columns `found` against `spec` with SQLite's types.
-pub fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
+pub(super) fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
     schema::check::<LiteTypes>(spec, found)
 }
 

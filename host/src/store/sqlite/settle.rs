@@ -16,7 +16,10 @@ use crate::store::rows::{IDS_PER_STATEMENT, placeholders, read_id};
 use crate::store::settle::{record_held, split_held};
 use crate::store::{BatchOutcome, Settlement, StoreError};
 
-pub async fn settle(store: &LiteStore, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
+pub(super) async fn settle(
+    store: &LiteStore,
+    outcome: &BatchOutcome,
+) -> Result<Settlement, StoreError> {
     let mut settlement = Settlement::default();
     let wanted: Vec<&OutboxId> = outcome.ids().collect();
     if wanted.is_empty() {

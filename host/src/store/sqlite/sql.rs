@@ -13,7 +13,7 @@ use crate::store::{MarkMode, StoreOptions};
 
 /// Which rows a marking or rescheduling statement may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Guard {
+pub(super) enum Guard {
     /// Rows still leased to the batch (binds its token last): a row whose lease expired and
     /// was taken by another relay is not changed, and the count check notices.
     Lease,
@@ -32,7 +32,7 @@ impl Guard {
 
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 #[derive(Debug)]
-pub struct Statements {
+pub(super) struct Statements {
     pub sql: LayoutSql,
     /// Binds: token, lease deadline, now, paused tenants (JSON array), limit.
     pub claim: Arc<str>,
@@ -42,7 +42,7 @@ pub struct Statements {
 }
 
 impl Statements {
-    pub fn new(sql: LayoutSql, options: StoreOptions) -> Self {
+    pub(super) fn new(sql: LayoutSql, options: StoreOptions) -> Self {
         let table = &sql.table;
         let due = |now: &str, paused: &str| {
             format!(
@@ -84,12 +84,12 @@ impl Statements {
     }
 
     /// Whether marking sets `published_at` (and so binds the time first).
-    pub fn marks_with_time(&self) -> bool {
+    pub(super) fn marks_with_time(&self) -> bool {
         self.mark == MarkMode::PublishedAt
     }
 
     /// Marks `n` rows sent, by id. Binds: (`published_at` mode: now,) the ids, (the token).
-    pub fn mark(&self, n: usize, guard: Guard) -> String {
+    pub(super) fn mark(&self, n: usize, guard: Guard) -> String {
         let l = &self.sql.layout;
         let rows = format!("o.{} IN ({}) {}", l.id, placeholders(n), guard.sql());
         match self.mark {
@@ -104,7 +104,7 @@ impl Statements {
 
     /// Reschedules or dead-letters `n` rows and ends their leases. Binds: per row id, error,
     /// delay in ms, dead (0/1), counted (0/1); then now, now, (the token).
-    pub fn reschedule(&self, n: usize, guard: Guard) -> String {
+    pub(super) fn reschedule(&self, n: usize, guard: Guard) -> String {
         let l = &self.sql.layout;
         let rows = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
         format!(
@@ -124,7 +124,7 @@ impl Statements {
     }
 
     /// Ends the leases of `n` rows of a batch, unchanged otherwise. Binds: the ids, the token.
-    pub fn release(&self, n: usize) -> String {
+    pub(super) fn release(&self, n: usize) -> String {
         let l = &self.sql.layout;
         format!(
             "UPDATE {} AS o SET leased_by = NULL, lease_until = NULL

@@ -14,12 +14,12 @@
 //! - [`health`]: dependency checks and worker heartbeats (`/healthz`, `/readyz`)
 //! - [`process`]: `sluice_build_info` and the `process_*` families
 
-pub mod backlog;
-pub mod health;
-pub mod plugin;
-pub mod process;
-pub mod relay;
-pub mod sink;
+pub(crate) mod backlog;
+pub(crate) mod health;
+pub(crate) mod plugin;
+pub(crate) mod process;
+pub(crate) mod relay;
+pub(crate) mod sink;
 
 use std::sync::Arc;
 
@@ -31,11 +31,11 @@ use prometheus_client::registry::Registry;
 
 use super::labels::TenantLabels;
 use crate::model::TenantId;
-pub use backlog::{BacklogMetrics, TenantSample};
-pub use health::{Dependency, HealthMetrics};
-pub use plugin::{NO_PLUGIN, PluginMetrics, PluginOutcome, PluginStates};
-pub use relay::{ClaimResult, DeadReason, RelayMetrics, RowOutcome, WakeCause};
-pub use sink::{OTHER_TOPICS, ProduceError, SinkMetrics};
+pub(crate) use backlog::{BacklogMetrics, TenantSample};
+pub(crate) use health::{Dependency, HealthMetrics};
+pub(crate) use plugin::{NO_PLUGIN, PluginMetrics, PluginOutcome, PluginStates};
+pub(crate) use relay::{DeadReason, RelayMetrics, RowOutcome, WakeCause};
+pub(crate) use sink::{ProduceError, SinkMetrics};
 
 /// Declares the label values of one label: an enum, its `ALL` list (what is pre-initialised)
 /// and the text each value is exposed as.

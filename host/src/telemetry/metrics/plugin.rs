@@ -15,7 +15,7 @@ use super::{HistogramFamily, TenantLabel, label_values, latency_histogram};
 use crate::telemetry::TenantLabels;
 
 /// The `plugin` label value of rows no plugin could take (no `[plugins.default]`).
-pub const NO_PLUGIN: &str = "_none";
+pub(crate) const NO_PLUGIN: &str = "_none";
 
 label_values! {
     /// The `outcome` label values of `sluice_transform_calls_total`.
@@ -158,7 +158,7 @@ struct TenantCounter {
 /// The per-tenant plugin state of one scrape: filled from the router, then encoded. Tenants
 /// without their own label value share one; their gauges say whether any of them is paused.
 #[derive(Debug)]
-pub struct PluginStates {
+pub(crate) struct PluginStates {
     paused: Family<TenantLabel, Gauge>,
     quarantined: Family<TenantLabel, Gauge>,
     info: Family<PluginInfo, Gauge>,
@@ -169,7 +169,7 @@ pub struct PluginStates {
 
 impl PluginStates {
     /// Every tenant label value of `tenants` neither paused nor quarantined.
-    pub fn new(tenants: &TenantLabels) -> Self {
+    pub(crate) fn new(tenants: &TenantLabels) -> Self {
         let states = Self {
             paused: Family::default(),
             quarantined: Family::default(),
@@ -187,12 +187,12 @@ impl PluginStates {
         states
     }
 
-    pub fn paused(&self, tenant: &Arc<str>) {
+    pub(crate) fn paused(&self, tenant: &Arc<str>) {
         let tenant = Arc::clone(tenant);
         self.paused.get_or_create(&TenantLabel { tenant }).set(1);
     }
 
-    pub fn quarantined(&self, tenant: &Arc<str>) {
+    pub(crate) fn quarantined(&self, tenant: &Arc<str>) {
         let tenant = Arc::clone(tenant);
         self.quarantined
             .get_or_create(&TenantLabel { tenant })
@@ -200,7 +200,7 @@ impl PluginStates {
     }
 
     /// The plugin `tenant` runs: its name, its version and the loaded file's digest.
-    pub fn info(&self, tenant: &Arc<str>, plugin: &str, version: &str, digest: &str) {
+    pub(crate) fn info(&self, tenant: &Arc<str>, plugin: &str, version: &str, digest: &str) {
         self.info
             .get_or_create(&PluginInfo {
                 tenant: Arc::clone(tenant),
@@ -212,7 +212,7 @@ impl PluginStates {
     }
 
     /// `n` plugin instances of `tenant` were created for `reason`.
-    pub fn instantiations(&self, tenant: &Arc<str>, reason: &'static str, n: u64) {
+    pub(crate) fn instantiations(&self, tenant: &Arc<str>, reason: &'static str, n: u64) {
         let tenant = Arc::clone(tenant);
         self.instantiations
             .get_or_create(&TenantReason { tenant, reason })
@@ -220,7 +220,7 @@ impl PluginStates {
     }
 
     /// `tenant`'s plugin ran into `limit` `n` times.
-    pub fn limit_hits(&self, tenant: &Arc<str>, limit: &'static str, n: u64) {
+    pub(crate) fn limit_hits(&self, tenant: &Arc<str>, limit: &'static str, n: u64) {
         let tenant = Arc::clone(tenant);
         self.limit_hits
             .get_or_create(&TenantLimit { tenant, limit })
@@ -228,7 +228,7 @@ impl PluginStates {
     }
 
     /// The guest's own counter `name` (host `counter-add`) reads `value`.
-    pub fn custom(&self, tenant: &Arc<str>, name: &str, value: u64) {
+    pub(crate) fn custom(&self, tenant: &Arc<str>, name: &str, value: u64) {
         let (tenant, name) = (Arc::clone(tenant), name.to_owned());
         self.custom
             .get_or_create(&TenantCounter { tenant, name })
@@ -236,7 +236,7 @@ impl PluginStates {
     }
 
     /// Writes the families into a scrape.
-    pub fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    pub(crate) fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let e = &mut encoder;
         encode_family(
             e,

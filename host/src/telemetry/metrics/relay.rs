@@ -17,7 +17,7 @@ use crate::telemetry::TenantLabels;
 
 label_values! {
     /// The `result` label values of `sluice_claims_total`.
-    pub enum ClaimResult {
+    pub(crate) enum ClaimResult {
         Rows => "rows",
         Empty => "empty",
         Error => "error",

@@ -20,7 +20,7 @@ use super::{HistogramFamily, TenantLabel, label_values, latency_histogram};
 /// by the allow-lists, but a plugin without one may route to many.
 const MAX_TOPICS: usize = 256;
 /// The `topic` label value of topics past [`MAX_TOPICS`].
-pub const OTHER_TOPICS: &str = "_other";
+pub(crate) const OTHER_TOPICS: &str = "_other";
 
 label_values! {
     /// The `error_type` label values of `sluice_produce_errors_total`: whose fault a message

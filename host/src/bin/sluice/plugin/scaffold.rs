@@ -12,16 +12,16 @@ use std::str::FromStr;
 
 /// A plugin language `sluice plugin new` has a template for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Language {
+pub(crate) enum Language {
     Rust,
     Python,
     Js,
 }
 
 impl Language {
-    pub const ALL: [Language; 3] = [Language::Rust, Language::Python, Language::Js];
+    pub(crate) const ALL: [Language; 3] = [Language::Rust, Language::Python, Language::Js];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Rust => "rust",
             Self::Python => "python",
@@ -49,7 +49,7 @@ impl FromStr for Language {
 
 /// Why a project could not be created.
 #[derive(Debug, thiserror::Error)]
-pub enum ScaffoldError {
+pub(crate) enum ScaffoldError {
     #[error(
         "plugin name {0:?}: use lowercase letters, digits and '-', starting with a letter \
          (it becomes a crate, module and file name)"
@@ -66,7 +66,7 @@ pub enum ScaffoldError {
 
 /// One file of a project: where it goes, its text (placeholders not yet replaced), and
 /// whether it is a script to run.
-pub struct TemplateFile {
+pub(crate) struct TemplateFile {
     pub path: &'static str,
     pub text: &'static str,
     pub executable: bool,
@@ -119,7 +119,7 @@ const JS: &[TemplateFile] = &[
 ];
 
 /// Every file of a `lang` project, placeholders not yet replaced.
-pub fn files(lang: Language) -> impl Iterator<Item = &'static TemplateFile> {
+pub(crate) fn files(lang: Language) -> impl Iterator<Item = &'static TemplateFile> {
     let own = match lang {
         Language::Rust => RUST,
         Language::Python => PYTHON,
@@ -130,21 +130,25 @@ pub fn files(lang: Language) -> impl Iterator<Item = &'static TemplateFile> {
 
 /// Whether `name` can name a plugin: lowercase letters, digits and '-', starting with a
 /// letter (a valid crate name and a readable file name).
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_lowercase())
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
 /// `text` with `{{name}}` and `{{name_snake}}` (`-` turned into `_`) filled in.
-pub fn fill(text: &str, name: &str) -> String {
+pub(crate) fn fill(text: &str, name: &str) -> String {
     text.replace("{{name_snake}}", &name.replace('-', "_"))
         .replace("{{name}}", name)
 }
 
 /// Writes a new `lang` project for plugin `name` into `dest`, which must not exist yet.
 /// Returns the files written, relative to `dest`.
-pub fn create(name: &str, lang: Language, dest: &Path) -> Result<Vec<&'static str>, ScaffoldError> {
+pub(crate) fn create(
+    name: &str,
+    lang: Language,
+    dest: &Path,
+) -> Result<Vec<&'static str>, ScaffoldError> {
     if !valid_name(name) {
         return Err(ScaffoldError::BadName(name.to_owned()));
     }

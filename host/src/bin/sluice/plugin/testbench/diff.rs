@@ -18,7 +18,7 @@ enum Op {
 
 /// `None` when `expected` and `actual` have the same lines; else a unified diff from
 /// `expected` (`-`) to `actual` (`+`).
-pub fn unified(expected: &str, actual: &str, expected_name: &str) -> Option<String> {
+pub(crate) fn unified(expected: &str, actual: &str, expected_name: &str) -> Option<String> {
     let old: Vec<&str> = expected.lines().collect();
     let new: Vec<&str> = actual.lines().collect();
     if old == new {

@@ -23,11 +23,11 @@ use sluice::plugin::{
     TransformFailure,
 };
 
-pub use diff::unified as diff_expected;
+pub(crate) use diff::unified as diff_expected;
 
 /// Counts of a `plugin test` run.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct TestSummary {
+pub(crate) struct TestSummary {
     pub rows: usize,
     pub messages: usize,
     pub failed_rows: usize,
@@ -66,7 +66,7 @@ struct InputRow {
 /// What `sluice plugin test` runs: a plugin, its config, and the limits and call grouping
 /// that `sluice run` would give it — on their own, or on top of a tenant of a `sluice.toml`.
 #[derive(Debug, Clone)]
-pub struct TestOptions {
+pub(crate) struct TestOptions {
     /// The plugin; with `tenant`, replaces the tenant's (e.g. a new build of it).
     pub source: Option<PluginSource>,
     /// `configure` pairs; with `tenant`, added to (and overriding) the tenant's `config`.
@@ -88,7 +88,7 @@ pub struct TestOptions {
 /// completed from `[plugins.default]` ([`PluginSpec::inherit`]), or — for a name without an
 /// entry — `[plugins.default]` itself.
 #[derive(Debug, Clone)]
-pub struct ConfiguredTenant {
+pub(crate) struct ConfiguredTenant {
     pub name: String,
     /// The resolved plugin, config and limits.
     pub spec: PluginSpec,
@@ -101,7 +101,7 @@ pub struct ConfiguredTenant {
 impl ConfiguredTenant {
     /// Tenant `name` of `config`. Problems of the file's `[plugins]` and of this tenant's
     /// entry are errors; the rest of the file (database, broker) is not needed here.
-    pub fn of(config: &Config, name: &str) -> anyhow::Result<Self> {
+    pub(crate) fn of(config: &Config, name: &str) -> anyhow::Result<Self> {
         let own_key = format!("tenants.{name}");
         let problems: Vec<String> = config
             .problems()
@@ -214,7 +214,7 @@ enum Entry {
 /// breaker, builtins) — and writes one JSON line per output message, per filtered row, per
 /// failed row and per invalid input line, in input order. Rows without a `tenant` run as
 /// rows without a tenant do in `sluice run`; each named tenant gets its own instance.
-pub fn run(
+pub(crate) fn run(
     options: &TestOptions,
     input: impl BufRead,
     mut out: impl Write,
