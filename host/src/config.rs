@@ -34,17 +34,28 @@ const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Problems loading or validating a configuration file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("cannot read config file {path}: {source}")]
     Read {
+        /// The configuration file.
         path: PathBuf,
+        /// Why reading failed.
         source: std::io::Error,
     },
+    /// The file is not TOML, or not of a configuration's shape (unknown key, wrong type).
     #[error("invalid config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The configuration file.
+        path: PathBuf,
+        /// The parser's error on one line, naming the key (and line and column when known).
+        message: String,
+    },
     /// Every problem found, not just the first.
     #[error("invalid config file {path}: {}", list(.problems))]
     Invalid {
+        /// The configuration file.
         path: PathBuf,
+        /// Each problem, at its key.
         problems: Vec<Problem>,
     },
 }
@@ -61,13 +72,16 @@ fn list(problems: &[Problem]) -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// `[database]`: the database and the outbox table (required).
     pub database: DatabaseConfig,
+    /// `[relay]`: batching, polling, marking, ordering and retries; every key has a default.
     #[serde(default)]
     pub relay: RelayConfig,
     /// librdkafka properties, passed through unchanged (values may be strings, numbers or
     /// booleans).
     #[serde(default)]
     pub kafka: BTreeMap<String, toml::Value>,
+    /// `[plugins]`: the compiled-plugin cache, start-up strictness and `[plugins.default]`.
     #[serde(default)]
     pub plugins: PluginsSettings,
     /// Per-tenant plugin settings, keyed by the value of the row's `tenant` column.
@@ -126,6 +140,7 @@ impl DatabaseConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
+    /// Rows claimed per transaction, 1–100000 (default 500).
     pub batch_size: usize,
     /// Most batches in flight at once in this process.
     pub workers: usize,
@@ -139,17 +154,26 @@ pub struct RelayConfig {
     pub min_poll_interval: Duration,
     /// LISTEN on this channel and poll at once on a notification (polling stays the fallback).
     pub notify_channel: Option<String>,
+    /// How sent rows are marked: `"delete"` (default) or `"published_at"`.
     pub mark: MarkMode,
     /// In `published_at` mode: how long sent rows are kept before the pruner deletes them.
     pub retention: Retention,
+    /// How often the pruner runs in `published_at` mode (default `"1m"`).
     #[serde(with = "humantime_serde")]
     pub prune_interval: Duration,
+    /// After SIGTERM/SIGINT, how long the batch in hand may take before it is rolled back
+    /// (default `"30s"`).
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// `"key"`: rows of one tenant and aggregate go out in claim order; `"none"` (default): no
+    /// order.
     pub ordering: Ordering,
+    /// With `ordering = "key"`: `"skip"` (default) lets a key's later rows pass a dead one,
+    /// `"block"` holds them until it is replayed and sent.
     pub ordering_after_dead: AfterDead,
     /// Accept a `[kafka]` `acks` weaker than `all` (a warning is logged at start-up).
     pub allow_weak_acks: bool,
+    /// `[relay.retry]`: back-off, attempts and the dead-letter topic.
     pub retry: RetrySettings,
 }
 

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 /// marks exactly those keys.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OutboxId {
+    /// An integer key (`int2`, `int4`, `int8`), widened.
     Int(i64),
     /// The key's text form; the store casts it back to the column's type in SQL.
     Text(std::sync::Arc<str>),
@@ -93,14 +94,22 @@ pub type Headers = Vec<(String, Vec<u8>)>;
 /// One claimed outbox row, decoded.
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
+    /// The row's primary key.
     pub id: OutboxId,
+    /// The tenant column's value, if any.
     pub tenant: TenantId,
+    /// Kind of entity the event is about, as text.
     pub aggregate_type: String,
+    /// Entity the event is about, as text; with `ordering = "key"`, part of the key.
     pub aggregate_id: String,
+    /// What happened to the entity, as text.
     pub event_type: String,
     /// JSON text for `json`/`jsonb`, raw bytes for `bytea`, UTF-8 for `text`; empty for NULL.
     pub payload: Vec<u8>,
+    /// From the `headers` column's JSON object of strings; empty for NULL.
     pub headers: Headers,
+    /// When the row was written (a `timestamp` without time zone read as UTC); the claim's
+    /// time for NULL.
     pub created_at: DateTime<Utc>,
     /// Delivery attempts already made (0 on the first claim).
     pub attempts: i32,
@@ -112,10 +121,15 @@ pub struct OutboxRow {
 pub struct OutboundMessage {
     /// The outbox row this message came from.
     pub row: OutboxId,
+    /// Kafka topic to publish to.
     pub topic: String,
+    /// Message key; `None`: no key.
     pub key: Option<Vec<u8>>,
     /// `None` is a tombstone.
     pub payload: Option<Vec<u8>>,
+    /// In order, duplicates allowed; the host-stamped `sluice-tenant` and `sluice-outbox-id`
+    /// included.
     pub headers: Headers,
+    /// Partition to publish to; `None`: the producer's partitioner picks.
     pub partition: Option<i32>,
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 /// leaves out a cause the text already says).
 #[derive(Debug, Clone)]
 pub struct Problem {
+    /// Where the value is, as a dotted key path (`relay.batch_size`, `kafka."sasl.password"`).
     pub key: String,
     /// What is wrong; with a `cause`, what could not be done (`cannot read file /run/pw`), or
     /// empty when the cause says it all.

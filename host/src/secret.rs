@@ -51,14 +51,18 @@ pub struct Resolved {
     /// Each reference that could not be resolved, at its key (`kafka."sasl.password"`,
     /// `tenants.acme.config.key`): the message names the variable or the path, never a value.
     pub errors: Vec<Problem>,
+    /// Values to keep out of printed text (see [`register`]).
     pub secrets: Vec<String>,
 }
 
 /// Where references are read from: the environment and the file system, relative to `base`.
 /// A trait so tests can resolve against a fixed environment.
 pub trait Sources {
+    /// Variable `name`: `None` when unset, `Err` saying why when unusable.
     fn env(&self, name: &str) -> Option<Result<String, String>>;
+    /// The contents of the file at `path` (already joined to [`Sources::base`]).
     fn file(&self, path: &Path) -> Result<String, io::Error>;
+    /// Directory relative `${file:…}` paths start from.
     fn base(&self) -> &Path;
 }
 

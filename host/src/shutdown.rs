@@ -22,6 +22,7 @@ pub fn channel() -> (ShutdownTrigger, Shutdown) {
 }
 
 impl ShutdownTrigger {
+    /// Requests the stop; every listener sees it.
     pub fn trigger(&self) {
         // Fails only when every listener is gone, and then nobody needs telling.
         let _ = self.tx.send(true);
@@ -29,6 +30,7 @@ impl ShutdownTrigger {
 }
 
 impl Shutdown {
+    /// Whether the stop was requested.
     pub fn is_shutdown(&self) -> bool {
         *self.rx.borrow()
     }

@@ -11,9 +11,13 @@ use crate::store::{self, OutboxStore, Store, StoreOptions, TableName, TableSpec}
 /// `SLUICE_DATABASE_URL`, `database.table`, `[database.columns]`), or from a URL and a table
 /// name with Sluice's own column names.
 pub enum Target<'a> {
+    /// The config file at this path.
     Config(&'a Path),
+    /// `--database-url` and `--table`, with Sluice's own column names.
     Url {
+        /// `--database-url`; `None`: `SLUICE_DATABASE_URL`, else an error.
         url: Option<String>,
+        /// `--table`, optionally schema-qualified; `None`: `outbox`.
         table: Option<&'a str>,
     },
 }
@@ -48,13 +52,17 @@ impl Target<'_> {
 
 /// What `sluice migrate` does with the NOTIFY trigger.
 pub enum TriggerChange {
+    /// Leave it as it is (neither flag given).
     Keep,
+    /// Install it, notifying on this channel (`--notify-trigger`, `--notify-channel`).
     Install(String),
+    /// Remove it (`--drop-notify-trigger`).
     Drop,
 }
 
 /// What `sluice migrate` did.
 pub struct Migrated {
+    /// The table created or upgraded.
     pub table: TableName,
     /// One line about the table as Sluice will use it.
     pub summary: String,

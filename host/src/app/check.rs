@@ -19,7 +19,9 @@ use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
 /// not start) and warnings (valid, but maybe not what was meant; see [`Config::warnings`]).
 #[derive(Debug, Default)]
 pub struct CheckReport {
+    /// What `sluice run` would refuse, or what keeps a tenant from starting; any fails the check.
     pub problems: Vec<Problem>,
+    /// Valid settings that may not do what was meant; they do not fail the check.
     pub warnings: Vec<Problem>,
 }
 

@@ -11,6 +11,7 @@ use crate::secret::ScrubbingWriter;
 /// The form of log lines on standard error.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LogFormat {
+    /// Human-readable lines, coloured only at a terminal.
     #[default]
     Text,
     /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (the message and

@@ -145,8 +145,11 @@ async fn stop_and_flush(
 /// What `sluice drain` did, and what it left.
 #[derive(Debug, Clone)]
 pub struct DrainReport {
+    /// What the relay did during the drain.
     pub stats: RelayStats,
+    /// The backlog when the drain started.
     pub before: Backlog,
+    /// The backlog left once it stopped.
     pub after: Backlog,
 }
 

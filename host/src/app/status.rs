@@ -23,19 +23,24 @@ pub struct TenantReport {
     pub tenant: Option<String>,
     /// Rows due now (at least this many when the sample was saturated).
     pub due: i64,
+    /// Age of the oldest due row, in seconds by the database's clock; `None`: none is due.
     pub oldest_due_age_seconds: Option<f64>,
+    /// Dead-lettered rows (at least this many when the sample was saturated).
     pub dead: i64,
     /// `running`, `stalled`, `paused` or `quarantined`; `None` when no relay reported it.
     pub state: Option<String>,
+    /// When a paused or quarantined tenant is tried again.
     pub paused_until: Option<DateTime<Utc>>,
     /// The plugin file (or `builtin:<name>`).
     pub plugin: Option<String>,
+    /// The plugin file's content hash as loaded (`sha256:…`; none for builtins).
     pub digest: Option<String>,
     /// The version the plugin reports about itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_version: Option<String>,
     /// Why the tenant is quarantined (its plugin failed to start).
     pub last_error: Option<String>,
+    /// The plugin's `counter-add` totals, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
 }
@@ -44,11 +49,15 @@ pub struct TenantReport {
 /// first, then by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
+    /// When the backlog was sampled; `None` before the first sample.
     pub sampled_at: Option<DateTime<Utc>>,
     /// Rows a sample reads at most: counts equal to it are lower bounds.
     pub sample_limit: i64,
+    /// Whether the database answered its last check; `None`: not checked.
     pub database_up: Option<bool>,
+    /// Whether the broker answered its last check; `None`: no relay reported it.
     pub kafka_up: Option<bool>,
+    /// One line per tenant: rows without a tenant first, then by name.
     pub tenants: Vec<TenantReport>,
 }
 
@@ -105,7 +114,10 @@ pub fn tenant_reports(backlog: &[TenantBacklog], statuses: &[TenantStatus]) -> V
 #[derive(Debug, Clone, PartialEq)]
 pub enum StatusSource {
     /// The database only (no `[telemetry] listen`, or no relay answered there: the reason).
-    Database { relay: Option<String> },
+    Database {
+        /// Why no relay was asked or none answered; `None`: no `[telemetry] listen`.
+        relay: Option<String>,
+    },
     /// The database, and a running relay's `/status` for each tenant's state and plugin.
     DatabaseAndRelay(SocketAddr),
 }

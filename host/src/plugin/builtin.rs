@@ -16,7 +16,10 @@ const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
 pub enum Builtin {
     /// Same output as `plugins/route-by-aggregate`: topic `<topic_prefix><aggregate_type>`,
     /// key = aggregate id, payload unchanged, row headers plus `id` and `event-type`.
-    RouteByAggregate { topic_prefix: String },
+    RouteByAggregate {
+        /// `config` key `topic_prefix` (default `outbox.event.`).
+        topic_prefix: String,
+    },
 }
 
 impl Builtin {

@@ -29,18 +29,24 @@ pub const MAX_TABLE_ELEMENTS: usize = 1_000_000;
 pub struct Limits {
     /// Linear memory of the whole `wasmtime::Store` (every memory of every instance together).
     pub memory_bytes: usize,
+    /// Wall-clock budget of one call or instantiation (`call_timeout`, default 500 ms).
     pub call_timeout: Duration,
     /// Share of `memory_bytes` past which the instance is replaced between calls (100: never).
     pub recycle_memory_percent: u8,
     /// `None` = any topic.
     pub allowed_topics: Option<Vec<TopicPattern>>,
+    /// Most messages one row may produce (`max_outputs_per_row`, default 100).
     pub max_outputs_per_row: usize,
+    /// Largest message, key + payload + headers, in bytes (`max_message_bytes`, default 1 MiB).
     pub max_message_bytes: usize,
+    /// Most plugin-set headers per message (`max_headers_per_message`, default 100).
     pub max_headers_per_message: usize,
     /// Bytes of accepted messages per tenant and batch; also bounds what one call may make
     /// the host copy out of the guest (see [`Limits::copy_budget`]).
     pub max_batch_output_bytes: usize,
+    /// Consecutive failures that open the circuit breaker (`circuit_breaker_failures`, default 5).
     pub breaker_failures: u32,
+    /// How long an open breaker pauses the tenant (`circuit_breaker_cooldown`, default 30 s).
     pub breaker_cooldown: Duration,
     /// How the tenant's rows are grouped into plugin calls.
     pub batching: CallBatching,
@@ -144,6 +150,7 @@ impl Limits {
             .max(MIN_COPY_BUDGET)
     }
 
+    /// Whether `allowed_topics` lets the plugin route to `topic`.
     pub fn topic_allowed(&self, topic: &str) -> bool {
         match &self.allowed_topics {
             None => true,
@@ -177,8 +184,10 @@ impl Default for Limits {
 /// Why the limiter refused to grow something; the call traps with this as its reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitExceeded {
+    /// Linear memory would pass the cap, given in bytes.
     #[error("plugin exceeded its memory limit of {} MiB (all its linear memories together)", .0 / (1024 * 1024))]
     Memory(usize),
+    /// Table elements would pass [`MAX_TABLE_ELEMENTS`].
     #[error("plugin exceeded the limit of {MAX_TABLE_ELEMENTS} table elements")]
     TableElements,
 }
@@ -198,6 +207,7 @@ pub struct TenantLimiter {
 }
 
 impl TenantLimiter {
+    /// A limiter allowing `memory_cap` bytes of linear memory in total.
     pub fn new(memory_cap: usize) -> Self {
         Self {
             memory_cap,
@@ -286,11 +296,14 @@ impl ResourceLimiter for TenantLimiter {
 /// starts with `prefix`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TopicPattern {
+    /// Matches this topic only.
     Exact(String),
+    /// Matches topics starting with this (the pattern without its `*`).
     Prefix(String),
 }
 
 impl TopicPattern {
+    /// Parses an `allowed_topics` entry; refuses empty patterns, inner `*` and non-topic characters.
     pub fn parse(pattern: &str) -> Result<Self, String> {
         let invalid = |why: &str| format!("invalid topic pattern {pattern:?}: {why}");
         if pattern.is_empty() {
@@ -318,6 +331,7 @@ impl TopicPattern {
         })
     }
 
+    /// Whether `topic` matches.
     pub fn matches(&self, topic: &str) -> bool {
         match self {
             Self::Exact(t) => t == topic,

@@ -89,10 +89,22 @@ impl<T: RowTransformer> RowTransformer for Arc<T> {
 /// published.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TransformFailure {
+    /// The plugin reported a transient error: the row is retried with back-off.
     #[error("plugin error (retryable) {code}: {message}")]
-    Retryable { code: String, message: String },
+    Retryable {
+        /// The plugin's error code (bounded).
+        code: String,
+        /// The plugin's error text (bounded).
+        message: String,
+    },
+    /// The plugin refused the row for good: it goes dead at once.
     #[error("plugin error (permanent) {code}: {message}")]
-    Permanent { code: String, message: String },
+    Permanent {
+        /// The plugin's error code (bounded).
+        code: String,
+        /// The plugin's error text (bounded).
+        message: String,
+    },
     /// Trap or memory cap; the instance was discarded.
     #[error("{0}")]
     Trapped(String),
@@ -106,6 +118,7 @@ pub enum TransformFailure {
     /// The plugin returned something the host refuses to publish.
     #[error("invalid plugin output: {0}")]
     InvalidOutput(String),
+    /// Neither a `[tenants.<name>]` entry nor `[plugins.default]` covers the row's tenant.
     #[error("no plugin for tenant {0:?}: add [tenants.{0}] or [plugins.default]")]
     NoPlugin(TenantId),
     /// The tenant's instance could not be (re)created.
@@ -115,8 +128,11 @@ pub enum TransformFailure {
     /// run and waits `remaining` without an attempt being counted.
     #[error("{}", paused_message(tenant, remaining, reason))]
     Paused {
+        /// The paused tenant.
         tenant: TenantId,
+        /// Time left until its rows are tried again.
         remaining: std::time::Duration,
+        /// Breaker or quarantine.
         reason: PauseReason,
     },
 }
@@ -154,38 +170,59 @@ fn paused_message(
 /// output) is not an error value: it stays in the message, bounded.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
+    /// The wasmtime engine could not be created.
     #[error("plugin engine: {source:#}")]
     Engine {
+        /// wasmtime's error.
         #[source]
         source: wasmtime::Error,
     },
+    /// The thread that advances wasmtime's epoch (enforcing `call_timeout`) could not be spawned.
     #[error("plugin engine: cannot start epoch ticker thread: {source}")]
     EpochTicker {
+        /// The spawn error.
         #[source]
         source: std::io::Error,
     },
+    /// A plugin file could not be read, parsed or compiled.
     #[error("plugin {path}: {message}")]
     BadPlugin {
+        /// The plugin file.
         path: PathBuf,
+        /// What is wrong with it, cause included.
         message: String,
         /// Reading the file, parsing it, or wasmtime refusing it ([`ComponentError`]).
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// Instantiating the plugin for a tenant, or its `configure` call, trapped or timed out.
     #[error("plugin {path} (tenant {tenant}): instantiation failed: {message}")]
     Instantiate {
+        /// The plugin file.
         path: PathBuf,
+        /// The tenant it was instantiated for.
         tenant: TenantId,
+        /// The trap's reason, with the guest's output (bounded).
         message: String,
     },
+    /// The plugin's `configure` returned an error for this tenant's `config`.
     #[error("plugin {path} (tenant {tenant}) rejected its config: {message}")]
     Configure {
+        /// The plugin file.
         path: PathBuf,
+        /// The tenant whose `config` was rejected.
         tenant: TenantId,
+        /// The plugin's error text (bounded).
         message: String,
     },
+    /// A plugin setting is invalid or missing (or a builtin refused its `config`).
     #[error("config {key}: {message}")]
-    Config { key: String, message: String },
+    Config {
+        /// The offending config key, e.g. `tenants.acme.path`.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 impl PluginError {

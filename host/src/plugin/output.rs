@@ -15,6 +15,7 @@ use crate::text::{MAX_LOGGED, bounded};
 
 /// Header names the host owns: whatever a plugin sets under these names is replaced.
 pub const TENANT_HEADER: &str = "sluice-tenant";
+/// Carries the row's outbox id.
 pub const OUTBOX_ID_HEADER: &str = "sluice-outbox-id";
 const HOST_HEADERS: [&str; 2] = [TENANT_HEADER, OUTBOX_ID_HEADER];
 

@@ -130,8 +130,10 @@ pub struct PluginSpec {
     pub config: Option<BTreeMap<String, toml::Value>>,
     // Sandbox limits (inlined: serde cannot combine `flatten` with `deny_unknown_fields`).
     #[serde(default)]
+    /// `memory_mb`: linear-memory cap per instance, MiB (default 128).
     pub memory_mb: Option<u64>,
     #[serde(default, with = "humantime_serde")]
+    /// `call_timeout`: wall-clock budget per call, e.g. `"500ms"` (default 500 ms).
     pub call_timeout: Option<Duration>,
     /// Replace the instance between calls once its memory passes this share of `memory_mb`.
     #[serde(default)]
@@ -140,16 +142,22 @@ pub struct PluginSpec {
     #[serde(default)]
     pub allowed_topics: Option<Vec<String>>,
     #[serde(default)]
+    /// `max_outputs_per_row`: messages one row may produce (default 100).
     pub max_outputs_per_row: Option<usize>,
     #[serde(default)]
+    /// `max_message_bytes`: largest message, key + payload + headers (default 1 MiB).
     pub max_message_bytes: Option<usize>,
     #[serde(default)]
+    /// `max_headers_per_message`: plugin headers per message (default 100, at most 10,000).
     pub max_headers_per_message: Option<usize>,
     #[serde(default)]
+    /// `max_batch_output_bytes`: message bytes per tenant and batch (default 64 MiB).
     pub max_batch_output_bytes: Option<usize>,
     #[serde(default)]
+    /// `circuit_breaker_failures`: consecutive failures that pause the tenant (default 5).
     pub circuit_breaker_failures: Option<u32>,
     #[serde(default, with = "humantime_serde")]
+    /// `circuit_breaker_cooldown`: how long the tenant stays paused, e.g. `"30s"` (default 30 s).
     pub circuit_breaker_cooldown: Option<Duration>,
     /// Rows per plugin call from the first row on (1: `transform` only); `None`: the relay's
     /// probation, then `transform-batch` chunks. Not a config key: set by `sluice plugin test
@@ -163,16 +171,27 @@ pub struct PluginSpec {
 /// Sluice's defaults.
 #[derive(Debug, Clone, Default)]
 pub struct LimitsSpec {
+    /// Linear-memory cap per instance, MiB.
     pub memory_mb: Option<u64>,
+    /// Wall-clock budget per call.
     pub call_timeout: Option<Duration>,
+    /// Share of `memory_mb` past which the instance is replaced between calls.
     pub recycle_memory_percent: Option<u8>,
+    /// Topic allow-list patterns; `None`: any topic.
     pub allowed_topics: Option<Vec<String>>,
+    /// Messages one row may produce.
     pub max_outputs_per_row: Option<usize>,
+    /// Largest message in bytes.
     pub max_message_bytes: Option<usize>,
+    /// Plugin headers per message.
     pub max_headers_per_message: Option<usize>,
+    /// Message bytes per tenant and batch.
     pub max_batch_output_bytes: Option<usize>,
+    /// Consecutive failures that open the breaker.
     pub circuit_breaker_failures: Option<u32>,
+    /// How long an open breaker pauses the tenant.
     pub circuit_breaker_cooldown: Option<Duration>,
+    /// Fixed rows per call (`plugin test --batch-size`); `None`: the relay's batching.
     pub call_batch_rows: Option<usize>,
 }
 
@@ -338,6 +357,7 @@ impl PluginSpec {
         }
     }
 
+    /// This entry's sandbox limits, unresolved.
     pub fn limits(&self) -> LimitsSpec {
         LimitsSpec {
             memory_mb: self.memory_mb,

@@ -60,8 +60,10 @@ const STORE_ERROR_MAX_PAUSE: Duration = Duration::from_secs(10);
 /// Why the relay stopped without being asked to. A supervisor should restart the process.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RelayError {
+    /// A worker task panicked (or was cancelled); the panic message.
     #[error("a relay worker panicked: {0}")]
     WorkerPanicked(String),
+    /// A worker loop returned on its own, with no stop requested.
     #[error("a relay worker ended before a stop was requested")]
     WorkerEnded,
 }
@@ -71,8 +73,10 @@ pub enum RelayError {
 /// after a failed commit, which is settled separately) nothing of it was published.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
+    /// The database failed (claim, mark or commit).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The transformer's results did not match the rows one to one.
     #[error(transparent)]
     ResultCount(#[from] ResultCountMismatch),
 }
@@ -153,6 +157,7 @@ impl Drop for BatchInHand<'_> {
 }
 
 impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
+    /// A relay with its own poll clock and concurrency limit, without metrics.
     pub fn new(store: S, transformer: T, sink: K, settings: RelaySettings) -> Self {
         let pacer = Arc::new(Pacer::new(
             settings.min_poll_interval,
@@ -188,6 +193,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         self.metrics.as_ref().map(|m| &*m.metrics)
     }
 
+    /// The sink messages are published to (flushed at exit).
     pub fn sink(&self) -> &K {
         &self.sink
     }

@@ -55,7 +55,9 @@ pub(super) struct RowOutcome<'a> {
      published"
 )]
 pub struct ResultCountMismatch {
+    /// Rows the transformer was given.
     pub rows: usize,
+    /// Results it returned.
     pub results: usize,
 }
 

@@ -20,8 +20,11 @@ pub(crate) use crate::telemetry::metrics::WakeCause;
 /// How full the last claim was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fill {
+    /// No rows: the next wait doubles, up to `poll_interval`.
     Empty,
+    /// Some rows, fewer than a batch: wait `min_poll_interval`.
     Partial,
+    /// A whole batch: more are waiting, poll again at once.
     Full,
 }
 
@@ -44,6 +47,8 @@ pub struct Pacer {
 }
 
 impl Pacer {
+    /// A clock waiting `min` after rows were found, backing off to `max` (at least `min`) when
+    /// idle.
     pub fn new(min: Duration, max: Duration) -> Self {
         Self {
             min,

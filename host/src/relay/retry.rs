@@ -26,10 +26,13 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetrySettings {
+    /// Delay after the first failure (default `"1s"`).
     #[serde(with = "humantime_serde")]
     pub initial: Duration,
+    /// Longest delay (default `"5m"`).
     #[serde(with = "humantime_serde")]
     pub max: Duration,
+    /// Growth of the delay per failed attempt, at least 1 (default 2.0).
     pub multiplier: f64,
     /// Fraction (0–1) by which each delay is randomly moved up or down.
     pub jitter: f64,
@@ -106,6 +109,7 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// The policy `[relay.retry]` describes.
     pub fn new(config: &RetrySettings) -> Self {
         Self {
             initial: config.initial,

@@ -34,6 +34,7 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Loop settings, from `[relay]`.
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
+    /// Rows claimed per transaction.
     pub batch_size: usize,
     /// Batch loops: the most batches in flight at once.
     pub workers: usize,
@@ -44,6 +45,7 @@ pub struct RelaySettings {
     pub min_poll_interval: Duration,
     /// Longest wait between polls of an empty outbox.
     pub poll_interval: Duration,
+    /// How long failed rows wait, and when they are dead.
     pub retry: RetryPolicy,
     /// Topic receiving a copy of every row that goes dead, if any.
     pub dead_letter_topic: Option<String>,

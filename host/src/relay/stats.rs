@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Counters of one relay's lifetime.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RelayStats {
+    /// Batches that claimed at least one row.
     pub batches: u64,
     /// Rows marked sent (including rows the plugin filtered out).
     pub rows_sent: u64,
@@ -16,6 +17,7 @@ pub struct RelayStats {
     /// Rows whose outcome could not be recorded after a failed commit (they stay unsent and
     /// are published again later).
     pub rows_unsettled: u64,
+    /// Messages handed to the producer (acknowledged or not).
     pub messages: u64,
 }
 
@@ -41,6 +43,7 @@ impl Counters {
         add(&self.messages, report.messages);
     }
 
+    /// The counts so far.
     pub fn snapshot(&self) -> RelayStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         RelayStats {
@@ -57,13 +60,18 @@ impl Counters {
 /// What one batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BatchReport {
+    /// Rows claimed, those that could not be decoded included.
     pub claimed: usize,
+    /// Rows marked sent (including rows the plugin filtered out).
     pub sent: usize,
+    /// Rows rescheduled or dead-lettered after a failure.
     pub failed: usize,
+    /// Of `failed`, rows dead-lettered.
     pub dead: usize,
     /// Rows put back untouched (their tenant's plugin was slow or busy, or the row is held
     /// back): claimed again later.
     pub deferred: usize,
+    /// Messages handed to the producer (acknowledged or not).
     pub messages: usize,
     /// Rows whose outcome could not be recorded after the commit failed.
     pub unsettled: usize,

@@ -35,11 +35,6 @@ impl Chunks {
     }
 }
 
-/// `d` in whole milliseconds, saturating.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// Runs `statement` (a `DELETE` of at most [`CHUNK`] rows) until a chunk comes back short;
 /// returns the rows deleted.
 pub(crate) async fn delete_in_chunks<R: Run>(

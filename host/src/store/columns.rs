@@ -38,6 +38,7 @@ pub const DEFAULT_ORDER_COLUMN: &str = "sluice_seq";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnName(String);
 
+/// A configured column name that is not a plain identifier, and why.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("invalid column name {name:?}: {reason}")]
 pub struct ColumnNameError {
@@ -46,6 +47,7 @@ pub struct ColumnNameError {
 }
 
 impl ColumnName {
+    /// `name` if it is a valid identifier (see [`ColumnName`]), as given (case kept).
     pub fn parse(name: &str) -> Result<Self, ColumnNameError> {
         validate_identifier(name).map_err(|reason| ColumnNameError {
             name: name.to_owned(),
@@ -102,13 +104,21 @@ impl TenantColumn {
 /// The columns Sluice reads, by role (`[database.columns]`; each defaults to the role's name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnMap {
+    /// The primary key: an integer or text (a uuid, a ULID). Default `id`.
     pub id: ColumnName,
+    /// Where the tenant comes from. Default `tenant`, if the table has it.
     pub tenant: TenantColumn,
+    /// The aggregate's kind, e.g. `order`; the built-in router's topic. Default `aggregate_type`.
     pub aggregate_type: ColumnName,
+    /// The aggregate's id; the built-in router's message key. Default `aggregate_id`.
     pub aggregate_id: ColumnName,
+    /// The event's name, e.g. `order_placed`. Default `event_type`.
     pub event_type: ColumnName,
+    /// The message body. Default `payload`.
     pub payload: ColumnName,
+    /// Message headers as a JSON object of strings. Default `headers`.
     pub headers: ColumnName,
+    /// When the application inserted the row. Default `created_at`.
     pub created_at: ColumnName,
     /// The column rows are claimed in (and ordered by per key); `None`: the id if it is an
     /// integer, else [`DEFAULT_ORDER_COLUMN`].
@@ -181,7 +191,9 @@ impl ColumnMap {
 /// looks at the table itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableSpec {
+    /// The table (`database.table`), optionally schema-qualified.
     pub name: TableName,
+    /// Which of its columns holds what.
     pub columns: ColumnMap,
 }
 
@@ -200,13 +212,21 @@ impl TableSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnsSettings {
+    /// See [`ColumnMap::id`]; default `id`.
     pub id: Option<String>,
+    /// See [`ColumnMap::tenant`]; default `tenant` if present, `""` for none.
     pub tenant: Option<String>,
+    /// See [`ColumnMap::aggregate_type`]; default `aggregate_type`.
     pub aggregate_type: Option<String>,
+    /// See [`ColumnMap::aggregate_id`]; default `aggregate_id`.
     pub aggregate_id: Option<String>,
+    /// See [`ColumnMap::event_type`]; default `event_type`.
     pub event_type: Option<String>,
+    /// See [`ColumnMap::payload`]; default `payload`.
     pub payload: Option<String>,
+    /// See [`ColumnMap::headers`]; default `headers`.
     pub headers: Option<String>,
+    /// See [`ColumnMap::created_at`]; default `created_at`.
     pub created_at: Option<String>,
     /// The column rows are claimed in: default the id if it is an integer, else `sluice_seq`.
     pub order: Option<String>,

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use super::chunk::millis;
-
 /// One database's spelling of SQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
@@ -74,6 +72,11 @@ impl Dialect {
                 .saturating_sub(millis(age)),
         }
     }
+}
+
+/// `d` in whole milliseconds, saturating: how a delay or an age is bound.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ mod dialect;
 mod driver;
 mod layout_sql;
 mod mysql;
+mod open;
 mod postgres;
 mod privileges;
 mod rows;
@@ -52,8 +53,8 @@ pub use columns::{
     ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, TableSpec,
     TenantColumn,
 };
-pub(crate) use driver::try_connection;
-pub use driver::{Driver, Store, StoreBatch, check_url, migrate, open, redact};
+pub(crate) use open::try_connection;
+pub use open::{Driver, Store, StoreBatch, check_url, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
 pub use schema::SchemaError;
@@ -77,8 +78,11 @@ pub enum Disposition {
 /// A row that could not be delivered this time, why, and what happens to it next.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowFailure {
+    /// The row that failed.
     pub id: OutboxId,
+    /// Why it failed; recorded as the row's `last_error`.
     pub error: String,
+    /// Whether the row is retried, waits, or goes dead.
     pub disposition: Disposition,
 }
 
@@ -102,19 +106,37 @@ impl BatchOutcome {
 /// batch was rolled back and will be re-claimed (and re-published) later.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A statement failed (or the pool could not give a connection).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// The database could not be reached at start-up (the URL is shown without its password).
     #[error("cannot connect to the database at {url}: {source}{}", tls::hint(.source))]
-    Connect { url: String, source: sqlx::Error },
+    Connect {
+        /// The URL, password redacted.
+        url: String,
+        /// The driver's connection error.
+        source: sqlx::Error,
+    },
     /// The URL names no database Sluice can relay from.
     #[error("database url {url}: {message}")]
-    Url { url: String, message: String },
+    Url {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Completing a batch changed a different number of rows than it holds: another process
+    /// changed the claimed rows, so the batch was rolled back.
     #[error(
         "marking rows affected {affected} rows, expected {expected}; batch rolled back \
          (another process changed the claimed rows)"
     )]
-    MarkMismatch { expected: u64, affected: u64 },
+    MarkMismatch {
+        /// Rows the statement should have changed.
+        expected: u64,
+        /// Rows it did change.
+        affected: u64,
+    },
     /// The table lacks a column Sluice needs, or has one of a type it cannot use.
     #[error(transparent)]
     Schema(#[from] SchemaError),
@@ -124,15 +146,21 @@ pub enum StoreError {
         "outbox table {table}: a claimed row's id column {column} could not be read: {message}"
     )]
     Key {
+        /// The outbox table.
         table: String,
+        /// The id column.
         column: String,
+        /// The decoding error.
         message: String,
     },
     /// An id given by a person (`sluice dead replay --id`) is not one of this table's ids.
     #[error("{id:?} is not an id of outbox table {table} ({expected})")]
     InvalidId {
+        /// The outbox table.
         table: String,
+        /// The id as given.
         id: String,
+        /// What the table's ids look like (e.g. "an integer").
         expected: &'static str,
     },
     /// A LISTEN/NOTIFY channel name that cannot be used.
@@ -142,7 +170,12 @@ pub enum StoreError {
     #[error(
         "database server {found} is too old: Sluice needs {needed} or later (FOR UPDATE SKIP LOCKED)"
     )]
-    ServerVersion { found: String, needed: &'static str },
+    ServerVersion {
+        /// The version string the server reports.
+        found: String,
+        /// The oldest supported server (e.g. "MySQL 8.0").
+        needed: &'static str,
+    },
     /// The database user lacks a privilege the relay needs on the outbox table
     /// ([`Store::check_privileges`]). Boxed: the other variants stay small.
     #[error(transparent)]
@@ -150,7 +183,9 @@ pub enum StoreError {
     /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
     #[error("{database} does not support {what}")]
     Unsupported {
+        /// The database kind (e.g. "MySQL").
         database: &'static str,
+        /// The missing feature, with what to do instead.
         what: &'static str,
     },
 }
@@ -203,6 +238,7 @@ impl StoreError {
 /// Where outbox rows come from, and everything else Sluice asks of the database.
 /// Implementations: the drivers behind [`Store`].
 pub trait OutboxStore: Send + Sync + 'static {
+    /// The handle of a claimed batch: its open transaction (SQLite: its lease).
     type Batch: ClaimedBatch;
 
     // --- the relay loop ---
@@ -316,6 +352,7 @@ pub struct Settlement {
 
 /// The result of a claim: the rows, and the batch handle that holds their locks.
 pub struct Claim<B> {
+    /// Holds the claimed rows' locks (SQLite: lease) until completed or abandoned.
     pub batch: B,
     /// Rows decoded successfully, in claim order.
     pub rows: Vec<OutboxRow>,
@@ -351,6 +388,7 @@ impl<B> Claim<B> {
         self.rows.len() + self.rejected.len()
     }
 
+    /// Whether no row was claimed, decoded or not.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -375,6 +413,7 @@ pub struct Backlog {
     pub due: i64,
     /// Waiting for a retry (`next_attempt_at` in the future).
     pub waiting: i64,
+    /// Dead-lettered (`dead_at` set), awaiting `sluice dead replay` or `purge`.
     pub dead: i64,
 }
 
@@ -387,19 +426,28 @@ pub struct TenantBacklog {
     pub due: i64,
     /// Age of the oldest due row by the database's clock (`None`: no row is due).
     pub oldest_due_age: Option<Duration>,
+    /// Dead-lettered rows (`dead_at` set, never sent).
     pub dead: i64,
 }
 
 /// A dead-lettered row, as `sluice dead list` shows it.
 #[derive(Debug, Clone)]
 pub struct DeadRow {
+    /// The row's id.
     pub id: OutboxId,
+    /// The tenant column's value (`None`: no tenant column, or NULL in it).
     pub tenant: Option<String>,
+    /// The aggregate type column's value (empty if NULL).
     pub aggregate_type: String,
+    /// The aggregate id column's value as text (empty if NULL).
     pub aggregate_id: String,
+    /// The event type column's value (empty if NULL).
     pub event_type: String,
+    /// Delivery attempts counted before it went dead.
     pub attempts: i32,
+    /// When it was dead-lettered.
     pub dead_at: DateTime<Utc>,
+    /// The error of its last attempt (`None`: none recorded).
     pub last_error: Option<String>,
 }
 
@@ -408,7 +456,9 @@ pub struct DeadRow {
 pub enum ReplaySelection {
     /// One row, by its id as text (an integer or, say, a uuid: checked against the table).
     Id(String),
+    /// Every dead row of one tenant, by name (`default`: rows without a tenant).
     Tenant(String),
+    /// Every dead row.
     All,
 }
 

@@ -12,8 +12,11 @@ use super::{MarkMode, Store, StoreError};
 /// A table privilege the relay needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Privilege {
+    /// Finding due rows and reading them.
     Select,
+    /// Claiming rows (`FOR UPDATE`), recording failed attempts, setting `published_at`.
     Update,
+    /// Marking rows sent with `mark = "delete"`, and pruning sent rows.
     Delete,
 }
 
@@ -31,7 +34,9 @@ impl Privilege {
 /// A privilege and what the relay needs it for (shown when it is missing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Need {
+    /// The privilege on the outbox table.
     pub privilege: Privilege,
+    /// What the relay does with it, completing "needed …" (e.g. "to find due rows").
     pub why: &'static str,
 }
 
@@ -71,11 +76,17 @@ pub fn relay_needs(mark: MarkMode, prunes: bool) -> Vec<Need> {
      docs/databases.md#database-roles)"
 )]
 pub struct MissingPrivilege {
+    /// The outbox table, as quoted in SQL.
     pub table: String,
+    /// The database user the relay connects as.
     pub user: String,
+    /// The missing privilege's keyword (e.g. `DELETE`).
     pub privilege: &'static str,
+    /// What the relay needs it for ([`Need::why`]).
     pub why: &'static str,
+    /// The database's error message for the refused probe.
     pub message: String,
+    /// A `GRANT` of every privilege the relay needs on the table, to the user.
     pub grant: String,
 }
 

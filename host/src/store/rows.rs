@@ -3,11 +3,9 @@
 //! a failure does to its row as the reschedule statements take it, and how long id lists are
 //! cut for databases without array parameters.
 
-use std::time::Duration;
-
 use chrono::Utc;
 
-use super::dialect::Dialect;
+use super::dialect::{Dialect, millis};
 use super::layout_sql::LayoutSql;
 use super::schema::{KeyKind, PayloadKind};
 use super::statement::ReadRow;
@@ -162,7 +160,6 @@ pub(crate) struct Reschedule {
 
 impl From<Disposition> for Reschedule {
     fn from(disposition: Disposition) -> Self {
-        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         match disposition {
             Disposition::Retry(d) => Self {
                 delay_ms: millis(d),
@@ -200,6 +197,8 @@ pub(crate) fn placeholders(n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -117,7 +117,9 @@ impl Layout {
 /// A table Sluice cannot use, and every reason why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct SchemaError {
+    /// The outbox table.
     pub table: String,
+    /// One sentence per missing or unusable column, in check order.
     pub problems: Vec<String>,
 }
 

@@ -52,8 +52,12 @@ pub enum AfterDead {
 /// How the store claims and marks rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
+    /// What happens to a sent row (`relay.mark`); default delete.
     pub mark: MarkMode,
+    /// Whether rows of one key are published in claim order (`relay.ordering`); default none.
     pub ordering: Ordering,
+    /// With key ordering, whether a dead row holds back its key (`relay.ordering_after_dead`);
+    /// default skip.
     pub after_dead: AfterDead,
     /// SQLite: how long a claim's lease lasts (the other databases hold row locks instead).
     pub lease: Duration,

@@ -11,6 +11,7 @@ pub struct TableName {
     table: String,
 }
 
+/// A configured table name that is not `table` or `schema.table` of identifiers, and why.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("invalid table name {name:?}: {reason}")]
 pub struct TableNameError {
@@ -19,6 +20,7 @@ pub struct TableNameError {
 }
 
 impl TableName {
+    /// `name` (`table` or `schema.table`) if each part is a valid identifier, case kept.
     pub fn parse(name: &str) -> Result<Self, TableNameError> {
         let err = |reason| TableNameError {
             name: name.to_owned(),

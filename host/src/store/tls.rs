@@ -5,7 +5,7 @@
 //! that does not verify in OpenSSL's words only.
 
 use super::StoreError;
-use super::driver::redact;
+use crate::secret::redact_url as redact;
 
 /// URL parameters naming a file the driver reads before the TLS handshake (both drivers'
 /// spellings).

@@ -9,6 +9,7 @@ use crate::model::TenantId;
 /// One tenant as the router sees it now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantStatus {
+    /// The tenant's id.
     pub tenant: TenantId,
     /// The plugin file, or `builtin:<name>`.
     pub plugin: String,
@@ -21,6 +22,7 @@ pub struct TenantStatus {
     /// Whether the tenant has its own `[tenants.<name>]` entry (else it runs
     /// `[plugins.default]` and counts against `max_unconfigured_instances`).
     pub configured: bool,
+    /// Running, stalled, paused or quarantined.
     pub state: TenantState,
     /// Whether it has a live plugin instance now.
     pub instance: bool,
@@ -59,19 +61,24 @@ impl ReasonCounts {
 /// Whether a tenant's rows are being run.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TenantState {
+    /// Its rows are run normally.
     Running,
     /// A call of its plugin has been running for a while; other batches skip its rows.
     Stalled,
     /// Its circuit breaker is open for another `remaining`.
     Paused {
+        /// Time until the breaker half-opens.
         remaining: Duration,
     },
     /// Its plugin cannot start; its rows wait.
     Quarantined {
+        /// Why it cannot start (bounded).
         reason: String,
+        /// When its first failed start happened.
         since: SystemTime,
         /// Failed starts so far.
         tries: u32,
+        /// Time until the next start attempt.
         next_try_in: Duration,
     },
 }

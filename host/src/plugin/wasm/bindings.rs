@@ -4,6 +4,9 @@
 //! Inputs to exports borrow ([`types::OutboxRow`] has `&str`/`&[u8]` fields); results are
 //! owned.
 
+// Generated items carry the WIT file's documentation, not always on every field.
+#![allow(missing_docs)]
+
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "plugin",

@@ -51,10 +51,13 @@ macro_rules! label_values {
 
         impl $name {
             /// Every value, in the order they are declared.
-            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+            // Unused for a label whose series cannot exist before a value is known (produce
+            // errors are per topic).
+            #[allow(dead_code)]
+            pub(crate) const ALL: &'static [Self] = &[$(Self::$variant),+];
 
             /// The value as exposed.
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $text,)+
                 }
