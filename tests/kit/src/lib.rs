@@ -17,6 +17,7 @@ pub mod scrape;
 pub mod secure_broker;
 pub mod stall;
 pub mod table;
+pub mod wait;
 
 pub use broker::{OwnTansu, TansuLaunch, free_port};
 pub use config::{RelayConfig, relay_config, with_database_url};
@@ -28,3 +29,4 @@ pub use relay::{
 pub use scenario::*;
 pub use scrape::{http_get, metric_sum, parse_metrics};
 pub use table::{Database, DbTable, Servers};
+pub use wait::wait_until;

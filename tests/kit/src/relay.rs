@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::env::sluice_bin;
+use crate::wait::wait_until;
 
 /// Longest wait for the relay to exit after SIGTERM (its own shutdown_timeout is 30 s).
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -174,6 +175,12 @@ impl RelayProcess {
             _dir: dir,
             log_path,
         })
+    }
+
+    /// Waits up to `timeout` for the "relay started" line. Its signal handlers are in place
+    /// from then on: a SIGTERM sent earlier kills the relay instead of stopping it.
+    pub async fn wait_started(&self, timeout: Duration) -> bool {
+        wait_until(timeout, || async { self.log().contains("relay started") }).await
     }
 
     /// Everything logged so far (empty if the log cannot be read).

@@ -1,7 +1,7 @@
 //! The usual shape of an end-to-end test: a fresh outbox table in the tests' PostgreSQL
 //! database, topics `<table>.<suffix>` on the shared broker, and a relay configured for them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::PgPool;
 
@@ -10,6 +10,7 @@ use crate::env::{database_url, kafka_bootstrap, test_plugin};
 use crate::kafka::{Received, consume, create_topics};
 use crate::relay::{RelayExit, RelayProcess};
 use crate::table::{Database, DbTable};
+use crate::wait::wait_until;
 
 /// How long a scenario waits for the relay or the broker.
 pub const SCENARIO_WAIT: Duration = Duration::from_secs(120);
@@ -19,24 +20,6 @@ pub async fn pool() -> PgPool {
     crate::db::pool(&database_url())
         .await
         .expect("PostgreSQL must be reachable at SLUICE_TEST_DATABASE_URL")
-}
-
-/// Polls `check` every 100 ms until it returns true or `timeout` passes.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A table, its topics and the prefix the reference plugin writes them with.
@@ -101,10 +84,7 @@ impl Scenario {
     {
         let relay = RelayProcess::start(config).expect("start relay");
         // Stopping it before it is up would kill it before its signal handler is installed.
-        let started = wait_until(SCENARIO_WAIT, || async {
-            relay.log().contains("relay started")
-        })
-        .await;
+        let started = relay.wait_started(SCENARIO_WAIT).await;
         assert!(started, "relay did not start: {}", relay.log());
         let finished = wait_until(SCENARIO_WAIT, done).await;
         assert!(finished, "relay did not get there: {}", relay.log());

@@ -45,10 +45,7 @@ async fn run_until_empty(table: &DbTable, config: &str, unsent: &str) -> RelayEx
     // The table may be empty before the relay has even started (the relays killed before it
     // can have sent every row): a SIGTERM before its signal handlers exist would kill it
     // rather than stop it.
-    let started = wait_until(SCENARIO_WAIT, || async {
-        relay.log().contains("relay started")
-    })
-    .await;
+    let started = relay.wait_started(SCENARIO_WAIT).await;
     assert!(started, "the relay did not start: {}", relay.log());
     let exit = relay.stop();
     assert!(exit.success, "relay did not exit 0: {}", exit.log);

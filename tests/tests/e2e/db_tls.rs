@@ -135,10 +135,7 @@ async fn postgres_sslmode_require_and_verify_ca_work_against_the_server() {
     );
     assert!(config.contains(&application), "{config}");
     let relay = RelayProcess::start(&config).expect("start relay");
-    let started = wait_until(Duration::from_secs(60), || async {
-        relay.log().contains("relay started")
-    })
-    .await;
+    let started = relay.wait_started(Duration::from_secs(60)).await;
     assert!(started, "{}", relay.log());
     let connections: Vec<(bool,)> = sqlx::query_as(
         "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \

@@ -33,10 +33,7 @@ async fn insert_wave(s: &Scenario, wave: i64) {
 
 async fn start(config: &str) -> RelayProcess {
     let relay = RelayProcess::start(config).expect("start relay");
-    let started = wait_until(SCENARIO_WAIT, || async {
-        relay.log().contains("relay started")
-    })
-    .await;
+    let started = relay.wait_started(SCENARIO_WAIT).await;
     assert!(started, "relay did not start: {}", relay.log());
     relay
 }

@@ -32,10 +32,7 @@ async fn sighup_swaps_the_producer_mid_stream_and_no_row_is_lost_or_sent_twice()
     );
     assert!(config.contains("client.id"), "{config}");
     let relay = RelayProcess::start(&config).expect("start relay");
-    let started = wait_until(SCENARIO_WAIT, || async {
-        relay.log().contains("relay started")
-    })
-    .await;
+    let started = relay.wait_started(SCENARIO_WAIT).await;
     assert!(started, "{}", relay.log());
     let rounds = 8;
     for round in 1..=rounds {
@@ -145,10 +142,7 @@ async fn an_unreadable_secret_file_keeps_the_credentials_in_use_and_says_so() {
         &format!("[kafka]\n\"client.id\" = \"${{file:{client_id}}}\"\n"),
     );
     let relay = RelayProcess::start(&config).expect("start relay");
-    let started = wait_until(SCENARIO_WAIT, || async {
-        relay.log().contains("relay started")
-    })
-    .await;
+    let started = relay.wait_started(SCENARIO_WAIT).await;
     assert!(started, "{}", relay.log());
     std::fs::remove_file(&client_id).expect("remove");
     std::fs::remove_file(&name_file).expect("remove");

@@ -50,10 +50,7 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     let relay = RelayProcess::start(config).expect("start relay");
-    let started = wait_until(SCENARIO_WAIT, || async {
-        relay.log().contains("relay started")
-    })
-    .await;
+    let started = relay.wait_started(SCENARIO_WAIT).await;
     assert!(started, "relay did not start: {}", relay.log());
     let t0 = Instant::now();
     let good_sent = "SELECT count(*) FROM {t} WHERE tenant IS NULL AND published_at IS NULL";
@@ -253,12 +250,7 @@ async fn a_new_plugin_version_that_sleeps_in_configure_holds_up_no_tenant_during
         );
     }
     let relay = RelayProcess::start(&s.config("", &tenants)).unwrap();
-    assert!(
-        wait_until(SCENARIO_WAIT, || async {
-            relay.log().contains("relay started")
-        })
-        .await
-    );
+    assert!(relay.wait_started(SCENARIO_WAIT).await);
     let replaced = dir.path().join("new.wasm");
     std::fs::copy(test_plugin("test_hostile_raw"), &replaced).unwrap();
     std::fs::rename(&replaced, &plugin).unwrap();
