@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -152,13 +152,7 @@ impl DbTable {
         dir: Option<tempfile::TempDir>,
     ) -> anyhow::Result<Self> {
         let pool = match database {
-            Database::Postgres => Pool::Pg(
-                PgPoolOptions::new()
-                    .max_connections(4)
-                    .connect(&url)
-                    .await
-                    .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(&url)))?,
-            ),
+            Database::Postgres => Pool::Pg(crate::db::pool(&url).await?),
             Database::Mariadb => Pool::My(
                 MySqlPoolOptions::new()
                     .max_connections(4)
