@@ -25,7 +25,7 @@ const DATABASE_START_PATIENCE: Duration = Duration::from_secs(30);
 const DATABASE_RETRY: Duration = Duration::from_millis(250);
 
 /// The relay `sluice run` and `sluice drain` drive.
-pub(super) type AppRelay = Relay<Arc<Store>, Arc<PluginRouter>, KafkaSink>;
+pub(super) type AppRelay = Relay<Store, Arc<PluginRouter>, KafkaSink>;
 
 /// A relay's parts, ready to run.
 pub(super) struct Parts {

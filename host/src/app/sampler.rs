@@ -29,7 +29,7 @@ pub(super) struct LastSample {
 /// `sample_interval`, until `stop` fires.
 pub(super) async fn sample<T: RowTransformer, K: Sink>(
     store: Arc<Store>,
-    relay: Arc<Relay<Arc<Store>, T, K>>,
+    relay: Arc<Relay<Store, T, K>>,
     metrics: Arc<Metrics>,
     last: Arc<Mutex<LastSample>>,
     settings: TelemetrySettings,
@@ -49,7 +49,7 @@ pub(super) async fn sample<T: RowTransformer, K: Sink>(
 
 async fn sample_once<T: RowTransformer, K: Sink>(
     store: &Store,
-    relay: &Arc<Relay<Arc<Store>, T, K>>,
+    relay: &Arc<Relay<Store, T, K>>,
     metrics: &Metrics,
     last: &Mutex<LastSample>,
     settings: &TelemetrySettings,

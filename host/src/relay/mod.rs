@@ -96,7 +96,8 @@ enum Mode {
 
 /// The relay: a store, a transformer and a sink, wired by the loop.
 pub struct Relay<S, T, K> {
-    store: S,
+    /// Shared with the maintenance services and the metrics sampler.
+    store: Arc<S>,
     transformer: T,
     sink: K,
     settings: RelaySettings,
@@ -158,7 +159,7 @@ impl Drop for BatchInHand<'_> {
 
 impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     /// A relay with its own poll clock and concurrency limit, without metrics.
-    pub fn new(store: S, transformer: T, sink: K, settings: RelaySettings) -> Self {
+    pub fn new(store: Arc<S>, transformer: T, sink: K, settings: RelaySettings) -> Self {
         let pacer = Arc::new(Pacer::new(
             settings.min_poll_interval,
             settings.poll_interval,

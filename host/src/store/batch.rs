@@ -8,6 +8,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use sqlx::Acquire;
 
+use super::rows::IDS_PER_STATEMENT;
+use super::statement::{Execute, Statement};
 use super::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
 use crate::model::OutboxId;
 use crate::text::{MAX_LOGGED, bounded};
@@ -66,7 +68,7 @@ impl<DB: sqlx::Database, S> TxBatch<DB, S> {
 
 impl<DB: sqlx::Database, S: RecordRows<DB> + Send> ClaimedBatch for TxBatch<DB, S> {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        let recorded = self.record(&outcome).await;
+        let recorded = record(&mut self.tx, &self.rows, &outcome).await;
         commit_if_recorded(self.tx, recorded).await
     }
 
@@ -76,19 +78,22 @@ impl<DB: sqlx::Database, S: RecordRows<DB> + Send> ClaimedBatch for TxBatch<DB, 
     }
 }
 
-impl<DB: sqlx::Database, S: RecordRows<DB>> TxBatch<DB, S> {
-    /// Marks and reschedules the outcome's rows, checking each count.
-    async fn record(&mut self, outcome: &BatchOutcome) -> Result<(), StoreError> {
-        if !outcome.sent.is_empty() {
-            let affected = self.rows.mark(&mut self.tx, &outcome.sent).await?;
-            check_count(outcome.sent.len(), affected)?;
-        }
-        if !outcome.failed.is_empty() {
-            let affected = reschedule_or_fixed(&mut self.tx, &self.rows, &outcome.failed).await?;
-            check_count(outcome.failed.len(), affected)?;
-        }
-        Ok(())
+/// Marks and reschedules the outcome's rows in `tx` with the driver's statements `rows`,
+/// checking each count.
+pub(crate) async fn record<DB: sqlx::Database>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    rows: &(impl RecordRows<DB> + ?Sized),
+    outcome: &BatchOutcome,
+) -> Result<(), StoreError> {
+    if !outcome.sent.is_empty() {
+        let affected = rows.mark(tx, &outcome.sent).await?;
+        check_count(outcome.sent.len(), affected)?;
     }
+    if !outcome.failed.is_empty() {
+        let affected = reschedule_or_fixed(tx, rows, &outcome.failed).await?;
+        check_count(outcome.failed.len(), affected)?;
+    }
+    Ok(())
 }
 
 /// Reschedules `failed` with their own error texts inside a savepoint of `tx`; should the
@@ -125,8 +130,22 @@ pub(crate) async fn reschedule_or_fixed<DB: sqlx::Database>(
 pub(crate) const UNSTORABLE_ERROR: &str =
     "the error text could not be stored (the database refused it); see the relay's log";
 
+/// Runs the statement `each` builds for every chunk of at most [`IDS_PER_STATEMENT`] `items`
+/// (databases without array parameters: one placeholder per value); returns the rows changed.
+pub(crate) async fn in_chunks<DB: Execute, T: Sync>(
+    conn: &mut DB::Connection,
+    items: &[T],
+    each: impl Fn(&[T]) -> Statement + Sync,
+) -> Result<u64, sqlx::Error> {
+    let mut affected = 0;
+    for chunk in items.chunks(IDS_PER_STATEMENT) {
+        affected += DB::execute(conn, &each(chunk)).await?;
+    }
+    Ok(affected)
+}
+
 /// [`StoreError::MarkMismatch`] unless a statement given `expected` rows changed as many.
-pub(crate) fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
+fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
     let expected = expected as u64;
     if expected == affected {
         Ok(())

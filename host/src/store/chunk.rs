@@ -4,44 +4,26 @@
 
 use std::time::Duration;
 
-use super::statement::{Run, Statement};
+use super::statement::{Execute, Statement};
 
 /// Rows deleted per statement.
 pub(crate) const CHUNK: i64 = 1_000;
 /// Pause between two full chunks.
 const CHUNK_PAUSE: Duration = Duration::from_millis(50);
 
-/// The rows a chunked delete has deleted so far.
-#[derive(Debug, Default)]
-pub(crate) struct Chunks {
-    total: u64,
-}
-
-impl Chunks {
-    /// Counts a chunk's `deleted` rows; whether another chunk follows (after a pause): only
-    /// when this one was full.
-    pub(crate) async fn more(&mut self, deleted: u64) -> bool {
-        self.total += deleted;
-        if deleted < CHUNK as u64 {
-            return false;
-        }
-        tokio::time::sleep(CHUNK_PAUSE).await;
-        true
-    }
-
-    /// Rows deleted in all chunks.
-    pub(crate) fn total(&self) -> u64 {
-        self.total
-    }
-}
-
-/// Runs `statement` (a `DELETE` of at most [`CHUNK`] rows) until a chunk comes back short;
-/// returns the rows deleted.
-pub(crate) async fn delete_in_chunks<R: Run>(
-    run: &R,
+/// Runs `statement` (a `DELETE` of at most [`CHUNK`] rows) on `conn` until a chunk comes back
+/// short; returns the rows deleted.
+pub(crate) async fn delete_in_chunks<DB: Execute>(
+    conn: &mut DB::Connection,
     statement: &Statement,
 ) -> Result<u64, sqlx::Error> {
-    let mut chunks = Chunks::default();
-    while chunks.more(run.execute(statement).await?).await {}
-    Ok(chunks.total())
+    let mut total = 0;
+    loop {
+        let deleted = DB::execute(conn, statement).await?;
+        total += deleted;
+        if deleted < CHUNK as u64 {
+            return Ok(total);
+        }
+        tokio::time::sleep(CHUNK_PAUSE).await;
+    }
 }

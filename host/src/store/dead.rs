@@ -3,13 +3,12 @@
 
 use std::time::Duration;
 
-use super::chunk::{CHUNK, Chunks};
+use super::chunk::{CHUNK, delete_in_chunks};
 use super::dialect::Dialect;
 use super::layout_sql::LayoutSql;
 use super::rows::read_id;
-use super::statement::{Param, ReadRow, Run, Statement};
+use super::statement::{Execute, Param, ReadRow, Run, Statement};
 use super::{DeadRow, ReplaySelection, StoreError};
-use crate::model::OutboxId;
 
 /// Dead rows, oldest first (in claim order), optionally of one tenant (`default` matches
 /// rows without a tenant).
@@ -79,8 +78,7 @@ pub(crate) async fn replay<R: Run>(
     let filter = match selection {
         ReplaySelection::Id(id) => {
             let id = sql.layout.parse_id(id)?;
-            let param = statement.param(id_param(sql.dialect, id));
-            format!("AND o.{} = {}", sql.id, sql.id_param(&param))
+            format!("AND o.{} = {}", sql.id, sql.bind_id(&mut statement, &id))
         }
         ReplaySelection::Tenant(t) => format!(
             "AND {} = {}",
@@ -103,21 +101,11 @@ pub(crate) async fn replay<R: Run>(
     Ok(run.execute(&statement.with_sql(text)).await?)
 }
 
-/// An id as the dialect binds it: PostgreSQL takes every id as text (cast in SQL, see
-/// [`LayoutSql::id_param`]), the others as the column's type.
-fn id_param(dialect: Dialect, id: OutboxId) -> Param {
-    match (dialect, id) {
-        (Dialect::Postgres, id) => Param::Text(id.to_string()),
-        (_, OutboxId::Int(n)) => Param::Int(n),
-        (_, OutboxId::Text(text)) => Param::Text(text.to_string()),
-    }
-}
-
 /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in
 /// chunks of [`CHUNK`]; returns how many. Their content is gone for good:
 /// `sluice dead list` them first, or dead-letter them to a topic.
-pub(crate) async fn purge<R: Run>(
-    run: &R,
+pub(crate) async fn purge<DB: Execute>(
+    pool: &sqlx::Pool<DB>,
     sql: &LayoutSql,
     older_than: Duration,
     tenant: Option<&str>,
@@ -139,8 +127,6 @@ pub(crate) async fn purge<R: Run>(
         ago = sql.dialect.ago(&died),
     );
     let limit = statement.param(Param::Int(CHUNK));
-    let statement = statement.with_sql(sql.delete_first(&filter, &limit));
-    let mut chunks = Chunks::default();
-    while chunks.more(run.execute(&statement).await?).await {}
-    Ok(chunks.total())
+    let statement = statement.with_sql(sql.delete_first(&filter, &limit, false));
+    Ok(delete_in_chunks::<DB>(&mut *pool.acquire().await?, &statement).await?)
 }

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use super::layout_sql::LayoutSql;
-use super::statement::Run;
+use super::statement::Execute;
 use super::{BatchOutcome, Claim, ClaimedBatch, Settlement, StoreError};
 use crate::model::TenantId;
 
@@ -17,11 +17,11 @@ use crate::model::TenantId;
 pub(crate) trait StoreDriver: Send + Sync {
     /// The database's name in messages.
     const NAME: &'static str;
-    type Pool: Run;
+    type Db: Execute;
     type Batch: ClaimedBatch;
 
     /// The pool the shared statements run on.
-    fn pool(&self) -> &Self::Pool;
+    fn pool(&self) -> &sqlx::Pool<Self::Db>;
     /// The checked table, as this database's SQL.
     fn sql(&self) -> &LayoutSql;
 

@@ -5,7 +5,9 @@
 
 use super::dialect::{Cast, Dialect};
 use super::schema::{KeyKind, Layout, PayloadKind, TimeKind};
+use super::statement::{Param, Statement};
 use super::{AfterDead, ColumnName, Ordering};
+use crate::model::OutboxId;
 
 /// A checked [`Layout`] as SQL of one [`Dialect`]: quoted names and column expressions.
 #[derive(Debug, Clone)]
@@ -55,13 +57,18 @@ impl LayoutSql {
         }
     }
 
-    /// The id as a 64-bit integer or as text, as the layout carries it.
-    pub(crate) fn id_expr(&self, alias: &str) -> String {
-        let cast = match self.layout.key {
+    /// The type ids are read as: a 64-bit integer or text.
+    pub(crate) fn id_cast(&self) -> Cast {
+        match self.layout.key {
             KeyKind::Int => Cast::Int,
             KeyKind::Text { .. } => Cast::Text,
-        };
-        self.dialect.cast(&Self::column(alias, &self.id), cast)
+        }
+    }
+
+    /// The id as a 64-bit integer or as text, as the layout carries it.
+    pub(crate) fn id_expr(&self, alias: &str) -> String {
+        self.dialect
+            .cast(&Self::column(alias, &self.id), self.id_cast())
     }
 
     /// A string column (`column` quoted) as text.
@@ -156,13 +163,30 @@ impl LayoutSql {
         }
     }
 
-    /// Parameter `param` as an id compared with the id column: PostgreSQL binds ids as text
-    /// and casts them to the column's type (so its index serves), the others bind the type.
-    pub(crate) fn id_param(&self, param: &str) -> String {
+    /// Binds `id` next in `statement`; returns it as SQL compared with the id column:
+    /// PostgreSQL binds ids as text and casts them to the column's type (so its index serves),
+    /// the others bind the id's own type.
+    pub(crate) fn bind_id(&self, statement: &mut Statement, id: &OutboxId) -> String {
         match self.dialect {
-            Dialect::Postgres => format!("{param}::text::{}", self.key_cast()),
-            Dialect::Mysql | Dialect::Sqlite => param.to_owned(),
+            Dialect::Postgres => {
+                let param = statement.param(Param::Text(id.to_string()));
+                format!("{param}::text::{}", self.key_cast())
+            }
+            Dialect::Mysql | Dialect::Sqlite => statement.param(Param::id(id)),
         }
+    }
+
+    /// Binds `ids` next in `statement`; returns them as a list for `IN (…)`.
+    pub(crate) fn bind_ids<'a>(
+        &self,
+        statement: &mut Statement,
+        ids: impl IntoIterator<Item = &'a OutboxId>,
+    ) -> String {
+        let ids: Vec<String> = ids
+            .into_iter()
+            .map(|id| self.bind_id(statement, id))
+            .collect();
+        ids.join(", ")
     }
 
     /// The alias a [`LayoutSql::delete_first`] filter names the table by: MySQL's
@@ -175,14 +199,18 @@ impl LayoutSql {
         }
     }
 
-    /// Deletes the first `limit` rows in claim order matching `filter` (written against
-    /// [`LayoutSql::delete_alias`]): one chunk of a chunked delete.
-    pub(crate) fn delete_first(&self, filter: &str, limit: &str) -> String {
+    /// Deletes the first `limit` rows in claim order (`by_id`: in id order) matching `filter`
+    /// (written against [`LayoutSql::delete_alias`]): one chunk of a chunked delete.
+    pub(crate) fn delete_first(&self, filter: &str, limit: &str, by_id: bool) -> String {
         let table = &self.table;
+        let order_by = |alias: &str| match by_id {
+            true => Self::column(alias, &self.id),
+            false => self.order_by(alias),
+        };
         match self.dialect {
             Dialect::Mysql => format!(
                 "DELETE FROM {table} WHERE {filter} ORDER BY {order_by} LIMIT {limit}",
-                order_by = self.order_by(table),
+                order_by = order_by(table),
             ),
             Dialect::Postgres | Dialect::Sqlite => format!(
                 "DELETE FROM {table}
@@ -190,7 +218,7 @@ impl LayoutSql {
                                   WHERE {filter}
                                   ORDER BY {order_by} LIMIT {limit})",
                 id = self.id,
-                order_by = self.order_by("o"),
+                order_by = order_by("o"),
             ),
         }
     }

@@ -17,8 +17,8 @@
 //! (quoting, casts, null-safe equality, time arithmetic), `layout_sql` is the checked table as
 //! SQL of one dialect, and the statements that do not differ are built once from the two and
 //! run on any driver's pool (`statement`): dead rows (`dead`), the backlog (`backlog`),
-//! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), chunked
-//! deletes (`chunk`). Each driver (`postgres`, `mysql`, `sqlite`) implements
+//! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), pruning
+//! (`prune`), chunked deletes (`chunk`). Each driver (`postgres`, `mysql`, `sqlite`) implements
 //! `driver::StoreDriver` with only what its database does its own way: session setup, the
 //! claim, DDL and type tables, LISTEN/NOTIFY, the cursor, the lease.
 
@@ -34,6 +34,7 @@ mod mysql;
 mod open;
 mod postgres;
 mod privileges;
+mod prune;
 mod rows;
 mod schema;
 mod settings;
@@ -53,7 +54,6 @@ pub use columns::{
     ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, TableSpec,
     TenantColumn,
 };
-pub(crate) use open::try_connection;
 pub use open::{Driver, Store, StoreBatch, check_url, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
@@ -460,93 +460,6 @@ pub enum ReplaySelection {
     Tenant(String),
     /// Every dead row.
     All,
-}
-
-/// A shared store (the relay and the maintenance services use one pool).
-impl<S: OutboxStore> OutboxStore for std::sync::Arc<S> {
-    type Batch = S::Batch;
-
-    fn has_due(
-        &self,
-        paused: &[TenantId],
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        S::has_due(self, paused)
-    }
-
-    fn claim(
-        &self,
-        limit: usize,
-        paused: &[TenantId],
-    ) -> impl Future<Output = Result<Claim<Self::Batch>, StoreError>> + Send {
-        S::claim(self, limit, paused)
-    }
-
-    fn settle(
-        &self,
-        outcome: &BatchOutcome,
-    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
-        S::settle(self, outcome)
-    }
-
-    fn sample_backlog(
-        &self,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<TenantBacklog>, StoreError>> + Send {
-        S::sample_backlog(self, limit)
-    }
-
-    fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send {
-        S::backlog(self)
-    }
-
-    fn prune_sent(
-        &self,
-        retention: Duration,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        S::prune_sent(self, retention)
-    }
-
-    fn listen(
-        &self,
-        channel: &str,
-        wake: &(dyn Fn() + Send + Sync),
-    ) -> impl Future<Output = Result<Infallible, StoreError>> + Send {
-        S::listen(self, channel, wake)
-    }
-
-    fn install_notify_trigger(
-        &self,
-        channel: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::install_notify_trigger(self, channel)
-    }
-
-    fn drop_notify_trigger(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::drop_notify_trigger(self)
-    }
-
-    fn dead_rows(
-        &self,
-        tenant: Option<&str>,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<DeadRow>, StoreError>> + Send {
-        S::dead_rows(self, tenant, limit)
-    }
-
-    fn replay_dead(
-        &self,
-        selection: &ReplaySelection,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        S::replay_dead(self, selection)
-    }
-
-    fn purge_dead(
-        &self,
-        older_than: Duration,
-        tenant: Option<&str>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        S::purge_dead(self, older_than, tenant)
-    }
 }
 
 #[cfg(test)]

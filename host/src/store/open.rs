@@ -4,6 +4,8 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use sqlx::ConnectOptions;
+
 use super::driver::StoreDriver;
 use super::mysql::{self, MyBatch, MyStore};
 use super::postgres::{self, PgBatch, PgStore};
@@ -130,23 +132,59 @@ pub fn check_url(url: &str) -> Result<(), StoreError> {
     super::tls::check_files(url)
 }
 
-/// Waits up to `timeout` for `connecting` (one new connection), then closes it again.
-pub(crate) async fn try_connection<C: sqlx::Connection>(
-    connecting: impl Future<Output = Result<C, sqlx::Error>>,
-    timeout: std::time::Duration,
-) -> Result<(), sqlx::Error> {
-    match tokio::time::timeout(timeout, connecting).await {
-        Ok(Ok(connection)) => connection.close().await,
+/// How long to wait for a new connection before reporting the database as unreachable.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl StoreError {
+    /// Connecting to `url` failed (the URL is shown without its password).
+    pub(crate) fn connect(url: &str, source: sqlx::Error) -> Self {
+        Self::Connect {
+            url: redact(url),
+            source,
+        }
+    }
+}
+
+/// A pool of at most `connections` to `url`, opened with `options` as read from it.
+pub(crate) async fn connect<DB: sqlx::Database>(
+    url: &str,
+    options: Result<ConnectOptionsOf<DB>, sqlx::Error>,
+    pool: sqlx::pool::PoolOptions<DB>,
+    connections: u32,
+) -> Result<sqlx::Pool<DB>, StoreError> {
+    let options = options.map_err(|e| StoreError::connect(url, e))?;
+    pool.max_connections(connections.max(1))
+        .connect_with(options)
+        .await
+        .map_err(|e| StoreError::connect(url, e))
+}
+
+/// Opens new connections of `pool` with `options` (read from `url`) from now on: rotated
+/// credentials; connections in use, and the transactions on them, are not touched. Then tries
+/// one new connection (the error is its, though the options are in use all the same).
+pub(crate) async fn use_options<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    url: &str,
+    options: Result<ConnectOptionsOf<DB>, sqlx::Error>,
+) -> Result<(), StoreError> {
+    let options = options.map_err(|e| StoreError::connect(url, e))?;
+    pool.set_connect_options(options.clone());
+    let tried = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => sqlx::Connection::close(connection).await,
         Ok(Err(e)) => Err(e),
         Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             format!(
                 "no connection within {}",
-                humantime::format_duration(timeout)
+                humantime::format_duration(CONNECT_TIMEOUT)
             ),
         ))),
-    }
+    };
+    tried.map_err(|e| StoreError::connect(url, e))
 }
+
+/// A database's connection options.
+type ConnectOptionsOf<DB> = <<DB as sqlx::Database>::Connection as sqlx::Connection>::Options;
 
 /// A claimed batch of a [`Store`].
 pub enum StoreBatch {
@@ -158,32 +196,27 @@ pub enum StoreBatch {
     Sqlite(LiteBatch),
 }
 
-/// Calls `$call` on whichever driver `$store` holds.
+/// Calls `$call` on whichever driver `$store` (a [`Store`] or a [`StoreBatch`]) holds.
 macro_rules! dispatch {
-    ($store:expr, $s:ident => $call:expr) => {
+    ($enum:ident, $store:expr, $s:ident => $call:expr) => {
         match $store {
-            Store::Postgres($s) => $call,
-            Store::Mysql($s) => $call,
-            Store::Sqlite($s) => $call,
+            $enum::Postgres($s) => $call,
+            $enum::Mysql($s) => $call,
+            $enum::Sqlite($s) => $call,
         }
+    };
+    ($store:expr, $s:ident => $call:expr) => {
+        dispatch!(Store, $store, $s => $call)
     };
 }
 
 impl ClaimedBatch for StoreBatch {
     async fn complete(self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(batch) => batch.complete(outcome).await,
-            Self::Mysql(batch) => batch.complete(outcome).await,
-            Self::Sqlite(batch) => batch.complete(outcome).await,
-        }
+        dispatch!(Self, self, batch => batch.complete(outcome).await)
     }
 
     async fn abandon(self) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(batch) => batch.abandon().await,
-            Self::Mysql(batch) => batch.abandon().await,
-            Self::Sqlite(batch) => batch.abandon().await,
-        }
+        dispatch!(Self, self, batch => batch.abandon().await)
     }
 }
 

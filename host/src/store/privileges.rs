@@ -7,6 +7,11 @@
 //! in a transaction that is rolled back: the database checks privileges before it looks for
 //! rows, so the probe fails exactly as the relay's statement would, and changes nothing.
 
+use sqlx::Acquire;
+
+use super::driver::StoreDriver;
+use super::layout_sql::LayoutSql;
+use super::statement::{Execute, ReadRow, Statement};
 use super::{MarkMode, Store, StoreError};
 
 /// A table privilege the relay needs.
@@ -121,7 +126,7 @@ fn grant_statement(needs: &[Need], table: &str, user: &str) -> String {
 
 /// A statement needing `privilege` on `table` that changes no row (`1 = 0` reads the same
 /// in PostgreSQL and MySQL/MariaDB).
-pub(crate) fn probe(privilege: Privilege, table: &str) -> String {
+fn probe(privilege: Privilege, table: &str) -> String {
     match privilege {
         Privilege::Select => format!("SELECT 1 FROM {table} WHERE 1 = 0"),
         // What the claim (FOR UPDATE; MySQL 8 wants UPDATE or DELETE besides SELECT for it)
@@ -139,7 +144,7 @@ pub(crate) fn probe(privilege: Privilege, table: &str) -> String {
 /// Whether a probe failed for want of a privilege (rather than for any other reason, which is
 /// reported as the database error it is). PostgreSQL: SQLSTATE 42501; MySQL/MariaDB: errors
 /// 1142 (table) and 1143 (column).
-pub(crate) fn is_denied(error: &sqlx::Error) -> bool {
+fn is_denied(error: &sqlx::Error) -> bool {
     let Some(db) = error.as_database_error() else {
         return false;
     };
@@ -153,12 +158,51 @@ impl Store {
     /// Refuses with [`StoreError::Privilege`] when the database user lacks one of `needs` on
     /// the outbox table. SQLite has no users: nothing to check.
     pub async fn check_privileges(&self, needs: &[Need]) -> Result<(), StoreError> {
+        // The user as GRANT spells it.
+        const PG_USER: &str = "SELECT quote_ident(current_user)";
+        const MY_USER: &str = "SELECT CAST(CONCAT(QUOTE(SUBSTRING_INDEX(CURRENT_USER(), '@', 1)),
+                             '@', QUOTE(SUBSTRING_INDEX(CURRENT_USER(), '@', -1))) AS CHAR)";
         match self {
-            Store::Postgres(s) => s.check_privileges(needs).await,
-            Store::Mysql(s) => s.check_privileges(needs).await,
+            Store::Postgres(s) => check(s.pool(), s.sql(), needs, PG_USER).await,
+            Store::Mysql(s) => check(s.pool(), s.sql(), needs, MY_USER).await,
             Store::Sqlite(_) => Ok(()),
         }
     }
+}
+
+/// Runs one probe per need in a transaction that is rolled back, each in a savepoint (a
+/// refused statement aborts PostgreSQL's transaction); the first one refused for want of a
+/// privilege is reported with the `GRANT` that covers all of `needs`, naming the user as
+/// `current_user` (a query) gives it.
+async fn check<DB: Execute>(
+    pool: &sqlx::Pool<DB>,
+    sql: &LayoutSql,
+    needs: &[Need],
+    current_user: &str,
+) -> Result<(), StoreError> {
+    let statement = |text: String| Statement::new(sql.dialect).with_sql(text);
+    let mut tx = pool.begin().await?;
+    for need in needs {
+        let mut probe_tx = Acquire::begin(&mut tx).await?;
+        let result = DB::execute(
+            &mut *probe_tx,
+            &statement(probe(need.privilege, &sql.table)),
+        )
+        .await;
+        probe_tx.rollback().await?;
+        match result {
+            Ok(_) => {}
+            Err(e) if is_denied(&e) => {
+                let user = DB::fetch_all(&mut *tx, &statement(current_user.to_owned())).await?;
+                let user = user.first().map(|row| row.text(0)).transpose()?.flatten();
+                let user = user.unwrap_or_else(|| "CURRENT_USER".to_owned());
+                return Err(MissingPrivilege::refused(needs, need, &sql.table, user, &e));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tx.rollback().await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use chrono::Utc;
 use super::dialect::{Dialect, millis};
 use super::layout_sql::LayoutSql;
 use super::schema::{KeyKind, PayloadKind};
-use super::statement::ReadRow;
+use super::statement::{Param, ReadRow, Statement};
 use super::{ColumnName, Disposition, RowFailure, StoreError};
 use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
 use crate::text::{MAX_STORED, bounded};
@@ -190,9 +190,23 @@ pub(crate) fn stored_error(failure: &RowFailure, fixed: Option<&str>) -> String 
     }
 }
 
-/// `n` comma-separated `?` placeholders.
-pub(crate) fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
+/// Binds what a reschedule statement takes of `failure` next in `statement` (databases
+/// without array parameters): id, error ([`stored_error`]), delay in ms, dead (0/1), counted
+/// (0/1); returns their placeholders, in that order.
+pub(crate) fn bind_failure(
+    sql: &LayoutSql,
+    statement: &mut Statement,
+    failure: &RowFailure,
+    fixed: Option<&str>,
+) -> [String; 5] {
+    let r = Reschedule::from(failure.disposition);
+    [
+        sql.bind_id(statement, &failure.id),
+        statement.param(Param::Text(stored_error(failure, fixed))),
+        statement.param(Param::Int(r.delay_ms)),
+        statement.param(Param::Int(r.dead.into())),
+        statement.param(Param::Int(r.counted.into())),
+    ]
 }
 
 #[cfg(test)]
@@ -226,6 +240,5 @@ mod tests {
         );
         let dead = Reschedule::from(Disposition::Dead);
         assert!(dead.dead && dead.counted);
-        assert_eq!(placeholders(3), "?, ?, ?");
     }
 }

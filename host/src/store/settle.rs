@@ -1,21 +1,65 @@
-//! What every driver's [`OutboxStore::settle`](super::OutboxStore::settle) shares once it
-//! knows which of the batch's rows it may still record: splitting the outcome by those rows,
-//! recording them together or, failing that, one by one, each in its own savepoint.
+//! [`OutboxStore::settle`](super::OutboxStore::settle), for every driver: recording a batch's
+//! outcome in a fresh transaction after its completion failed. The rows still unsent that this
+//! relay may still record are found first (each driver says which: [`settle`]'s `held`), the
+//! others are skipped; the held ones are recorded together or, should the database refuse
+//! that, one by one, each in its own savepoint, so one row it refuses cannot keep the others
+//! from being recorded. Rare path: plain SQL built per call.
 
 use std::collections::HashSet;
 
 use sqlx::Acquire;
 
 use super::batch::RecordRows;
+use super::layout_sql::LayoutSql;
+use super::rows::{IDS_PER_STATEMENT, read_id};
+use super::statement::{Execute, Statement};
 use super::{BatchOutcome, RowFailure, Settlement, StoreError};
 use crate::model::OutboxId;
 
+/// Settles `outcome` in `tx`, a fresh transaction, and commits: the rows of `outcome` that are
+/// unsent, not dead and `held` (a condition the driver adds to the statement that finds them:
+/// PostgreSQL and MySQL lock them, skipping rows another relay has locked; SQLite checks their
+/// lease) are recorded with the driver's statements `rows`; the others are skipped.
+pub(crate) async fn settle<DB: Execute>(
+    mut tx: sqlx::Transaction<'static, DB>,
+    sql: &LayoutSql,
+    outcome: &BatchOutcome,
+    held: impl Fn(&mut Statement) -> String,
+    rows: &(impl RecordRows<DB> + ?Sized),
+) -> Result<Settlement, StoreError> {
+    let mut settlement = Settlement::default();
+    let wanted: Vec<&OutboxId> = outcome.ids().collect();
+    if wanted.is_empty() {
+        return Ok(settlement);
+    }
+    let mut ours = HashSet::new();
+    for chunk in wanted.chunks(IDS_PER_STATEMENT) {
+        let mut statement = Statement::new(sql.dialect);
+        let ids = sql.bind_ids(&mut statement, chunk.iter().copied());
+        let text = format!(
+            "SELECT {id_expr} FROM {table} AS o
+              WHERE o.{id} IN ({ids}) AND o.published_at IS NULL AND o.dead_at IS NULL {held}",
+            id_expr = sql.id_expr("o"),
+            table = sql.table,
+            id = sql.id,
+            held = held(&mut statement),
+        );
+        for row in DB::fetch_all(&mut *tx, &statement.with_sql(text)).await? {
+            ours.insert(read_id(&row, &sql.layout.key, 0)?);
+        }
+    }
+    let (sent, failed) = split_held(outcome, &ours, &mut settlement);
+    record_held(&mut tx, rows, sent, failed, &mut settlement).await?;
+    tx.commit().await?;
+    Ok(settlement)
+}
+
 /// A statement that changed nothing about a row it was given.
-pub(crate) const UNCHANGED: &str = "the statement changed no row (a trigger or rule suppressed it)";
+const UNCHANGED: &str = "the statement changed no row (a trigger or rule suppressed it)";
 
 /// Files every row of `outcome` that is not in `held` (another relay has it, or it is gone)
 /// as skipped, and returns the sent ids and failures of the held ones.
-pub(crate) fn split_held(
+fn split_held(
     outcome: &BatchOutcome,
     held: &HashSet<OutboxId>,
     settlement: &mut Settlement,
@@ -42,14 +86,14 @@ pub(crate) fn split_held(
 
 /// Which list of a [`Settlement`] a row goes to once its statement changed it.
 #[derive(Clone, Copy)]
-pub(crate) enum SettledAs {
+enum SettledAs {
     Marked,
     Rescheduled,
 }
 
 impl SettledAs {
     /// Files `id` under this list of `settlement`.
-    pub(crate) fn file(self, settlement: &mut Settlement, id: OutboxId) {
+    fn file(self, settlement: &mut Settlement, id: OutboxId) {
         match self {
             Self::Marked => settlement.marked.push(id),
             Self::Rescheduled => settlement.rescheduled.push(id),
@@ -59,7 +103,7 @@ impl SettledAs {
 
 /// Keeps one row's change (releasing its savepoint) and files it under `settled_as`, or undoes it
 /// and files it as refused.
-pub(crate) async fn settle_one<DB: sqlx::Database>(
+async fn settle_one<DB: sqlx::Database>(
     settlement: &mut Settlement,
     id: OutboxId,
     done: Result<u64, sqlx::Error>,
@@ -87,7 +131,7 @@ pub(crate) async fn settle_one<DB: sqlx::Database>(
 /// savepoint; if the database refuses that, or a statement changes fewer rows than it was
 /// given, row by row, each in its own savepoint ([`settle_one`]), so one row it refuses cannot
 /// keep the others from being recorded.
-pub(crate) async fn record_held<DB: sqlx::Database>(
+async fn record_held<DB: sqlx::Database>(
     tx: &mut sqlx::Transaction<'static, DB>,
     rows: &(impl RecordRows<DB> + ?Sized),
     sent: Vec<OutboxId>,

@@ -1,19 +1,33 @@
-//! Running a statement built once for every database ([`Statement`]) on any driver's pool
-//! ([`Run`]), and reading its rows by position whatever the driver ([`ReadRow`]). The shared
-//! statements (dead rows, the backlog sample) go through here; the relay's hot path (claim,
-//! mark) binds its own parameters per driver.
+//! Running a statement built once for every database ([`Statement`]) on any driver's
+//! connections ([`Execute`]) or pool ([`Run`]), and reading its rows by position whatever the
+//! driver ([`ReadRow`]). The shared statements (dead rows, the backlog, settling, MySQL's and
+//! SQLite's marking) go through here; PostgreSQL's hot path (claim, mark) binds arrays.
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
 
-use super::dialect::Dialect;
+use super::dialect::{Cast, Dialect};
+use crate::model::OutboxId;
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Param {
     Int(i64),
     Text(String),
+    /// NULL, bound as a value of the type it stands for.
+    Null(Cast),
+}
+
+impl Param {
+    /// `id` as the type the id column compares with: its integer, or its text.
+    pub(crate) fn id(id: &OutboxId) -> Self {
+        match id {
+            OutboxId::Int(n) => Self::Int(*n),
+            OutboxId::Text(text) => Self::Text(text.to_string()),
+        }
+    }
 }
 
 /// A statement's text and its parameters in binding order, built with [`Statement::param`]
@@ -73,7 +87,23 @@ impl Statement {
     }
 }
 
-/// A pool that runs [`Statement`]s.
+/// A database whose connections run [`Statement`]s (boxed futures: shared code holding them
+/// stays `Send` whatever the driver).
+pub(crate) trait Execute: sqlx::Database<Row: ReadRow + Send> {
+    /// Runs `statement` on `conn`; returns the rows it changed.
+    fn execute<'c>(
+        conn: &'c mut Self::Connection,
+        statement: &'c Statement,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+
+    /// Runs `statement` on `conn`; returns its rows.
+    fn fetch_all<'c>(
+        conn: &'c mut Self::Connection,
+        statement: &'c Statement,
+    ) -> BoxFuture<'c, Result<Vec<Self::Row>, sqlx::Error>>;
+}
+
+/// A pool that runs [`Statement`]s, each on a connection of its own.
 pub(crate) trait Run: Sync {
     type Row: ReadRow + Send;
 
@@ -89,6 +119,18 @@ pub(crate) trait Run: Sync {
     ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send;
 }
 
+impl<DB: Execute> Run for sqlx::Pool<DB> {
+    type Row = DB::Row;
+
+    async fn execute(&self, statement: &Statement) -> Result<u64, sqlx::Error> {
+        DB::execute(&mut *self.acquire().await?, statement).await
+    }
+
+    async fn fetch_all(&self, statement: &Statement) -> Result<Vec<DB::Row>, sqlx::Error> {
+        DB::fetch_all(&mut *self.acquire().await?, statement).await
+    }
+}
+
 /// A result row read by column position.
 pub(crate) trait ReadRow {
     fn int(&self, index: usize) -> Result<Option<i64>, sqlx::Error>;
@@ -99,43 +141,43 @@ pub(crate) trait ReadRow {
     fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
 }
 
-/// Implements [`Run`] for a driver's `$pool` and [`ReadRow`] for its `$row`, whose time
-/// columns are read as `$time` and turned into a time by `$to_time`.
-macro_rules! impl_run {
-    ($pool:ty, $row:ty, $time:ty, $to_time:expr) => {
-        fn bound<'q>(
-            statement: &'q $crate::store::statement::Statement,
-        ) -> sqlx::query::Query<
-            'q,
-            <$row as sqlx::Row>::Database,
-            <<$row as sqlx::Row>::Database as sqlx::Database>::Arguments,
-        > {
+/// Implements [`Execute`] for a driver's database `$db` and [`ReadRow`] for its `$row`, whose
+/// time columns are read as `$time` and turned into a time by `$to_time`.
+macro_rules! impl_execute {
+    ($db:ty, $row:ty, $time:ty, $to_time:expr) => {
+        fn bound(
+            statement: &$crate::store::statement::Statement,
+        ) -> sqlx::query::Query<'_, $db, <$db as sqlx::Database>::Arguments> {
+            use $crate::store::dialect::Cast;
             use $crate::store::statement::Param;
             let mut query = sqlx::query(sqlx::AssertSqlSafe(statement.sql.as_str()));
             for param in &statement.params {
                 query = match param {
                     Param::Int(n) => query.bind(*n),
                     Param::Text(text) => query.bind(text.as_str()),
+                    Param::Null(Cast::Int) => query.bind(None::<i64>),
+                    Param::Null(Cast::Text) => query.bind(None::<String>),
                 };
             }
             query
         }
 
-        impl $crate::store::statement::Run for $pool {
-            type Row = $row;
-
-            async fn execute(
-                &self,
-                statement: &$crate::store::statement::Statement,
-            ) -> Result<u64, sqlx::Error> {
-                Ok(bound(statement).execute(self).await?.rows_affected())
+        impl $crate::store::statement::Execute for $db {
+            fn execute<'c>(
+                conn: &'c mut <$db as sqlx::Database>::Connection,
+                statement: &'c $crate::store::statement::Statement,
+            ) -> futures::future::BoxFuture<'c, Result<u64, sqlx::Error>> {
+                Box::pin(async move { Ok(bound(statement).execute(conn).await?.rows_affected()) })
             }
 
-            async fn fetch_all(
-                &self,
-                statement: &$crate::store::statement::Statement,
-            ) -> Result<Vec<$row>, sqlx::Error> {
-                bound(statement).fetch_all(self).await
+            fn fetch_all<'c>(
+                conn: &'c mut <$db as sqlx::Database>::Connection,
+                statement: &'c $crate::store::statement::Statement,
+            ) -> futures::future::BoxFuture<
+                'c,
+                Result<Vec<<$db as sqlx::Database>::Row>, sqlx::Error>,
+            > {
+                Box::pin(bound(statement).fetch_all(conn))
             }
         }
 
@@ -167,4 +209,4 @@ macro_rules! impl_run {
     };
 }
 
-pub(crate) use impl_run;
+pub(crate) use impl_execute;

@@ -65,43 +65,10 @@ fn query_pairs(url: &str) -> Vec<(String, String)> {
         return Vec::new();
     };
     let query = query.split('#').next().unwrap_or_default();
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (decode(k), decode(v)))
+    form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
 }
-
-/// Percent-decoding (`+` is a space, as in `application/x-www-form-urlencoded`); a malformed
-/// escape is kept as it is.
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +119,13 @@ mod tests {
 
     #[test]
     fn percent_escapes_are_decoded() {
-        assert_eq!(decode("%2Fetc%2Fca%20x.pem"), "/etc/ca x.pem");
-        assert_eq!(decode("a+b%zz"), "a b%zz");
+        let pairs = query_pairs("postgres://h/db?sslrootcert=%2Fetc%2Fca%20x.pem&k=a+b%zz#x");
+        assert_eq!(
+            pairs,
+            [
+                ("sslrootcert".to_owned(), "/etc/ca x.pem".to_owned()),
+                ("k".to_owned(), "a b%zz".to_owned())
+            ]
+        );
     }
 }

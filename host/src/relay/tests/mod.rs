@@ -56,7 +56,7 @@ fn relay(
     settings: RelaySettings,
 ) -> Arc<TestRelay> {
     Arc::new(Relay::new(
-        store.clone(),
+        Arc::new(store.clone()),
         Arc::clone(transformer),
         sink,
         settings,

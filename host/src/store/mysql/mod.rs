@@ -10,62 +10,60 @@
 //!
 //! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
 //! - [`migrate`]: creating or upgrading the table and its indexes
-//! - [`sql`], [`rows`], [`batch`]: the relay's statements, decoding, the claimed batch
-//! - [`settle`], [`prune`]: a failed commit's outcome, retention (dead rows and the backlog
-//!   are shared: [`crate::store::dead`], [`crate::store::backlog`])
+//! - [`sql`], [`batch`]: the relay's statements, the claimed batch
+//!
+//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
+//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
 
 mod batch;
 mod migrate;
-mod privileges;
-mod prune;
-mod rows;
 mod schema;
-mod settle;
 mod sql;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use chrono::{DateTime, Utc};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor};
 
 use crate::store::batch::TxBatch;
 pub(super) use batch::MyBatch;
 
 use super::driver::StoreDriver;
+use super::open::{self, CONNECT_TIMEOUT};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{prune, settle};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
+use crate::store::statement::impl_execute;
 use sql::Statements;
 
-/// How long to wait for a connection before reporting the database as unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+impl_execute!(MySql, MySqlRow, DateTime<Utc>, |time| time);
+
 /// The session setting that keeps claims from blocking the application's inserts (see the
 /// module documentation).
 const ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+/// The server-wide named lock of one table's pruner (names are limited to 64 characters, so
+/// the database and table are hashed).
+const PRUNE_LOCK: &str = "CONCAT('sluice_prune_', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
+/// Settling locks the rows it records, skipping those another relay has locked.
+const FOR_UPDATE: &str = "FOR UPDATE SKIP LOCKED";
 
 /// Connects a pool of at most `connections`, each at READ COMMITTED. (sqlx sets the session's
 /// `time_zone` to `+00:00`, so `TIMESTAMP` columns read as UTC.)
 async fn connect(url: &str, connections: u32) -> Result<MySqlPool, StoreError> {
-    let connect_error = |source| StoreError::Connect {
-        url: super::redact(url),
-        source,
-    };
-    let options: MySqlConnectOptions = url.parse().map_err(connect_error)?;
-    MySqlPoolOptions::new()
-        .max_connections(connections.max(1))
+    let pool = MySqlPoolOptions::new()
         .acquire_timeout(CONNECT_TIMEOUT)
         .after_connect(|conn, _| {
             Box::pin(async move {
                 conn.execute(ISOLATION).await?;
                 Ok(())
             })
-        })
-        .connect_with(options)
-        .await
-        .map_err(connect_error)
+        });
+    open::connect(url, url.parse(), pool, connections).await
 }
 
 /// Refuses servers without `SKIP LOCKED`: MariaDB before 10.6, MySQL before 8.0.
@@ -129,18 +127,9 @@ impl MyStore {
         })
     }
 
-    /// Opens new connections with `url` from now on (rotated credentials); connections in
-    /// use, and the transactions on them, are not touched. Then tries one connection with it.
+    /// Opens new connections with `url` from now on (see [`open::use_options`]).
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
-        let connect_error = |source| StoreError::Connect {
-            url: super::redact(url),
-            source,
-        };
-        let options: MySqlConnectOptions = url.parse().map_err(connect_error)?;
-        self.pool.set_connect_options(options.clone());
-        super::try_connection(sqlx::ConnectOptions::connect(&options), CONNECT_TIMEOUT)
-            .await
-            .map_err(connect_error)
+        open::use_options(&self.pool, url, url.parse::<MySqlConnectOptions>()).await
     }
 
     /// The paused tenants' names; `None` for rows without a tenant.
@@ -151,7 +140,7 @@ impl MyStore {
 
 impl StoreDriver for MyStore {
     const NAME: &'static str = "MySQL/MariaDB";
-    type Pool = MySqlPool;
+    type Db = MySql;
 
     fn pool(&self) -> &MySqlPool {
         &self.pool
@@ -191,10 +180,38 @@ impl StoreDriver for MyStore {
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
-        settle::settle(self, outcome).await
+        let statements = &*self.statements;
+        let tx = self.pool.begin().await?;
+        settle::settle(
+            tx,
+            &statements.sql,
+            outcome,
+            |_| FOR_UPDATE.into(),
+            statements,
+        )
+        .await
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        prune::prune_once(&self.pool, &self.statements.sql, retention).await
+        // One pruner per table at a time: a named lock held on this connection while it prunes.
+        let mut conn = self.pool.acquire().await?;
+        let sql = &self.statements.sql;
+        let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT CAST(GET_LOCK({PRUNE_LOCK}, 0) AS SIGNED)"
+        )))
+        .bind(&sql.table)
+        .fetch_one(&mut *conn)
+        .await?;
+        if got != Some(1) {
+            return Ok(0);
+        }
+        let pruned = prune::prune::<MySql>(&mut conn, sql, retention, |_| String::new()).await;
+        let released = sqlx::query(AssertSqlSafe(format!("DO RELEASE_LOCK({PRUNE_LOCK})")))
+            .bind(&sql.table)
+            .execute(&mut *conn)
+            .await;
+        let pruned = pruned?;
+        released?;
+        Ok(pruned)
     }
 }

@@ -7,9 +7,12 @@
 
 use std::sync::Arc;
 
+use crate::model::OutboxId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
-use crate::store::{MarkMode, StoreOptions};
+use crate::store::rows::bind_failure;
+use crate::store::statement::{Param, Statement};
+use crate::store::{MarkMode, RowFailure, StoreOptions};
 
 /// A statement with a place for the paused-tenants filter (one null-safe `NOT (tenant <=> ?)`
 /// per paused tenant, NULL standing for rows without a tenant), built for the number of
@@ -90,59 +93,91 @@ impl Statements {
         }
     }
 
-    /// Marks `n` rows sent, by id.
-    pub fn mark(&self, n: usize) -> String {
-        let ids: Vec<&str> = std::iter::once("SELECT ? AS id")
-            .chain(std::iter::repeat_n("SELECT ?", n.saturating_sub(1)))
-            .collect();
-        let rows = by_id(&self.sql, &ids.join(" UNION ALL "));
-        match self.mark {
+    /// Marks `ids` sent.
+    pub(crate) fn mark(&self, ids: &[OutboxId]) -> Statement {
+        let mut statement = Statement::new(Dialect::Mysql);
+        let rows = self.values(&mut statement, ids, 1, |st, id| {
+            format!("{} AS id", self.sql.bind_id(st, id))
+        });
+        let text = match self.mark {
             MarkMode::Delete => format!("DELETE o FROM {rows}"),
-            MarkMode::PublishedAt => {
-                format!("UPDATE {rows} SET o.published_at = UTC_TIMESTAMP(6)")
-            }
-        }
+            MarkMode::PublishedAt => format!("UPDATE {rows} SET o.published_at = UTC_TIMESTAMP(6)"),
+        };
+        statement.with_sql(text)
     }
 
-    /// Reschedules or dead-letters `n` rows; each binds id, error, delay in ms, dead (0/1),
-    /// counted (0/1).
-    pub fn reschedule(&self, n: usize) -> String {
-        let rows: Vec<&str> =
-            std::iter::once("SELECT ? AS id, ? AS error, ? AS delay_ms, ? AS dead, ? AS counted")
-                .chain(std::iter::repeat_n(
-                    "SELECT ?, ?, ?, ?, ?",
-                    n.saturating_sub(1),
-                ))
-                .collect();
-        format!(
+    /// Reschedules or dead-letters `failed`, recording each row's error or `fixed`.
+    pub(crate) fn reschedule(&self, failed: &[RowFailure], fixed: Option<&str>) -> Statement {
+        let mut statement = Statement::new(Dialect::Mysql);
+        let rows = self.values(&mut statement, failed, 5, |st, f| {
+            let [id, error, delay, dead, counted] = bind_failure(&self.sql, st, f, fixed);
+            format!("{id} AS id, {error} AS error, {delay} AS delay_ms, {dead} AS dead, {counted} AS counted")
+        });
+        let text = format!(
             "UPDATE {rows}
                 SET o.attempts = o.attempts + f.counted,
                     o.last_error = f.error,
                     o.next_attempt_at = CASE WHEN f.dead = 1 THEN NULL
                         ELSE UTC_TIMESTAMP(6) + INTERVAL f.delay_ms * 1000 MICROSECOND END,
-                    o.dead_at = CASE WHEN f.dead = 1 THEN UTC_TIMESTAMP(6) END",
-            rows = by_id(&self.sql, &rows.join(" UNION ALL ")),
+                    o.dead_at = CASE WHEN f.dead = 1 THEN UTC_TIMESTAMP(6) END"
+        );
+        statement.with_sql(text)
+    }
+
+    /// The rows of `items` (one `SELECT` of `width` columns each, the id first, `bind` binding
+    /// its values) joined to the table
+    /// by id, the values first (`STRAIGHT_JOIN`): each row is found through the id's unique
+    /// index. Left to itself the optimizer scans a small table instead, and a scanning
+    /// `DELETE` waits on every row another relay's open claim has locked. Padded with rows of
+    /// NULLs (which match no row) to [`placeholder_count`] rows.
+    fn values<T>(
+        &self,
+        statement: &mut Statement,
+        items: &[T],
+        width: usize,
+        bind: impl Fn(&mut Statement, &T) -> String,
+    ) -> String {
+        let mut rows: Vec<String> = items
+            .iter()
+            .map(|item| format!("SELECT {}", bind(statement, item)))
+            .collect();
+        while rows.len() < placeholder_count(items.len()) {
+            let id = statement.param(Param::Null(self.sql.id_cast()));
+            rows.push(format!("SELECT {id}{}", ", NULL".repeat(width - 1)));
+        }
+        format!(
+            "({values}) AS f STRAIGHT_JOIN {table} AS o ON o.{id} = f.id",
+            values = rows.join(" UNION ALL "),
+            table = self.sql.table,
+            id = self.sql.id,
         )
     }
 }
 
-/// The rows of `values` (a `SELECT … AS id, …` per row) joined to the table by id, the values
-/// first (`STRAIGHT_JOIN`): each row is found through the id's unique index. Left to itself
-/// the optimizer scans a small table instead, and a scanning `DELETE` waits on every row
-/// another relay's open claim has locked.
-fn by_id(sql: &LayoutSql, values: &str) -> String {
-    format!(
-        "({values}) AS f STRAIGHT_JOIN {table} AS o ON o.{id} = f.id",
-        table = sql.table,
-        id = sql.id,
-    )
+/// The number of rows a statement for `n` values gets: the next power of two, the rest NULL.
+/// Statements differ only by their placeholders, and sqlx prepares (and caches, up to 100 per
+/// connection) each text: with one text per batch size the cache would overflow, and every
+/// statement it evicts is closed with a packet MySQL does not answer, which stalls the next
+/// statement for a delayed ACK (40 ms) under Nagle's algorithm. Powers of two keep each
+/// connection at a handful of texts.
+fn placeholder_count(n: usize) -> usize {
+    n.max(1).next_power_of_two()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Ordering;
     use crate::store::test_layouts::{sluice_layout as layout, squash};
+    use crate::store::{Disposition, Ordering};
+
+    #[test]
+    fn statements_come_in_a_few_sizes() {
+        let sizes: std::collections::BTreeSet<usize> = (1..=1000).map(placeholder_count).collect();
+        assert_eq!(sizes.len(), 11);
+        assert_eq!(placeholder_count(0), 1);
+        assert_eq!(placeholder_count(500), 512);
+        assert_eq!(placeholder_count(1000), 1024);
+    }
 
     #[test]
     fn the_claim_locks_skipping_and_filters_paused_tenants_by_placeholder() {
@@ -177,22 +212,45 @@ mod tests {
     }
 
     #[test]
-    fn marking_and_rescheduling_bind_one_placeholder_per_value() {
+    fn marking_and_rescheduling_bind_one_placeholder_per_value_padded_with_nulls() {
         let options = StoreOptions {
             mark: MarkMode::PublishedAt,
             ..StoreOptions::default()
         };
         let s = Statements::new(LayoutSql::new(layout(), Dialect::Mysql), options);
+        let ids = [OutboxId::Int(1), OutboxId::Int(2), OutboxId::Int(3)];
+        let mark = s.mark(&ids);
         assert_eq!(
-            s.mark(3),
-            "UPDATE (SELECT ? AS id UNION ALL SELECT ? UNION ALL SELECT ?) AS f \
-             STRAIGHT_JOIN `outbox` AS o ON o.`id` = f.id SET o.published_at = UTC_TIMESTAMP(6)"
+            mark.sql,
+            "UPDATE (SELECT ? AS id UNION ALL SELECT ? AS id UNION ALL SELECT ? AS id \
+             UNION ALL SELECT ?) AS f STRAIGHT_JOIN `outbox` AS o ON o.`id` = f.id \
+             SET o.published_at = UTC_TIMESTAMP(6)"
         );
-        let reschedule = squash(&s.reschedule(2));
+        assert_eq!(
+            mark.params,
+            [
+                Param::Int(1),
+                Param::Int(2),
+                Param::Int(3),
+                Param::Null(crate::store::dialect::Cast::Int)
+            ]
+        );
+        let failed: Vec<RowFailure> = ids[..2]
+            .iter()
+            .map(|id| RowFailure {
+                id: id.clone(),
+                error: "boom".into(),
+                disposition: Disposition::Dead,
+            })
+            .collect();
+        let reschedule = s.reschedule(&failed, None);
+        assert_eq!(reschedule.params.len(), 10);
+        let reschedule = squash(&reschedule.sql);
         assert!(
             reschedule.starts_with(
                 "UPDATE (SELECT ? AS id, ? AS error, ? AS delay_ms, ? AS dead, ? AS counted \
-                 UNION ALL SELECT ?, ?, ?, ?, ?) AS f STRAIGHT_JOIN `outbox` AS o ON o.`id` = f.id"
+                 UNION ALL SELECT ? AS id, ? AS error, ? AS delay_ms, ? AS dead, ? AS counted) \
+                 AS f STRAIGHT_JOIN `outbox` AS o ON o.`id` = f.id"
             ),
             "{reschedule}"
         );

@@ -42,51 +42,27 @@ impl RecordRows<Postgres> for BatchSql {
         failed: &'c [RowFailure],
         fixed: Option<&'static str>,
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
-        let params = RescheduleParams::new(failed.iter(), fixed);
+        // The arrays the statement's `unnest` takes.
+        let (mut ids, mut errors, mut delays, mut dead, mut counted) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for f in failed {
+            let r = Reschedule::from(f.disposition);
+            ids.push(f.id.to_string());
+            errors.push(stored_error(f, fixed));
+            delays.push(r.delay_ms);
+            dead.push(r.dead);
+            counted.push(r.counted);
+        }
         Box::pin(async move {
             Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule)))
-                .bind(params.ids)
-                .bind(params.errors)
-                .bind(params.delays)
-                .bind(params.dead)
-                .bind(params.counted)
+                .bind(ids)
+                .bind(errors)
+                .bind(delays)
+                .bind(dead)
+                .bind(counted)
                 .execute(conn)
                 .await?
                 .rows_affected())
         })
-    }
-}
-
-/// A reschedule's parameters: the arrays its `unnest` takes.
-pub(super) struct RescheduleParams {
-    pub(super) ids: Vec<String>,
-    pub(super) errors: Vec<String>,
-    pub(super) delays: Vec<i64>,
-    pub(super) dead: Vec<bool>,
-    pub(super) counted: Vec<bool>,
-}
-
-impl RescheduleParams {
-    /// The rows of `failed`, each with its [`stored_error`].
-    pub(super) fn new<'a>(
-        failed: impl Iterator<Item = &'a RowFailure>,
-        fixed: Option<&str>,
-    ) -> Self {
-        let mut params = Self {
-            ids: Vec::new(),
-            errors: Vec::new(),
-            delays: Vec::new(),
-            dead: Vec::new(),
-            counted: Vec::new(),
-        };
-        for f in failed {
-            let r = Reschedule::from(f.disposition);
-            params.ids.push(f.id.to_string());
-            params.errors.push(stored_error(f, fixed));
-            params.delays.push(r.delay_ms);
-            params.dead.push(r.dead);
-            params.counted.push(r.counted);
-        }
-        params
     }
 }

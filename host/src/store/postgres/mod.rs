@@ -10,19 +10,17 @@
 //! - [`cursor`]: where the next claim starts while a backlog drains
 //! - [`rows`]: ids as parameters, the shared statements on PostgreSQL's pool
 //! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
-//! - [`settle`]: recording an outcome after a failed commit
-//! - [`prune`], [`listen`]: retention, LISTEN/NOTIFY (dead rows and the backlog are
-//!   shared: [`crate::store::dead`], [`crate::store::backlog`])
+//! - LISTEN/NOTIFY: [`listen`]
+//!
+//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
+//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
 
 mod batch;
 mod cursor;
 mod listen;
 mod migrate;
-mod privileges;
-mod prune;
 mod rows;
 mod schema;
-mod settle;
 mod sql;
 
 use std::convert::Infallible;
@@ -30,6 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::AssertSqlSafe;
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::store::batch::TxBatch;
@@ -39,7 +38,10 @@ pub use listen::{DEFAULT_CHANNEL, validate_channel};
 use schema::Layout;
 
 use super::driver::StoreDriver;
+use super::open::{self, CONNECT_TIMEOUT};
+use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
@@ -47,10 +49,12 @@ use crate::store::rows::decode_claimed;
 use cursor::ClaimCursor;
 use sql::Statements;
 
-/// How long to wait for a connection before reporting the database as unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
 pub(super) const APPLICATION_NAME: &str = "sluice";
+/// Advisory-lock key (with the table's oid): one pruner per table at a time.
+const PRUNE_LOCK_KEY: i32 = 0x736c_7570; // "slup"
+/// Settling locks the rows it records, skipping those another relay has locked.
+const FOR_UPDATE: &str = "FOR UPDATE SKIP LOCKED";
 
 /// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
 /// (so operators can find the connections in `pg_stat_activity`). Without the
@@ -68,17 +72,8 @@ fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
 
 /// Connects a pool of at most `connections`.
 async fn connect(url: &str, connections: u32) -> Result<PgPool, StoreError> {
-    let connect_error = |source| StoreError::Connect {
-        url: super::redact(url),
-        source,
-    };
-    let options = connect_options(url).map_err(connect_error)?;
-    PgPoolOptions::new()
-        .max_connections(connections.max(1))
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_with(options)
-        .await
-        .map_err(connect_error)
+    let pool = PgPoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
+    open::connect(url, connect_options(url), pool, connections).await
 }
 
 /// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
@@ -126,33 +121,35 @@ impl PgStore {
         })
     }
 
+    /// The statements that record a batch's rows.
+    fn batch_sql(&self) -> BatchSql {
+        BatchSql {
+            mark: Arc::clone(&self.statements.mark),
+            reschedule: Arc::clone(&self.statements.reschedule),
+        }
+    }
+
     /// The checked table this store relays from.
     pub fn layout(&self) -> &Layout {
         &self.sql.layout
     }
 
-    /// Opens new connections with `url` from now on (rotated credentials); connections in
-    /// use, and the transactions on them, are not touched. Then tries one connection with it.
+    /// Opens new connections with `url` from now on (see [`open::use_options`]), LISTEN's
+    /// too.
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
-        let connect_error = |source| StoreError::Connect {
-            url: super::redact(url),
-            source,
-        };
-        let options = connect_options(url).map_err(connect_error)?;
-        self.pool.set_connect_options(options.clone());
-        *self
-            .options
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = options.clone();
-        super::try_connection(sqlx::ConnectOptions::connect(&options), CONNECT_TIMEOUT)
-            .await
-            .map_err(connect_error)
+        if let Ok(options) = connect_options(url) {
+            *self
+                .options
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = options;
+        }
+        open::use_options(&self.pool, url, connect_options(url)).await
     }
 }
 
 impl StoreDriver for PgStore {
     const NAME: &'static str = "PostgreSQL";
-    type Pool = PgPool;
+    type Db = Postgres;
 
     fn pool(&self) -> &PgPool {
         &self.pool
@@ -204,13 +201,7 @@ impl StoreDriver for PgStore {
             .iter()
             .map(|row| decode_claimed(row, &self.sql))
             .collect::<Result<Vec<_>, _>>()?;
-        let batch = TxBatch::new(
-            tx,
-            BatchSql {
-                mark: Arc::clone(&self.statements.mark),
-                reschedule: Arc::clone(&self.statements.reschedule),
-            },
-        );
+        let batch = TxBatch::new(tx, self.batch_sql());
         let claim = Claim::of(batch, decoded);
         if self.statements.claim_after.is_some() {
             let highest = claim
@@ -230,11 +221,29 @@ impl StoreDriver for PgStore {
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
-        settle::settle(self, outcome).await
+        let tx = self.pool.begin().await?;
+        settle::settle(
+            tx,
+            &self.sql,
+            outcome,
+            |_| FOR_UPDATE.into(),
+            &self.batch_sql(),
+        )
+        .await
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        prune::prune_once(&self.pool, &self.sql, retention).await
+        // One pruner per table at a time, however many relays run: each chunk takes an
+        // advisory lock on the table's oid, or deletes nothing.
+        let lock = |statement: &mut Statement| {
+            let key = statement.param(Param::Int(PRUNE_LOCK_KEY.into()));
+            let table = statement.param(Param::Text(self.sql.table.clone()));
+            format!(
+                "AND (SELECT pg_try_advisory_xact_lock({key}::int, to_regclass({table})::oid::int))"
+            )
+        };
+        let mut conn = self.pool.acquire().await?;
+        Ok(prune::prune::<Postgres>(&mut conn, &self.sql, retention, lock).await?)
     }
 
     async fn listen(

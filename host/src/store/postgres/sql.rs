@@ -14,15 +14,6 @@ pub(super) fn key_array(sql: &LayoutSql, param: &str) -> String {
     format!("{param}::text[]::{}[]", sql.key_cast())
 }
 
-/// The id as `text`, spelled as [`crate::model::OutboxId`]'s `Display` spells the claimed key
-/// (`alias` may be empty for statements without a table alias).
-pub(super) fn id_text_expr(sql: &LayoutSql, alias: &str) -> String {
-    match sql.layout.key {
-        KeyKind::Int => format!("{}::text", sql.id_expr(alias)),
-        KeyKind::Text { .. } => sql.id_expr(alias),
-    }
-}
-
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 pub(super) struct Statements {
     pub claim: Arc<str>,

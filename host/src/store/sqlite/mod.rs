@@ -14,15 +14,14 @@
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
 //! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
-//! - [`settle`], [`prune`]: a failed completion's outcome, retention (dead rows and the
-//!   backlog are shared: [`crate::store::dead`], [`crate::store::backlog`])
+//!
+//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
+//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
 
 mod batch;
 mod migrate;
-mod prune;
 mod rows;
 mod schema;
-mod settle;
 mod sql;
 
 use std::sync::Arc;
@@ -31,17 +30,20 @@ use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 
 pub(super) use batch::LiteBatch;
 
 use super::driver::StoreDriver;
+use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{open, prune, settle};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
-use sql::Statements;
+use sql::{Guard, Statements};
 
 /// How long a statement waits for another connection's write transaction (the application's
 /// or another relay's) before failing with "database is locked".
@@ -64,10 +66,7 @@ fn connect_options(url: &str, create: bool) -> Result<SqliteConnectOptions, Stor
                 .into(),
         });
     }
-    let options: SqliteConnectOptions = url.parse().map_err(|source| StoreError::Connect {
-        url: url.to_owned(),
-        source,
-    })?;
+    let options: SqliteConnectOptions = url.parse().map_err(|e| StoreError::connect(url, e))?;
     Ok(options
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
@@ -76,16 +75,8 @@ fn connect_options(url: &str, create: bool) -> Result<SqliteConnectOptions, Stor
 }
 
 async fn connect(url: &str, connections: u32, create: bool) -> Result<SqlitePool, StoreError> {
-    let options = connect_options(url, create)?;
-    SqlitePoolOptions::new()
-        .max_connections(connections.max(1))
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_with(options)
-        .await
-        .map_err(|source| StoreError::Connect {
-            url: url.to_owned(),
-            source,
-        })
+    let pool = SqlitePoolOptions::new().acquire_timeout(ACQUIRE_TIMEOUT);
+    open::connect(url, Ok(connect_options(url, create)?), pool, connections).await
 }
 
 /// Creates the database file if missing, creates or upgrades the table (see
@@ -157,7 +148,7 @@ impl LiteStore {
 
 impl StoreDriver for LiteStore {
     const NAME: &'static str = "SQLite";
-    type Pool = SqlitePool;
+    type Db = Sqlite;
 
     fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -210,10 +201,32 @@ impl StoreDriver for LiteStore {
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
-        settle::settle(self, outcome).await
+        // Rows still leased by this process (any of its batches), by nobody, or by an expired
+        // lease may be recorded; rows another relay leases are skipped.
+        let now = rows::now_ms();
+        let prefix = self.process_prefix();
+        let held = |statement: &mut Statement| {
+            let now = statement.param(Param::Int(now));
+            let prefix = statement.param(Param::Text(prefix.clone()));
+            format!(
+                "AND (o.leased_by IS NULL OR o.lease_until <= {now}
+                      OR substr(o.leased_by, 1, length({prefix})) = {prefix})"
+            )
+        };
+        let recorder = batch::Recorder {
+            statements: &self.statements,
+            now,
+            guard: Guard::Unsent,
+        };
+        let tx = self.pool.begin_with(BEGIN_WRITE).await?;
+        settle::settle(tx, &self.statements.sql, outcome, held, &recorder).await
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        prune::prune(&self.pool, &self.statements.sql, retention).await
+        // Each chunk is its own short write transaction, so the application's writers wait
+        // for at most one chunk; two pruners of one table just take turns.
+        let mut conn = self.pool.acquire().await?;
+        let sql = &self.statements.sql;
+        Ok(prune::prune::<Sqlite>(&mut conn, sql, retention, |_| String::new()).await?)
     }
 }

@@ -1,20 +1,17 @@
-//! SQLite's rows: claimed rows with their place in claim order, binding ids, time as Sluice's
-//! SQLite columns hold it, and the shared statements run on its pool
+//! SQLite's rows: claimed rows with their place in claim order, time as Sluice's SQLite
+//! columns hold it, and the shared statements run on its connections
 //! ([`crate::store::statement`]).
 
 use chrono::{DateTime, Utc};
-use sqlx::query::Query;
-use sqlx::sqlite::{Sqlite, SqliteArguments, SqlitePool, SqliteRow};
+use sqlx::sqlite::{Sqlite, SqliteRow};
 
 use crate::model::{OutboxId, OutboxRow};
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::{column, decode_claimed};
-use crate::store::statement::{ReadRow, impl_run};
+use crate::store::statement::{ReadRow, impl_execute};
 use crate::store::{RowFailure, StoreError};
 
-impl_run!(SqlitePool, SqliteRow, i64, from_ms);
-
-pub(super) type LiteQuery<'q> = Query<'q, Sqlite, SqliteArguments>;
+impl_execute!(Sqlite, SqliteRow, i64, from_ms);
 
 /// Now, as milliseconds since the Unix epoch (how Sluice's time columns hold time).
 pub(super) fn now_ms() -> i64 {
@@ -24,14 +21,6 @@ pub(super) fn now_ms() -> i64 {
 /// Milliseconds since the epoch as a time (the epoch itself for values out of range).
 pub(super) fn from_ms(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
-}
-
-/// Binds `id` as the type the id column holds: an integer, or its text.
-pub(super) fn bind_id<'q>(query: LiteQuery<'q>, id: &OutboxId) -> LiteQuery<'q> {
-    match id {
-        OutboxId::Int(n) => query.bind(*n),
-        OutboxId::Text(text) => query.bind(text.to_string()),
-    }
 }
 
 /// A claimed row with its place in claim order (`RETURNING` gives rows in no set order).

@@ -7,25 +7,32 @@
 
 use std::sync::Arc;
 
+use crate::model::OutboxId;
+use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
-use crate::store::rows::placeholders;
-use crate::store::{MarkMode, StoreOptions};
+use crate::store::rows::bind_failure;
+use crate::store::statement::{Param, Statement};
+use crate::store::{MarkMode, RowFailure, StoreOptions};
 
 /// Which rows a marking or rescheduling statement may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Guard {
-    /// Rows still leased to the batch (binds its token last): a row whose lease expired and
-    /// was taken by another relay is not changed, and the count check notices.
-    Lease,
+pub(super) enum Guard<'a> {
+    /// Rows still leased to the batch (its token): a row whose lease expired and was taken by
+    /// another relay is not changed, and the count check notices.
+    Lease(&'a str),
     /// Rows still unsent and not dead (settling, inside the transaction that checked them).
     Unsent,
 }
 
-impl Guard {
-    fn sql(self) -> &'static str {
+impl Guard<'_> {
+    /// The condition, its token bound in `statement`.
+    fn sql(self, statement: &mut Statement) -> String {
         match self {
-            Self::Lease => "AND o.leased_by = ?",
-            Self::Unsent => "AND o.published_at IS NULL AND o.dead_at IS NULL",
+            Self::Lease(token) => format!(
+                "AND o.leased_by = {}",
+                statement.param(Param::Text(token.to_owned()))
+            ),
+            Self::Unsent => "AND o.published_at IS NULL AND o.dead_at IS NULL".to_owned(),
         }
     }
 }
@@ -83,64 +90,83 @@ impl Statements {
         }
     }
 
-    /// Whether marking sets `published_at` (and so binds the time first).
-    pub(super) fn marks_with_time(&self) -> bool {
-        self.mark == MarkMode::PublishedAt
-    }
-
-    /// Marks `n` rows sent, by id. Binds: (`published_at` mode: now,) the ids, (the token).
-    pub(super) fn mark(&self, n: usize, guard: Guard) -> String {
-        let l = &self.sql.layout;
-        let rows = format!("o.{} IN ({}) {}", l.id, placeholders(n), guard.sql());
-        match self.mark {
-            MarkMode::Delete => format!("DELETE FROM {} AS o WHERE {rows}", l.table),
+    /// Marks `ids` sent at `now` (milliseconds since the epoch), ending their leases.
+    pub(super) fn mark(&self, ids: &[OutboxId], now: i64, guard: Guard<'_>) -> Statement {
+        let mut statement = Statement::new(Dialect::Sqlite);
+        let table = &self.sql.table;
+        let ids = self.sql.bind_ids(&mut statement, ids);
+        let rows = format!("o.{} IN ({ids}) {}", self.sql.id, guard.sql(&mut statement));
+        let text = match self.mark {
+            MarkMode::Delete => format!("DELETE FROM {table} AS o WHERE {rows}"),
             MarkMode::PublishedAt => format!(
-                "UPDATE {} AS o SET published_at = ?, leased_by = NULL, lease_until = NULL
+                "UPDATE {table} AS o SET published_at = {now}, leased_by = NULL, lease_until = NULL
                   WHERE {rows}",
-                l.table
+                now = statement.param(Param::Int(now)),
             ),
-        }
+        };
+        statement.with_sql(text)
     }
 
-    /// Reschedules or dead-letters `n` rows and ends their leases. Binds: per row id, error,
-    /// delay in ms, dead (0/1), counted (0/1); then now, now, (the token).
-    pub(super) fn reschedule(&self, n: usize, guard: Guard) -> String {
-        let l = &self.sql.layout;
-        let rows = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
-        format!(
+    /// Reschedules or dead-letters `failed` at `now`, recording each row's error or `fixed`,
+    /// and ends their leases.
+    pub(super) fn reschedule(
+        &self,
+        failed: &[RowFailure],
+        now: i64,
+        guard: Guard<'_>,
+        fixed: Option<&str>,
+    ) -> Statement {
+        let mut statement = Statement::new(Dialect::Sqlite);
+        let rows: Vec<String> = failed
+            .iter()
+            .map(|f| {
+                format!(
+                    "({})",
+                    bind_failure(&self.sql, &mut statement, f, fixed).join(", ")
+                )
+            })
+            .collect();
+        let text = format!(
             "WITH f(id, error, delay_ms, dead, counted) AS (VALUES {rows})
              UPDATE {table} AS o
                 SET attempts = o.attempts + f.counted,
                     last_error = f.error,
-                    next_attempt_at = CASE WHEN f.dead THEN NULL ELSE ? + f.delay_ms END,
-                    dead_at = CASE WHEN f.dead THEN ? END,
+                    next_attempt_at = CASE WHEN f.dead THEN NULL ELSE {now} + f.delay_ms END,
+                    dead_at = CASE WHEN f.dead THEN {now} END,
                     leased_by = NULL, lease_until = NULL
                FROM f
               WHERE o.{id} = f.id {guard}",
-            table = l.table,
-            id = l.id,
-            guard = guard.sql(),
-        )
+            rows = rows.join(", "),
+            now = statement.param(Param::Int(now)),
+            table = self.sql.table,
+            id = self.sql.id,
+            guard = guard.sql(&mut statement),
+        );
+        statement.with_sql(text)
     }
 
-    /// Ends the leases of `n` rows of a batch, unchanged otherwise. Binds: the ids, the token.
-    pub(super) fn release(&self, n: usize) -> String {
-        let l = &self.sql.layout;
-        format!(
-            "UPDATE {} AS o SET leased_by = NULL, lease_until = NULL
-              WHERE o.{} IN ({}) AND o.leased_by = ?",
-            l.table,
-            l.id,
-            placeholders(n)
-        )
+    /// Ends the leases `token` holds on `ids`, the rows unchanged otherwise.
+    pub(super) fn release<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a OutboxId>,
+        token: &str,
+    ) -> Statement {
+        let mut statement = Statement::new(Dialect::Sqlite);
+        let text = format!(
+            "UPDATE {table} AS o SET leased_by = NULL, lease_until = NULL
+              WHERE o.{id} IN ({ids}) {guard}",
+            table = self.sql.table,
+            id = self.sql.id,
+            ids = self.sql.bind_ids(&mut statement, ids),
+            guard = Guard::Lease(token).sql(&mut statement),
+        );
+        statement.with_sql(text)
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::Ordering;
-    use crate::store::dialect::Dialect;
     use crate::store::test_layouts::{sluice_layout, squash};
 
     fn statements(options: StoreOptions) -> Statements {
@@ -176,17 +202,34 @@ mod tests {
     #[test]
     fn marking_touches_only_rows_the_batch_still_leases() {
         let s = statements(StoreOptions::default());
+        let ids = [OutboxId::Int(1), OutboxId::Int(2)];
+        let mark = s.mark(&ids, 7, Guard::Lease("t:1"));
         assert_eq!(
-            s.mark(2, Guard::Lease),
-            "DELETE FROM \"outbox\" AS o WHERE o.\"id\" IN (?, ?) AND o.leased_by = ?"
+            mark.sql,
+            "DELETE FROM \"outbox\" AS o WHERE o.\"id\" IN (?1, ?2) AND o.leased_by = ?3"
         );
-        let reschedule = squash(&s.reschedule(2, Guard::Unsent));
+        assert_eq!(
+            mark.params,
+            [Param::Int(1), Param::Int(2), Param::Text("t:1".into())]
+        );
+        let failed: Vec<RowFailure> = ids
+            .iter()
+            .map(|id| RowFailure {
+                id: id.clone(),
+                error: "boom".into(),
+                disposition: crate::store::Disposition::Dead,
+            })
+            .collect();
+        let reschedule = s.reschedule(&failed, 7, Guard::Unsent, None);
+        assert_eq!(reschedule.params.len(), 11, "five a row, then now");
+        let reschedule = squash(&reschedule.sql);
         assert!(
             reschedule.starts_with(
-                "WITH f(id, error, delay_ms, dead, counted) AS (VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?))"
+                "WITH f(id, error, delay_ms, dead, counted) AS (VALUES (?1, ?2, ?3, ?4, ?5), (?6, ?7, ?8, ?9, ?10))"
             ),
             "{reschedule}"
         );
+        assert!(reschedule.contains("ELSE ?11 + f.delay_ms"), "{reschedule}");
         assert!(
             reschedule.ends_with("AND o.published_at IS NULL AND o.dead_at IS NULL"),
             "{reschedule}"
