@@ -45,6 +45,7 @@ pub use tenant::status::{TenantState, TenantStatus};
 pub use wasm::bindings::types::PluginInfo;
 
 use crate::model::{OutboundMessage, OutboxRow, TenantId};
+use crate::problem::Problem;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// The messages of one row, or why the row could not be transformed.
@@ -215,14 +216,10 @@ pub enum PluginError {
         /// The plugin's error text (bounded).
         message: String,
     },
-    /// A plugin setting is invalid or missing (or a builtin refused its `config`).
-    #[error("config {key}: {message}")]
-    Config {
-        /// The offending config key, e.g. `tenants.acme.path`.
-        key: String,
-        /// What is wrong with it.
-        message: String,
-    },
+    /// A plugin setting is invalid or missing (or a builtin refused its `config`): the key
+    /// (e.g. `tenants.acme.path`) and what is wrong with it.
+    #[error("config {0}")]
+    Config(#[from] Problem),
 }
 
 impl PluginError {

@@ -23,6 +23,7 @@ use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, metrics};
+use crate::problem::Problem;
 use crate::telemetry::Metrics;
 use crate::text::{MAX_LOGGED, bounded};
 
@@ -128,19 +129,13 @@ impl PluginRouter {
             files.insert(path.clone(), code.clone());
             Ok(code)
         };
-        let limits_err = |key: String| {
-            move |message: String| PluginError::Config {
-                key: key.clone(),
-                message,
-            }
-        };
+        let limits_err = |key: String| move |message: String| Problem::new(key.clone(), message);
 
         let default_spec = plugins.default.as_ref();
         let default = match default_spec {
             Some(spec) => Some(Arc::new(TenantTemplate::new(
-                load(&spec.source().ok_or_else(|| PluginError::Config {
-                    key: "plugins.default".into(),
-                    message: "needs `path` or `builtin`".into(),
+                load(&spec.source().ok_or_else(|| {
+                    Problem::new("plugins.default", "needs `path` or `builtin`")
                 })?)?,
                 spec.config_pairs(),
                 Limits::resolve(&spec.limits()).map_err(limits_err("plugins.default".into()))?,
@@ -152,10 +147,11 @@ impl PluginRouter {
         for (name, tenant) in tenants {
             let spec = tenant.inherit(default_spec);
             let Some(source) = spec.source() else {
-                return Err(PluginError::Config {
-                    key: format!("tenants.{name}.path"),
-                    message: "missing and no [plugins.default]".into(),
-                });
+                return Err(Problem::new(
+                    format!("tenants.{name}.path"),
+                    "missing and no [plugins.default]",
+                )
+                .into());
             };
             let template = Arc::new(TenantTemplate::new(
                 load(&source)?,

@@ -10,6 +10,7 @@ use crate::plugin::tenant::quarantine::Quarantine;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::wasm::instance::WasmInstance;
+use crate::problem::Problem;
 
 /// A tenant's transform logic as configured: everything needed to (re)create its
 /// [`PluginInstance`].
@@ -104,9 +105,9 @@ impl PluginInstance {
             }
             PluginCode::Builtin(name) => Builtin::configure(name, &template.config)
                 .map(Self::Builtin)
-                .map_err(|message| PluginError::Config {
-                    key: format!("builtin {name:?} (tenant {})", shared.tenant()),
-                    message,
+                .map_err(|message| {
+                    let key = format!("builtin {name:?} (tenant {})", shared.tenant());
+                    Problem::new(key, message).into()
                 }),
             PluginCode::Broken { path, reason } => {
                 Err(PluginError::bad_plugin(path, reason.clone()))
