@@ -10,8 +10,8 @@
 //!
 //! [`open`] and [`migrate`] pick the driver from the URL ([`Driver`]): `postgres://` →
 //! `postgres`, `mysql://` → `mysql`, `sqlite://` → `sqlite`. What a table must hold is
-//! checked once for all of them (`schema`); `host/tests/store_conformance.rs` runs the same
-//! tests against each.
+//! checked once for all of them (`schema`); the conformance suite (`conformance`, a unit test)
+//! runs the same tests against each, and against the in-memory store of the tests (`memory`).
 //!
 //! One SQL dialect under three drivers: `dialect` spells what the databases spell differently
 //! (quoting, casts, null-safe equality, time arithmetic), `layout_sql` is the checked table as
@@ -26,10 +26,14 @@ mod backlog;
 mod batch;
 mod chunk;
 mod columns;
+#[cfg(test)]
+mod conformance;
 mod dead;
 mod dialect;
 mod driver;
 mod layout_sql;
+#[cfg(test)]
+pub(crate) mod memory;
 mod mysql;
 mod open;
 mod postgres;

@@ -1,5 +1,5 @@
 //! The test kit of Sluice: the harness shared by the end-to-end tests (`tests/tests/e2e`), the
-//! store conformance suite (`host/tests/store_conformance.rs`) and the benchmark (`bench/`).
+//! store conformance suite (`host/src/store/conformance/`) and the benchmark (`bench/`).
 //! It drives the real `sluice` binary, real databases and real Kafka-protocol brokers (Tansu)
 //! over TCP, and never links the `sluice` crate (so `sluice`'s own tests can use it). Every
 //! test uses its own table and topics, so tests run in parallel against the same services.

@@ -6,16 +6,14 @@ mod fakes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fakes::{
-    CommitFailure, MemoryStore, RecordingSink, ScriptedTransformer, message, outbox_row,
-    publish_error,
-};
+use fakes::{RecordingSink, ScriptedTransformer, empty_store, message, outbox_row, publish_error};
 
 use super::*;
 use crate::model::{OutboundMessage, OutboxId, OutboxRow};
 use crate::plugin::TransformFailure;
 use crate::relay::RetrySettings;
 use crate::sink::PublishFault;
+use crate::store::memory::{CommitFailure, MemoryStore};
 
 type TestRelay = Relay<MemoryStore, Arc<ScriptedTransformer>, RecordingSink>;
 
@@ -42,7 +40,7 @@ fn settings() -> RelaySettings {
 
 /// A store holding rows 1..=n of tenant `a`, aggregate type `order`.
 fn store_with(n: i64) -> MemoryStore {
-    let store = MemoryStore::default();
+    let store = empty_store();
     for id in 1..=n {
         store.insert(outbox_row(id, "a", "order"));
     }
@@ -93,10 +91,10 @@ async fn a_fan_out_row_is_sent_only_when_every_one_of_its_messages_was_acknowled
         (2, 1, 1, 4)
     );
     let fanned = store.row(1);
-    assert!(!fanned.sent, "one of its messages was not acknowledged");
+    assert!(!fanned.sent(), "one of its messages was not acknowledged");
     assert_eq!(fanned.attempts, 1);
     assert!(fanned.last_error.unwrap().contains("publish to y failed"));
-    assert!(store.row(2).sent);
+    assert!(store.row(2).sent());
     assert_eq!(relay.sink().for_row(1).len(), 3, "all three were sent");
 }
 
@@ -112,7 +110,7 @@ async fn rows_without_messages_are_marked_sent_without_publishing_anything() {
     let report = relay.run_batch().await.unwrap();
 
     assert_eq!((report.sent, report.failed, report.messages), (3, 0, 1));
-    assert!((1..=3).all(|id| store.row(id).sent));
+    assert!((1..=3).all(|id| store.row(id).sent()));
     assert_eq!(relay.sink().published.lock().unwrap().len(), 1);
 
     // A batch whose rows are all dropped does not call the sink at all.
@@ -120,7 +118,7 @@ async fn rows_without_messages_are_marked_sent_without_publishing_anything() {
     transformer.set_script(|_| Ok(Vec::new()));
     let calls = relay.sink().calls.load(std::sync::atomic::Ordering::SeqCst);
     relay.run_batch().await.unwrap();
-    assert!(store.row(4).sent);
+    assert!(store.row(4).sent());
     assert_eq!(
         relay.sink().calls.load(std::sync::atomic::Ordering::SeqCst),
         calls
@@ -140,7 +138,7 @@ async fn deferred_rows_are_put_back_untouched_and_claimed_again() {
 
     assert_eq!((report.sent, report.failed, report.deferred), (1, 0, 1));
     let deferred = store.row(1);
-    assert!(!deferred.sent);
+    assert!(!deferred.sent());
     assert_eq!(deferred.attempts, 0, "no attempt counted");
     assert_eq!(deferred.last_error, None);
     assert!(
@@ -151,12 +149,12 @@ async fn deferred_rows_are_put_back_untouched_and_claimed_again() {
 
     transformer.set_script(|row| Ok(vec![message(row, "x")]));
     relay.run_batch().await.unwrap();
-    assert!(store.row(1).sent, "claimed again by the next batch");
+    assert!(store.row(1).sent(), "claimed again by the next batch");
 }
 
 #[tokio::test]
 async fn every_row_that_goes_dead_gets_its_own_dead_letter_copy() {
-    let store = MemoryStore::default();
+    let store = empty_store();
     store.insert(outbox_row(1, "a", "order"));
     store.insert(outbox_row(2, "a", "order"));
     store.insert(outbox_row(3, "a", "order"));
@@ -181,8 +179,8 @@ async fn every_row_that_goes_dead_gets_its_own_dead_letter_copy() {
     let report = relay.run_batch().await.unwrap();
 
     assert_eq!((report.sent, report.failed, report.dead), (1, 3, 2));
-    assert!(store.row(1).dead && store.row(4).dead);
-    assert!(!store.row(2).dead, "row 2 has attempts left");
+    assert!(store.row(1).dead() && store.row(4).dead());
+    assert!(!store.row(2).dead(), "row 2 has attempts left");
     let copies: Vec<OutboundMessage> = relay
         .sink()
         .published
@@ -234,7 +232,7 @@ async fn a_dead_letter_copy_that_was_not_published_is_noted_and_the_row_is_dead_
     relay.run_batch().await.unwrap();
 
     let row = store.row(1);
-    assert!(row.dead);
+    assert!(row.dead());
     assert!(
         row.last_error
             .unwrap()
@@ -260,14 +258,14 @@ async fn rows_the_store_could_not_decode_are_dead_at_once_and_never_published() 
 
     assert_eq!((report.claimed, report.sent, report.dead), (2, 1, 1));
     let row = store.row(1);
-    assert!(row.dead);
+    assert!(row.dead());
     assert_eq!(row.attempts, 1);
     assert!(relay.sink().for_row(1).is_empty(), "no copy either");
 }
 
 #[tokio::test]
 async fn publish_results_reach_each_tenants_health_and_broker_outages_cost_no_attempt() {
-    let store = MemoryStore::default();
+    let store = empty_store();
     store.insert(outbox_row(1, "a", "order"));
     store.insert(outbox_row(2, "a", "order"));
     store.insert(outbox_row(3, "a", "ghost"));
@@ -301,7 +299,7 @@ async fn publish_results_reach_each_tenants_health_and_broker_outages_cost_no_at
     );
     let outage = store.row(4);
     assert_eq!(outage.attempts, 0, "an outage costs none");
-    assert!(outage.last_error.is_some() && outage.due.is_some());
+    assert!(outage.last_error.is_some() && outage.next_attempt_at.is_some());
 }
 
 #[tokio::test]
@@ -320,7 +318,7 @@ async fn a_commit_that_fails_after_publishing_is_settled_and_not_published_again
         assert!(report.commit_error.is_some(), "{failure:?}");
         assert_eq!(store.state().settles, 1);
         assert_eq!((report.sent, report.failed, report.unsettled), (2, 1, 0));
-        assert!(store.row(1).sent && store.row(2).sent);
+        assert!(store.row(1).sent() && store.row(2).sent());
         assert_eq!(store.row(3).attempts, 1, "the failure is recorded too");
 
         // Nothing is left to claim: the published batch does not come round again.
@@ -349,7 +347,7 @@ async fn rows_a_settling_found_locked_are_settled_again_shortly_after() {
 
     assert_eq!((report.sent, report.unsettled), (3, 0));
     assert_eq!(store.state().settles, 3);
-    assert!((1..=3).all(|id| store.row(id).sent));
+    assert!((1..=3).all(|id| store.row(id).sent()));
 }
 
 #[tokio::test]
@@ -393,8 +391,8 @@ async fn a_row_the_database_refuses_to_record_is_held_back_instead_of_published_
 
     let first = relay.run_batch().await.unwrap();
     assert_eq!((first.sent, first.unsettled), (1, 1));
-    assert!(store.row(1).sent);
-    assert!(!store.row(2).sent);
+    assert!(store.row(1).sent());
+    assert!(!store.row(2).sent());
 
     // Claimed again at once, but held: put back without being published again.
     let second = relay.run_batch().await.unwrap();
@@ -410,7 +408,7 @@ async fn a_row_the_database_refuses_to_record_is_held_back_instead_of_published_
     store.state().refusing.clear();
     tokio::time::sleep(held_back::FIRST_HOLD + Duration::from_millis(50)).await;
     relay.run_batch().await.unwrap();
-    assert!(store.row(2).sent);
+    assert!(store.row(2).sent());
     assert_eq!(relay.sink().for_row(2).len(), 2);
 }
 
@@ -433,7 +431,7 @@ async fn a_commit_failure_whose_settling_fails_too_leaves_the_rows_unsent_and_co
 
     assert!(report.commit_error.is_some());
     assert_eq!((report.sent, report.failed, report.unsettled), (0, 0, 2));
-    assert!(!store.row(1).sent && !store.row(2).sent);
+    assert!(!store.row(1).sent() && !store.row(2).sent());
     assert!(store.state().locked.is_empty());
 }
 
@@ -460,7 +458,7 @@ async fn a_transformer_that_returns_too_few_or_too_many_results_fails_the_batch_
             state
                 .rows
                 .values()
-                .all(|r| !r.sent && r.attempts == 0 && r.last_error.is_none())
+                .all(|r| !r.sent() && r.attempts == 0 && r.last_error.is_none())
         );
     }
 }
@@ -496,7 +494,7 @@ async fn a_batch_that_outlasts_shutdown_timeout_is_rolled_back() {
     let state = store.state();
     assert_eq!((state.commits, state.rollbacks), (0, 1));
     assert!(state.locked.is_empty());
-    assert!(state.rows.values().all(|r| !r.sent && r.attempts == 0));
+    assert!(state.rows.values().all(|r| !r.sent() && r.attempts == 0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -543,7 +541,7 @@ async fn drain_relays_everything_due_and_ends_by_itself() {
         .unwrap();
 
     assert_eq!(stats.rows_sent, 250);
-    assert!(store.state().rows.values().all(|r| r.sent));
+    assert!(store.state().rows.values().all(|r| r.sent()));
 }
 
 #[test]
