@@ -34,41 +34,22 @@ pub trait RecordRows<DB: sqlx::Database>: Sync {
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
 }
 
-impl<DB: sqlx::Database, T: RecordRows<DB> + Send> RecordRows<DB> for Arc<T> {
-    fn mark<'c>(
-        &'c self,
-        conn: &'c mut DB::Connection,
-        ids: &'c [OutboxId],
-    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
-        T::mark(self, conn, ids)
-    }
-
-    fn reschedule<'c>(
-        &'c self,
-        conn: &'c mut DB::Connection,
-        failed: &'c [RowFailure],
-        fixed: Option<&'static str>,
-    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
-        T::reschedule(self, conn, failed, fixed)
-    }
-}
-
 /// A claimed batch held in an open transaction whose row locks keep other relays off its rows
 /// until it commits (PostgreSQL, MySQL), recorded with the driver's statements `S`.
 pub struct TxBatch<DB: sqlx::Database, S> {
     tx: sqlx::Transaction<'static, DB>,
-    rows: S,
+    rows: Arc<S>,
 }
 
 impl<DB: sqlx::Database, S> TxBatch<DB, S> {
-    pub(crate) fn new(tx: sqlx::Transaction<'static, DB>, rows: S) -> Self {
+    pub(crate) fn new(tx: sqlx::Transaction<'static, DB>, rows: Arc<S>) -> Self {
         Self { tx, rows }
     }
 }
 
 impl<DB: sqlx::Database, S: RecordRows<DB> + Send> ClaimedBatch for TxBatch<DB, S> {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        let recorded = record(&mut self.tx, &self.rows, &outcome).await;
+        let recorded = record(&mut self.tx, &*self.rows, &outcome).await;
         commit_if_recorded(self.tx, recorded).await
     }
 

@@ -1,8 +1,6 @@
 //! A claimed batch: the open transaction holding the row locks ([`TxBatch`]), and how its
 //! outcome is recorded: the statements of [`Statements`], a chunk of rows each.
 
-use std::sync::Arc;
-
 use futures::future::BoxFuture;
 use sqlx::{MySql, MySqlConnection};
 
@@ -12,7 +10,7 @@ use crate::store::RowFailure;
 use crate::store::batch::{RecordRows, TxBatch, in_chunks};
 
 /// A claimed batch: the open transaction holding the row locks.
-pub(crate) type MyBatch = TxBatch<MySql, Arc<Statements>>;
+pub(crate) type MyBatch = TxBatch<MySql, Statements>;
 
 impl RecordRows<MySql> for Statements {
     fn mark<'c>(

@@ -32,7 +32,6 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::store::batch::TxBatch;
-use batch::BatchSql;
 pub(super) use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 use schema::Layout;
@@ -121,14 +120,6 @@ impl PgStore {
         })
     }
 
-    /// The statements that record a batch's rows.
-    fn batch_sql(&self) -> BatchSql {
-        BatchSql {
-            mark: Arc::clone(&self.statements.mark),
-            reschedule: Arc::clone(&self.statements.reschedule),
-        }
-    }
-
     /// The checked table this store relays from.
     pub fn layout(&self) -> &Layout {
         &self.sql.layout
@@ -201,7 +192,7 @@ impl StoreDriver for PgStore {
             .iter()
             .map(|row| decode_claimed(row, &self.sql))
             .collect::<Result<Vec<_>, _>>()?;
-        let batch = TxBatch::new(tx, self.batch_sql());
+        let batch = TxBatch::new(tx, Arc::clone(&self.statements.batch));
         let claim = Claim::of(batch, decoded);
         if self.statements.claim_after.is_some() {
             let highest = claim
@@ -227,7 +218,7 @@ impl StoreDriver for PgStore {
             &self.sql,
             outcome,
             |_| FOR_UPDATE.into(),
-            &self.batch_sql(),
+            &*self.statements.batch,
         )
         .await
     }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::batch::BatchSql;
 use super::schema::KeyKind;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::{MarkMode, StoreOptions};
@@ -21,8 +22,8 @@ pub(super) struct Statements {
     /// [`super::cursor`]).
     pub claim_after: Option<Arc<str>>,
     pub due: Arc<str>,
-    pub mark: Arc<str>,
-    pub reschedule: Arc<str>,
+    /// Marking and rescheduling, which every claimed batch holds.
+    pub batch: Arc<BatchSql>,
 }
 
 impl Statements {
@@ -79,8 +80,10 @@ impl Statements {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim("").into(),
             claim_after,
-            mark: mark.into(),
-            reschedule: reschedule.into(),
+            batch: Arc::new(BatchSql {
+                mark: mark.into(),
+                reschedule: reschedule.into(),
+            }),
         }
     }
 }
@@ -105,13 +108,13 @@ mod tests {
     fn uuid_keys_are_cast_back_to_uuid_when_marking_and_rescheduling() {
         let s = statements(debezium_layout(), StoreOptions::default());
         assert_eq!(
-            squash(&s.mark),
+            squash(&s.batch.mark),
             "DELETE FROM \"outboxevent\" WHERE \"id\" = ANY($1::text[]::uuid[])"
         );
         assert!(
-            squash(&s.reschedule).ends_with("WHERE o.\"id\" = f.id::uuid"),
+            squash(&s.batch.reschedule).ends_with("WHERE o.\"id\" = f.id::uuid"),
             "{}",
-            s.reschedule
+            s.batch.reschedule
         );
         let claim = squash(&s.claim);
         assert!(claim.starts_with("SELECT o.\"id\"::text AS id, NULL::text AS tenant, o.\"aggregatetype\"::text AS aggregate_type"), "{claim}");
@@ -169,7 +172,7 @@ mod tests {
         };
         let s = statements(sluice_layout(), options);
         assert_eq!(
-            squash(&s.mark),
+            squash(&s.batch.mark),
             "UPDATE \"outbox\" SET published_at = now() WHERE \"id\" = ANY($1::text[]::int8[])"
         );
         let claim = squash(&s.claim);
