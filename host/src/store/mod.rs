@@ -18,9 +18,10 @@
 //! SQL of one dialect, and the statements that do not differ are built once from the two and
 //! run on any driver's pool (`statement`): dead rows (`dead`), the backlog (`backlog`),
 //! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), pruning
-//! (`prune`), chunked deletes (`chunk`). Each driver (`postgres`, `mysql`, `sqlite`) implements
-//! `driver::StoreDriver` with only what its database does its own way: session setup, the
-//! claim, DDL and type tables, LISTEN/NOTIFY, the cursor, the lease.
+//! (`prune`), chunked deletes (`chunk`), and `sluice migrate`'s tables, columns and indexes
+//! (`ddl`). Each driver (`postgres`, `mysql`, `sqlite`) implements `driver::StoreDriver` with
+//! only what its database does its own way: session setup, the claim, its column types and
+//! migration locks, LISTEN/NOTIFY, the cursor, the lease.
 
 mod backlog;
 mod batch;
@@ -28,6 +29,7 @@ mod chunk;
 mod columns;
 #[cfg(test)]
 mod conformance;
+mod ddl;
 mod dead;
 mod dialect;
 mod driver;

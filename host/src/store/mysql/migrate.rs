@@ -1,5 +1,6 @@
 //! `sluice migrate` on MySQL/MariaDB: creating the outbox table, or upgrading one the
-//! application created, and its indexes; then the same check `sluice run` makes.
+//! application created, and its indexes (the statements: [`crate::store::ddl`]); then the same
+//! check `sluice run` makes.
 //!
 //! MySQL commits every DDL statement on its own, so nothing can be rolled back: the check runs
 //! first, on the columns the table will have, and a table Sluice cannot use is refused before
@@ -9,9 +10,10 @@ use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::{AssertSqlSafe, Executor};
 
 use super::schema::{self, MyTypes};
-use crate::store::columns;
-use crate::store::schema::{ColumnTypes, FoundColumn, Layout};
-use crate::store::{ColumnName, StoreError, TableSpec, TenantColumn};
+use crate::store::ddl::{self, DdlTypes};
+use crate::store::dialect::Dialect;
+use crate::store::schema::{ColumnTypes, FoundColumn, Layout, check};
+use crate::store::{ColumnName, StoreError, TableName, TableSpec};
 
 /// The server-wide named lock serialising `sluice migrate` runs on one table.
 const MIGRATE_LOCK: &str =
@@ -23,6 +25,24 @@ const MAX_IDENTIFIER: usize = 64;
 /// Characters of a long text column that go into an index (191 × 4 bytes of utf8mb4 keep two
 /// of them and the other key parts under InnoDB's 3072-byte limit).
 const INDEX_PREFIX: u32 = 191;
+
+/// Existing rows get `{}` headers, the time of the migration as `created_at`, and — for a new
+/// order column — numbers in primary-key order.
+impl DdlTypes for MyTypes {
+    const DIALECT: Dialect = Dialect::Mysql;
+    const ID: &'static str = "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY";
+    const STRING: &'static str = "VARCHAR(255)";
+    const PAYLOAD: &'static str = "JSON";
+    const HEADERS: &'static str = "JSON NOT NULL DEFAULT ('{}')";
+    const CREATED_AT: &'static str = "DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))";
+    /// MySQL allows one AUTO_INCREMENT column per table (the id), so the application fills it.
+    const ORDER: &'static str = "BIGINT NOT NULL";
+    const ORDER_ADDED: Option<&'static str> = Some("BIGINT NOT NULL AUTO_INCREMENT");
+    const TIME: &'static str = "DATETIME(6)";
+    const COUNT: &'static str = "INT NOT NULL DEFAULT 0";
+    const TEXT: &'static str = "TEXT";
+    const TABLE_OPTIONS: &'static str = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+}
 
 /// Creates or upgrades the table and its indexes (see the module documentation).
 pub(super) async fn migrate(pool: &MySqlPool, spec: &TableSpec) -> Result<Layout, StoreError> {
@@ -56,28 +76,21 @@ async fn migrate_locked(
 ) -> Result<Layout, StoreError> {
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     if found.is_empty() {
-        run(&mut *conn, create_table_sql(spec)).await?;
-    } else {
-        let additions = additions(spec, &found);
-        // Refused: nothing was changed.
-        let mut planned = found.clone();
-        planned.extend(additions.iter().map(|(column, _)| column.clone()));
-        schema::check(spec, &planned)?;
-        if !additions.is_empty() {
-            let clauses: Vec<&str> = additions.iter().map(|(_, sql)| sql.as_str()).collect();
-            run(
-                &mut *conn,
-                format!(
-                    "ALTER TABLE {}\n    {}",
-                    spec.name.quoted_with('`'),
-                    clauses.join(",\n    ")
-                ),
-            )
+        conn.execute(AssertSqlSafe(ddl::create_table::<MyTypes>(spec)))
             .await?;
+    } else {
+        let missing = ddl::missing_columns::<MyTypes>(spec, &found);
+        let mut planned = found.clone();
+        planned.extend(missing.iter().map(|(name, ty)| planned_column(name, ty)));
+        // Refused: nothing was changed.
+        check::<MyTypes>(spec, &planned)?;
+        if !missing.is_empty() {
+            conn.execute(AssertSqlSafe(add_columns(&spec.name, &missing)))
+                .await?;
         }
     }
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
-    let layout = schema::check(spec, &found)?;
+    let layout = check::<MyTypes>(spec, &found)?;
     for (name, sql) in index_sql(&layout, &found) {
         let exists: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.STATISTICS
@@ -90,140 +103,49 @@ async fn migrate_locked(
         .fetch_one(&mut *conn)
         .await?;
         if exists == 0 {
-            run(&mut *conn, sql).await?;
+            conn.execute(AssertSqlSafe(sql)).await?;
         }
     }
     Ok(layout)
 }
 
-async fn run(conn: &mut MySqlConnection, sql: String) -> Result<(), StoreError> {
-    conn.execute(AssertSqlSafe(sql)).await?;
-    Ok(())
-}
-
-fn q(column: &ColumnName) -> String {
-    column.quoted_with('`')
-}
-
-/// `CREATE TABLE IF NOT EXISTS` with the mapped column names and Sluice's types.
-fn create_table_sql(spec: &TableSpec) -> String {
-    let c = &spec.columns;
-    let tenant = match &c.tenant {
-        TenantColumn::IfPresent(t) | TenantColumn::Named(t) => {
-            format!("{} VARCHAR(255) NULL,", q(t))
-        }
-        TenantColumn::None => String::new(),
-    };
-    // A configured order column other than the id: MySQL allows one AUTO_INCREMENT column
-    // per table (the id), so the application fills it.
-    let order = match &c.order {
-        Some(order) if *order != c.id => format!("{} BIGINT NOT NULL,", q(order)),
-        _ => String::new(),
-    };
-    format!(
-        "CREATE TABLE IF NOT EXISTS {table} (
-            {id}            BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
-            {tenant}
-            {at}            VARCHAR(255) NOT NULL,
-            {ai}            VARCHAR(255) NOT NULL,
-            {et}            VARCHAR(255) NOT NULL,
-            {payload}       JSON         NULL,
-            {headers}       JSON         NOT NULL DEFAULT ('{{}}'),
-            {created_at}    DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-            {order}
-            published_at    DATETIME(6)  NULL,
-            attempts        INT          NOT NULL DEFAULT 0,
-            next_attempt_at DATETIME(6)  NULL,
-            last_error      TEXT         NULL,
-            dead_at         DATETIME(6)  NULL
-        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-        table = spec.name.quoted_with('`'),
-        id = q(&c.id),
-        at = q(&c.aggregate_type),
-        ai = q(&c.aggregate_id),
-        et = q(&c.event_type),
-        payload = q(&c.payload),
-        headers = q(&c.headers),
-        created_at = q(&c.created_at),
-    )
-}
-
-/// What an application's own table lacks, as the column it will be (for the check) and the
-/// `ALTER TABLE` clause that adds it. Existing rows get `{}` headers, the time of the
-/// migration as `created_at`, and — for a new order column — numbers in primary-key order.
-fn additions(spec: &TableSpec, found: &[FoundColumn]) -> Vec<(FoundColumn, String)> {
-    let c = &spec.columns;
-    let column = |name: &str, base: &str, not_null: bool| FoundColumn {
+/// The column `name` of type `ty` as `information_schema` will list it (`DATETIME(6) NOT NULL
+/// …`: a `datetime` that is not null), for the check before anything changes.
+fn planned_column(name: &str, ty: &str) -> FoundColumn {
+    let base = ty.split(['(', ' ']).next().unwrap_or_default();
+    let base = base.to_ascii_lowercase();
+    FoundColumn {
         name: name.to_owned(),
-        shown: base.to_owned(),
-        base: base.to_owned(),
+        shown: base.clone(),
+        base,
         bounded: false,
-        not_null,
+        not_null: ty.contains("NOT NULL"),
         unique: false,
-    };
-    let mut wanted = vec![
-        (
-            column(c.headers.as_str(), "json", true),
-            format!(
-                "ADD COLUMN {} JSON NOT NULL DEFAULT ('{{}}')",
-                q(&c.headers)
-            ),
-        ),
-        (
-            column(c.created_at.as_str(), "datetime", true),
-            format!(
-                "ADD COLUMN {} DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))",
-                q(&c.created_at)
-            ),
-        ),
-        (
-            column(columns::PUBLISHED_AT, "datetime", false),
-            "ADD COLUMN published_at DATETIME(6) NULL".to_owned(),
-        ),
-        (
-            column(columns::ATTEMPTS, "int", true),
-            "ADD COLUMN attempts INT NOT NULL DEFAULT 0".to_owned(),
-        ),
-        (
-            column(columns::NEXT_ATTEMPT_AT, "datetime", false),
-            "ADD COLUMN next_attempt_at DATETIME(6) NULL".to_owned(),
-        ),
-        (
-            column(columns::LAST_ERROR, "text", false),
-            "ADD COLUMN last_error TEXT NULL".to_owned(),
-        ),
-        (
-            column(columns::DEAD_AT, "datetime", false),
-            "ADD COLUMN dead_at DATETIME(6) NULL".to_owned(),
-        ),
-    ];
-    if let Some(order) = schema::order_column_to_add(spec, found) {
-        wanted.push((
-            column(order.as_str(), "bigint", true),
-            format!(
-                "ADD COLUMN {o} BIGINT NOT NULL AUTO_INCREMENT, ADD UNIQUE KEY {key} ({o})",
-                o = q(&order),
-                key = index_name(spec.name.table(), &format!("_{}_key", order.as_str())),
-            ),
-        ));
     }
-    wanted.retain(|(column, _)| !found.iter().any(|f| f.name == column.name));
-    wanted
+}
+
+/// [`ddl::add_columns`], with a unique key on an AUTO_INCREMENT column (the order column,
+/// always the last): MySQL requires one.
+fn add_columns(table: &TableName, missing: &[(String, &str)]) -> String {
+    let mut sql = ddl::add_columns::<MyTypes>(table, missing);
+    if let Some((order, _)) = missing.iter().find(|(_, ty)| ty.contains("AUTO_INCREMENT")) {
+        let key = index_name(table.table(), &format!("_{order}_key"));
+        sql += &format!(", ADD UNIQUE KEY `{key}` (`{order}`)");
+    }
+    sql
 }
 
 /// `table` + `suffix`, shortened to MySQL's identifier limit (with a hash of the table name,
-/// so two long names stay apart), quoted.
+/// so two long names stay apart).
 fn index_name(table: &str, suffix: &str) -> String {
-    let name = if table.len() + suffix.len() <= MAX_IDENTIFIER {
-        format!("{table}{suffix}")
-    } else {
-        use sha2::{Digest, Sha256};
-        let hash = Sha256::digest(table.as_bytes());
-        let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
-        let keep = MAX_IDENTIFIER - suffix.len() - hex.len() - 1;
-        format!("{}_{hex}{suffix}", &table[..keep.min(table.len())])
-    };
-    format!("`{name}`")
+    if table.len() + suffix.len() <= MAX_IDENTIFIER {
+        return format!("{table}{suffix}");
+    }
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(table.as_bytes());
+    let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let keep = MAX_IDENTIFIER - suffix.len() - hex.len() - 1;
+    format!("{}_{hex}{suffix}", &table[..keep.min(table.len())])
 }
 
 /// A key part for `column`: long text columns by a prefix.
@@ -242,53 +164,46 @@ fn key_part(found: &[FoundColumn], column: &ColumnName) -> String {
                 b => MyTypes::is_string(c) && !MyTypes::is_int(c) && b != "uuid",
             }
         });
+    let quoted = column.quoted_with('`');
     if long {
-        format!("{}({INDEX_PREFIX})", q(column))
+        format!("{quoted}({INDEX_PREFIX})")
     } else {
-        q(column)
+        quoted
     }
 }
 
-/// The indexes on unsent rows (MySQL has no partial indexes: `published_at` and `dead_at`
-/// lead, so the claim reads only unsent rows, in claim order), one per key for
-/// `ordering = "key"`. Each as (unquoted name, statement).
+/// MySQL has no partial indexes: the bookkeeping columns an index's filter tests follow its
+/// leading key parts, so it reads only unsent rows, in claim order. Each as (unquoted name,
+/// statement). The dead rows' index would have the unsent rows' key parts (`dead_at` is one of
+/// them) and is left out.
 fn index_sql(layout: &Layout, found: &[FoundColumn]) -> Vec<(String, String)> {
-    let order_columns = if layout.ordered_by_id() {
-        q(&layout.id)
-    } else {
-        format!("{}, {}", q(&layout.order), q(&layout.id))
-    };
-    let suffix = match layout.order.as_str() {
-        "id" => String::new(),
-        other => format!("_{other}"),
-    };
     let table = layout.table.quoted_with('`');
-    let unsent = index_name(layout.table.table(), &format!("_unsent{suffix}_idx"));
-    let key = index_name(layout.table.table(), &format!("_unsent_key{suffix}_idx"));
-    vec![
-        (
-            unsent.trim_matches('`').to_owned(),
-            format!("CREATE INDEX {unsent} ON {table} (published_at, dead_at, {order_columns})"),
-        ),
-        (
-            key.trim_matches('`').to_owned(),
-            format!(
-                "CREATE INDEX {key} ON {table} ({at}, {ai}, published_at, {order_columns})",
-                at = key_part(found, &layout.aggregate_type),
-                ai = key_part(found, &layout.aggregate_id),
-            ),
-        ),
-    ]
+    let mut made: Vec<Vec<String>> = Vec::new();
+    let mut indexes = Vec::new();
+    for index in ddl::indexes(layout) {
+        let parts: Vec<String> = index
+            .leading
+            .iter()
+            .map(|c| key_part(found, c))
+            .chain(index.filter_columns.iter().map(|c| (*c).to_owned()))
+            .chain(index.order.iter().map(|c| c.quoted_with('`')))
+            .collect();
+        if made.contains(&parts) {
+            continue;
+        }
+        let name = index_name(layout.table.table(), &index.suffix);
+        let sql = format!("CREATE INDEX `{name}` ON {table} ({})", parts.join(", "));
+        indexes.push((name, sql));
+        made.push(parts);
+    }
+    indexes
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ColumnMap, TableName};
-
-    fn squash(sql: &str) -> String {
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
-    }
+    use crate::store::test_layouts::{debezium_layout, squash};
+    use crate::store::{ColumnMap, TenantColumn};
 
     fn found(name: &str, shown: &str) -> FoundColumn {
         FoundColumn {
@@ -319,31 +234,74 @@ mod tests {
             found("payload", "longtext"),
             found("headers", "longtext"),
         ];
-        let clauses: Vec<String> = additions(&spec, &table)
-            .into_iter()
-            .map(|(_, s)| s)
+        let missing = ddl::missing_columns::<MyTypes>(&spec, &table);
+        let planned: Vec<FoundColumn> = missing
+            .iter()
+            .map(|(name, ty)| planned_column(name, ty))
             .collect();
-        let all = clauses.join(", ");
+        assert_eq!(planned[0].name, "created_at");
+        assert_eq!(
+            (planned[0].base.as_str(), planned[0].not_null),
+            ("datetime", true)
+        );
+        assert_eq!(
+            (planned[1].base.as_str(), planned[1].not_null),
+            ("datetime", false)
+        );
+        let all = add_columns(&spec.name, &missing);
         assert!(!all.contains("`headers`"), "{all}");
         assert!(all.contains("ADD COLUMN `created_at` DATETIME(6)"), "{all}");
         assert!(
-            all.contains("ADD COLUMN `sluice_seq` BIGINT NOT NULL AUTO_INCREMENT, ADD UNIQUE KEY `outboxevent_sluice_seq_key` (`sluice_seq`)"),
+            all.ends_with("ADD COLUMN `sluice_seq` BIGINT NOT NULL AUTO_INCREMENT, ADD UNIQUE KEY `outboxevent_sluice_seq_key` (`sluice_seq`)"),
             "{all}"
         );
-        let create = squash(&create_table_sql(&spec));
+        let create = squash(&ddl::create_table::<MyTypes>(&spec));
         assert!(
             create.contains("`aggregatetype` VARCHAR(255) NOT NULL"),
             "{create}"
         );
         assert!(!create.contains("tenant"), "{create}");
+        assert!(
+            create.ends_with("`dead_at` DATETIME(6)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"),
+            "{create}"
+        );
+    }
+
+    #[test]
+    fn indexes_lead_with_the_filtered_columns_and_index_long_texts_by_prefix() {
+        let found = [
+            found("aggregatetype", "varchar(64)"),
+            found("aggregateid", "text"),
+        ];
+        let indexes = index_sql(&debezium_layout(), &found);
+        let names: Vec<&str> = indexes.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "outboxevent_unsent_sluice_seq_idx",
+                "outboxevent_unsent_key_sluice_seq_idx"
+            ]
+        );
+        assert_eq!(
+            indexes[0].1,
+            "CREATE INDEX `outboxevent_unsent_sluice_seq_idx` ON `outboxevent` \
+             (published_at, dead_at, `sluice_seq`, `id`)"
+        );
+        assert!(
+            indexes[1].1.ends_with(
+                "(`aggregatetype`, `aggregateid`(191), published_at, `sluice_seq`, `id`)"
+            ),
+            "{}",
+            indexes[1].1
+        );
     }
 
     #[test]
     fn long_names_are_shortened_and_long_texts_indexed_by_prefix() {
         let long = "t".repeat(63);
         let name = index_name(&long, "_unsent_key_sluice_seq_idx");
-        assert!(name.len() <= MAX_IDENTIFIER + 2, "{name}");
-        assert!(name.ends_with("_unsent_key_sluice_seq_idx`"), "{name}");
+        assert!(name.len() <= MAX_IDENTIFIER, "{name}");
+        assert!(name.ends_with("_unsent_key_sluice_seq_idx"), "{name}");
         assert_ne!(
             name,
             index_name(&"u".repeat(63), "_unsent_key_sluice_seq_idx")

@@ -38,6 +38,7 @@ use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
+use crate::store::schema::check;
 use crate::store::statement::impl_execute;
 use sql::Statements;
 
@@ -116,7 +117,7 @@ impl MyStore {
         let pool = connect(url, connections).await?;
         check_version(&pool).await?;
         let found = schema::read_columns(&pool, &spec.name).await?;
-        let layout = schema::check(spec, &found)?;
+        let layout = check::<schema::MyTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
         Ok(Self {
             pool,

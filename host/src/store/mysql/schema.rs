@@ -6,10 +6,8 @@
 use sqlx::mysql::MySql;
 use sqlx::{Executor, Row};
 
-use crate::store::columns::{self, ColumnName, TableSpec};
-use crate::store::schema::{
-    self, Accept, ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind,
-};
+use crate::store::columns::{self, ColumnName};
+use crate::store::schema::{Accept, ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 5] = ["tinyint", "smallint", "mediumint", "int", "bigint"];
@@ -168,21 +166,13 @@ where
         .map_err(StoreError::from)
 }
 
-/// Checks the columns `found` against `spec` with MySQL's types.
-pub(super) fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
-    schema::check::<MyTypes>(spec, found)
-}
-
-/// The order column `sluice migrate` adds, if any (see [`schema::order_column_to_add`]).
-pub(super) fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
-    schema::order_column_to_add::<MyTypes>(spec, found)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::TableSpec;
     use crate::store::dialect::Dialect;
     use crate::store::layout_sql::LayoutSql;
+    use crate::store::schema::{Layout, check, order_column_to_add};
 
     fn my(layout: Layout) -> LayoutSql {
         LayoutSql::new(layout, Dialect::Mysql)
@@ -224,7 +214,7 @@ mod tests {
 
     #[test]
     fn integer_ids_are_signed_and_order_the_claim() {
-        let layout = check(&spec(), &table("bigint")).unwrap();
+        let layout = check::<MyTypes>(&spec(), &table("bigint")).unwrap();
         let sql = my(layout);
         assert_eq!(sql.table, "`app`.`outbox`");
         assert_eq!(sql.id_expr("o"), "CAST(o.`id` AS SIGNED)");
@@ -242,18 +232,20 @@ mod tests {
 
     #[test]
     fn char_ids_need_the_order_column_migrate_adds() {
-        let err = check(&spec(), &table("char")).unwrap_err().to_string();
+        let err = check::<MyTypes>(&spec(), &table("char"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("\"sluice_seq\"") && err.contains("`sluice migrate` adds it"),
             "{err}"
         );
         assert_eq!(
-            order_column_to_add(&spec(), &table("char")).map(|c| c.as_str().to_owned()),
+            order_column_to_add::<MyTypes>(&spec(), &table("char")).map(|c| c.as_str().to_owned()),
             Some("sluice_seq".to_owned())
         );
         let mut with_seq = table("char");
         with_seq.push(column("sluice_seq", "bigint"));
-        let sql = my(check(&spec(), &with_seq).unwrap());
+        let sql = my(check::<MyTypes>(&spec(), &with_seq).unwrap());
         assert_eq!(sql.id_expr("o"), "CAST(o.`id` AS CHAR)");
         assert_eq!(sql.order_by("o"), "o.`sluice_seq`, o.`id`");
     }
@@ -263,7 +255,7 @@ mod tests {
         let mut cols = table("decimal");
         cols[5] = column("payload", "int");
         cols[9] = column("attempts", "varchar");
-        let err = check(&spec(), &cols).unwrap_err().to_string();
+        let err = check::<MyTypes>(&spec(), &cols).unwrap_err().to_string();
         for needle in [
             "column \"id\" (database.columns.id) has type decimal; accepted types: tinyint",
             "column \"payload\" (database.columns.payload) has type int; accepted types: json",
@@ -278,7 +270,7 @@ mod tests {
         let mut cols = table("bigint");
         cols[5] = column("payload", "longblob");
         cols[7] = column("created_at", "timestamp");
-        let layout = check(&spec(), &cols).unwrap();
+        let layout = check::<MyTypes>(&spec(), &cols).unwrap();
         assert_eq!(layout.payload_kind, PayloadKind::Bytes);
         assert_eq!(layout.created_at_kind, TimeKind::WithZone);
         assert_eq!(my(layout).payload_expr("o"), "o.`payload`");

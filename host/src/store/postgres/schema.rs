@@ -7,9 +7,7 @@ use sqlx::{Executor, Postgres};
 
 use crate::store::columns::{self, ColumnName, TableSpec};
 use crate::store::schema::{self, Accept, ColumnTypes};
-pub(super) use crate::store::schema::{
-    FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind,
-};
+pub(super) use crate::store::schema::{FoundColumn, KeyKind, Layout, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
@@ -155,17 +153,7 @@ where
 /// Looks the table up and checks it: the [`Layout`] to read it with, or every problem.
 pub(super) async fn inspect(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
     let found = read_columns(pool, &spec.name).await?;
-    Ok(check(spec, &found)?)
-}
-
-/// Checks the columns `found` against `spec` with PostgreSQL's types.
-pub(super) fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
-    schema::check::<PgTypes>(spec, found)
-}
-
-/// The order column `sluice migrate` adds, if any (see [`schema::order_column_to_add`]).
-pub(super) fn order_column_to_add(spec: &TableSpec, found: &[FoundColumn]) -> Option<ColumnName> {
-    schema::order_column_to_add::<PgTypes>(spec, found)
+    Ok(schema::check::<PgTypes>(spec, &found)?)
 }
 
 #[cfg(test)]
@@ -174,6 +162,7 @@ mod tests {
     use super::*;
     use crate::store::dialect::Dialect;
     use crate::store::layout_sql::LayoutSql;
+    use crate::store::schema::check;
     use crate::store::{ColumnMap, TenantColumn};
 
     fn pg(layout: &Layout) -> LayoutSql {
@@ -258,7 +247,7 @@ mod tests {
     #[test]
     fn integer_ids_of_any_width_are_read_as_int8_and_order_the_claim() {
         for id_type in ["smallint", "integer", "bigint", "serial"] {
-            let layout = check(&spec(), &sluice_table(id_type)).unwrap();
+            let layout = check::<PgTypes>(&spec(), &sluice_table(id_type)).unwrap();
             assert_eq!(layout.key, KeyKind::Int, "{id_type}");
             assert_eq!(pg(&layout).id_expr("o"), "o.\"id\"::int8");
             assert_eq!(pg(&layout).order_by("o"), "o.\"id\"");
@@ -269,7 +258,7 @@ mod tests {
 
     #[test]
     fn uuid_ids_are_text_cast_back_to_uuid_and_ordered_by_the_sequence_column() {
-        let layout = check(&debezium_spec(), &debezium_table()).unwrap();
+        let layout = check::<PgTypes>(&debezium_spec(), &debezium_table()).unwrap();
         assert_eq!(
             layout.key,
             KeyKind::Text {
@@ -299,7 +288,7 @@ mod tests {
         ] {
             let mut table = sluice_table(shown);
             table.push(column("sluice_seq", "bigint"));
-            let layout = check(&spec(), &table).unwrap();
+            let layout = check::<PgTypes>(&spec(), &table).unwrap();
             assert_eq!(pg(&layout).key_cast(), cast, "{shown}");
         }
     }
@@ -308,7 +297,7 @@ mod tests {
     fn timestamps_without_zone_are_read_as_utc() {
         let mut table = sluice_table("bigint");
         table[7] = column("created_at", "timestamp without time zone");
-        let layout = check(&spec(), &table).unwrap();
+        let layout = check::<PgTypes>(&spec(), &table).unwrap();
         assert_eq!(
             pg(&layout).created_at_expr("o"),
             "COALESCE(o.\"created_at\" AT TIME ZONE 'UTC', now())"
@@ -325,7 +314,7 @@ mod tests {
         ] {
             let mut table = sluice_table("bigint");
             table[5] = column("payload", shown);
-            let layout = check(&spec(), &table).unwrap();
+            let layout = check::<PgTypes>(&spec(), &table).unwrap();
             assert_eq!(pg(&layout).payload_expr("o"), expr, "{shown}");
         }
     }
@@ -335,7 +324,7 @@ mod tests {
         let mut table = sluice_table("numeric");
         table[5] = column("payload", "integer");
         table.retain(|c| c.name != "aggregate_id" && c.name != "dead_at");
-        let err = check(&spec(), &table).unwrap_err();
+        let err = check::<PgTypes>(&spec(), &table).unwrap_err();
         let text = err.to_string();
         assert!(
             text.starts_with("outbox table \"outbox\" cannot be used:"),
@@ -355,7 +344,7 @@ mod tests {
 
     #[test]
     fn a_missing_table_is_one_problem() {
-        let err = check(&spec(), &[]).unwrap_err();
+        let err = check::<PgTypes>(&spec(), &[]).unwrap_err();
         assert_eq!(err.problems.len(), 1);
         assert!(err.to_string().contains("does not exist"), "{err}");
     }
@@ -364,7 +353,9 @@ mod tests {
     fn a_uuid_table_without_an_order_column_says_migrate_adds_it() {
         let mut table = debezium_table();
         table.retain(|c| c.name != "sluice_seq");
-        let err = check(&debezium_spec(), &table).unwrap_err().to_string();
+        let err = check::<PgTypes>(&debezium_spec(), &table)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("\"sluice_seq\"") && err.contains("`sluice migrate` adds it"),
             "{err}"
@@ -375,7 +366,7 @@ mod tests {
     fn an_id_that_is_not_unique_is_refused() {
         let mut table = sluice_table("integer");
         table[0].unique = false;
-        let err = check(&spec(), &table).unwrap_err().to_string();
+        let err = check::<PgTypes>(&spec(), &table).unwrap_err().to_string();
         assert!(err.contains("ADD PRIMARY KEY (\"id\")"), "{err}");
     }
 
@@ -383,10 +374,10 @@ mod tests {
     fn a_named_tenant_column_must_exist_but_the_default_one_may_be_absent() {
         let mut table = sluice_table("bigint");
         table.retain(|c| c.name != "tenant");
-        assert_eq!(check(&spec(), &table).unwrap().tenant, None);
+        assert_eq!(check::<PgTypes>(&spec(), &table).unwrap().tenant, None);
         let mut named = spec();
         named.columns.tenant = TenantColumn::Named(ColumnName::parse("tenant").unwrap());
-        let err = check(&named, &table).unwrap_err().to_string();
+        let err = check::<PgTypes>(&named, &table).unwrap_err().to_string();
         assert!(
             err.contains("column \"tenant\" (database.columns.tenant) is missing"),
             "{err}"
@@ -398,7 +389,7 @@ mod tests {
         let mut table = sluice_table("bigint");
         let last_error = table.iter_mut().find(|c| c.name == "last_error").unwrap();
         *last_error = column("last_error", "character varying(255)");
-        let err = check(&spec(), &table).unwrap_err().to_string();
+        let err = check::<PgTypes>(&spec(), &table).unwrap_err().to_string();
         assert!(err.contains("varchar without a length limit"), "{err}");
     }
 }

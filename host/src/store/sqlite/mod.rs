@@ -43,6 +43,7 @@ use super::{open, prune, settle};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
+use crate::store::schema::check;
 use sql::{Guard, Statements};
 
 /// How long a statement waits for another connection's write transaction (the application's
@@ -114,7 +115,7 @@ impl LiteStore {
         let mut conn = pool.acquire().await?;
         let found = schema::read_columns(&mut conn, &spec.name).await?;
         drop(conn);
-        let layout = schema::check(spec, &found)?;
+        let layout = check::<schema::LiteTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), lease = ?options.lease,
             "outbox table checked");
         Ok(Self {

@@ -9,10 +9,8 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::store::columns::{self, ColumnName, TableSpec};
-use crate::store::schema::{
-    self, Accept, ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, SchemaError, TimeKind,
-};
+use crate::store::columns::{self, ColumnName};
+use crate::store::schema::{Accept, ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
 
 /// SQLite's type affinity of a declared type (<https://sqlite.org/datatype3.html>, 3.1).
@@ -203,16 +201,13 @@ async fn unique_columns(
     Ok(unique)
 }
 
-/// Checks the columns `found` against `spec` with SQLite's types.
-pub(super) fn check(spec: &TableSpec, found: &[FoundColumn]) -> Result<Layout, SchemaError> {
-    schema::check::<LiteTypes>(spec, found)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::TableSpec;
     use crate::store::dialect::Dialect;
     use crate::store::layout_sql::LayoutSql;
+    use crate::store::schema::check;
 
     fn column(name: &str, declared: &str) -> FoundColumn {
         FoundColumn {
@@ -255,7 +250,7 @@ mod tests {
         assert_eq!(affinity("varchar(26)"), Affinity::Text);
         assert_eq!(affinity(""), Affinity::Blob);
         assert_eq!(affinity("JSON"), Affinity::Numeric);
-        let layout = check(&spec(), &table("INTEGER")).unwrap();
+        let layout = check::<LiteTypes>(&spec(), &table("INTEGER")).unwrap();
         assert_eq!(layout.key, KeyKind::Int);
         assert_eq!(layout.payload_kind, PayloadKind::Json);
         let sql = LayoutSql::new(layout, Dialect::Sqlite);
@@ -265,7 +260,9 @@ mod tests {
 
     #[test]
     fn text_ids_need_an_order_column_migrate_cannot_add() {
-        let err = check(&spec(), &table("TEXT")).unwrap_err().to_string();
+        let err = check::<LiteTypes>(&spec(), &table("TEXT"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("database.columns.order") && err.contains("cannot add one"),
             "{err}"
@@ -277,7 +274,10 @@ mod tests {
         });
         let mut named = spec();
         named.columns.order = Some(ColumnName::parse("seq").unwrap());
-        let sql = LayoutSql::new(check(&named, &with_seq).unwrap(), Dialect::Sqlite);
+        let sql = LayoutSql::new(
+            check::<LiteTypes>(&named, &with_seq).unwrap(),
+            Dialect::Sqlite,
+        );
         assert_eq!(
             sql.before("p", "o"),
             "(p.\"seq\", p.\"id\") < (o.\"seq\", o.\"id\")"
@@ -288,7 +288,7 @@ mod tests {
     fn lease_columns_are_bookkeeping() {
         let mut cols = table("INTEGER");
         cols.retain(|c| c.name != "lease_until");
-        let err = check(&spec(), &cols).unwrap_err().to_string();
+        let err = check::<LiteTypes>(&spec(), &cols).unwrap_err().to_string();
         assert!(
             err.contains(
                 "column \"lease_until\" (bookkeeping; `sluice migrate` adds it) is missing"

@@ -1,0 +1,187 @@
+//! The DDL of `sluice migrate`, built once for every database: the outbox table Sluice creates,
+//! the columns an application's own table lacks, and the indexes on unsent rows. A driver says
+//! how its database declares each kind of column ([`DdlTypes`]) and runs the statements its
+//! own way (locks, transactions, MySQL's prefix key parts and index look-ups).
+
+use super::TableName;
+use super::columns::{self, ColumnName, TableSpec};
+use super::dialect::Dialect;
+use super::schema::{self, ColumnTypes, FoundColumn, Layout};
+
+/// How one database declares the columns `sluice migrate` creates or adds (type, constraints,
+/// default).
+pub(super) trait DdlTypes: ColumnTypes {
+    const DIALECT: Dialect;
+    /// The id of a created table: an integer primary key the database numbers.
+    const ID: &'static str;
+    /// The tenant; `NOT NULL`, the aggregate type and id and the event type.
+    const STRING: &'static str;
+    const PAYLOAD: &'static str;
+    /// `headers`: `NOT NULL`, `{}` unless given.
+    const HEADERS: &'static str;
+    /// `created_at`: the time of the insert unless given; and as added to an existing table.
+    const CREATED_AT: &'static str;
+    const CREATED_AT_ADDED: &'static str = Self::CREATED_AT;
+    /// An order column other than the id in a created table; and as added to an existing
+    /// table, numbering its rows (`None`: it cannot be).
+    const ORDER: &'static str;
+    const ORDER_ADDED: Option<&'static str>;
+    /// Sluice's times (`published_at`, `next_attempt_at`, `dead_at`, `lease_until`), `attempts`
+    /// (from 0), and its texts (`last_error`, `leased_by`).
+    const TIME: &'static str;
+    const COUNT: &'static str;
+    const TEXT: &'static str;
+    /// What follows the column list of `CREATE TABLE`.
+    const TABLE_OPTIONS: &'static str = "";
+}
+
+/// `CREATE TABLE IF NOT EXISTS` with the mapped column names, Sluice's bookkeeping columns and
+/// `T`'s types.
+pub(super) fn create_table<T: DdlTypes>(spec: &TableSpec) -> String {
+    let c = &spec.columns;
+    let string = format!("{} NOT NULL", T::STRING);
+    let tenant = c.tenant.name().map(|t| (t.as_str(), T::STRING));
+    let order = c.order.as_ref().filter(|order| **order != c.id);
+    let q = T::DIALECT.quote();
+    let list: Vec<String> = [(c.id.as_str(), T::ID)]
+        .into_iter()
+        .chain(tenant)
+        .chain([
+            (c.aggregate_type.as_str(), string.as_str()),
+            (c.aggregate_id.as_str(), string.as_str()),
+            (c.event_type.as_str(), string.as_str()),
+            (c.payload.as_str(), T::PAYLOAD),
+            (c.headers.as_str(), T::HEADERS),
+            (c.created_at.as_str(), T::CREATED_AT),
+        ])
+        .chain(order.map(|o| (o.as_str(), T::ORDER)))
+        .chain(bookkeeping::<T>())
+        .map(|(name, ty)| format!("{q}{name}{q} {ty}"))
+        .collect();
+    let (table, list) = (spec.name.quoted_with(q), list.join(", "));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} ({list}){}",
+        T::TABLE_OPTIONS
+    )
+}
+
+/// What the application's table (its columns `found`) lacks, as (name, type): `headers`,
+/// `created_at`, the bookkeeping columns, and last the order column when the id is not an
+/// integer ([`schema::order_column_to_add`]).
+pub(super) fn missing_columns<T: DdlTypes>(
+    spec: &TableSpec,
+    found: &[FoundColumn],
+) -> Vec<(String, &'static str)> {
+    let c = &spec.columns;
+    let order = schema::order_column_to_add::<T>(spec, found);
+    let order = order.zip(T::ORDER_ADDED);
+    [
+        (c.headers.as_str(), T::HEADERS),
+        (c.created_at.as_str(), T::CREATED_AT_ADDED),
+    ]
+    .into_iter()
+    .chain(bookkeeping::<T>())
+    .filter(|(name, _)| !found.iter().any(|f| f.name == *name))
+    .map(|(name, ty)| (name.to_owned(), ty))
+    .chain(order.map(|(order, ty)| (order.as_str().to_owned(), ty)))
+    .collect()
+}
+
+/// One `ALTER TABLE` adding `columns` (name, type).
+pub(super) fn add_columns<T: DdlTypes>(table: &TableName, columns: &[(String, &str)]) -> String {
+    let q = T::DIALECT.quote();
+    let clauses: Vec<String> = columns
+        .iter()
+        .map(|(name, ty)| format!("ADD COLUMN {q}{name}{q} {ty}"))
+        .collect();
+    format!(
+        "ALTER TABLE {} {}",
+        table.quoted_with(q),
+        clauses.join(", ")
+    )
+}
+
+/// The bookkeeping columns `T`'s check requires, with their types, in table order.
+fn bookkeeping<'a, 'b, T: DdlTypes>() -> impl Iterator<Item = (&'a str, &'b str)> {
+    let required = T::bookkeeping();
+    let ty = |name| match name {
+        columns::ATTEMPTS => T::COUNT,
+        columns::LAST_ERROR | columns::LEASED_BY => T::TEXT,
+        _ => T::TIME,
+    };
+    columns::BOOKKEEPING
+        .into_iter()
+        .filter(move |name| required.iter().any(|(r, ..)| r == name))
+        .map(move |name| (name, ty(name)))
+}
+
+/// One of the indexes on unsent rows.
+pub(super) struct Index {
+    /// What follows the table's name in the index's name.
+    pub(super) suffix: String,
+    /// Key parts before the claim order: the aggregate type and id of the per-key index.
+    pub(super) leading: Vec<ColumnName>,
+    /// The rows it covers, as a partial index's `WHERE`.
+    pub(super) filter: &'static str,
+    /// The bookkeeping columns `filter` tests: where there are no partial indexes (MySQL), the
+    /// key parts between `leading` and the claim order.
+    pub(super) filter_columns: Vec<&'static str>,
+    /// The claim order: the order column then the id, or the id alone.
+    pub(super) order: Vec<ColumnName>,
+}
+
+/// [`indexes`] as partial indexes (PostgreSQL, SQLite), unless they exist. PostgreSQL creates
+/// an index in its table's schema; SQLite names the schema on the index, not on the table.
+pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout) -> Vec<String> {
+    let table = &layout.table;
+    let (schema, on) = match T::DIALECT {
+        Dialect::Sqlite => (table.schema_prefix(), format!("\"{}\"", table.table())),
+        Dialect::Postgres | Dialect::Mysql => (String::new(), table.to_string()),
+    };
+    let name = table.table();
+    let sql = |index: &Index| {
+        let parts: Vec<String> = index
+            .leading
+            .iter()
+            .chain(&index.order)
+            .map(ToString::to_string)
+            .collect();
+        let (suffix, parts, filter) = (&index.suffix, parts.join(", "), index.filter);
+        format!(
+            "CREATE INDEX IF NOT EXISTS {schema}\"{name}{suffix}\" ON {on} ({parts}) WHERE {filter}"
+        )
+    };
+    indexes(layout).iter().map(sql).collect()
+}
+
+/// The indexes on unsent rows: one in claim order (keeps the claim cheap however many sent
+/// rows `published_at` mode retains), one per key for `ordering = "key"` (finding an earlier
+/// unsent row of the same key), and one on dead rows (the metrics sampler counts them without
+/// reading the backlog). Tables ordered by a column named `id` keep the index names of
+/// earlier versions.
+pub(super) fn indexes(layout: &Layout) -> [Index; 3] {
+    let mut order = vec![layout.order.clone()];
+    if !layout.ordered_by_id() {
+        order.push(layout.id.clone());
+    }
+    let by = match layout.order.as_str() {
+        "id" => String::new(),
+        other => format!("_{other}"),
+    };
+    let index = |kind: &str, leading: &[&ColumnName], filter: &'static str| Index {
+        suffix: format!("_{kind}{by}_idx"),
+        leading: leading.iter().map(|c| (*c).clone()).collect(),
+        filter,
+        filter_columns: [columns::PUBLISHED_AT, columns::DEAD_AT]
+            .into_iter()
+            .filter(|c| filter.contains(c))
+            .collect(),
+        order: order.clone(),
+    };
+    let key = [&layout.aggregate_type, &layout.aggregate_id];
+    [
+        index("unsent", &[], "published_at IS NULL AND dead_at IS NULL"),
+        index("unsent_key", &key, "published_at IS NULL"),
+        index("dead", &[], "published_at IS NULL AND dead_at IS NOT NULL"),
+    ]
+}
