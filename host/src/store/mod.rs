@@ -29,6 +29,7 @@ mod chunk;
 mod columns;
 #[cfg(test)]
 mod conformance;
+mod connect;
 mod ddl;
 mod dead;
 mod dialect;

@@ -30,8 +30,8 @@ use sqlx::{AssertSqlSafe, Executor};
 use crate::store::batch::TxBatch;
 pub(super) use batch::MyBatch;
 
+use super::connect::{self, CONNECT_TIMEOUT};
 use super::driver::StoreDriver;
-use super::open::{self, CONNECT_TIMEOUT};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::TenantId;
@@ -64,7 +64,7 @@ async fn connect(url: &str, connections: u32) -> Result<MySqlPool, StoreError> {
                 Ok(())
             })
         });
-    open::connect(url, url.parse(), pool, connections).await
+    connect::connect(url, url.parse(), pool, connections).await
 }
 
 /// Refuses servers without `SKIP LOCKED`: MariaDB before 10.6, MySQL before 8.0.
@@ -128,9 +128,9 @@ impl MyStore {
         })
     }
 
-    /// Opens new connections with `url` from now on (see [`open::use_options`]).
+    /// Opens new connections with `url` from now on (see [`connect::use_options`]).
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
-        open::use_options(&self.pool, url, url.parse::<MySqlConnectOptions>()).await
+        connect::use_options(&self.pool, url, url.parse::<MySqlConnectOptions>()).await
     }
 
     /// The paused tenants' names; `None` for rows without a tenant.

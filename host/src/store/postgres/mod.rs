@@ -36,8 +36,8 @@ pub(super) use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 use schema::Layout;
 
+use super::connect::{self, CONNECT_TIMEOUT};
 use super::driver::StoreDriver;
-use super::open::{self, CONNECT_TIMEOUT};
 use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
@@ -72,7 +72,7 @@ fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
 /// Connects a pool of at most `connections`.
 async fn connect(url: &str, connections: u32) -> Result<PgPool, StoreError> {
     let pool = PgPoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
-    open::connect(url, connect_options(url), pool, connections).await
+    connect::connect(url, connect_options(url), pool, connections).await
 }
 
 /// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
@@ -125,7 +125,7 @@ impl PgStore {
         &self.sql.layout
     }
 
-    /// Opens new connections with `url` from now on (see [`open::use_options`]), LISTEN's
+    /// Opens new connections with `url` from now on (see [`connect::use_options`]), LISTEN's
     /// too.
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
         if let Ok(options) = connect_options(url) {
@@ -134,7 +134,7 @@ impl PgStore {
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = options;
         }
-        open::use_options(&self.pool, url, connect_options(url)).await
+        connect::use_options(&self.pool, url, connect_options(url)).await
     }
 }
 

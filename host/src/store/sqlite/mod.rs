@@ -39,7 +39,7 @@ pub(super) use batch::LiteBatch;
 use super::driver::StoreDriver;
 use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
-use super::{open, prune, settle};
+use super::{connect, prune, settle};
 use crate::model::TenantId;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
@@ -77,7 +77,7 @@ fn connect_options(url: &str, create: bool) -> Result<SqliteConnectOptions, Stor
 
 async fn connect(url: &str, connections: u32, create: bool) -> Result<SqlitePool, StoreError> {
     let pool = SqlitePoolOptions::new().acquire_timeout(ACQUIRE_TIMEOUT);
-    open::connect(url, Ok(connect_options(url, create)?), pool, connections).await
+    connect::connect(url, Ok(connect_options(url, create)?), pool, connections).await
 }
 
 /// Creates the database file if missing, creates or upgrades the table (see
