@@ -11,6 +11,8 @@
 #   - promtool (Debian's `prometheus` package, installed with apt-get if missing): checks the
 #     shipped alert rules and the /metrics exposition
 
+# The checkout this file is in, unless the sourcing script set it (plugins are built there).
+REPO="${REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 TANSU_VERSION="${TANSU_VERSION:-0.6.0}"
 TANSU_PORT="${TANSU_PORT:-9092}"
 PG_HOST="${PG_HOST:-127.0.0.1}"
