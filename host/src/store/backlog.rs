@@ -23,16 +23,13 @@ pub(crate) async fn count<R: Run>(run: &R, sql: &LayoutSql) -> Result<Backlog, S
     let mut statement = Statement::new(dialect);
     let now = statement.now();
     let text = format!(
-        "SELECT {due}, {waiting}, {dead} FROM {table} WHERE published_at IS NULL",
-        due = count_if(
-            dialect,
-            &format!("dead_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= {now})")
-        ),
+        "SELECT {due}, {waiting}, {dead} FROM {table} AS o WHERE o.published_at IS NULL",
+        due = count_if(dialect, &LayoutSql::due(&now)),
         waiting = count_if(
             dialect,
-            &format!("dead_at IS NULL AND next_attempt_at > {now}")
+            &format!("o.dead_at IS NULL AND o.next_attempt_at > {now}")
         ),
-        dead = count_if(dialect, "dead_at IS NOT NULL"),
+        dead = count_if(dialect, "o.dead_at IS NOT NULL"),
         table = sql.table,
     );
     let rows = run.fetch_all(&statement.with_sql(text)).await?;
@@ -64,9 +61,9 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
            FROM (SELECT tenant, SUM(CASE WHEN due THEN 1 ELSE 0 END) AS due, 0 AS dead,
                         MIN(CASE WHEN due THEN created_at END) AS oldest
                    FROM (SELECT {tenant} AS tenant, {created_at} AS created_at,
-                                (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now}) AS due
+                                ({is_due}) AS due
                            FROM {table} AS o
-                          WHERE o.published_at IS NULL AND o.dead_at IS NULL
+                          WHERE {pending}
                           ORDER BY {order_by}
                           LIMIT {unsent_limit}) AS u
                   GROUP BY tenant
@@ -79,6 +76,8 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
                   GROUP BY tenant) AS s
           GROUP BY tenant",
         due = dialect.cast("SUM(due)", Cast::Int),
+        is_due = LayoutSql::due(&now),
+        pending = LayoutSql::PENDING,
         dead = dialect.cast("SUM(dead)", Cast::Int),
         table = sql.table,
         tenant = sql.tenant_expr("o"),

@@ -47,6 +47,18 @@ impl LayoutSql {
         }
     }
 
+    /// Row `o` is neither sent nor dead: what a relay may still deliver.
+    pub(crate) const PENDING: &'static str = "o.published_at IS NULL AND o.dead_at IS NULL";
+
+    /// Row `o` is pending and due by `now` (no retry waiting): claimable but for row locks,
+    /// leases, paused tenants and key order. What "due" means, for every statement that asks.
+    pub(crate) fn due(now: &str) -> String {
+        format!(
+            "{} AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now})",
+            Self::PENDING
+        )
+    }
+
     /// `alias.column`, or the bare column when `alias` is empty (statements without an alias,
     /// such as SQLite's `RETURNING`).
     pub(crate) fn column(alias: &str, column: &str) -> String {

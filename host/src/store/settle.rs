@@ -37,11 +37,11 @@ pub(crate) async fn settle<DB: Execute>(
         let mut statement = Statement::new(sql.dialect);
         let ids = sql.bind_ids(&mut statement, chunk.iter().copied());
         let text = format!(
-            "SELECT {id_expr} FROM {table} AS o
-              WHERE o.{id} IN ({ids}) AND o.published_at IS NULL AND o.dead_at IS NULL {held}",
+            "SELECT {id_expr} FROM {table} AS o WHERE o.{id} IN ({ids}) AND {pending} {held}",
             id_expr = sql.id_expr("o"),
             table = sql.table,
             id = sql.id,
+            pending = LayoutSql::PENDING,
             held = held(&mut statement),
         );
         for row in DB::fetch_all(&mut *tx, &statement.with_sql(text)).await? {

@@ -61,8 +61,7 @@ pub struct Statements {
 impl Statements {
     pub(crate) fn new(sql: LayoutSql, options: StoreOptions) -> Self {
         let table = &sql.table;
-        let due_head = "o.published_at IS NULL AND o.dead_at IS NULL
-                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))";
+        let due_head = LayoutSql::due("UTC_TIMESTAMP(6)");
         let key_order = sql.key_order_filter(options.ordering, options.after_dead);
         let claim = WithPaused::new(
             format!(

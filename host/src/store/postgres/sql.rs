@@ -33,11 +33,11 @@ impl Statements {
         // Unsent, not dead, due, not of a paused tenant ($1: their names, NULL for rows
         // without a tenant), and — in key order — not behind an earlier unsent row of its key.
         let due = format!(
-            "o.published_at IS NULL AND o.dead_at IS NULL
-                AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+            "{due}
                 AND NOT EXISTS (SELECT 1 FROM unnest($1::text[]) AS paused(tenant)
                                  WHERE paused.tenant IS NOT DISTINCT FROM {tenant})
                 {key_order}",
+            due = LayoutSql::due("now()"),
             tenant = sql.tenant_expr("o"),
             key_order = sql.key_order_filter(options.ordering, options.after_dead),
         );

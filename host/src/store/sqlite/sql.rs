@@ -32,7 +32,7 @@ impl Guard<'_> {
                 "AND o.leased_by = {}",
                 statement.param(Param::Text(token.to_owned()))
             ),
-            Self::Unsent => "AND o.published_at IS NULL AND o.dead_at IS NULL".to_owned(),
+            Self::Unsent => format!("AND {}", LayoutSql::PENDING),
         }
     }
 }
@@ -53,12 +53,12 @@ impl Statements {
         let table = &sql.table;
         let due = |now: &str, paused: &str| {
             format!(
-                "o.published_at IS NULL AND o.dead_at IS NULL
-                    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now})
+                "{due}
                     AND (o.lease_until IS NULL OR o.lease_until <= {now})
                     AND NOT EXISTS (SELECT 1 FROM json_each({paused}) AS paused
                                      WHERE {paused_tenant})
                     {key_order}",
+                due = LayoutSql::due(now),
                 paused_tenant = sql
                     .dialect
                     .null_safe_eq("paused.value", &sql.tenant_expr("o")),
