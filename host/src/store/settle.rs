@@ -84,52 +84,25 @@ fn split_held(
     (sent, failed)
 }
 
-/// Which list of a [`Settlement`] a row goes to once its statement changed it.
-#[derive(Clone, Copy)]
-enum SettledAs {
-    Marked,
-    Rescheduled,
-}
-
-impl SettledAs {
-    /// Files `id` under this list of `settlement`.
-    fn file(self, settlement: &mut Settlement, id: OutboxId) {
-        match self {
-            Self::Marked => settlement.marked.push(id),
-            Self::Rescheduled => settlement.rescheduled.push(id),
-        }
-    }
-}
-
-/// Keeps one row's change (releasing its savepoint) and files it under `settled_as`, or undoes it
-/// and files it as refused.
-async fn settle_one<DB: sqlx::Database>(
-    settlement: &mut Settlement,
-    id: OutboxId,
+/// Keeps one row's change (releasing its savepoint) when the statement changed the row;
+/// otherwise undoes it and returns why the row is refused.
+async fn keep_one<DB: sqlx::Database>(
     done: Result<u64, sqlx::Error>,
     savepoint: sqlx::Transaction<'_, DB>,
-    settled_as: SettledAs,
-) -> Result<(), StoreError> {
-    match done {
-        Ok(1) => {
-            savepoint.commit().await?;
-            settled_as.file(settlement, id);
-        }
-        Ok(_) => {
-            savepoint.rollback().await?;
-            settlement.refused.push((id, UNCHANGED.to_owned()));
-        }
-        Err(e) => {
-            savepoint.rollback().await?;
-            settlement.refused.push((id, e.to_string()));
-        }
+) -> Result<Result<(), String>, StoreError> {
+    if let Ok(1) = done {
+        savepoint.commit().await?;
+        return Ok(Ok(()));
     }
-    Ok(())
+    savepoint.rollback().await?;
+    Ok(Err(
+        done.map_or_else(|e| e.to_string(), |_| UNCHANGED.to_owned())
+    ))
 }
 
 /// Records the held rows (`sent` and `failed`, from [`split_held`]) in `tx`: together inside a
 /// savepoint; if the database refuses that, or a statement changes fewer rows than it was
-/// given, row by row, each in its own savepoint ([`settle_one`]), so one row it refuses cannot
+/// given, row by row, each in its own savepoint ([`keep_one`]), so one row it refuses cannot
 /// keep the others from being recorded.
 async fn record_held<DB: sqlx::Database>(
     tx: &mut sqlx::Transaction<'static, DB>,
@@ -160,14 +133,18 @@ async fn record_held<DB: sqlx::Database>(
             for id in sent {
                 let mut one = Acquire::begin(&mut *tx).await?;
                 let done = rows.mark(&mut one, std::slice::from_ref(&id)).await;
-                settle_one(settlement, id, done, one, SettledAs::Marked).await?;
+                match keep_one(done, one).await? {
+                    Ok(()) => settlement.marked.push(id),
+                    Err(why) => settlement.refused.push((id, why)),
+                }
             }
             for failure in failed {
                 let mut one = Acquire::begin(&mut *tx).await?;
-                let done = rows
-                    .reschedule(&mut one, std::slice::from_ref(&failure), None)
-                    .await;
-                settle_one(settlement, failure.id, done, one, SettledAs::Rescheduled).await?;
+                let done = rows.reschedule(&mut one, std::slice::from_ref(&failure), None);
+                match keep_one(done.await, one).await? {
+                    Ok(()) => settlement.rescheduled.push(failure.id),
+                    Err(why) => settlement.refused.push((failure.id, why)),
+                }
             }
         }
     }
