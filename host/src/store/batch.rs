@@ -135,7 +135,7 @@ fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
     }
 }
 
-/// The end of [`ClaimedBatch::complete`](super::ClaimedBatch::complete) for drivers that hold
+/// The end of [`ClaimedBatch::complete`] for drivers that hold
 /// rows in a transaction: commits `tx` when the outcome was `recorded`, else rolls it back at
 /// once — not when the connection is next used, so the rows' locks are gone before the caller
 /// settles the outcome in a fresh transaction — and returns the error.

@@ -1,6 +1,6 @@
 //! MySQL's side of the table check: reading `information_schema` and which MySQL/MariaDB
 //! types fit which role ([`MyTypes`]). The rules themselves are shared:
-//! [`crate::store::schema`]; the expressions that read a checked [`Layout`] too:
+//! [`crate::store::schema`]; the expressions that read a checked [`Layout`](crate::store::schema::Layout) too:
 //! [`crate::store::layout_sql`].
 
 use sqlx::mysql::MySql;
