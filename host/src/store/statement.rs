@@ -1,9 +1,7 @@
 //! Running a statement built once for every database ([`Statement`]) on any driver's
-//! connections ([`Execute`]) or pool ([`Run`]), and reading its rows by position whatever the
-//! driver ([`ReadRow`]). The shared statements (dead rows, the backlog, settling, MySQL's and
+//! connections ([`Execute`]), and reading its rows by position whatever the driver
+//! ([`ReadRow`]). The shared statements (dead rows, the backlog, settling, MySQL's and
 //! SQLite's marking) go through here; PostgreSQL's hot path (claim, mark) binds arrays.
-
-use std::future::Future;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -101,34 +99,6 @@ pub(crate) trait Execute: sqlx::Database<Row: ReadRow + Send> {
         conn: &'c mut Self::Connection,
         statement: &'c Statement,
     ) -> BoxFuture<'c, Result<Vec<Self::Row>, sqlx::Error>>;
-}
-
-/// A pool that runs [`Statement`]s, each on a connection of its own.
-pub(crate) trait Run: Sync {
-    type Row: ReadRow + Send;
-
-    /// Runs `statement`; returns the rows it changed.
-    fn execute(
-        &self,
-        statement: &Statement,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
-    fn fetch_all(
-        &self,
-        statement: &Statement,
-    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send;
-}
-
-impl<DB: Execute> Run for sqlx::Pool<DB> {
-    type Row = DB::Row;
-
-    async fn execute(&self, statement: &Statement) -> Result<u64, sqlx::Error> {
-        DB::execute(&mut *self.acquire().await?, statement).await
-    }
-
-    async fn fetch_all(&self, statement: &Statement) -> Result<Vec<DB::Row>, sqlx::Error> {
-        DB::fetch_all(&mut *self.acquire().await?, statement).await
-    }
 }
 
 /// A result row read by column position.

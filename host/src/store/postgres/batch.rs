@@ -1,12 +1,11 @@
-//! A claimed batch: the open transaction holding the row locks ([`TxBatch`]), and the
-//! statements that record its outcome (mark, reschedule).
+//! A claimed batch: the open transaction holding the row locks ([`TxBatch`]), and how its
+//! outcome is recorded: ids travel as one `text[]` parameter, the failures as arrays.
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
-use super::rows::key_params;
 use crate::model::OutboxId;
 use crate::store::RowFailure;
 use crate::store::batch::{RecordRows, TxBatch};
@@ -29,7 +28,7 @@ impl RecordRows<Postgres> for BatchSql {
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
         Box::pin(async move {
             Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.mark)))
-                .bind(key_params(ids.iter()))
+                .bind(ids.iter().map(OutboxId::to_string).collect::<Vec<_>>())
                 .execute(conn)
                 .await?
                 .rows_affected())

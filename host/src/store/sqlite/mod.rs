@@ -14,9 +14,6 @@
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
 //! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
-//!
-//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
-//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
 
 mod batch;
 mod migrate;
@@ -37,11 +34,12 @@ use sqlx::sqlite::{
 pub(super) use batch::LiteBatch;
 
 use super::driver::StoreDriver;
+use super::open::Driver;
 use super::statement::{Param, Statement};
-use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{connect, prune, settle};
 use crate::model::TenantId;
-use crate::store::dialect::Dialect;
+use crate::store::dialect::{Dialect, millis};
 use crate::store::layout_sql::LayoutSql;
 use crate::store::schema::check;
 use sql::{Guard, Statements};
@@ -97,7 +95,8 @@ pub struct LiteStore {
     pool: SqlitePool,
     statements: Arc<Statements>,
     lease: Duration,
-    /// This store's part of every lease token: tells its leases from other processes'.
+    /// What every lease token of this store starts with: tells its leases from other
+    /// processes'.
     process: String,
     batches: AtomicU64,
 }
@@ -112,32 +111,23 @@ impl LiteStore {
         connections: u32,
     ) -> Result<Self, StoreError> {
         let pool = connect(url, connections, false).await?;
-        let mut conn = pool.acquire().await?;
-        let found = schema::read_columns(&mut conn, &spec.name).await?;
-        drop(conn);
+        let found = schema::read_columns(&mut *pool.acquire().await?, &spec.name).await?;
         let layout = check::<schema::LiteTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), lease = ?options.lease,
             "outbox table checked");
+        let statements = Statements::new(LayoutSql::new(layout, Dialect::Sqlite), options);
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(
-                LayoutSql::new(layout, Dialect::Sqlite),
-                options,
-            )),
+            statements: Arc::new(statements),
             lease: options.lease,
-            process: format!("{:x}-{:016x}", std::process::id(), fastrand::u64(..)),
+            process: format!("{:x}-{:016x}:", std::process::id(), fastrand::u64(..)),
             batches: AtomicU64::new(0),
         })
     }
 
-    /// What every lease token of this store starts with.
-    fn process_prefix(&self) -> String {
-        format!("{}:", self.process)
-    }
-
     fn next_token(&self) -> String {
         let n = self.batches.fetch_add(1, Ordering::Relaxed);
-        format!("{}{n}", self.process_prefix())
+        format!("{}{n}", self.process)
     }
 
     fn paused_json(paused: &[TenantId]) -> String {
@@ -148,7 +138,7 @@ impl LiteStore {
 }
 
 impl StoreDriver for LiteStore {
-    const NAME: &'static str = "SQLite";
+    const DRIVER: Driver = Driver::Sqlite;
     type Db = Sqlite;
 
     fn pool(&self) -> &SqlitePool {
@@ -158,8 +148,6 @@ impl StoreDriver for LiteStore {
     fn sql(&self) -> &LayoutSql {
         &self.statements.sql
     }
-
-    type Batch = LiteBatch;
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
         let due: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
@@ -174,15 +162,14 @@ impl StoreDriver for LiteStore {
         &self,
         limit: usize,
         paused: &[TenantId],
-    ) -> Result<Claim<LiteBatch>, StoreError> {
+    ) -> Result<Claim<StoreBatch>, StoreError> {
         let token = self.next_token();
         let now = rows::now_ms();
-        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
             .bind(token.clone())
-            .bind(now.saturating_add(lease_ms))
+            .bind(now.saturating_add(millis(self.lease)))
             .bind(now)
             .bind(Self::paused_json(paused))
             .bind(limit)
@@ -194,18 +181,23 @@ impl StoreDriver for LiteStore {
             .map(|row| rows::decode_row(row, &self.statements.sql))
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by(|a, b| a.order.cmp(&b.order));
-        let ids = claimed.iter().map(|c| c.order.1.clone()).collect();
-        Ok(Claim::of(
-            LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
-            claimed.into_iter().map(|c| c.row),
-        ))
+        let batch = LiteBatch {
+            pool: self.pool.clone(),
+            statements: Arc::clone(&self.statements),
+            token,
+            claimed: claimed.iter().map(|c| c.order.1.clone()).collect(),
+        };
+        Claim::of(
+            StoreBatch::Sqlite(batch),
+            claimed.into_iter().map(|c| Ok(c.row)),
+        )
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         // Rows still leased by this process (any of its batches), by nobody, or by an expired
         // lease may be recorded; rows another relay leases are skipped.
         let now = rows::now_ms();
-        let prefix = self.process_prefix();
+        let prefix = &self.process;
         let held = |statement: &mut Statement| {
             let now = statement.param(Param::Int(now));
             let prefix = statement.param(Param::Text(prefix.clone()));

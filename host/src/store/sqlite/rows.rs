@@ -7,7 +7,7 @@ use sqlx::sqlite::{Sqlite, SqliteRow};
 
 use crate::model::{OutboxId, OutboxRow};
 use crate::store::layout_sql::LayoutSql;
-use crate::store::rows::{column, decode_claimed};
+use crate::store::rows::{column, decode_claimed, unreadable_key};
 use crate::store::statement::{ReadRow, impl_execute};
 use crate::store::{RowFailure, StoreError};
 
@@ -40,11 +40,7 @@ pub(super) fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, St
                 source: "the order column is NULL".into(),
             })
         })
-        .map_err(|e| StoreError::Key {
-            table: sql.layout.table.to_string(),
-            column: sql.layout.id.to_string(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| unreadable_key(sql, e))?;
     let id = match &decoded {
         Ok(row) => row.id.clone(),
         Err(failure) => failure.id.clone(),
