@@ -2,12 +2,11 @@
 //!
 //! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
 //! - [`migrate`]: creating or upgrading the table and its indexes
-//! - [`sql`], [`batch`]: the relay's statements (claim, due probe, mark, reschedule) and the
-//!   claimed batch's transaction
+//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule) and the claimed
+//!   batch's transaction
 //! - [`cursor`]: where the next claim starts while a backlog drains
 //! - [`listen`]: LISTEN/NOTIFY wake-ups
 
-mod batch;
 mod cursor;
 mod listen;
 mod migrate;
@@ -24,9 +23,9 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use crate::store::batch::TxBatch;
-pub(super) use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 use schema::Layout;
+pub(super) use sql::PgBatch;
 
 use super::connect::{self, CONNECT_TIMEOUT};
 use super::driver::StoreDriver;

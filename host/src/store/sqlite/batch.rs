@@ -10,7 +10,7 @@ use sqlx::Transaction;
 use sqlx::sqlite::{Sqlite, SqlitePool};
 
 use super::BEGIN_WRITE;
-use super::rows::now_ms;
+use super::now_ms;
 use super::sql::{Guard, Statements};
 use crate::model::OutboxId;
 use crate::store::batch::{ChunkedRows, in_chunks, record};

@@ -13,11 +13,10 @@
 //!
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
-//! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
+//! - [`sql`], [`batch`]: the lease, completing a batch
 
 mod batch;
 mod migrate;
-mod rows;
 mod schema;
 mod sql;
 
@@ -25,9 +24,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
 
@@ -36,13 +36,56 @@ pub(super) use batch::LiteBatch;
 use super::driver::StoreDriver;
 use super::open::Driver;
 use super::statement::{Param, Statement};
-use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, RowFailure, Settlement, StoreBatch, StoreError};
+use super::{StoreOptions, TableSpec};
 use super::{connect, prune, settle};
-use crate::model::TenantId;
+use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::store::dialect::{Dialect, millis};
 use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::{column, decode_claimed, unreadable_key};
 use crate::store::schema::check;
+use crate::store::statement::{ReadRow, impl_execute};
 use sql::{Guard, Statements};
+
+impl_execute!(Sqlite, SqliteRow, i64, from_ms);
+
+/// Now, as milliseconds since the Unix epoch (how Sluice's time columns hold time).
+pub(super) fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// Milliseconds since the epoch as a time (the epoch itself for values out of range).
+fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// A claimed row with its place in claim order (`RETURNING` gives rows in no set order).
+struct Claimed {
+    order: (i64, OutboxId),
+    row: Result<OutboxRow, RowFailure>,
+}
+
+/// Decodes a claimed row ([`decode_claimed`]) and its place in claim order.
+fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, StoreError> {
+    let decoded = decode_claimed(row, sql)?;
+    let order = row
+        .int(column::CLAIM_ORDER)
+        .and_then(|order| {
+            order.ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: column::CLAIM_ORDER.to_string(),
+                source: "the order column is NULL".into(),
+            })
+        })
+        .map_err(|e| unreadable_key(sql, e))?;
+    let id = match &decoded {
+        Ok(row) => row.id.clone(),
+        Err(failure) => failure.id.clone(),
+    };
+    Ok(Claimed {
+        order: (order, id),
+        row: decoded,
+    })
+}
 
 /// How long a statement waits for another connection's write transaction (the application's
 /// or another relay's) before failing with "database is locked".
@@ -151,7 +194,7 @@ impl StoreDriver for LiteStore {
 
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
         let due: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
-            .bind(rows::now_ms())
+            .bind(now_ms())
             .bind(Self::paused_json(paused))
             .fetch_one(&self.pool)
             .await?;
@@ -164,7 +207,7 @@ impl StoreDriver for LiteStore {
         paused: &[TenantId],
     ) -> Result<Claim<StoreBatch>, StoreError> {
         let token = self.next_token();
-        let now = rows::now_ms();
+        let now = now_ms();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
@@ -178,7 +221,7 @@ impl StoreDriver for LiteStore {
         tx.commit().await?;
         let mut claimed = raw
             .iter()
-            .map(|row| rows::decode_row(row, &self.statements.sql))
+            .map(|row| decode_row(row, &self.statements.sql))
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by(|a, b| a.order.cmp(&b.order));
         let batch = LiteBatch {
@@ -196,7 +239,7 @@ impl StoreDriver for LiteStore {
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         // Rows still leased by this process (any of its batches), by nobody, or by an expired
         // lease may be recorded; rows another relay leases are skipped.
-        let now = rows::now_ms();
+        let now = now_ms();
         let prefix = &self.process;
         let held = |statement: &mut Statement| {
             let now = statement.param(Param::Int(now));
