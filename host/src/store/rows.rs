@@ -28,19 +28,6 @@ pub(crate) mod column {
     pub(crate) const ATTEMPTS: usize = 8;
     /// SQLite only: the order column, to sort `RETURNING`'s rows (in no set order).
     pub(crate) const CLAIM_ORDER: usize = 9;
-    /// The aliases, in that order.
-    #[cfg(test)]
-    pub(crate) const ALIASES: [&str; 9] = [
-        "id",
-        "tenant",
-        "aggregate_type",
-        "aggregate_id",
-        "event_type",
-        "payload",
-        "headers",
-        "created_at",
-        "attempts",
-    ];
 }
 
 /// Reads column `index` as an id as `key` carries it.

@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
 use super::dialect::{Cast, Dialect};
-use crate::model::OutboxId;
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,16 +15,6 @@ pub(crate) enum Param {
     Text(String),
     /// NULL, bound as a value of the type it stands for.
     Null(Cast),
-}
-
-impl Param {
-    /// `id` as the type the id column compares with: its integer, or its text.
-    pub(crate) fn id(id: &OutboxId) -> Self {
-        match id {
-            OutboxId::Int(n) => Self::Int(*n),
-            OutboxId::Text(text) => Self::Text(text.to_string()),
-        }
-    }
 }
 
 /// A statement's text and its parameters in binding order, built with [`Statement::param`]
