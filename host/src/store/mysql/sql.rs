@@ -21,17 +21,18 @@ use crate::store::{MarkMode, RowFailure, StoreOptions};
 #[derive(Debug)]
 pub(crate) struct WithPaused {
     head: String,
-    tenant: String,
+    /// One paused tenant's condition.
+    filter: String,
     tail: String,
     unfiltered: Arc<str>,
 }
 
 impl WithPaused {
-    fn new(head: String, tenant: String, tail: String) -> Self {
+    fn new(head: String, tenant: &str, tail: String) -> Self {
         Self {
             unfiltered: format!("{head}{tail}").into(),
+            filter: format!(" AND NOT ({})", Dialect::Mysql.null_safe_eq(tenant, "?")),
             head,
-            tenant,
             tail,
         }
     }
@@ -41,12 +42,7 @@ impl WithPaused {
         if paused == 0 {
             return Arc::clone(&self.unfiltered);
         }
-        let filter = format!(
-            " AND NOT ({})",
-            Dialect::Mysql.null_safe_eq(&self.tenant, "?")
-        )
-        .repeat(paused);
-        format!("{}{filter} {}", self.head, self.tail).into()
+        format!("{}{} {}", self.head, self.filter.repeat(paused), self.tail).into()
     }
 }
 
@@ -71,7 +67,7 @@ impl Statements {
                   WHERE {due_head}",
                 columns = sql.claimed_columns("o"),
             ),
-            sql.tenant_expr("o"),
+            &sql.tenant_expr("o"),
             format!(
                 "{key_order}
                   ORDER BY {order_by}
@@ -82,7 +78,7 @@ impl Statements {
         );
         let due = WithPaused::new(
             format!("SELECT CAST(EXISTS (SELECT 1 FROM {table} AS o WHERE {due_head}"),
-            sql.tenant_expr("o"),
+            &sql.tenant_expr("o"),
             format!("{key_order}) AS SIGNED)"),
         );
         Self {

@@ -14,7 +14,7 @@ mod schema;
 mod sql;
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -81,7 +81,7 @@ pub struct PgStore {
     pool: PgPool,
     /// The options LISTEN connections are opened with (replaced with the pool's on
     /// [`PgStore::use_url`]).
-    options: std::sync::RwLock<PgConnectOptions>,
+    options: RwLock<PgConnectOptions>,
     sql: LayoutSql,
     // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
     // `AssertSqlSafe`.
@@ -106,7 +106,7 @@ impl PgStore {
         let statements = Statements::new(&sql, options);
         Ok(Self {
             pool,
-            options: std::sync::RwLock::new(connect_options(url)?),
+            options: RwLock::new(connect_options(url)?),
             sql,
             statements,
             cursor: ClaimCursor::default(),
@@ -122,10 +122,7 @@ impl PgStore {
     /// too.
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
         if let Ok(options) = connect_options(url) {
-            *self
-                .options
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = options;
+            *self.options.write().unwrap_or_else(PoisonError::into_inner) = options;
         }
         connect::use_options(&self.pool, url, connect_options(url)).await
     }
@@ -192,8 +189,7 @@ impl StoreDriver for PgStore {
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        // One pruner per table at a time, however many relays run: each chunk takes an
-        // advisory lock on the table's oid, or deletes nothing.
+        // Each chunk takes an advisory lock on the table's oid, or deletes nothing.
         let lock = |statement: &mut Statement| {
             let key = statement.param(Param::Int(PRUNE_LOCK_KEY.into()));
             let table = statement.param(Param::Text(self.sql.table.clone()));
@@ -213,7 +209,7 @@ impl StoreDriver for PgStore {
         let options = self
             .options
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .clone();
         listen::listen(&options, channel, wake).await
     }

@@ -259,8 +259,7 @@ impl StoreDriver for LiteStore {
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        // Each chunk is its own short write transaction, so the application's writers wait
-        // for at most one chunk; two pruners of one table just take turns.
+        // Each chunk is its own short write transaction: writers wait for one chunk at most.
         let mut conn = self.pool.acquire().await?;
         let sql = &self.statements.sql;
         Ok(prune::prune::<Sqlite>(&mut conn, sql, retention, |_| String::new()).await?)
