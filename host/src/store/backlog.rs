@@ -4,9 +4,11 @@
 //! order — and at most `limit` dead ones — the dead rows' index; tables migrated before it
 //! existed get it from `sluice migrate`).
 
+use sqlx::Pool;
+
 use super::dialect::{Cast, Dialect};
 use super::layout_sql::LayoutSql;
-use super::statement::{Param, ReadRow, Run, Statement};
+use super::statement::{Execute, Param, ReadRow, Statement};
 use super::{Backlog, StoreError, TenantBacklog};
 
 /// `SUM(cond)` as a 64-bit integer, 0 over no rows.
@@ -18,7 +20,10 @@ fn count_if(dialect: Dialect, cond: &str) -> String {
 }
 
 /// Unsent rows by state (see [`super::OutboxStore::backlog`]).
-pub(crate) async fn count<R: Run>(run: &R, sql: &LayoutSql) -> Result<Backlog, StoreError> {
+pub(crate) async fn count<DB: Execute>(
+    pool: &Pool<DB>,
+    sql: &LayoutSql,
+) -> Result<Backlog, StoreError> {
     let dialect = sql.dialect;
     let mut statement = Statement::new(dialect);
     let now = statement.now();
@@ -32,7 +37,7 @@ pub(crate) async fn count<R: Run>(run: &R, sql: &LayoutSql) -> Result<Backlog, S
         dead = count_if(dialect, "o.dead_at IS NOT NULL"),
         table = sql.table,
     );
-    let rows = run.fetch_all(&statement.with_sql(text)).await?;
+    let rows = DB::fetch_all(&mut *pool.acquire().await?, &statement.with_sql(text)).await?;
     let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
     Ok(Backlog {
         due: row.int(0)?.unwrap_or(0),
@@ -88,12 +93,12 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
 }
 
 /// Samples the backlog per tenant (see [`super::OutboxStore::sample_backlog`]).
-pub(crate) async fn sample<R: Run>(
-    run: &R,
+pub(crate) async fn sample<DB: Execute>(
+    pool: &Pool<DB>,
     sql: &LayoutSql,
     limit: i64,
 ) -> Result<Vec<TenantBacklog>, StoreError> {
-    let rows = run.fetch_all(&statement(sql, limit)).await?;
+    let rows = DB::fetch_all(&mut *pool.acquire().await?, &statement(sql, limit)).await?;
     rows.iter()
         .map(|row| {
             Ok(TenantBacklog {

@@ -1,7 +1,6 @@
 //! What every driver's [`ClaimedBatch`] shares: recording an outcome with the driver's
-//! statements ([`RecordRows`]), the affected-row count check, the text recorded when the
-//! database refuses an error's own, and the batch held in a transaction ([`TxBatch`],
-//! PostgreSQL's and MySQL's).
+//! statements ([`RecordRows`]) and checking the counts, and the batch held in a transaction
+//! ([`TxBatch`], PostgreSQL's and MySQL's).
 
 use std::sync::Arc;
 
@@ -34,6 +33,38 @@ pub trait RecordRows<DB: sqlx::Database>: Sync {
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
 }
 
+/// The statements that record an outcome's rows on a database without array parameters, one
+/// per chunk of rows ([`in_chunks`]): [`RecordRows`] runs them.
+pub(crate) trait ChunkedRows: Sync {
+    /// Marks `ids` sent.
+    fn mark(&self, ids: &[OutboxId]) -> Statement;
+    /// Reschedules or dead-letters `failed`, recording each row's error or `fixed`.
+    fn reschedule(&self, failed: &[RowFailure], fixed: Option<&str>) -> Statement;
+}
+
+impl<DB: Execute, S: ChunkedRows> RecordRows<DB> for S {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(in_chunks::<DB, _>(conn, ids, |chunk| {
+            ChunkedRows::mark(self, chunk)
+        }))
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut DB::Connection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(in_chunks::<DB, _>(conn, failed, move |chunk| {
+            ChunkedRows::reschedule(self, chunk, fixed)
+        }))
+    }
+}
+
 /// A claimed batch held in an open transaction whose row locks keep other relays off its rows
 /// until it commits (PostgreSQL, MySQL), recorded with the driver's statements `S`.
 pub struct TxBatch<DB: sqlx::Database, S> {
@@ -49,8 +80,17 @@ impl<DB: sqlx::Database, S> TxBatch<DB, S> {
 
 impl<DB: sqlx::Database, S: RecordRows<DB> + Send> ClaimedBatch for TxBatch<DB, S> {
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        let recorded = record(&mut self.tx, &*self.rows, &outcome).await;
-        commit_if_recorded(self.tx, recorded).await
+        match record(&mut self.tx, &*self.rows, &outcome).await {
+            Ok(()) => Ok(self.tx.commit().await?),
+            // Rolled back at once, not when the connection is next used: the rows' locks are
+            // gone before the caller settles the outcome in a fresh transaction.
+            Err(e) => {
+                if let Err(rollback) = self.tx.rollback().await {
+                    tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn abandon(self) -> Result<(), StoreError> {
@@ -80,9 +120,8 @@ pub(crate) async fn record<DB: sqlx::Database>(
 /// Reschedules `failed` with their own error texts inside a savepoint of `tx`; should the
 /// database refuse the texts (a constraint or trigger of the application's, a column
 /// character set that cannot hold them), undoes that and records [`UNSTORABLE_ERROR`]
-/// instead, so the completion of a batch whose messages were already published cannot fail on
-/// text. Returns the rows changed.
-pub(crate) async fn reschedule_or_fixed<DB: sqlx::Database>(
+/// instead, so completing a batch whose messages were published cannot fail on text.
+async fn reschedule_or_fixed<DB: sqlx::Database>(
     tx: &mut sqlx::Transaction<'static, DB>,
     rows: &(impl RecordRows<DB> + ?Sized),
     failed: &[RowFailure],
@@ -105,10 +144,8 @@ pub(crate) async fn reschedule_or_fixed<DB: sqlx::Database>(
     }
 }
 
-/// Recorded as `last_error` when the database refuses a failure's own text (a constraint or
-/// trigger of the application's, a column character set that cannot hold it): plain ASCII,
-/// so recording the failure cannot fail on text.
-pub(crate) const UNSTORABLE_ERROR: &str =
+/// The `last_error` [`reschedule_or_fixed`] falls back on: plain ASCII.
+const UNSTORABLE_ERROR: &str =
     "the error text could not be stored (the database refused it); see the relay's log";
 
 /// Runs the statement `each` builds for every chunk of at most [`IDS_PER_STATEMENT`] `items`
@@ -132,25 +169,6 @@ fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::MarkMismatch { expected, affected })
-    }
-}
-
-/// The end of [`ClaimedBatch::complete`] for drivers that hold
-/// rows in a transaction: commits `tx` when the outcome was `recorded`, else rolls it back at
-/// once — not when the connection is next used, so the rows' locks are gone before the caller
-/// settles the outcome in a fresh transaction — and returns the error.
-async fn commit_if_recorded<DB: sqlx::Database>(
-    tx: sqlx::Transaction<'static, DB>,
-    recorded: Result<(), StoreError>,
-) -> Result<(), StoreError> {
-    match recorded {
-        Ok(()) => Ok(tx.commit().await?),
-        Err(e) => {
-            if let Err(rollback) = tx.rollback().await {
-                tracing::debug!(error = %rollback, "rolling back a batch that could not be marked failed");
-            }
-            Err(e)
-        }
     }
 }
 

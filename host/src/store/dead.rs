@@ -1,32 +1,32 @@
 //! Dead rows (`sluice dead list|replay|purge`), for every database: the statements are built
-//! once from the [`LayoutSql`] and run through the driver's pool ([`Run`]).
+//! once from the [`LayoutSql`] and run on the driver's pool.
 
 use std::time::Duration;
 
-use super::chunk::{CHUNK, delete_in_chunks};
 use super::dialect::Dialect;
 use super::layout_sql::LayoutSql;
+use super::prune::{CHUNK, delete_in_chunks};
 use super::rows::read_id;
-use super::statement::{Execute, Param, ReadRow, Run, Statement};
+use super::statement::{Execute, Param, ReadRow, Statement};
 use super::{DeadRow, ReplaySelection, StoreError};
+
+/// `AND` row `alias` is of tenant `name` (`default`: rows without a tenant), bound next in
+/// `statement`.
+fn of_tenant(sql: &LayoutSql, statement: &mut Statement, alias: &str, name: &str) -> String {
+    let name = statement.param(Param::Text(name.to_owned()));
+    format!("AND {} = {name}", sql.tenant_name_expr(alias))
+}
 
 /// Dead rows, oldest first (in claim order), optionally of one tenant (`default` matches
 /// rows without a tenant).
-pub(crate) async fn list<R: Run>(
-    run: &R,
+pub(crate) async fn list<DB: Execute>(
+    pool: &sqlx::Pool<DB>,
     sql: &LayoutSql,
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, StoreError> {
     let mut statement = Statement::new(sql.dialect);
-    let tenant_filter = match tenant {
-        Some(t) => format!(
-            "AND {} = {}",
-            sql.tenant_name_expr("o"),
-            statement.param(Param::Text(t.to_owned()))
-        ),
-        None => String::new(),
-    };
+    let tenant_filter = tenant.map_or_else(String::new, |t| of_tenant(sql, &mut statement, "o", t));
     let limit = statement.param(Param::Int(limit));
     let text = format!(
         "SELECT {id} AS id, {tenant} AS tenant, {at} AS aggregate_type,
@@ -45,7 +45,7 @@ pub(crate) async fn list<R: Run>(
         table = sql.table,
         order_by = sql.order_by("o"),
     );
-    let rows = run.fetch_all(&statement.with_sql(text)).await?;
+    let rows = DB::fetch_all(&mut *pool.acquire().await?, &statement.with_sql(text)).await?;
     Ok(rows
         .iter()
         .map(|row| dead_row(row, sql))
@@ -69,8 +69,8 @@ fn dead_row(row: &impl ReadRow, sql: &LayoutSql) -> Result<DeadRow, sqlx::Error>
 
 /// Makes the selected dead rows due again with a fresh attempt count; returns how many.
 /// `last_error` is kept so the history of the row stays visible until it is delivered.
-pub(crate) async fn replay<R: Run>(
-    run: &R,
+pub(crate) async fn replay<DB: Execute>(
+    pool: &sqlx::Pool<DB>,
     sql: &LayoutSql,
     selection: &ReplaySelection,
 ) -> Result<u64, StoreError> {
@@ -80,11 +80,7 @@ pub(crate) async fn replay<R: Run>(
             let id = sql.layout.parse_id(id)?;
             format!("AND o.{} = {}", sql.id, sql.bind_id(&mut statement, &id))
         }
-        ReplaySelection::Tenant(t) => format!(
-            "AND {} = {}",
-            sql.tenant_name_expr("o"),
-            statement.param(Param::Text(t.clone()))
-        ),
+        ReplaySelection::Tenant(t) => of_tenant(sql, &mut statement, "o", t),
         ReplaySelection::All => String::new(),
     };
     // SQLite: a dead row holds no lease, but one replayed must not keep a stale one.
@@ -98,7 +94,7 @@ pub(crate) async fn replay<R: Run>(
           WHERE o.dead_at IS NOT NULL AND o.published_at IS NULL {filter}",
         table = sql.table,
     );
-    Ok(run.execute(&statement.with_sql(text)).await?)
+    Ok(DB::execute(&mut *pool.acquire().await?, &statement.with_sql(text)).await?)
 }
 
 /// Deletes dead rows that died more than `older_than` ago (optionally of one tenant), in
@@ -113,14 +109,8 @@ pub(crate) async fn purge<DB: Execute>(
     let mut statement = Statement::new(sql.dialect);
     let alias = sql.delete_alias();
     let died = statement.param(Param::Int(sql.dialect.ago_param(older_than)));
-    let tenant_filter = match tenant {
-        Some(t) => format!(
-            "AND {} = {}",
-            sql.tenant_name_expr(alias),
-            statement.param(Param::Text(t.to_owned()))
-        ),
-        None => String::new(),
-    };
+    let tenant_filter =
+        tenant.map_or_else(String::new, |t| of_tenant(sql, &mut statement, alias, t));
     let filter = format!(
         "{alias}.dead_at IS NOT NULL AND {alias}.published_at IS NULL
             AND {alias}.dead_at <= {ago} {tenant_filter}",

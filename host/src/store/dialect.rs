@@ -1,6 +1,6 @@
 //! How the three databases spell the same SQL: identifier quoting, casts, null-safe equality
-//! and time arithmetic (placeholders and the current time: [`super::statement::Statement`]). Everything else a statement needs is built once from a
-//! [`Layout`](super::schema::Layout) and a [`Dialect`] ([`super::layout_sql`]).
+//! and time arithmetic (placeholders and the current time: [`super::statement::Statement`]).
+//! Everything else is built once from a checked layout and a [`Dialect`] ([`super::layout_sql`]).
 
 use std::time::Duration;
 

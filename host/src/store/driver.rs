@@ -1,24 +1,23 @@
-//! What each database does its own way, as one trait: [`StoreDriver`] has one method per
-//! operation and one implementation per driver (`postgres/`, `mysql/`, `sqlite/`). The rest of
-//! [`OutboxStore`](super::OutboxStore) (dead rows, the backlog) is built once from the table's [`LayoutSql`] and
-//! run on the driver's pool ([`super::open`]).
+//! What each database does its own way, as one trait ([`StoreDriver`]) with one implementation
+//! per driver; the rest of [`OutboxStore`](super::OutboxStore) runs statements built once on
+//! the driver's pool ([`super::open`]).
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use super::layout_sql::LayoutSql;
+use super::open::Driver;
 use super::statement::Execute;
-use super::{BatchOutcome, Claim, ClaimedBatch, Settlement, StoreError};
+use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError};
 use crate::model::TenantId;
 
 /// What one database's store does its own way: the claim and what completes it (row locks in
-/// a transaction, or a lease), the due probe, settling, retention and
-/// LISTEN/NOTIFY. See [`OutboxStore`](super::OutboxStore) for what each operation means.
+/// a transaction, or a lease), the due probe, settling, retention and LISTEN/NOTIFY. See
+/// [`OutboxStore`](super::OutboxStore) for what each operation means.
 pub(crate) trait StoreDriver: Send + Sync {
-    /// The database's name in messages.
-    const NAME: &'static str;
+    /// Which database this is.
+    const DRIVER: Driver;
     type Db: Execute;
-    type Batch: ClaimedBatch;
 
     /// The pool the shared statements run on.
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
@@ -30,7 +29,7 @@ pub(crate) trait StoreDriver: Send + Sync {
         &self,
         limit: usize,
         paused: &[TenantId],
-    ) -> Result<Claim<Self::Batch>, StoreError>;
+    ) -> Result<Claim<StoreBatch>, StoreError>;
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError>;
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError>;
 
@@ -40,14 +39,14 @@ pub(crate) trait StoreDriver: Send + Sync {
         _channel: &str,
         _wake: &(dyn Fn() + Send + Sync),
     ) -> Result<Infallible, StoreError> {
-        Err(StoreError::unsupported_notify(Self::NAME))
+        Err(StoreError::unsupported_notify(Self::DRIVER.name()))
     }
 
     async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(Self::NAME))
+        Err(StoreError::unsupported_notify(Self::DRIVER.name()))
     }
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(Self::NAME))
+        Err(StoreError::unsupported_notify(Self::DRIVER.name()))
     }
 }

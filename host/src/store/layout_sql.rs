@@ -184,7 +184,10 @@ impl LayoutSql {
                 let param = statement.param(Param::Text(id.to_string()));
                 format!("{param}::text::{}", self.key_cast())
             }
-            Dialect::Mysql | Dialect::Sqlite => statement.param(Param::id(id)),
+            Dialect::Mysql | Dialect::Sqlite => statement.param(match id {
+                OutboxId::Int(n) => Param::Int(*n),
+                OutboxId::Text(text) => Param::Text(text.to_string()),
+            }),
         }
     }
 

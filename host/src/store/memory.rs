@@ -309,7 +309,7 @@ impl OutboxStore for MemoryStore {
             ids,
             open: true,
         };
-        Ok(Claim::of(batch, decoded))
+        Claim::of(batch, decoded.into_iter().map(Ok))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

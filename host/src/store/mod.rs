@@ -18,14 +18,13 @@
 //! SQL of one dialect, and the statements that do not differ are built once from the two and
 //! run on any driver's pool (`statement`): dead rows (`dead`), the backlog (`backlog`),
 //! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), pruning
-//! (`prune`), chunked deletes (`chunk`), and `sluice migrate`'s tables, columns and indexes
+//! and other chunked deletes (`prune`), and `sluice migrate`'s tables, columns and indexes
 //! (`ddl`). Each driver (`postgres`, `mysql`, `sqlite`) implements `driver::StoreDriver` with
 //! only what its database does its own way: session setup, the claim, its column types and
 //! migration locks, LISTEN/NOTIFY, the cursor, the lease.
 
 mod backlog;
 mod batch;
-mod chunk;
 mod columns;
 #[cfg(test)]
 mod conformance;
@@ -369,25 +368,26 @@ pub struct Claim<B> {
 }
 
 impl<B> Claim<B> {
-    /// The claim of `batch` whose rows decoded as `decoded`, in claim order.
+    /// The claim of `batch` whose rows decoded as `decoded` ([`rows::decode_claimed`]), in
+    /// claim order.
     pub(crate) fn of(
         batch: B,
-        decoded: impl IntoIterator<Item = Result<OutboxRow, RowFailure>>,
-    ) -> Self {
+        decoded: impl IntoIterator<Item = Result<Result<OutboxRow, RowFailure>, StoreError>>,
+    ) -> Result<Self, StoreError> {
         let decoded = decoded.into_iter();
         let mut rows = Vec::with_capacity(decoded.size_hint().0);
         let mut rejected = Vec::new();
         for row in decoded {
-            match row {
+            match row? {
                 Ok(row) => rows.push(row),
                 Err(failure) => rejected.push(failure),
             }
         }
-        Self {
+        Ok(Self {
             batch,
             rows,
             rejected,
-        }
+        })
     }
 
     /// Rows claimed, decoded or not.

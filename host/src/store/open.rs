@@ -73,17 +73,11 @@ pub async fn open(
 ) -> Result<Store, StoreError> {
     let driver = Driver::of(url)?;
     super::tls::check_files(url)?;
-    match driver {
-        Driver::Postgres => Ok(Store::Postgres(
-            PgStore::open(url, spec, options, connections).await?,
-        )),
-        Driver::Mysql => Ok(Store::Mysql(
-            MyStore::open(url, spec, options, connections).await?,
-        )),
-        Driver::Sqlite => Ok(Store::Sqlite(
-            LiteStore::open(url, spec, options, connections).await?,
-        )),
-    }
+    Ok(match driver {
+        Driver::Postgres => Store::Postgres(PgStore::open(url, spec, options, connections).await?),
+        Driver::Mysql => Store::Mysql(MyStore::open(url, spec, options, connections).await?),
+        Driver::Sqlite => Store::Sqlite(LiteStore::open(url, spec, options, connections).await?),
+    })
 }
 
 /// Creates the outbox table, or upgrades one the application created, then checks it as
@@ -142,34 +136,22 @@ pub enum StoreBatch {
 
 /// Calls `$call` on whichever driver `$store` (a [`Store`] or a [`StoreBatch`]) holds.
 macro_rules! dispatch {
-    ($enum:ident, $store:expr, $s:ident => $call:expr) => {
-        match $store {
-            $enum::Postgres($s) => $call,
-            $enum::Mysql($s) => $call,
-            $enum::Sqlite($s) => $call,
-        }
-    };
     ($store:expr, $s:ident => $call:expr) => {
-        dispatch!(Store, $store, $s => $call)
+        match $store {
+            Self::Postgres($s) => $call,
+            Self::Mysql($s) => $call,
+            Self::Sqlite($s) => $call,
+        }
     };
 }
 
 impl ClaimedBatch for StoreBatch {
     async fn complete(self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        dispatch!(Self, self, batch => batch.complete(outcome).await)
+        dispatch!(self, batch => batch.complete(outcome).await)
     }
 
     async fn abandon(self) -> Result<(), StoreError> {
-        dispatch!(Self, self, batch => batch.abandon().await)
-    }
-}
-
-/// A driver's claim as a [`Store`]'s.
-fn wrap<B>(claim: Claim<B>, batch: impl FnOnce(B) -> StoreBatch) -> Claim<StoreBatch> {
-    Claim {
-        batch: batch(claim.batch),
-        rows: claim.rows,
-        rejected: claim.rejected,
+        dispatch!(self, batch => batch.abandon().await)
     }
 }
 
@@ -185,11 +167,7 @@ impl OutboxStore for Store {
         limit: usize,
         paused: &[TenantId],
     ) -> Result<Claim<StoreBatch>, StoreError> {
-        Ok(match self {
-            Self::Postgres(s) => wrap(s.claim(limit, paused).await?, StoreBatch::Postgres),
-            Self::Mysql(s) => wrap(s.claim(limit, paused).await?, StoreBatch::Mysql),
-            Self::Sqlite(s) => wrap(s.claim(limit, paused).await?, StoreBatch::Sqlite),
-        })
+        dispatch!(self, s => s.claim(limit, paused).await)
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

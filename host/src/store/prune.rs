@@ -1,16 +1,38 @@
-//! Retention: in `mark = "published_at"` mode sent rows stay in the table as an audit trail;
-//! the pruner deletes those older than `relay.retention`, in bounded chunks
-//! ([`super::chunk`]) so it never holds long locks or builds a huge transaction. Dead rows are
-//! never pruned (they are not sent): they stay until replayed or purged with `sluice dead
-//! purge`. One pruner per table at a time where the database can say so (PostgreSQL: an
-//! advisory lock each chunk takes; MySQL: a named lock held on the pruner's connection);
-//! two SQLite pruners just take turns.
+//! Deleting in bounded chunks ([`delete_in_chunks`]): each statement deletes at most [`CHUNK`]
+//! rows — a short transaction, little WAL or undo at once, never long locks — with a pause
+//! between full chunks that leaves the database to the relay and the application. Used for
+//! retention ([`prune`]: in `mark = "published_at"` mode sent rows stay as an audit trail until
+//! older than `relay.retention`) and for purging dead rows ([`super::dead::purge`]); dead rows
+//! are never pruned, they are not sent. One pruner per table at a time where the database can
+//! say so (PostgreSQL: an advisory lock each chunk takes; MySQL: a named lock held on the
+//! pruner's connection); two SQLite pruners just take turns.
 
 use std::time::Duration;
 
-use super::chunk::{CHUNK, delete_in_chunks};
 use super::layout_sql::LayoutSql;
 use super::statement::{Execute, Param, Statement};
+
+/// Rows deleted per statement.
+pub(crate) const CHUNK: i64 = 1_000;
+/// Pause between two full chunks.
+const CHUNK_PAUSE: Duration = Duration::from_millis(50);
+
+/// Runs `statement` (a `DELETE` of at most [`CHUNK`] rows) on `conn` until a chunk comes back
+/// short; returns the rows deleted.
+pub(crate) async fn delete_in_chunks<DB: Execute>(
+    conn: &mut DB::Connection,
+    statement: &Statement,
+) -> Result<u64, sqlx::Error> {
+    let mut total = 0;
+    loop {
+        let deleted = DB::execute(conn, statement).await?;
+        total += deleted;
+        if deleted < CHUNK as u64 {
+            return Ok(total);
+        }
+        tokio::time::sleep(CHUNK_PAUSE).await;
+    }
+}
 
 /// Deletes sent rows older than `retention` on `conn`, chunk by chunk, until none are left or
 /// `lock` (a condition the driver adds to each chunk, e.g. a lock it must get) fails. In id

@@ -28,19 +28,6 @@ pub(crate) mod column {
     pub(crate) const ATTEMPTS: usize = 8;
     /// SQLite only: the order column, to sort `RETURNING`'s rows (in no set order).
     pub(crate) const CLAIM_ORDER: usize = 9;
-    /// The aliases, in that order.
-    #[cfg(test)]
-    pub(crate) const ALIASES: [&str; 9] = [
-        "id",
-        "tenant",
-        "aggregate_type",
-        "aggregate_id",
-        "event_type",
-        "payload",
-        "headers",
-        "created_at",
-        "attempts",
-    ];
 }
 
 /// Reads column `index` as an id as `key` carries it.
@@ -59,21 +46,14 @@ pub(crate) fn read_id(
     })
 }
 
-/// Decodes a claimed row. A row whose columns cannot be decoded is a [`RowFailure`] under its
-/// own id, dead-lettered with the reason (retrying cannot help until someone fixes the row).
-/// Only an unreadable id is an error of the whole claim: without it the row cannot be named.
-/// (The schema check makes that impossible — the id is `NOT NULL` and cast in SQL — unless
-/// the table is altered under a running relay.)
+/// Decodes a claimed row: one whose columns cannot be decoded is a [`RowFailure`] under its
+/// own id ([`super::Claim::rejected`]); only an unreadable id is an error of the whole claim
+/// ([`StoreError::Key`]): without it the row cannot be named.
 pub(crate) fn decode_claimed(
     row: &impl ReadRow,
     sql: &LayoutSql,
 ) -> Result<Result<OutboxRow, RowFailure>, StoreError> {
-    let layout = &sql.layout;
-    let id = read_id(row, &layout.key, column::ID).map_err(|e| StoreError::Key {
-        table: layout.table.to_string(),
-        column: layout.id.to_string(),
-        message: e.to_string(),
-    })?;
+    let id = read_id(row, &sql.layout.key, column::ID).map_err(|e| unreadable_key(sql, e))?;
     Ok(
         decode_columns(row, sql, id.clone()).map_err(|error| RowFailure {
             id,
@@ -81,6 +61,15 @@ pub(crate) fn decode_claimed(
             disposition: Disposition::Dead,
         }),
     )
+}
+
+/// A claimed row's id (SQLite: or its place in claim order) could not be read.
+pub(crate) fn unreadable_key(sql: &LayoutSql, e: sqlx::Error) -> StoreError {
+    StoreError::Key {
+        table: sql.layout.table.to_string(),
+        column: sql.layout.id.to_string(),
+        message: e.to_string(),
+    }
 }
 
 fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<OutboxRow, String> {
@@ -160,22 +149,15 @@ pub(crate) struct Reschedule {
 
 impl From<Disposition> for Reschedule {
     fn from(disposition: Disposition) -> Self {
-        match disposition {
-            Disposition::Retry(d) => Self {
-                delay_ms: millis(d),
-                dead: false,
-                counted: true,
-            },
-            Disposition::Dead => Self {
-                delay_ms: 0,
-                dead: true,
-                counted: true,
-            },
-            Disposition::Wait(d) => Self {
-                delay_ms: millis(d),
-                dead: false,
-                counted: false,
-            },
+        let (delay_ms, dead, counted) = match disposition {
+            Disposition::Retry(d) => (millis(d), false, true),
+            Disposition::Dead => (0, true, true),
+            Disposition::Wait(d) => (millis(d), false, false),
+        };
+        Self {
+            delay_ms,
+            dead,
+            counted,
         }
     }
 }

@@ -1,9 +1,6 @@
 //! [`OutboxStore::settle`](super::OutboxStore::settle), for every driver: recording a batch's
-//! outcome in a fresh transaction after its completion failed. The rows still unsent that this
-//! relay may still record are found first (each driver says which: [`settle`]'s `held`), the
-//! others are skipped; the held ones are recorded together or, should the database refuse
-//! that, one by one, each in its own savepoint, so one row it refuses cannot keep the others
-//! from being recorded. Rare path: plain SQL built per call.
+//! outcome in a fresh transaction after its completion failed ([`settle`]). Rare path: plain
+//! SQL built per call.
 
 use std::collections::HashSet;
 
@@ -16,10 +13,13 @@ use super::statement::{Execute, Statement};
 use super::{BatchOutcome, RowFailure, Settlement, StoreError};
 use crate::model::OutboxId;
 
-/// Settles `outcome` in `tx`, a fresh transaction, and commits: the rows of `outcome` that are
-/// unsent, not dead and `held` (a condition the driver adds to the statement that finds them:
-/// PostgreSQL and MySQL lock them, skipping rows another relay has locked; SQLite checks their
-/// lease) are recorded with the driver's statements `rows`; the others are skipped.
+/// The `held` of drivers whose claims lock rows (PostgreSQL, MySQL): lock them too, skipping
+/// rows another relay has locked.
+pub(crate) const SKIP_LOCKED: &str = "FOR UPDATE SKIP LOCKED";
+
+/// Settles `outcome` in `tx`, a fresh transaction, and commits: the rows of `outcome` still
+/// pending and `held` (the driver's condition on them: [`SKIP_LOCKED`], or SQLite's lease) are
+/// recorded with the driver's statements `rows`; the others are skipped.
 pub(crate) async fn settle<DB: Execute>(
     mut tx: sqlx::Transaction<'static, DB>,
     sql: &LayoutSql,

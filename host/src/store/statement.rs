@@ -1,15 +1,12 @@
 //! Running a statement built once for every database ([`Statement`]) on any driver's
-//! connections ([`Execute`]) or pool ([`Run`]), and reading its rows by position whatever the
-//! driver ([`ReadRow`]). The shared statements (dead rows, the backlog, settling, MySQL's and
+//! connections ([`Execute`]), and reading its rows by position whatever the driver
+//! ([`ReadRow`]). The shared statements (dead rows, the backlog, settling, MySQL's and
 //! SQLite's marking) go through here; PostgreSQL's hot path (claim, mark) binds arrays.
-
-use std::future::Future;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
 use super::dialect::{Cast, Dialect};
-use crate::model::OutboxId;
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,16 +15,6 @@ pub(crate) enum Param {
     Text(String),
     /// NULL, bound as a value of the type it stands for.
     Null(Cast),
-}
-
-impl Param {
-    /// `id` as the type the id column compares with: its integer, or its text.
-    pub(crate) fn id(id: &OutboxId) -> Self {
-        match id {
-            OutboxId::Int(n) => Self::Int(*n),
-            OutboxId::Text(text) => Self::Text(text.to_string()),
-        }
-    }
 }
 
 /// A statement's text and its parameters in binding order, built with [`Statement::param`]
@@ -101,34 +88,6 @@ pub(crate) trait Execute: sqlx::Database<Row: ReadRow + Send> {
         conn: &'c mut Self::Connection,
         statement: &'c Statement,
     ) -> BoxFuture<'c, Result<Vec<Self::Row>, sqlx::Error>>;
-}
-
-/// A pool that runs [`Statement`]s, each on a connection of its own.
-pub(crate) trait Run: Sync {
-    type Row: ReadRow + Send;
-
-    /// Runs `statement`; returns the rows it changed.
-    fn execute(
-        &self,
-        statement: &Statement,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
-    fn fetch_all(
-        &self,
-        statement: &Statement,
-    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send;
-}
-
-impl<DB: Execute> Run for sqlx::Pool<DB> {
-    type Row = DB::Row;
-
-    async fn execute(&self, statement: &Statement) -> Result<u64, sqlx::Error> {
-        DB::execute(&mut *self.acquire().await?, statement).await
-    }
-
-    async fn fetch_all(&self, statement: &Statement) -> Result<Vec<DB::Row>, sqlx::Error> {
-        DB::fetch_all(&mut *self.acquire().await?, statement).await
-    }
 }
 
 /// A result row read by column position.

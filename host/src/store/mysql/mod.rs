@@ -10,12 +10,8 @@
 //!
 //! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
 //! - [`migrate`]: creating or upgrading the table and its indexes
-//! - [`sql`], [`batch`]: the relay's statements, the claimed batch
-//!
-//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
-//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
+//! - [`sql`]: the relay's statements; a claimed batch is a [`TxBatch`] of them
 
-mod batch;
 mod migrate;
 mod schema;
 mod sql;
@@ -27,14 +23,13 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor};
 
-use crate::store::batch::TxBatch;
-pub(super) use batch::MyBatch;
-
 use super::connect::{self, CONNECT_TIMEOUT};
 use super::driver::StoreDriver;
-use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::open::Driver;
+use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::TenantId;
+use crate::store::batch::TxBatch;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
@@ -44,14 +39,15 @@ use sql::Statements;
 
 impl_execute!(MySql, MySqlRow, DateTime<Utc>, |time| time);
 
+/// A claimed batch: the open transaction holding the row locks.
+pub(crate) type MyBatch = TxBatch<MySql, Statements>;
+
 /// The session setting that keeps claims from blocking the application's inserts (see the
 /// module documentation).
 const ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 /// The server-wide named lock of one table's pruner (names are limited to 64 characters, so
 /// the database and table are hashed).
 const PRUNE_LOCK: &str = "CONCAT('sluice_prune_', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))";
-/// Settling locks the rows it records, skipping those another relay has locked.
-const FOR_UPDATE: &str = "FOR UPDATE SKIP LOCKED";
 
 /// Connects a pool of at most `connections`, each at READ COMMITTED. (sqlx sets the session's
 /// `time_zone` to `+00:00`, so `TIMESTAMP` columns read as UTC.)
@@ -119,12 +115,10 @@ impl MyStore {
         let found = schema::read_columns(&pool, &spec.name).await?;
         let layout = check::<schema::MyTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
+        let statements = Statements::new(LayoutSql::new(layout, Dialect::Mysql), options);
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(
-                LayoutSql::new(layout, Dialect::Mysql),
-                options,
-            )),
+            statements: Arc::new(statements),
         })
     }
 
@@ -132,15 +126,10 @@ impl MyStore {
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
         connect::use_options(&self.pool, url, url.parse::<MySqlConnectOptions>()).await
     }
-
-    /// The paused tenants' names; `None` for rows without a tenant.
-    fn paused_names(paused: &[TenantId]) -> impl Iterator<Item = Option<&str>> {
-        paused.iter().map(TenantId::name)
-    }
 }
 
 impl StoreDriver for MyStore {
-    const NAME: &'static str = "MySQL/MariaDB";
+    const DRIVER: Driver = Driver::Mysql;
     type Db = MySql;
 
     fn pool(&self) -> &MySqlPool {
@@ -151,46 +140,36 @@ impl StoreDriver for MyStore {
         &self.statements.sql
     }
 
-    type Batch = MyBatch;
-
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
         let mut query =
             sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.statements.due.sql(paused.len())));
-        for tenant in Self::paused_names(paused) {
+        for tenant in paused.iter().map(TenantId::name) {
             query = query.bind(tenant);
         }
         Ok(query.fetch_one(&self.pool).await? != 0)
     }
 
-    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<MyBatch>, StoreError> {
+    async fn claim(
+        &self,
+        limit: usize,
+        paused: &[TenantId],
+    ) -> Result<Claim<StoreBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut query = sqlx::query(AssertSqlSafe(self.statements.claim.sql(paused.len())));
-        for tenant in Self::paused_names(paused) {
+        for tenant in paused.iter().map(TenantId::name) {
             query = query.bind(tenant);
         }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let raw = query.bind(limit).fetch_all(&mut *tx).await?;
-        let decoded = raw
-            .iter()
-            .map(|row| decode_claimed(row, &self.statements.sql))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Claim::of(
-            TxBatch::new(tx, Arc::clone(&self.statements)),
-            decoded,
-        ))
+        let batch = StoreBatch::Mysql(TxBatch::new(tx, Arc::clone(&self.statements)));
+        let sql = &self.statements.sql;
+        Claim::of(batch, raw.iter().map(|row| decode_claimed(row, sql)))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
-        let statements = &*self.statements;
         let tx = self.pool.begin().await?;
-        settle::settle(
-            tx,
-            &statements.sql,
-            outcome,
-            |_| FOR_UPDATE.into(),
-            statements,
-        )
-        .await
+        let rows = &*self.statements;
+        settle::settle(tx, &rows.sql, outcome, |_| settle::SKIP_LOCKED.into(), rows).await
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {

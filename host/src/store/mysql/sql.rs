@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use crate::model::OutboxId;
+use crate::store::batch::ChunkedRows;
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::bind_failure;
@@ -20,17 +21,18 @@ use crate::store::{MarkMode, RowFailure, StoreOptions};
 #[derive(Debug)]
 pub(crate) struct WithPaused {
     head: String,
-    tenant: String,
+    /// One paused tenant's condition.
+    filter: String,
     tail: String,
     unfiltered: Arc<str>,
 }
 
 impl WithPaused {
-    fn new(head: String, tenant: String, tail: String) -> Self {
+    fn new(head: String, tenant: &str, tail: String) -> Self {
         Self {
             unfiltered: format!("{head}{tail}").into(),
+            filter: format!(" AND NOT ({})", Dialect::Mysql.null_safe_eq(tenant, "?")),
             head,
-            tenant,
             tail,
         }
     }
@@ -40,12 +42,7 @@ impl WithPaused {
         if paused == 0 {
             return Arc::clone(&self.unfiltered);
         }
-        let filter = format!(
-            " AND NOT ({})",
-            Dialect::Mysql.null_safe_eq(&self.tenant, "?")
-        )
-        .repeat(paused);
-        format!("{}{filter} {}", self.head, self.tail).into()
+        format!("{}{} {}", self.head, self.filter.repeat(paused), self.tail).into()
     }
 }
 
@@ -70,7 +67,7 @@ impl Statements {
                   WHERE {due_head}",
                 columns = sql.claimed_columns("o"),
             ),
-            sql.tenant_expr("o"),
+            &sql.tenant_expr("o"),
             format!(
                 "{key_order}
                   ORDER BY {order_by}
@@ -81,7 +78,7 @@ impl Statements {
         );
         let due = WithPaused::new(
             format!("SELECT CAST(EXISTS (SELECT 1 FROM {table} AS o WHERE {due_head}"),
-            sql.tenant_expr("o"),
+            &sql.tenant_expr("o"),
             format!("{key_order}) AS SIGNED)"),
         );
         Self {
@@ -92,43 +89,11 @@ impl Statements {
         }
     }
 
-    /// Marks `ids` sent.
-    pub(crate) fn mark(&self, ids: &[OutboxId]) -> Statement {
-        let mut statement = Statement::new(Dialect::Mysql);
-        let rows = self.values(&mut statement, ids, 1, |st, id| {
-            format!("{} AS id", self.sql.bind_id(st, id))
-        });
-        let text = match self.mark {
-            MarkMode::Delete => format!("DELETE o FROM {rows}"),
-            MarkMode::PublishedAt => format!("UPDATE {rows} SET o.published_at = UTC_TIMESTAMP(6)"),
-        };
-        statement.with_sql(text)
-    }
-
-    /// Reschedules or dead-letters `failed`, recording each row's error or `fixed`.
-    pub(crate) fn reschedule(&self, failed: &[RowFailure], fixed: Option<&str>) -> Statement {
-        let mut statement = Statement::new(Dialect::Mysql);
-        let rows = self.values(&mut statement, failed, 5, |st, f| {
-            let [id, error, delay, dead, counted] = bind_failure(&self.sql, st, f, fixed);
-            format!("{id} AS id, {error} AS error, {delay} AS delay_ms, {dead} AS dead, {counted} AS counted")
-        });
-        let text = format!(
-            "UPDATE {rows}
-                SET o.attempts = o.attempts + f.counted,
-                    o.last_error = f.error,
-                    o.next_attempt_at = CASE WHEN f.dead = 1 THEN NULL
-                        ELSE UTC_TIMESTAMP(6) + INTERVAL f.delay_ms * 1000 MICROSECOND END,
-                    o.dead_at = CASE WHEN f.dead = 1 THEN UTC_TIMESTAMP(6) END"
-        );
-        statement.with_sql(text)
-    }
-
     /// The rows of `items` (one `SELECT` of `width` columns each, the id first, `bind` binding
-    /// its values) joined to the table
-    /// by id, the values first (`STRAIGHT_JOIN`): each row is found through the id's unique
-    /// index. Left to itself the optimizer scans a small table instead, and a scanning
-    /// `DELETE` waits on every row another relay's open claim has locked. Padded with rows of
-    /// NULLs (which match no row) to [`placeholder_count`] rows.
+    /// its values) joined to the table by id, the values first (`STRAIGHT_JOIN`): each row is
+    /// found through the id's unique index. Left to itself the optimizer scans a small table
+    /// instead, and a scanning `DELETE` waits on every row another relay's open claim has
+    /// locked. Padded with rows of NULLs (which match no row) to [`placeholder_count`] rows.
     fn values<T>(
         &self,
         statement: &mut Statement,
@@ -150,6 +115,37 @@ impl Statements {
             table = self.sql.table,
             id = self.sql.id,
         )
+    }
+}
+
+impl ChunkedRows for Statements {
+    fn mark(&self, ids: &[OutboxId]) -> Statement {
+        let mut statement = Statement::new(Dialect::Mysql);
+        let rows = self.values(&mut statement, ids, 1, |st, id| {
+            format!("{} AS id", self.sql.bind_id(st, id))
+        });
+        let text = match self.mark {
+            MarkMode::Delete => format!("DELETE o FROM {rows}"),
+            MarkMode::PublishedAt => format!("UPDATE {rows} SET o.published_at = UTC_TIMESTAMP(6)"),
+        };
+        statement.with_sql(text)
+    }
+
+    fn reschedule(&self, failed: &[RowFailure], fixed: Option<&str>) -> Statement {
+        let mut statement = Statement::new(Dialect::Mysql);
+        let rows = self.values(&mut statement, failed, 5, |st, f| {
+            let [id, error, delay, dead, counted] = bind_failure(&self.sql, st, f, fixed);
+            format!("{id} AS id, {error} AS error, {delay} AS delay_ms, {dead} AS dead, {counted} AS counted")
+        });
+        let text = format!(
+            "UPDATE {rows}
+                SET o.attempts = o.attempts + f.counted,
+                    o.last_error = f.error,
+                    o.next_attempt_at = CASE WHEN f.dead = 1 THEN NULL
+                        ELSE UTC_TIMESTAMP(6) + INTERVAL f.delay_ms * 1000 MICROSECOND END,
+                    o.dead_at = CASE WHEN f.dead = 1 THEN UTC_TIMESTAMP(6) END"
+        );
+        statement.with_sql(text)
     }
 }
 

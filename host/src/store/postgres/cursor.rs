@@ -21,28 +21,17 @@ use std::time::{Duration, Instant};
 pub(super) const REFRESH: Duration = Duration::from_millis(500);
 
 /// The cursor of one store (shared by the process's workers).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct ClaimCursor {
     state: Mutex<State>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct State {
     /// Highest id of the full claims since the last claim from the start, if any.
     after: Option<i64>,
-    /// When a claim last started from the start.
-    from_start: Instant,
-}
-
-impl Default for ClaimCursor {
-    fn default() -> Self {
-        Self {
-            state: Mutex::new(State {
-                after: None,
-                from_start: Instant::now(),
-            }),
-        }
-    }
+    /// When a claim last started from the start (`None`: none has yet).
+    from_start: Option<Instant>,
 }
 
 impl ClaimCursor {
@@ -54,12 +43,10 @@ impl ClaimCursor {
     /// when the last claim from the start is [`REFRESH`] ago).
     pub(super) fn start(&self, now: Instant) -> Option<i64> {
         let mut state = self.state();
-        if now.duration_since(state.from_start) >= REFRESH {
-            state.from_start = now;
+        let since = state.from_start.map(|at| now.duration_since(at));
+        if since.is_none_or(|since| since >= REFRESH) || state.after.is_none() {
+            state.from_start = Some(now);
             return None;
-        }
-        if state.after.is_none() {
-            state.from_start = now;
         }
         state.after
     }

@@ -1,59 +1,52 @@
 //! The PostgreSQL driver: [`PgStore`] implements [`StoreDriver`] over a connection pool.
 //!
-//! Every statement is built once from the checked [`Layout`] of the table, so whatever the
-//! application's column names and types, the Rust side sees one shape: `int8` or `text` keys,
-//! `text` strings, `bytea` payloads, `timestamptz` times (see [`schema`]).
-//!
 //! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
 //! - [`migrate`]: creating or upgrading the table and its indexes
-//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule)
+//! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule) and the claimed
+//!   batch's transaction
 //! - [`cursor`]: where the next claim starts while a backlog drains
-//! - [`rows`]: ids as parameters, the shared statements on PostgreSQL's pool
-//! - [`batch`]: the claimed batch's transaction (mark, reschedule, commit)
-//! - LISTEN/NOTIFY: [`listen`]
-//!
-//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
-//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
+//! - [`listen`]: LISTEN/NOTIFY wake-ups
 
-mod batch;
 mod cursor;
 mod listen;
 mod migrate;
-mod rows;
 mod schema;
 mod sql;
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use sqlx::Postgres;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use crate::store::batch::TxBatch;
-pub(super) use batch::PgBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 use schema::Layout;
+pub(super) use sql::PgBatch;
 
 use super::connect::{self, CONNECT_TIMEOUT};
 use super::driver::StoreDriver;
+use super::open::Driver;
 use super::statement::{Param, Statement};
-use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
 use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
+use crate::store::statement::impl_execute;
 use cursor::ClaimCursor;
 use sql::Statements;
+
+impl_execute!(Postgres, PgRow, DateTime<Utc>, |time| time);
 
 /// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
 pub(super) const APPLICATION_NAME: &str = "sluice";
 /// Advisory-lock key (with the table's oid): one pruner per table at a time.
 const PRUNE_LOCK_KEY: i32 = 0x736c_7570; // "slup"
-/// Settling locks the rows it records, skipping those another relay has locked.
-const FOR_UPDATE: &str = "FOR UPDATE SKIP LOCKED";
 
 /// Connection options from a URL, with Sluice's `application_name` unless the URL sets one
 /// (so operators can find the connections in `pg_stat_activity`). Without the
@@ -88,7 +81,7 @@ pub struct PgStore {
     pool: PgPool,
     /// The options LISTEN connections are opened with (replaced with the pool's on
     /// [`PgStore::use_url`]).
-    options: std::sync::RwLock<PgConnectOptions>,
+    options: RwLock<PgConnectOptions>,
     sql: LayoutSql,
     // Built once from checked identifiers (see `TableName`, `ColumnName`), hence
     // `AssertSqlSafe`.
@@ -113,7 +106,7 @@ impl PgStore {
         let statements = Statements::new(&sql, options);
         Ok(Self {
             pool,
-            options: std::sync::RwLock::new(connect_options(url)?),
+            options: RwLock::new(connect_options(url)?),
             sql,
             statements,
             cursor: ClaimCursor::default(),
@@ -129,17 +122,14 @@ impl PgStore {
     /// too.
     pub async fn use_url(&self, url: &str) -> Result<(), StoreError> {
         if let Ok(options) = connect_options(url) {
-            *self
-                .options
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = options;
+            *self.options.write().unwrap_or_else(PoisonError::into_inner) = options;
         }
         connect::use_options(&self.pool, url, connect_options(url)).await
     }
 }
 
 impl StoreDriver for PgStore {
-    const NAME: &'static str = "PostgreSQL";
+    const DRIVER: Driver = Driver::Postgres;
     type Db = Postgres;
 
     fn pool(&self) -> &PgPool {
@@ -150,82 +140,56 @@ impl StoreDriver for PgStore {
         &self.sql
     }
 
-    type Batch = PgBatch;
-
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
         let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
-        Ok(
-            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
-                .bind(&paused)
-                .fetch_one(&self.pool)
-                .await?,
-        )
+        let due = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)));
+        Ok(due.bind(&paused).fetch_one(&self.pool).await?)
     }
 
-    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
+    async fn claim(
+        &self,
+        limit: usize,
+        paused: &[TenantId],
+    ) -> Result<Claim<StoreBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let wanted = limit;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
         let after = match &self.statements.claim_after {
             Some(sql) => self.cursor.start(Instant::now()).map(|id| (sql, id)),
             None => None,
         };
-        let raw = match after {
-            Some((sql, id)) => {
-                sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-                    .bind(&paused)
-                    .bind(limit)
-                    .bind(id)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-            None => {
-                sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
-                    .bind(&paused)
-                    .bind(limit)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-        };
-        let decoded = raw
-            .iter()
-            .map(|row| decode_claimed(row, &self.sql))
-            .collect::<Result<Vec<_>, _>>()?;
-        let batch = TxBatch::new(tx, Arc::clone(&self.statements.batch));
-        let claim = Claim::of(batch, decoded);
+        let text = after.map_or(&self.statements.claim, |(sql, _)| sql);
+        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(text)))
+            .bind(&paused)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        if let Some((_, id)) = after {
+            query = query.bind(id);
+        }
+        let raw = query.fetch_all(&mut *tx).await?;
+        let batch = StoreBatch::Postgres(TxBatch::new(tx, Arc::clone(&self.statements.batch)));
+        let claim = Claim::of(batch, raw.iter().map(|row| decode_claimed(row, &self.sql)))?;
         if self.statements.claim_after.is_some() {
-            let highest = claim
-                .rows
-                .iter()
-                .map(|r| &r.id)
+            let ids = claim.rows.iter().map(|r| &r.id);
+            let highest = ids
                 .chain(claim.rejected.iter().map(|f| &f.id))
                 .filter_map(|id| match id {
                     OutboxId::Int(id) => Some(*id),
                     OutboxId::Text(_) => None,
                 })
                 .max();
-            self.cursor
-                .claimed(after.map(|(_, id)| id), raw.len(), wanted, highest);
+            let started = after.map(|(_, id)| id);
+            self.cursor.claimed(started, raw.len(), limit, highest);
         }
         Ok(claim)
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         let tx = self.pool.begin().await?;
-        settle::settle(
-            tx,
-            &self.sql,
-            outcome,
-            |_| FOR_UPDATE.into(),
-            &*self.statements.batch,
-        )
-        .await
+        let rows = &*self.statements.batch;
+        settle::settle(tx, &self.sql, outcome, |_| settle::SKIP_LOCKED.into(), rows).await
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        // One pruner per table at a time, however many relays run: each chunk takes an
-        // advisory lock on the table's oid, or deletes nothing.
+        // Each chunk takes an advisory lock on the table's oid, or deletes nothing.
         let lock = |statement: &mut Statement| {
             let key = statement.param(Param::Int(PRUNE_LOCK_KEY.into()));
             let table = statement.param(Param::Text(self.sql.table.clone()));
@@ -245,7 +209,7 @@ impl StoreDriver for PgStore {
         let options = self
             .options
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .clone();
         listen::listen(&options, channel, wake).await
     }

@@ -1,13 +1,19 @@
 //! The relay's statements, built from the checked layout ([`LayoutSql`]): the claim, the due
-//! probe, marking, rescheduling. Ids travel as one `text[]` parameter,
-//! cast to the id column's type ([`key_array`]).
+//! probe, marking, rescheduling, and the claimed batch that runs the last two ([`PgBatch`]).
+//! Ids travel as one `text[]` parameter, cast to the id column's type ([`key_array`]); the
+//! failures as arrays.
 
 use std::sync::Arc;
 
-use super::batch::BatchSql;
+use futures::future::BoxFuture;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+
 use super::schema::KeyKind;
+use crate::model::OutboxId;
+use crate::store::batch::{RecordRows, TxBatch};
 use crate::store::layout_sql::LayoutSql;
-use crate::store::{MarkMode, StoreOptions};
+use crate::store::rows::{Reschedule, stored_error};
+use crate::store::{MarkMode, RowFailure, StoreOptions};
 
 /// `param` (a `text[]` of ids) cast to an array of the id column's type, so the primary key's
 /// index serves `= ANY(…)`.
@@ -88,6 +94,61 @@ impl Statements {
     }
 }
 
+/// A claimed batch: the open transaction holding the row locks.
+pub(crate) type PgBatch = TxBatch<Postgres, BatchSql>;
+
+/// The batch's marking and rescheduling statements (see [`Statements`]).
+pub struct BatchSql {
+    pub(super) mark: Arc<str>,
+    pub(super) reschedule: Arc<str>,
+}
+
+impl RecordRows<Postgres> for BatchSql {
+    fn mark<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        ids: &'c [OutboxId],
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        Box::pin(async move {
+            Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.mark)))
+                .bind(ids.iter().map(OutboxId::to_string).collect::<Vec<_>>())
+                .execute(conn)
+                .await?
+                .rows_affected())
+        })
+    }
+
+    fn reschedule<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        failed: &'c [RowFailure],
+        fixed: Option<&'static str>,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        // The arrays the statement's `unnest` takes.
+        let (mut ids, mut errors, mut delays, mut dead, mut counted) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for f in failed {
+            let r = Reschedule::from(f.disposition);
+            ids.push(f.id.to_string());
+            errors.push(stored_error(f, fixed));
+            delays.push(r.delay_ms);
+            dead.push(r.dead);
+            counted.push(r.counted);
+        }
+        Box::pin(async move {
+            Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule)))
+                .bind(ids)
+                .bind(errors)
+                .bind(delays)
+                .bind(dead)
+                .bind(counted)
+                .execute(conn)
+                .await?
+                .rows_affected())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +220,23 @@ mod tests {
                     .iter()
                     .map(|item| item.trim().rsplit([' ', '.']).next().unwrap_or(item))
                     .collect();
-                assert_eq!(aliases, crate::store::rows::column::ALIASES, "{select}");
+                // Every alias at the position its constant names, and no other column.
+                use crate::store::rows::column::*;
+                let expected = [
+                    (ID, "id"),
+                    (TENANT, "tenant"),
+                    (AGGREGATE_TYPE, "aggregate_type"),
+                    (AGGREGATE_ID, "aggregate_id"),
+                    (EVENT_TYPE, "event_type"),
+                    (PAYLOAD, "payload"),
+                    (HEADERS, "headers"),
+                    (CREATED_AT, "created_at"),
+                    (ATTEMPTS, "attempts"),
+                ];
+                assert_eq!(aliases.len(), expected.len(), "{select}");
+                for (index, alias) in expected {
+                    assert_eq!(aliases.get(index), Some(&alias), "{select}");
+                }
             }
         }
     }

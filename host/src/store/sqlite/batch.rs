@@ -6,38 +6,23 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
+use sqlx::Transaction;
+use sqlx::sqlite::{Sqlite, SqlitePool};
 
 use super::BEGIN_WRITE;
-use super::rows::now_ms;
+use super::now_ms;
 use super::sql::{Guard, Statements};
 use crate::model::OutboxId;
-use crate::store::batch::{RecordRows, in_chunks, record};
+use crate::store::batch::{ChunkedRows, in_chunks, record};
+use crate::store::statement::Statement;
 use crate::store::{BatchOutcome, ClaimedBatch, RowFailure, StoreError};
 
 /// A claimed batch: its lease token and the rows it leased.
 pub struct LiteBatch {
-    pool: SqlitePool,
-    statements: Arc<Statements>,
-    token: String,
-    claimed: Vec<OutboxId>,
-}
-
-impl LiteBatch {
-    pub(super) fn new(
-        pool: SqlitePool,
-        statements: Arc<Statements>,
-        token: String,
-        claimed: Vec<OutboxId>,
-    ) -> Self {
-        Self {
-            pool,
-            statements,
-            token,
-            claimed,
-        }
-    }
+    pub(super) pool: SqlitePool,
+    pub(super) statements: Arc<Statements>,
+    pub(super) token: String,
+    pub(super) claimed: Vec<OutboxId>,
 }
 
 impl ClaimedBatch for LiteBatch {
@@ -58,9 +43,7 @@ impl ClaimedBatch for LiteBatch {
             .iter()
             .filter(|id| !recorded.contains(id))
             .collect();
-        self.release(&mut tx, &rest).await?;
-        tx.commit().await?;
-        Ok(())
+        self.release(tx, &rest).await
     }
 
     /// Ends the batch's leases: every row becomes claimable again, unchanged. (A batch dropped
@@ -70,25 +53,24 @@ impl ClaimedBatch for LiteBatch {
         if self.claimed.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
-        self.release(&mut tx, &self.claimed.iter().collect::<Vec<_>>())
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        let tx = self.pool.begin_with(BEGIN_WRITE).await?;
+        self.release(tx, &self.claimed.iter().collect::<Vec<_>>())
+            .await
     }
 }
 
 impl LiteBatch {
-    /// Ends the leases the batch's token holds on `ids`.
+    /// Ends the leases the batch's token holds on `ids`, and commits `tx`.
     async fn release(
         &self,
-        conn: &mut SqliteConnection,
+        mut tx: Transaction<'static, Sqlite>,
         ids: &[&OutboxId],
-    ) -> Result<u64, sqlx::Error> {
-        in_chunks::<Sqlite, _>(conn, ids, |chunk| {
+    ) -> Result<(), StoreError> {
+        in_chunks::<Sqlite, _>(&mut tx, ids, |chunk| {
             self.statements.release(chunk.iter().copied(), &self.token)
         })
-        .await
+        .await?;
+        Ok(tx.commit().await?)
     }
 }
 
@@ -100,26 +82,13 @@ pub(super) struct Recorder<'a> {
     pub(super) guard: Guard<'a>,
 }
 
-impl RecordRows<Sqlite> for Recorder<'_> {
-    fn mark<'c>(
-        &'c self,
-        conn: &'c mut SqliteConnection,
-        ids: &'c [OutboxId],
-    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
-        Box::pin(in_chunks::<Sqlite, _>(conn, ids, |chunk| {
-            self.statements.mark(chunk, self.now, self.guard)
-        }))
+impl ChunkedRows for Recorder<'_> {
+    fn mark(&self, ids: &[OutboxId]) -> Statement {
+        self.statements.mark(ids, self.now, self.guard)
     }
 
-    fn reschedule<'c>(
-        &'c self,
-        conn: &'c mut SqliteConnection,
-        failed: &'c [RowFailure],
-        fixed: Option<&'static str>,
-    ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
-        Box::pin(in_chunks::<Sqlite, _>(conn, failed, move |chunk| {
-            self.statements
-                .reschedule(chunk, self.now, self.guard, fixed)
-        }))
+    fn reschedule(&self, failed: &[RowFailure], fixed: Option<&str>) -> Statement {
+        self.statements
+            .reschedule(failed, self.now, self.guard, fixed)
     }
 }

@@ -13,14 +13,10 @@
 //!
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
 //! - [`migrate`]: creating or upgrading the table and its partial indexes
-//! - [`sql`], [`rows`], [`batch`]: the lease, decoding, completing a batch
-//!
-//! Settling, retention, dead rows and the backlog are shared: [`crate::store::settle`],
-//! [`crate::store::prune`], [`crate::store::dead`], [`crate::store::backlog`].
+//! - [`sql`], [`batch`]: the lease, completing a batch
 
 mod batch;
 mod migrate;
-mod rows;
 mod schema;
 mod sql;
 
@@ -28,23 +24,68 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
 
 pub(super) use batch::LiteBatch;
 
 use super::driver::StoreDriver;
+use super::open::Driver;
 use super::statement::{Param, Statement};
-use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, RowFailure, Settlement, StoreBatch, StoreError};
+use super::{StoreOptions, TableSpec};
 use super::{connect, prune, settle};
-use crate::model::TenantId;
-use crate::store::dialect::Dialect;
+use crate::model::{OutboxId, OutboxRow, TenantId};
+use crate::store::dialect::{Dialect, millis};
 use crate::store::layout_sql::LayoutSql;
+use crate::store::rows::{column, decode_claimed, unreadable_key};
 use crate::store::schema::check;
+use crate::store::statement::{ReadRow, impl_execute};
 use sql::{Guard, Statements};
+
+impl_execute!(Sqlite, SqliteRow, i64, from_ms);
+
+/// Now, as milliseconds since the Unix epoch (how Sluice's time columns hold time).
+pub(super) fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// Milliseconds since the epoch as a time (the epoch itself for values out of range).
+fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// A claimed row with its place in claim order (`RETURNING` gives rows in no set order).
+struct Claimed {
+    order: (i64, OutboxId),
+    row: Result<OutboxRow, RowFailure>,
+}
+
+/// Decodes a claimed row ([`decode_claimed`]) and its place in claim order.
+fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, StoreError> {
+    let decoded = decode_claimed(row, sql)?;
+    let order = row
+        .int(column::CLAIM_ORDER)
+        .and_then(|order| {
+            order.ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: column::CLAIM_ORDER.to_string(),
+                source: "the order column is NULL".into(),
+            })
+        })
+        .map_err(|e| unreadable_key(sql, e))?;
+    let id = match &decoded {
+        Ok(row) => row.id.clone(),
+        Err(failure) => failure.id.clone(),
+    };
+    Ok(Claimed {
+        order: (order, id),
+        row: decoded,
+    })
+}
 
 /// How long a statement waits for another connection's write transaction (the application's
 /// or another relay's) before failing with "database is locked".
@@ -97,7 +138,8 @@ pub struct LiteStore {
     pool: SqlitePool,
     statements: Arc<Statements>,
     lease: Duration,
-    /// This store's part of every lease token: tells its leases from other processes'.
+    /// What every lease token of this store starts with: tells its leases from other
+    /// processes'.
     process: String,
     batches: AtomicU64,
 }
@@ -112,32 +154,23 @@ impl LiteStore {
         connections: u32,
     ) -> Result<Self, StoreError> {
         let pool = connect(url, connections, false).await?;
-        let mut conn = pool.acquire().await?;
-        let found = schema::read_columns(&mut conn, &spec.name).await?;
-        drop(conn);
+        let found = schema::read_columns(&mut *pool.acquire().await?, &spec.name).await?;
         let layout = check::<schema::LiteTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), lease = ?options.lease,
             "outbox table checked");
+        let statements = Statements::new(LayoutSql::new(layout, Dialect::Sqlite), options);
         Ok(Self {
             pool,
-            statements: Arc::new(Statements::new(
-                LayoutSql::new(layout, Dialect::Sqlite),
-                options,
-            )),
+            statements: Arc::new(statements),
             lease: options.lease,
-            process: format!("{:x}-{:016x}", std::process::id(), fastrand::u64(..)),
+            process: format!("{:x}-{:016x}:", std::process::id(), fastrand::u64(..)),
             batches: AtomicU64::new(0),
         })
     }
 
-    /// What every lease token of this store starts with.
-    fn process_prefix(&self) -> String {
-        format!("{}:", self.process)
-    }
-
     fn next_token(&self) -> String {
         let n = self.batches.fetch_add(1, Ordering::Relaxed);
-        format!("{}{n}", self.process_prefix())
+        format!("{}{n}", self.process)
     }
 
     fn paused_json(paused: &[TenantId]) -> String {
@@ -148,7 +181,7 @@ impl LiteStore {
 }
 
 impl StoreDriver for LiteStore {
-    const NAME: &'static str = "SQLite";
+    const DRIVER: Driver = Driver::Sqlite;
     type Db = Sqlite;
 
     fn pool(&self) -> &SqlitePool {
@@ -159,11 +192,9 @@ impl StoreDriver for LiteStore {
         &self.statements.sql
     }
 
-    type Batch = LiteBatch;
-
     async fn has_due(&self, paused: &[TenantId]) -> Result<bool, StoreError> {
         let due: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.statements.due)))
-            .bind(rows::now_ms())
+            .bind(now_ms())
             .bind(Self::paused_json(paused))
             .fetch_one(&self.pool)
             .await?;
@@ -174,15 +205,14 @@ impl StoreDriver for LiteStore {
         &self,
         limit: usize,
         paused: &[TenantId],
-    ) -> Result<Claim<LiteBatch>, StoreError> {
+    ) -> Result<Claim<StoreBatch>, StoreError> {
         let token = self.next_token();
-        let now = rows::now_ms();
-        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let now = now_ms();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
             .bind(token.clone())
-            .bind(now.saturating_add(lease_ms))
+            .bind(now.saturating_add(millis(self.lease)))
             .bind(now)
             .bind(Self::paused_json(paused))
             .bind(limit)
@@ -191,21 +221,26 @@ impl StoreDriver for LiteStore {
         tx.commit().await?;
         let mut claimed = raw
             .iter()
-            .map(|row| rows::decode_row(row, &self.statements.sql))
+            .map(|row| decode_row(row, &self.statements.sql))
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by(|a, b| a.order.cmp(&b.order));
-        let ids = claimed.iter().map(|c| c.order.1.clone()).collect();
-        Ok(Claim::of(
-            LiteBatch::new(self.pool.clone(), Arc::clone(&self.statements), token, ids),
-            claimed.into_iter().map(|c| c.row),
-        ))
+        let batch = LiteBatch {
+            pool: self.pool.clone(),
+            statements: Arc::clone(&self.statements),
+            token,
+            claimed: claimed.iter().map(|c| c.order.1.clone()).collect(),
+        };
+        Claim::of(
+            StoreBatch::Sqlite(batch),
+            claimed.into_iter().map(|c| Ok(c.row)),
+        )
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         // Rows still leased by this process (any of its batches), by nobody, or by an expired
         // lease may be recorded; rows another relay leases are skipped.
-        let now = rows::now_ms();
-        let prefix = self.process_prefix();
+        let now = now_ms();
+        let prefix = &self.process;
         let held = |statement: &mut Statement| {
             let now = statement.param(Param::Int(now));
             let prefix = statement.param(Param::Text(prefix.clone()));
@@ -224,8 +259,7 @@ impl StoreDriver for LiteStore {
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
-        // Each chunk is its own short write transaction, so the application's writers wait
-        // for at most one chunk; two pruners of one table just take turns.
+        // Each chunk is its own short write transaction: writers wait for one chunk at most.
         let mut conn = self.pool.acquire().await?;
         let sql = &self.statements.sql;
         Ok(prune::prune::<Sqlite>(&mut conn, sql, retention, |_| String::new()).await?)
