@@ -106,33 +106,37 @@ impl ColumnTypes for LiteTypes {
     }
 }
 
-/// Reads the table's columns (`pragma_table_info`) and which of them a unique index or the
-/// primary key covers alone; empty when the table does not exist.
+/// Reads the table's columns (`pragma_table_info`) and which of them the primary key or a
+/// complete (not partial) unique index covers alone; empty when the table does not exist.
 pub(super) async fn read_columns(
     conn: &mut SqliteConnection,
     table: &TableName,
 ) -> Result<Vec<FoundColumn>, StoreError> {
-    let schema = table.schema().unwrap_or("main");
-    let rows =
-        sqlx::query("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?, ?) ORDER BY cid")
-            .bind(table.table())
-            .bind(schema)
-            .fetch_all(&mut *conn)
-            .await?;
-    let primary: Vec<String> = rows
-        .iter()
-        .filter(|r| r.try_get::<i64, _>("pk").unwrap_or(0) > 0)
-        .filter_map(|r| r.try_get::<String, _>("name").ok())
-        .collect();
-    let unique = unique_columns(conn, table, schema).await?;
+    // `pk` numbers the primary key's columns from 1.
+    let rows = sqlx::query(
+        "SELECT c.name, c.type, c.\"notnull\",
+                c.pk = 1 AND NOT EXISTS (SELECT 1 FROM pragma_table_info(?1, ?2) WHERE pk > 1)
+                    AS sole_key,
+                EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) AS l
+                         WHERE l.\"unique\" AND NOT l.partial
+                           AND (SELECT count(*) FROM pragma_index_info(l.name, ?2)) = 1
+                           AND (SELECT name FROM pragma_index_info(l.name, ?2)) = c.name)
+                    AS is_unique
+           FROM pragma_table_info(?1, ?2) AS c
+          ORDER BY c.cid",
+    )
+    .bind(table.table())
+    .bind(table.schema().unwrap_or("main"))
+    .fetch_all(&mut *conn)
+    .await?;
     rows.iter()
         .map(|row| {
-            let name: String = row.try_get("name")?;
             let declared: String = row.try_get("type")?;
-            let alone_in_pk = primary.len() == 1 && primary[0] == name;
+            let sole_key = row.try_get::<i64, _>("sole_key")? != 0;
             // An INTEGER PRIMARY KEY is the rowid: never NULL, whatever was declared.
-            let rowid = alone_in_pk && declared.eq_ignore_ascii_case("integer");
+            let rowid = sole_key && declared.eq_ignore_ascii_case("integer");
             Ok(FoundColumn {
+                name: row.try_get("name")?,
                 shown: if declared.is_empty() {
                     "(no type)".to_owned()
                 } else {
@@ -141,30 +145,11 @@ pub(super) async fn read_columns(
                 base: declared.to_ascii_lowercase(),
                 bounded: false,
                 not_null: row.try_get::<i64, _>("notnull")? != 0 || rowid,
-                unique: alone_in_pk || unique.contains(&name),
-                name,
+                unique: sole_key || row.try_get::<i64, _>("is_unique")? != 0,
             })
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
-}
-
-/// Columns a complete (not partial) unique index covers alone.
-async fn unique_columns(
-    conn: &mut SqliteConnection,
-    table: &TableName,
-    schema: &str,
-) -> Result<Vec<String>, StoreError> {
-    let columns: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT i.name FROM pragma_index_list(?1, ?2) AS l, pragma_index_info(l.name, ?2) AS i
-          WHERE l.\"unique\" AND NOT l.partial GROUP BY l.name HAVING count(*) = 1",
-    )
-    .bind(table.table())
-    .bind(schema)
-    .fetch_all(&mut *conn)
-    .await?;
-    // An expression's key part has no name.
-    Ok(columns.into_iter().flatten().collect())
 }
 
 #[cfg(test)]
