@@ -4,7 +4,7 @@
 //! own way (locks, transactions, MySQL's prefix key parts and index look-ups).
 
 use super::TableName;
-use super::columns::{self, ColumnName, TableSpec};
+use super::columns::{ColumnName, Holds, TableSpec};
 use super::dialect::Dialect;
 use super::schema::{self, ColumnTypes, FoundColumn, Layout};
 
@@ -26,8 +26,7 @@ pub(super) trait DdlTypes: ColumnTypes {
     /// table, numbering its rows (`None`: it cannot be).
     const ORDER: &'static str;
     const ORDER_ADDED: Option<&'static str>;
-    /// Sluice's times (`published_at`, `next_attempt_at`, `dead_at`, `lease_until`), `attempts`
-    /// (from 0), and its texts (`last_error`, `leased_by`).
+    /// Bookkeeping columns by what they hold ([`Holds`]).
     const TIME: &'static str;
     const COUNT: &'static str;
     const TEXT: &'static str;
@@ -38,23 +37,22 @@ pub(super) trait DdlTypes: ColumnTypes {
 /// `CREATE TABLE IF NOT EXISTS` with the mapped column names, Sluice's bookkeeping columns and
 /// `T`'s types.
 pub(super) fn create_table<T: DdlTypes>(spec: &TableSpec) -> String {
-    let c = &spec.columns;
+    let (c, q) = (&spec.columns, T::DIALECT.quote());
     let string = format!("{} NOT NULL", T::STRING);
-    let tenant = c.tenant.name().map(|t| (t.as_str(), T::STRING));
-    let order = c.order.as_ref().filter(|order| **order != c.id);
-    let q = T::DIALECT.quote();
-    let list: Vec<String> = [(c.id.as_str(), T::ID)]
+    let ty = |key| match key {
+        "id" => T::ID,
+        "tenant" => T::STRING,
+        "payload" => T::PAYLOAD,
+        "headers" => T::HEADERS,
+        "created_at" => T::CREATED_AT,
+        "order" => T::ORDER,
+        _ => string.as_str(), // aggregate_type, aggregate_id, event_type
+    };
+    let list: Vec<String> = c
+        .roles()
         .into_iter()
-        .chain(tenant)
-        .chain([
-            (c.aggregate_type.as_str(), string.as_str()),
-            (c.aggregate_id.as_str(), string.as_str()),
-            (c.event_type.as_str(), string.as_str()),
-            (c.payload.as_str(), T::PAYLOAD),
-            (c.headers.as_str(), T::HEADERS),
-            (c.created_at.as_str(), T::CREATED_AT),
-        ])
-        .chain(order.map(|o| (o.as_str(), T::ORDER)))
+        .filter(|(key, name)| *key != "order" || **name != c.id)
+        .map(|(key, name)| (name.as_str(), ty(key)))
         .chain(bookkeeping::<T>())
         .map(|(name, ty)| format!("{q}{name}{q} {ty}"))
         .collect();
@@ -66,14 +64,15 @@ pub(super) fn create_table<T: DdlTypes>(spec: &TableSpec) -> String {
 }
 
 /// What the application's table (its columns `found`) lacks, as (name, type): `headers`,
-/// `created_at`, the bookkeeping columns, and last the order column when the id is not an
-/// integer ([`schema::order_column_to_add`]).
+/// `created_at`, the bookkeeping columns, and last the order column when it is not the id
+/// ([`schema::order_column`]) and `T` can add it.
 pub(super) fn missing_columns<T: DdlTypes>(
     spec: &TableSpec,
     found: &[FoundColumn],
 ) -> Vec<(String, &'static str)> {
     let c = &spec.columns;
-    let order = schema::order_column_to_add::<T>(spec, found);
+    let id = found.iter().find(|f| f.name == c.id.as_str());
+    let order = schema::order_column::<T>(c, id).filter(|(_, is_id)| !is_id);
     let order = order.zip(T::ORDER_ADDED);
     [
         (c.headers.as_str(), T::HEADERS),
@@ -81,9 +80,9 @@ pub(super) fn missing_columns<T: DdlTypes>(
     ]
     .into_iter()
     .chain(bookkeeping::<T>())
-    .filter(|(name, _)| !found.iter().any(|f| f.name == *name))
     .map(|(name, ty)| (name.to_owned(), ty))
-    .chain(order.map(|(order, ty)| (order.as_str().to_owned(), ty)))
+    .chain(order.map(|((order, _), ty)| (order.as_str().to_owned(), ty)))
+    .filter(|(name, _)| !found.iter().any(|f| f.name == *name))
     .collect()
 }
 
@@ -101,18 +100,13 @@ pub(super) fn add_columns<T: DdlTypes>(table: &TableName, columns: &[(String, &s
     )
 }
 
-/// The bookkeeping columns `T`'s check requires, with their types, in table order.
+/// The bookkeeping columns of `T`'s tables, with their types, in table order.
 fn bookkeeping<'a, 'b, T: DdlTypes>() -> impl Iterator<Item = (&'a str, &'b str)> {
-    let required = T::bookkeeping();
-    let ty = |name| match name {
-        columns::ATTEMPTS => T::COUNT,
-        columns::LAST_ERROR | columns::LEASED_BY => T::TEXT,
-        _ => T::TIME,
-    };
-    columns::BOOKKEEPING
-        .into_iter()
-        .filter(move |name| required.iter().any(|(r, ..)| r == name))
-        .map(move |name| (name, ty(name)))
+    schema::bookkeeping::<T>().map(|(name, holds)| match holds {
+        Holds::Time => (name, T::TIME),
+        Holds::Count => (name, T::COUNT),
+        Holds::Text => (name, T::TEXT),
+    })
 }
 
 /// One of the indexes on unsent rows.
@@ -172,7 +166,7 @@ pub(super) fn indexes(layout: &Layout) -> [Index; 3] {
         suffix: format!("_{kind}{by}_idx"),
         leading: leading.iter().map(|c| (*c).clone()).collect(),
         filter,
-        filter_columns: [columns::PUBLISHED_AT, columns::DEAD_AT]
+        filter_columns: ["published_at", "dead_at"]
             .into_iter()
             .filter(|c| filter.contains(c))
             .collect(),

@@ -9,6 +9,7 @@
 
 use sqlx::Acquire;
 
+use super::columns::BOOKKEEPING;
 use super::driver::StoreDriver;
 use super::layout_sql::LayoutSql;
 use super::statement::{Execute, ReadRow, Statement};
@@ -48,27 +49,22 @@ pub struct Need {
 /// What `sluice run` and `sluice drain` need with `mark`; `prunes`: the retention pruner runs
 /// (`mark = "published_at"` with a `relay.retention` other than `"forever"`).
 pub fn relay_needs(mark: MarkMode, prunes: bool) -> Vec<Need> {
+    let need = |privilege, why| Need { privilege, why };
     let mut needs = vec![
-        Need {
-            privilege: Privilege::Select,
-            why: "to find due rows and read them",
-        },
-        Need {
-            privilege: Privilege::Update,
-            why: "to claim rows (SELECT … FOR UPDATE) and to record failed attempts",
-        },
+        need(Privilege::Select, "to find due rows and read them"),
+        need(
+            Privilege::Update,
+            "to claim rows (SELECT … FOR UPDATE) and to record failed attempts",
+        ),
     ];
-    match (mark, prunes) {
-        (MarkMode::Delete, _) => needs.push(Need {
-            privilege: Privilege::Delete,
-            why: "to mark rows sent with relay.mark = \"delete\"",
-        }),
-        (MarkMode::PublishedAt, true) => needs.push(Need {
-            privilege: Privilege::Delete,
-            why: "for the pruner to delete sent rows older than relay.retention",
-        }),
-        (MarkMode::PublishedAt, false) => {}
-    }
+    let delete = match (mark, prunes) {
+        (MarkMode::Delete, _) => Some("to mark rows sent with relay.mark = \"delete\""),
+        (MarkMode::PublishedAt, true) => {
+            Some("for the pruner to delete sent rows older than relay.retention")
+        }
+        (MarkMode::PublishedAt, false) => None,
+    };
+    needs.extend(delete.map(|why| need(Privilege::Delete, why)));
     needs
 }
 
@@ -95,29 +91,6 @@ pub struct MissingPrivilege {
     pub grant: String,
 }
 
-impl MissingPrivilege {
-    /// The error for `need`, refused with `error` on `table` to `user` (who needs all of
-    /// `needs`).
-    pub(crate) fn refused(
-        needs: &[Need],
-        need: &Need,
-        table: &str,
-        user: String,
-        error: &sqlx::Error,
-    ) -> StoreError {
-        StoreError::Privilege(Box::new(Self {
-            grant: grant_statement(needs, table, &user),
-            table: table.to_owned(),
-            user,
-            privilege: need.privilege.keyword(),
-            why: need.why,
-            message: error
-                .as_database_error()
-                .map_or_else(|| error.to_string(), |db| db.message().to_owned()),
-        }))
-    }
-}
-
 /// The `GRANT` that gives `user` every privilege in `needs` on `table`.
 fn grant_statement(needs: &[Need], table: &str, user: &str) -> String {
     let privileges: Vec<&str> = needs.iter().map(|n| n.privilege.keyword()).collect();
@@ -131,12 +104,13 @@ fn probe(privilege: Privilege, table: &str) -> String {
         Privilege::Select => format!("SELECT 1 FROM {table} WHERE 1 = 0"),
         // What the claim (FOR UPDATE; MySQL 8 wants UPDATE or DELETE besides SELECT for it)
         // and the reschedule need: UPDATE of the bookkeeping columns.
-        Privilege::Update => format!(
-            "UPDATE {table} SET published_at = published_at, attempts = attempts,
-                    next_attempt_at = next_attempt_at, last_error = last_error,
-                    dead_at = dead_at
-              WHERE 1 = 0"
-        ),
+        Privilege::Update => {
+            let set: Vec<String> = BOOKKEEPING
+                .iter()
+                .map(|(c, _)| format!("{c} = {c}"))
+                .collect();
+            format!("UPDATE {table} SET {} WHERE 1 = 0", set.join(", "))
+        }
         Privilege::Delete => format!("DELETE FROM {table} WHERE 1 = 0"),
     }
 }
@@ -196,7 +170,15 @@ async fn check<DB: Execute>(
                 let user = DB::fetch_all(&mut *tx, &statement(current_user.to_owned())).await?;
                 let user = user.first().map(|row| row.text(0)).transpose()?.flatten();
                 let user = user.unwrap_or_else(|| "CURRENT_USER".to_owned());
-                return Err(MissingPrivilege::refused(needs, need, &sql.table, user, &e));
+                let message = e.as_database_error().map(|db| db.message().to_owned());
+                return Err(StoreError::Privilege(Box::new(MissingPrivilege {
+                    grant: grant_statement(needs, &sql.table, &user),
+                    table: sql.table.clone(),
+                    user,
+                    privilege: need.privilege.keyword(),
+                    why: need.why,
+                    message: message.unwrap_or_else(|| e.to_string()),
+                })));
             }
             Err(e) => return Err(e.into()),
         }

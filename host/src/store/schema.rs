@@ -9,7 +9,8 @@
 
 use std::fmt;
 
-use super::columns::{self, ColumnName, TableSpec, TenantColumn};
+use super::columns::{self, ColumnMap, ColumnName, Holds, TableSpec, TenantColumn};
+use super::ddl::DdlTypes;
 use super::{StoreError, TableName};
 use crate::model::OutboxId;
 
@@ -116,25 +117,16 @@ impl Layout {
 
 /// A table Sluice cannot use, and every reason why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "outbox table {table} cannot be used:{}",
+    .problems.iter().map(|p| format!("\n  - {p}")).collect::<String>()
+)]
 pub struct SchemaError {
     /// The outbox table.
     pub table: String,
     /// One sentence per missing or unusable column, in check order.
     pub problems: Vec<String>,
 }
-
-impl fmt::Display for SchemaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "outbox table {} cannot be used:", self.table)?;
-        for problem in &self.problems {
-            write!(f, "\n  - {problem}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Whether a column's type is usable for a role.
-pub(super) type Accept = fn(&FoundColumn) -> bool;
 
 /// Which of a database's column types fit which role, and how the accepted types are named in
 /// a refusal.
@@ -147,27 +139,39 @@ pub(super) trait ColumnTypes {
     const ACCEPTED_HEADERS: &'static str;
     const ACCEPTED_CREATED_AT: &'static str;
     const ACCEPTED_ORDER: &'static str;
+    /// Whether the tables carry Sluice's lease columns ([`columns::LEASE`]).
+    const LEASES: bool = false;
 
     /// How an id of this type is carried, `None` if it cannot be an id.
     fn key_kind(column: &FoundColumn) -> Option<KeyKind>;
-    /// Whether the column's values can be read as text (tenant, aggregate, event type).
-    fn is_string(column: &FoundColumn) -> bool;
+    /// Whether the column's values can be read as text (tenant, aggregate, event type): by
+    /// default those of any id type, as ids are carried as integers or their text.
+    fn is_string(column: &FoundColumn) -> bool {
+        Self::key_kind(column).is_some()
+    }
     /// Whether the column is an integer (ids carried as integers, the order column).
-    fn is_int(column: &FoundColumn) -> bool;
+    fn is_int(column: &FoundColumn) -> bool {
+        Self::key_kind(column) == Some(KeyKind::Int)
+    }
     fn payload_kind(column: &FoundColumn) -> Option<PayloadKind>;
     fn is_headers(column: &FoundColumn) -> bool;
     fn time_kind(column: &FoundColumn) -> Option<TimeKind>;
-    /// Sluice's own columns: name, the types accepted (as a refusal lists them), the test.
-    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)>;
-    /// Whether `sluice migrate` can add a missing order column to an existing table.
-    fn can_add_order_column() -> bool;
+    /// The types a bookkeeping column holding `what` may have (as a refusal lists them), and
+    /// the test.
+    fn bookkeeping(what: Holds) -> (&'static str, fn(&FoundColumn) -> bool);
     /// How to give `table` a unique, not-null id `column` (the end of a refusal).
     fn unique_id_hint(table: &str, column: &ColumnName) -> String;
 }
 
+/// Sluice's own columns in `T`'s tables, in table order, with what each holds.
+pub(super) fn bookkeeping<T: ColumnTypes>() -> impl Iterator<Item = (&'static str, Holds)> {
+    let lease = if T::LEASES { &columns::LEASE[..] } else { &[] };
+    columns::BOOKKEEPING.iter().chain(lease).copied()
+}
+
 /// Checks the columns `found` of `spec`'s table with the database's `T`ypes: the [`Layout`],
 /// or every problem.
-pub(super) fn check<T: ColumnTypes>(
+pub(super) fn check<T: DdlTypes>(
     spec: &TableSpec,
     found: &[FoundColumn],
 ) -> Result<Layout, SchemaError> {
@@ -181,9 +185,7 @@ pub(super) fn check<T: ColumnTypes>(
         found,
         problems: Vec::new(),
     };
-    let id = checker.require(Role::Mapped("id"), &map.id, T::ACCEPTED_ID, |c| {
-        T::key_kind(c).is_some()
-    });
+    let id = checker.require("id", &map.id, T::ACCEPTED_ID, |c| T::key_kind(c).is_some());
     if let Some(id) = &id {
         checker.unique_id::<T>(&map.id, id, &table);
     }
@@ -193,31 +195,20 @@ pub(super) fn check<T: ColumnTypes>(
         ("aggregate_id", &map.aggregate_id),
         ("event_type", &map.event_type),
     ] {
-        checker.require(Role::Mapped(key), name, T::ACCEPTED_STRING, T::is_string);
+        checker.require(key, name, T::ACCEPTED_STRING, T::is_string);
     }
-    let payload = checker.require(
-        Role::Mapped("payload"),
-        &map.payload,
-        T::ACCEPTED_PAYLOAD,
-        |c| T::payload_kind(c).is_some(),
-    );
-    checker.require(
-        Role::Mapped("headers"),
-        &map.headers,
-        T::ACCEPTED_HEADERS,
-        T::is_headers,
-    );
-    let created_at = checker.require(
-        Role::Mapped("created_at"),
-        &map.created_at,
-        T::ACCEPTED_CREATED_AT,
-        |c| T::time_kind(c).is_some(),
-    );
-    let order = checker.order::<T>(spec, id.as_ref());
-    for (name, accepted, accept) in T::bookkeeping() {
-        if let Ok(column) = ColumnName::parse(name) {
-            checker.require(Role::Bookkeeping, &column, accepted, accept);
-        }
+    let payload = checker.require("payload", &map.payload, T::ACCEPTED_PAYLOAD, |c| {
+        T::payload_kind(c).is_some()
+    });
+    checker.require("headers", &map.headers, T::ACCEPTED_HEADERS, T::is_headers);
+    let created_at = checker.require("created_at", &map.created_at, T::ACCEPTED_CREATED_AT, |c| {
+        T::time_kind(c).is_some()
+    });
+    let order = checker.order::<T>(map, id.as_ref());
+    for (name, holds) in bookkeeping::<T>() {
+        let (accepted, accept) = T::bookkeeping(holds);
+        let name = ColumnName::known(name);
+        checker.require(Role::Bookkeeping, &name, accepted, accept);
     }
     match (id, payload, created_at, order) {
         (Some(id), Some(payload), Some(created_at), Some(order)) if checker.problems.is_empty() => {
@@ -244,30 +235,19 @@ pub(super) fn check<T: ColumnTypes>(
     }
 }
 
-/// The order column `sluice migrate` adds, if any: the configured one when the table lacks
-/// it, or [`columns::DEFAULT_ORDER_COLUMN`] when the id is usable but not an integer and the
-/// table lacks that. `None` too when the database cannot add one (the check then says so).
-pub(super) fn order_column_to_add<T: ColumnTypes>(
-    spec: &TableSpec,
-    found: &[FoundColumn],
-) -> Option<ColumnName> {
-    if !T::can_add_order_column() {
-        return None;
+/// The column rows are claimed in, and whether it is the id: the configured one, else an
+/// integer id, else [`columns::DEFAULT_ORDER_COLUMN`]; `None` while there is no usable id.
+pub(super) fn order_column<T: ColumnTypes>(
+    map: &ColumnMap,
+    id: Option<&FoundColumn>,
+) -> Option<(ColumnName, bool)> {
+    let default = || ColumnName::known(columns::DEFAULT_ORDER_COLUMN);
+    match (&map.order, id) {
+        (Some(order), _) => Some((order.clone(), *order == map.id)),
+        (None, Some(id)) if T::is_int(id) => Some((map.id.clone(), true)),
+        (None, Some(id)) if T::key_kind(id).is_some() => Some((default(), false)),
+        (None, _) => None,
     }
-    let map = &spec.columns;
-    let wanted = match &map.order {
-        Some(order) if *order == map.id => return None,
-        Some(order) => order.clone(),
-        None => {
-            let id = found.iter().find(|c| c.name == map.id.as_str())?;
-            if T::is_int(id) || T::key_kind(id).is_none() {
-                return None;
-            }
-            ColumnName::parse(columns::DEFAULT_ORDER_COLUMN).ok()?
-        }
-    };
-    let present = found.iter().any(|c| c.name == wanted.as_str());
-    (!present).then_some(wanted)
 }
 
 /// What a column is for, as a problem names it.
@@ -277,6 +257,12 @@ enum Role {
     Mapped(&'static str),
     /// One of Sluice's own columns.
     Bookkeeping,
+}
+
+impl From<&'static str> for Role {
+    fn from(key: &'static str) -> Self {
+        Self::Mapped(key)
+    }
 }
 
 impl fmt::Display for Role {
@@ -303,11 +289,12 @@ impl Checker<'_> {
     /// the column, its role, its type and the `accepted` types.
     fn require(
         &mut self,
-        role: Role,
+        role: impl Into<Role>,
         name: &ColumnName,
         accepted: &str,
         accept: impl Fn(&FoundColumn) -> bool,
     ) -> Option<FoundColumn> {
+        let role = role.into();
         let problem = match self.find(name) {
             Some(c) if accept(c) => return Some(c.clone()),
             Some(c) => format!(
@@ -338,31 +325,21 @@ impl Checker<'_> {
             TenantColumn::IfPresent(name) if self.find(name).is_none() => return None,
             TenantColumn::IfPresent(name) | TenantColumn::Named(name) => name,
         };
-        self.require(
-            Role::Mapped("tenant"),
-            name,
-            T::ACCEPTED_STRING,
-            T::is_string,
-        )
-        .map(|_| name.clone())
+        self.require("tenant", name, T::ACCEPTED_STRING, T::is_string)
+            .map(|_| name.clone())
     }
 
-    /// The column rows are claimed in: the configured one, else an integer id, else
-    /// [`columns::DEFAULT_ORDER_COLUMN`]. It must be an integer and `NOT NULL`.
-    fn order<T: ColumnTypes>(
+    /// The [`order_column`], which must be an integer and `NOT NULL`.
+    fn order<T: DdlTypes>(
         &mut self,
-        spec: &TableSpec,
+        map: &ColumnMap,
         id: Option<&FoundColumn>,
     ) -> Option<ColumnName> {
-        let map = &spec.columns;
-        let order = match (&map.order, id) {
-            (Some(order), _) if *order == map.id => return Some(order.clone()),
-            (Some(order), _) => order.clone(),
-            (None, Some(id)) if T::is_int(id) => return Some(map.id.clone()),
-            (None, Some(_)) => ColumnName::parse(columns::DEFAULT_ORDER_COLUMN).ok()?,
-            (None, None) => return None,
-        };
-        let how = if T::can_add_order_column() {
+        let (order, is_id) = order_column::<T>(map, id)?;
+        if is_id {
+            return Some(order);
+        }
+        let how = if T::ORDER_ADDED.is_some() {
             "`sluice migrate` adds it"
         } else {
             "name one with database.columns.order: `sluice migrate` cannot add one to this \
@@ -376,9 +353,7 @@ impl Checker<'_> {
             ),
             _ => T::ACCEPTED_ORDER.to_owned(),
         };
-        self.require(Role::Mapped("order"), &order, &accepted, |c| {
-            T::is_int(c) && c.not_null
-        })
-        .map(|_| order)
+        self.require("order", &order, &accepted, |c| T::is_int(c) && c.not_null)
+            .map(|_| order)
     }
 }

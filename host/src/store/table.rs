@@ -26,25 +26,18 @@ impl TableName {
             name: name.to_owned(),
             reason,
         };
-        let mut parts = name.split('.');
-        let first = parts.next().unwrap_or_default();
-        let second = parts.next();
-        if parts.next().is_some() {
+        let (schema, table) = match name.split_once('.') {
+            Some((schema, table)) => (Some(schema), table),
+            None => (None, name),
+        };
+        if table.contains('.') {
             return Err(err("use `table` or `schema.table`"));
         }
-        for part in std::iter::once(first).chain(second) {
+        for part in schema.into_iter().chain([table]) {
             validate_identifier(part).map_err(err)?;
         }
-        Ok(match second {
-            Some(table) => Self {
-                schema: Some(first.to_owned()),
-                table: table.to_owned(),
-            },
-            None => Self {
-                schema: None,
-                table: first.to_owned(),
-            },
-        })
+        let (schema, table) = (schema.map(str::to_owned), table.to_owned());
+        Ok(Self { schema, table })
     }
 
     /// The bare table name, used to derive index names.

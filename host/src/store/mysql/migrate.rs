@@ -9,10 +9,10 @@
 use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::{AssertSqlSafe, Executor};
 
-use super::schema::{self, MyTypes};
+use super::schema::{self, MyTypes, TEXT_TYPES};
 use crate::store::ddl::{self, DdlTypes};
 use crate::store::dialect::Dialect;
-use crate::store::schema::{ColumnTypes, FoundColumn, Layout, check};
+use crate::store::schema::{FoundColumn, Layout, check};
 use crate::store::{ColumnName, StoreError, TableName, TableSpec};
 
 /// The server-wide named lock serialising `sluice migrate` runs on one table.
@@ -161,7 +161,7 @@ fn key_part(found: &[FoundColumn], column: &ColumnName) -> String {
                 .and_then(|n| n.trim().parse().ok());
             match c.base.as_str() {
                 "char" | "varchar" => length.is_none_or(|n| n > INDEX_PREFIX),
-                b => MyTypes::is_string(c) && !MyTypes::is_int(c) && b != "uuid",
+                b => TEXT_TYPES.contains(&b),
             }
         });
     let quoted = column.quoted_with('`');

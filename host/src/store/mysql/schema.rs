@@ -1,18 +1,16 @@
-//! MySQL's side of the table check: reading `information_schema` and which MySQL/MariaDB
-//! types fit which role ([`MyTypes`]). The rules themselves are shared:
-//! [`crate::store::schema`]; the expressions that read a checked [`Layout`](crate::store::schema::Layout) too:
-//! [`crate::store::layout_sql`].
+//! MySQL's side of the table check ([`crate::store::schema`]): reading `information_schema`
+//! and which MySQL/MariaDB types fit which role ([`MyTypes`]).
 
 use sqlx::mysql::MySql;
 use sqlx::{Executor, Row};
 
-use crate::store::columns::{self, ColumnName};
-use crate::store::schema::{Accept, ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
+use crate::store::columns::{ColumnName, Holds};
+use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 5] = ["tinyint", "smallint", "mediumint", "int", "bigint"];
 const CHAR_TYPES: [&str; 2] = ["char", "varchar"];
-const TEXT_TYPES: [&str; 4] = ["tinytext", "text", "mediumtext", "longtext"];
+pub(super) const TEXT_TYPES: [&str; 4] = ["tinytext", "text", "mediumtext", "longtext"];
 const BINARY_TYPES: [&str; 6] = [
     "binary",
     "varbinary",
@@ -21,10 +19,6 @@ const BINARY_TYPES: [&str; 6] = [
     "mediumblob",
     "longblob",
 ];
-
-fn is_time(c: &FoundColumn) -> bool {
-    matches!(c.base.as_str(), "datetime" | "timestamp")
-}
 
 fn is_textual(base: &str) -> bool {
     CHAR_TYPES.contains(&base) || TEXT_TYPES.contains(&base)
@@ -58,13 +52,9 @@ impl ColumnTypes for MyTypes {
         }
     }
 
+    /// Besides the id types, the text types.
     fn is_string(column: &FoundColumn) -> bool {
-        let base = column.base.as_str();
-        is_textual(base) || base == "uuid" || Self::is_int(column)
-    }
-
-    fn is_int(column: &FoundColumn) -> bool {
-        INT_TYPES.contains(&column.base.as_str())
+        Self::key_kind(column).is_some() || TEXT_TYPES.contains(&column.base.as_str())
     }
 
     fn payload_kind(column: &FoundColumn) -> Option<PayloadKind> {
@@ -89,22 +79,17 @@ impl ColumnTypes for MyTypes {
         }
     }
 
-    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)> {
-        const TIME: &str = "datetime, timestamp";
-        vec![
-            (columns::PUBLISHED_AT, TIME, is_time),
-            (columns::NEXT_ATTEMPT_AT, TIME, is_time),
-            (columns::DEAD_AT, TIME, is_time),
-            (columns::ATTEMPTS, "int", |c| c.base == "int"),
+    fn bookkeeping(what: Holds) -> (&'static str, fn(&FoundColumn) -> bool) {
+        match what {
+            Holds::Time => ("datetime, timestamp", |c| {
+                matches!(c.base.as_str(), "datetime" | "timestamp")
+            }),
+            Holds::Count => ("int", |c| c.base == "int"),
             // Bounded error texts are up to `text::MAX_STORED` bytes.
-            (columns::LAST_ERROR, "text, mediumtext, longtext", |c| {
+            Holds::Text => ("text, mediumtext, longtext", |c| {
                 matches!(c.base.as_str(), "text" | "mediumtext" | "longtext")
             }),
-        ]
-    }
-
-    fn can_add_order_column() -> bool {
-        true
+        }
     }
 
     fn unique_id_hint(table: &str, column: &ColumnName) -> String {
@@ -170,9 +155,10 @@ where
 mod tests {
     use super::*;
     use crate::store::TableSpec;
+    use crate::store::ddl;
     use crate::store::dialect::Dialect;
     use crate::store::layout_sql::LayoutSql;
-    use crate::store::schema::{Layout, check, order_column_to_add};
+    use crate::store::schema::{Layout, check};
 
     fn my(layout: Layout) -> LayoutSql {
         LayoutSql::new(layout, Dialect::Mysql)
@@ -240,8 +226,8 @@ mod tests {
             "{err}"
         );
         assert_eq!(
-            order_column_to_add::<MyTypes>(&spec(), &table("char")).map(|c| c.as_str().to_owned()),
-            Some("sluice_seq".to_owned())
+            ddl::missing_columns::<MyTypes>(&spec(), &table("char")),
+            [("sluice_seq".to_owned(), "BIGINT NOT NULL AUTO_INCREMENT")]
         );
         let mut with_seq = table("char");
         with_seq.push(column("sluice_seq", "bigint"));

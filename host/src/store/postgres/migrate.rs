@@ -1,5 +1,6 @@
 //! `sluice migrate` on PostgreSQL: the statements of [`crate::store::ddl`], in one transaction
-//! under an advisory lock; then the same check `sluice run` makes.
+//! under an advisory lock (idempotent, and safe to run from several processes at once); then
+//! the same check `sluice run` makes, whose refusal leaves the table unchanged.
 
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Executor};
@@ -29,10 +30,7 @@ impl DdlTypes for PgTypes {
     const TEXT: &'static str = "text";
 }
 
-/// Creates the outbox table, or upgrades one the application created (see
-/// [`ddl::missing_columns`]), and its partial indexes. Then checks the table as `sluice run`
-/// would; a table Sluice cannot use is refused with every problem and left unchanged.
-/// Idempotent, and safe to run from several processes at once.
+/// Creates or upgrades the table and its indexes (see the module documentation).
 pub(super) async fn migrate(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
     let mut tx = pool.begin().await?;
     // "already exists, skipping" notices are expected on every re-run; keep them quiet.

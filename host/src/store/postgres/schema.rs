@@ -1,24 +1,18 @@
-//! PostgreSQL's side of the table check: reading the catalog and which PostgreSQL types fit
-//! which role ([`PgTypes`]). The rules themselves are shared: [`crate::store::schema`]; the
-//! expressions that read a checked [`Layout`] too: [`crate::store::layout_sql`].
+//! PostgreSQL's side of the table check ([`crate::store::schema`]): reading the catalog and
+//! which PostgreSQL types fit which role ([`PgTypes`]).
 
 use sqlx::postgres::PgPool;
 use sqlx::{Executor, Postgres};
 
-use crate::store::columns::{self, ColumnName, TableSpec};
-use crate::store::schema::{self, Accept, ColumnTypes};
+use crate::store::columns::{ColumnName, Holds, TableSpec};
+use crate::store::schema::{self, ColumnTypes};
 pub(super) use crate::store::schema::{FoundColumn, KeyKind, Layout, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
-const TEXT_TYPES: [&str; 3] = ["text", "character varying", "character"];
 
 fn is_citext(base: &str) -> bool {
     base == "citext" || base.ends_with(".citext")
-}
-
-fn is_timestamptz(c: &FoundColumn) -> bool {
-    c.base == "timestamp with time zone"
 }
 
 /// PostgreSQL's types, by role.
@@ -49,15 +43,6 @@ impl ColumnTypes for PgTypes {
         Some(KeyKind::Text { cast })
     }
 
-    fn is_string(column: &FoundColumn) -> bool {
-        let base = column.base.as_str();
-        TEXT_TYPES.contains(&base) || is_citext(base) || base == "uuid" || Self::is_int(column)
-    }
-
-    fn is_int(column: &FoundColumn) -> bool {
-        INT_TYPES.contains(&column.base.as_str())
-    }
-
     fn payload_kind(column: &FoundColumn) -> Option<PayloadKind> {
         match column.base.as_str() {
             "jsonb" | "json" => Some(PayloadKind::Json),
@@ -83,24 +68,17 @@ impl ColumnTypes for PgTypes {
         }
     }
 
-    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)> {
-        const TIMESTAMPTZ: &str = "timestamp with time zone";
-        vec![
-            (columns::PUBLISHED_AT, TIMESTAMPTZ, is_timestamptz),
-            (columns::NEXT_ATTEMPT_AT, TIMESTAMPTZ, is_timestamptz),
-            (columns::DEAD_AT, TIMESTAMPTZ, is_timestamptz),
-            (columns::ATTEMPTS, "integer", |c| c.base == "integer"),
+    fn bookkeeping(what: Holds) -> (&'static str, fn(&FoundColumn) -> bool) {
+        match what {
+            Holds::Time => ("timestamp with time zone", |c| {
+                c.base == "timestamp with time zone"
+            }),
+            Holds::Count => ("integer", |c| c.base == "integer"),
             // Bounded error texts are up to `text::MAX_STORED` bytes: no length limit.
-            (
-                columns::LAST_ERROR,
-                "text, varchar without a length limit",
-                |c| matches!(c.base.as_str(), "text" | "character varying") && !c.bounded,
-            ),
-        ]
-    }
-
-    fn can_add_order_column() -> bool {
-        true
+            Holds::Text => ("text, varchar without a length limit", |c| {
+                matches!(c.base.as_str(), "text" | "character varying") && !c.bounded
+            }),
+        }
     }
 
     fn unique_id_hint(table: &str, column: &ColumnName) -> String {

@@ -1,16 +1,16 @@
-//! SQLite's side of the table check: reading `pragma_table_info` and the table's unique
-//! indexes, and which declared types fit which role ([`LiteTypes`], by SQLite's type affinity
-//! rules). The rules themselves are shared: [`crate::store::schema`].
+//! SQLite's side of the table check ([`crate::store::schema`]): reading `pragma_table_info`
+//! and the table's unique indexes, and which declared types fit which role ([`LiteTypes`], by
+//! SQLite's type affinity rules).
 //!
 //! Sluice's own time columns hold integers: milliseconds since the Unix epoch (UTC).
 //! `created_at`, the application's, holds ISO-8601 text as `CURRENT_TIMESTAMP` writes it
 //! (read as UTC unless it names an offset).
 
+use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{AssertSqlSafe, Row};
 
-use crate::store::columns::{self, ColumnName};
-use crate::store::schema::{Accept, ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
+use crate::store::columns::{ColumnName, Holds};
+use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
 
 /// SQLite's type affinity of a declared type (<https://sqlite.org/datatype3.html>, 3.1).
@@ -38,10 +38,6 @@ fn affinity(declared: &str) -> Affinity {
     }
 }
 
-fn is_integer(c: &FoundColumn) -> bool {
-    affinity(&c.base) == Affinity::Integer
-}
-
 fn is_text(c: &FoundColumn) -> bool {
     affinity(&c.base) == Affinity::Text
 }
@@ -62,6 +58,7 @@ impl ColumnTypes for LiteTypes {
     const ACCEPTED_HEADERS: &'static str = "JSON, TEXT (a JSON object of strings)";
     const ACCEPTED_CREATED_AT: &'static str = "TEXT, DATETIME, TIMESTAMP holding ISO-8601 text (as CURRENT_TIMESTAMP writes it; UTC unless an offset is given)";
     const ACCEPTED_ORDER: &'static str = "INTEGER, NOT NULL";
+    const LEASES: bool = true;
 
     fn key_kind(column: &FoundColumn) -> Option<KeyKind> {
         match affinity(&column.base) {
@@ -71,14 +68,6 @@ impl ColumnTypes for LiteTypes {
             }),
             _ => None,
         }
-    }
-
-    fn is_string(column: &FoundColumn) -> bool {
-        is_text(column) || is_integer(column)
-    }
-
-    fn is_int(column: &FoundColumn) -> bool {
-        is_integer(column)
     }
 
     fn payload_kind(column: &FoundColumn) -> Option<PayloadKind> {
@@ -102,22 +91,12 @@ impl ColumnTypes for LiteTypes {
             .then_some(TimeKind::WithoutZone)
     }
 
-    fn bookkeeping() -> Vec<(&'static str, &'static str, Accept)> {
-        const MILLIS: &str = "INTEGER (milliseconds since the Unix epoch)";
-        vec![
-            (columns::PUBLISHED_AT, MILLIS, is_integer),
-            (columns::NEXT_ATTEMPT_AT, MILLIS, is_integer),
-            (columns::DEAD_AT, MILLIS, is_integer),
-            (columns::ATTEMPTS, "INTEGER", is_integer),
-            (columns::LAST_ERROR, "TEXT", is_text),
-            (columns::LEASED_BY, "TEXT", is_text),
-            (columns::LEASE_UNTIL, MILLIS, is_integer),
-        ]
-    }
-
-    /// SQLite cannot add a column that numbers the existing rows.
-    fn can_add_order_column() -> bool {
-        false
+    fn bookkeeping(what: Holds) -> (&'static str, fn(&FoundColumn) -> bool) {
+        match what {
+            Holds::Time => ("INTEGER (milliseconds since the Unix epoch)", Self::is_int),
+            Holds::Count => ("INTEGER", Self::is_int),
+            Holds::Text => ("TEXT", is_text),
+        }
     }
 
     fn unique_id_hint(table: &str, column: &ColumnName) -> String {
@@ -127,33 +106,37 @@ impl ColumnTypes for LiteTypes {
     }
 }
 
-/// Reads the table's columns (`pragma_table_info`) and which of them a unique index or the
-/// primary key covers alone; empty when the table does not exist.
+/// Reads the table's columns (`pragma_table_info`) and which of them the primary key or a
+/// complete (not partial) unique index covers alone; empty when the table does not exist.
 pub(super) async fn read_columns(
     conn: &mut SqliteConnection,
     table: &TableName,
 ) -> Result<Vec<FoundColumn>, StoreError> {
-    let schema = table.schema().unwrap_or("main");
-    let rows =
-        sqlx::query("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?, ?) ORDER BY cid")
-            .bind(table.table())
-            .bind(schema)
-            .fetch_all(&mut *conn)
-            .await?;
-    let primary: Vec<String> = rows
-        .iter()
-        .filter(|r| r.try_get::<i64, _>("pk").unwrap_or(0) > 0)
-        .filter_map(|r| r.try_get::<String, _>("name").ok())
-        .collect();
-    let unique = unique_columns(conn, table, schema).await?;
+    // `pk` numbers the primary key's columns from 1.
+    let rows = sqlx::query(
+        "SELECT c.name, c.type, c.\"notnull\",
+                c.pk = 1 AND NOT EXISTS (SELECT 1 FROM pragma_table_info(?1, ?2) WHERE pk > 1)
+                    AS sole_key,
+                EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) AS l
+                         WHERE l.\"unique\" AND NOT l.partial
+                           AND (SELECT count(*) FROM pragma_index_info(l.name, ?2)) = 1
+                           AND (SELECT name FROM pragma_index_info(l.name, ?2)) = c.name)
+                    AS is_unique
+           FROM pragma_table_info(?1, ?2) AS c
+          ORDER BY c.cid",
+    )
+    .bind(table.table())
+    .bind(table.schema().unwrap_or("main"))
+    .fetch_all(&mut *conn)
+    .await?;
     rows.iter()
         .map(|row| {
-            let name: String = row.try_get("name")?;
             let declared: String = row.try_get("type")?;
-            let alone_in_pk = primary.len() == 1 && primary[0] == name;
+            let sole_key = row.try_get::<i64, _>("sole_key")? != 0;
             // An INTEGER PRIMARY KEY is the rowid: never NULL, whatever was declared.
-            let rowid = alone_in_pk && declared.eq_ignore_ascii_case("integer");
+            let rowid = sole_key && declared.eq_ignore_ascii_case("integer");
             Ok(FoundColumn {
+                name: row.try_get("name")?,
                 shown: if declared.is_empty() {
                     "(no type)".to_owned()
                 } else {
@@ -162,43 +145,11 @@ pub(super) async fn read_columns(
                 base: declared.to_ascii_lowercase(),
                 bounded: false,
                 not_null: row.try_get::<i64, _>("notnull")? != 0 || rowid,
-                unique: alone_in_pk || unique.contains(&name),
-                name,
+                unique: sole_key || row.try_get::<i64, _>("is_unique")? != 0,
             })
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
-}
-
-/// Columns a complete (not partial) unique index covers alone.
-async fn unique_columns(
-    conn: &mut SqliteConnection,
-    table: &TableName,
-    schema: &str,
-) -> Result<Vec<String>, StoreError> {
-    let indexes: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT name, \"unique\", partial FROM pragma_index_list(?, ?)")
-            .bind(table.table())
-            .bind(schema)
-            .fetch_all(&mut *conn)
-            .await?;
-    let mut unique = Vec::new();
-    for (index, is_unique, partial) in indexes {
-        if is_unique == 0 || partial != 0 {
-            continue;
-        }
-        let columns: Vec<Option<String>> = sqlx::query_scalar(AssertSqlSafe(
-            "SELECT name FROM pragma_index_info(?, ?)".to_owned(),
-        ))
-        .bind(&index)
-        .bind(schema)
-        .fetch_all(&mut *conn)
-        .await?;
-        if let [Some(column)] = columns.as_slice() {
-            unique.push(column.clone());
-        }
-    }
-    Ok(unique)
 }
 
 #[cfg(test)]
