@@ -6,13 +6,13 @@
 
 use sqlx::Pool;
 
-use super::dialect::{Cast, Dialect};
+use super::dialect::{Cast, Driver};
 use super::layout_sql::LayoutSql;
 use super::statement::{Execute, Param, ReadRow, Statement};
 use super::{Backlog, StoreError, TenantBacklog};
 
 /// `SUM(cond)` as a 64-bit integer, 0 over no rows.
-fn count_if(dialect: Dialect, cond: &str) -> String {
+fn count_if(dialect: Driver, cond: &str) -> String {
     dialect.cast(
         &format!("COALESCE(SUM(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"),
         Cast::Int,
@@ -55,11 +55,11 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
     let dead_limit = statement.again(&unsent_limit, Param::Int(limit));
     // The oldest due row's age in microseconds.
     let age = match dialect {
-        Dialect::Postgres => "(extract(epoch FROM now() - MIN(oldest)) * 1000000)::int8".to_owned(),
-        Dialect::Mysql => {
+        Driver::Postgres => "(extract(epoch FROM now() - MIN(oldest)) * 1000000)::int8".to_owned(),
+        Driver::Mysql => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, MIN(oldest), UTC_TIMESTAMP(6)) AS SIGNED)".to_owned()
         }
-        Dialect::Sqlite => format!("({now} - MIN(oldest)) * 1000"),
+        Driver::Sqlite => format!("({now} - MIN(oldest)) * 1000"),
     };
     let text = format!(
         "SELECT tenant, {due}, {dead}, {age}
@@ -119,18 +119,18 @@ mod tests {
     use super::*;
     use crate::store::test_layouts::sluice_layout;
 
-    fn sql(dialect: Dialect) -> LayoutSql {
+    fn sql(dialect: Driver) -> LayoutSql {
         LayoutSql::new(sluice_layout(), dialect)
     }
 
     #[test]
     fn the_limit_is_bound_once_where_placeholders_are_numbered() {
-        let pg = statement(&sql(Dialect::Postgres), 10);
+        let pg = statement(&sql(Driver::Postgres), 10);
         assert_eq!(pg.params, [Param::Int(10)]);
         assert_eq!(pg.sql.matches("LIMIT $1").count(), 2, "{}", pg.sql);
-        let my = statement(&sql(Dialect::Mysql), 10);
+        let my = statement(&sql(Driver::Mysql), 10);
         assert_eq!(my.params, [Param::Int(10), Param::Int(10)]);
-        let lite = statement(&sql(Dialect::Sqlite), 10);
+        let lite = statement(&sql(Driver::Sqlite), 10);
         assert_eq!(lite.params.len(), 2);
         assert_eq!(lite.sql.matches("LIMIT ?2").count(), 2, "{}", lite.sql);
     }

@@ -5,13 +5,13 @@
 
 use super::TableName;
 use super::columns::{ColumnName, Holds, TableSpec};
-use super::dialect::Dialect;
+use super::dialect::Driver;
 use super::schema::{self, ColumnTypes, FoundColumn, Layout};
 
 /// How one database declares the columns `sluice migrate` creates or adds (type, constraints,
 /// default).
 pub(super) trait DdlTypes: ColumnTypes {
-    const DIALECT: Dialect;
+    const DIALECT: Driver;
     /// The id of a created table: an integer primary key the database numbers.
     const ID: &'static str;
     /// The tenant; `NOT NULL`, the aggregate type and id and the event type.
@@ -129,8 +129,8 @@ pub(super) struct Index {
 pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout) -> Vec<String> {
     let table = &layout.table;
     let (schema, on) = match T::DIALECT {
-        Dialect::Sqlite => (table.schema_prefix(), format!("\"{}\"", table.table())),
-        Dialect::Postgres | Dialect::Mysql => (String::new(), table.to_string()),
+        Driver::Sqlite => (table.schema_prefix(), format!("\"{}\"", table.table())),
+        Driver::Postgres | Driver::Mysql => (String::new(), table.to_string()),
     };
     let name = table.table();
     let sql = |index: &Index| {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::dialect::Dialect;
+use super::dialect::Driver;
 use super::layout_sql::LayoutSql;
 use super::prune::{CHUNK, delete_in_chunks};
 use super::rows::read_id;
@@ -85,8 +85,8 @@ pub(crate) async fn replay<DB: Execute>(
     };
     // SQLite: a dead row holds no lease, but one replayed must not keep a stale one.
     let lease = match sql.dialect {
-        Dialect::Sqlite => ", leased_by = NULL, lease_until = NULL",
-        Dialect::Postgres | Dialect::Mysql => "",
+        Driver::Sqlite => ", leased_by = NULL, lease_until = NULL",
+        Driver::Postgres | Driver::Mysql => "",
     };
     let text = format!(
         "UPDATE {table} AS o

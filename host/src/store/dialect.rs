@@ -1,15 +1,59 @@
-//! How the three databases spell the same SQL: identifier quoting, casts, null-safe equality
-//! and time arithmetic (placeholders and the current time: [`super::statement::Statement`]).
-//! Everything else is built once from a checked layout and a [`Dialect`] ([`super::layout_sql`]).
+//! The databases Sluice relays from ([`Driver`], picked by URL scheme) and how each spells the
+//! same SQL: identifier quoting, casts, null-safe equality and time arithmetic (placeholders
+//! and the current time: [`super::statement::Statement`]). Everything else is built once from
+//! a checked layout and its driver ([`super::layout_sql`]).
 
 use std::time::Duration;
 
-/// One database's spelling of SQL.
+use super::{StoreError, redact};
+
+/// The databases Sluice relays from, by URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dialect {
+pub enum Driver {
+    /// `postgres://`, `postgresql://`
     Postgres,
+    /// `mysql://`, `mariadb://` (MariaDB ≥ 10.6, MySQL ≥ 8.0)
     Mysql,
+    /// `sqlite://` followed by a file path (`sqlite:///abs/app.db`, `sqlite://rel/app.db`)
     Sqlite,
+}
+
+impl Driver {
+    /// The driver for `url`, or an error naming the schemes Sluice knows.
+    pub fn of(url: &str) -> Result<Self, StoreError> {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        match scheme {
+            Some("postgres" | "postgresql") => Ok(Self::Postgres),
+            Some("mysql" | "mariadb") => Ok(Self::Mysql),
+            Some("sqlite") => Ok(Self::Sqlite),
+            _ => Err(StoreError::Url {
+                url: redact(url),
+                message: "unsupported database; use postgres://…, mysql://… (or mariadb://…) \
+                          or sqlite://PATH"
+                    .into(),
+            }),
+        }
+    }
+
+    /// The database's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Mysql => "MySQL/MariaDB",
+            Self::Sqlite => "SQLite",
+        }
+    }
+
+    /// Whether the database can wake a relay on insert (LISTEN/NOTIFY); the others poll.
+    pub fn notifies(self) -> bool {
+        self == Self::Postgres
+    }
+
+    /// Whether claims are committed leases (`database.lease`) rather than row locks held in
+    /// an open transaction.
+    pub fn leases(self) -> bool {
+        self == Self::Sqlite
+    }
 }
 
 /// The two types values are cast to before Rust reads them.
@@ -21,7 +65,7 @@ pub(crate) enum Cast {
     Text,
 }
 
-impl Dialect {
+impl Driver {
     /// The identifier quote (names are validated identifiers: they need no escaping).
     pub(crate) fn quote(self) -> char {
         match self {
@@ -52,7 +96,7 @@ impl Dialect {
     }
 
     /// The time `age` ago, as a time column compares with it, given parameter `param` bound
-    /// to [`Dialect::ago_param`].
+    /// to [`Driver::ago_param`].
     pub(crate) fn ago(self, param: &str) -> String {
         match self {
             Self::Postgres => format!("now() - {param} * interval '1 millisecond'"),
@@ -61,7 +105,7 @@ impl Dialect {
         }
     }
 
-    /// What [`Dialect::ago`]'s parameter binds for `age`: milliseconds (PostgreSQL),
+    /// What [`Driver::ago`]'s parameter binds for `age`: milliseconds (PostgreSQL),
     /// microseconds (MySQL), or the time itself in milliseconds since the epoch (SQLite).
     pub(crate) fn ago_param(self, age: Duration) -> i64 {
         match self {
@@ -85,17 +129,17 @@ mod tests {
 
     #[test]
     fn each_database_spells_casts_and_null_safe_equality_its_way() {
-        assert_eq!(Dialect::Postgres.cast("o.x", Cast::Int), "o.x::int8");
-        assert_eq!(Dialect::Mysql.cast("o.x", Cast::Text), "CAST(o.x AS CHAR)");
+        assert_eq!(Driver::Postgres.cast("o.x", Cast::Int), "o.x::int8");
+        assert_eq!(Driver::Mysql.cast("o.x", Cast::Text), "CAST(o.x AS CHAR)");
         assert_eq!(
-            Dialect::Sqlite.cast("o.x", Cast::Int),
+            Driver::Sqlite.cast("o.x", Cast::Int),
             "CAST(o.x AS INTEGER)"
         );
         assert_eq!(
-            Dialect::Postgres.null_safe_eq("a", "b"),
+            Driver::Postgres.null_safe_eq("a", "b"),
             "a IS NOT DISTINCT FROM b"
         );
-        assert_eq!(Dialect::Mysql.null_safe_eq("a", "b"), "a <=> b");
-        assert_eq!(Dialect::Sqlite.null_safe_eq("a", "b"), "a IS b");
+        assert_eq!(Driver::Mysql.null_safe_eq("a", "b"), "a <=> b");
+        assert_eq!(Driver::Sqlite.null_safe_eq("a", "b"), "a IS b");
     }
 }

@@ -1,12 +1,11 @@
 //! What each database does its own way, as one trait ([`StoreDriver`]) with one implementation
 //! per driver; the rest of [`OutboxStore`](super::OutboxStore) runs statements built once on
-//! the driver's pool ([`super::open`]).
+//! the driver's pool ([`mod@super::open`]).
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use super::layout_sql::LayoutSql;
-use super::open::Driver;
 use super::statement::Execute;
 use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError};
 use crate::model::TenantId;
@@ -15,8 +14,6 @@ use crate::model::TenantId;
 /// a transaction, or a lease), the due probe, settling, retention and LISTEN/NOTIFY. See
 /// [`OutboxStore`](super::OutboxStore) for what each operation means.
 pub(crate) trait StoreDriver: Send + Sync {
-    /// Which database this is.
-    const DRIVER: Driver;
     type Db: Execute;
 
     /// The pool the shared statements run on.
@@ -39,14 +36,14 @@ pub(crate) trait StoreDriver: Send + Sync {
         _channel: &str,
         _wake: &(dyn Fn() + Send + Sync),
     ) -> Result<Infallible, StoreError> {
-        Err(StoreError::unsupported_notify(Self::DRIVER.name()))
+        Err(StoreError::unsupported_notify(self.sql().dialect.name()))
     }
 
     async fn install_notify_trigger(&self, _channel: &str) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(Self::DRIVER.name()))
+        Err(StoreError::unsupported_notify(self.sql().dialect.name()))
     }
 
     async fn drop_notify_trigger(&self) -> Result<(), StoreError> {
-        Err(StoreError::unsupported_notify(Self::DRIVER.name()))
+        Err(StoreError::unsupported_notify(self.sql().dialect.name()))
     }
 }

@@ -1,19 +1,19 @@
-//! The SQL view of a checked [`Layout`] in one [`Dialect`]: the quoted names and the
+//! The SQL view of a checked [`Layout`] in one [`Driver`]'s dialect: the quoted names and the
 //! expressions that read its columns whatever their types (ids as integers or text, strings as
 //! text, payloads as bytes, `created_at` as a time), the claim order, and the key-order
 //! filter. Every driver's statements are built from it.
 
-use super::dialect::{Cast, Dialect};
+use super::dialect::{Cast, Driver};
 use super::schema::{KeyKind, Layout, PayloadKind, TimeKind};
 use super::statement::{Param, Statement};
 use super::{AfterDead, ColumnName, Ordering};
 use crate::model::OutboxId;
 
-/// A checked [`Layout`] as SQL of one [`Dialect`]: quoted names and column expressions.
+/// A checked [`Layout`] as one [`Driver`]'s SQL: quoted names and column expressions.
 #[derive(Debug, Clone)]
 pub(crate) struct LayoutSql {
     pub(crate) layout: Layout,
-    pub(crate) dialect: Dialect,
+    pub(crate) dialect: Driver,
     /// The quoted table name (`schema.table` when qualified).
     pub(crate) table: String,
     pub(crate) id: String,
@@ -28,7 +28,7 @@ pub(crate) struct LayoutSql {
 }
 
 impl LayoutSql {
-    pub(crate) fn new(layout: Layout, dialect: Dialect) -> Self {
+    pub(crate) fn new(layout: Layout, dialect: Driver) -> Self {
         let quote = dialect.quote();
         let q = |c: &ColumnName| c.quoted_with(quote);
         Self {
@@ -109,12 +109,12 @@ impl LayoutSql {
     pub(crate) fn payload_expr(&self, alias: &str) -> String {
         let p = Self::column(alias, &self.payload);
         match (self.dialect, self.layout.payload_kind) {
-            (Dialect::Sqlite, _) => format!("CAST({p} AS BLOB)"),
+            (Driver::Sqlite, _) => format!("CAST({p} AS BLOB)"),
             (_, PayloadKind::Bytes) => p,
-            (Dialect::Postgres, PayloadKind::Json | PayloadKind::Text) => {
+            (Driver::Postgres, PayloadKind::Json | PayloadKind::Text) => {
                 format!("convert_to({p}::text, 'UTF8')")
             }
-            (Dialect::Mysql, PayloadKind::Json | PayloadKind::Text) => {
+            (Driver::Mysql, PayloadKind::Json | PayloadKind::Text) => {
                 format!("CAST({p} AS CHAR CHARACTER SET utf8mb4)")
             }
         }
@@ -124,8 +124,8 @@ impl LayoutSql {
     pub(crate) fn headers_expr(&self, alias: &str) -> String {
         let h = Self::column(alias, &self.headers);
         let text = match self.dialect {
-            Dialect::Mysql => format!("CAST({h} AS CHAR CHARACTER SET utf8mb4)"),
-            Dialect::Postgres | Dialect::Sqlite => self.dialect.cast(&h, Cast::Text),
+            Driver::Mysql => format!("CAST({h} AS CHAR CHARACTER SET utf8mb4)"),
+            Driver::Postgres | Driver::Sqlite => self.dialect.cast(&h, Cast::Text),
         };
         format!("COALESCE({text}, '{{}}')")
     }
@@ -137,12 +137,12 @@ impl LayoutSql {
     pub(crate) fn created_at_expr(&self, alias: &str) -> String {
         let c = Self::column(alias, &self.created_at);
         match (self.dialect, self.layout.created_at_kind) {
-            (Dialect::Postgres, TimeKind::WithZone) => format!("COALESCE({c}, now())"),
-            (Dialect::Postgres, TimeKind::WithoutZone) => {
+            (Driver::Postgres, TimeKind::WithZone) => format!("COALESCE({c}, now())"),
+            (Driver::Postgres, TimeKind::WithoutZone) => {
                 format!("COALESCE({c} AT TIME ZONE 'UTC', now())")
             }
-            (Dialect::Mysql, _) => format!("COALESCE({c}, UTC_TIMESTAMP(6))"),
-            (Dialect::Sqlite, _) => {
+            (Driver::Mysql, _) => format!("COALESCE({c}, UTC_TIMESTAMP(6))"),
+            (Driver::Sqlite, _) => {
                 format!("CAST(round((julianday({c}) - 2440587.5) * 86400000.0) AS INTEGER)")
             }
         }
@@ -180,11 +180,11 @@ impl LayoutSql {
     /// the others bind the id's own type.
     pub(crate) fn bind_id(&self, statement: &mut Statement, id: &OutboxId) -> String {
         match self.dialect {
-            Dialect::Postgres => {
+            Driver::Postgres => {
                 let param = statement.param(Param::Text(id.to_string()));
                 format!("{param}::text::{}", self.key_cast())
             }
-            Dialect::Mysql | Dialect::Sqlite => statement.param(match id {
+            Driver::Mysql | Driver::Sqlite => statement.param(match id {
                 OutboxId::Int(n) => Param::Int(*n),
                 OutboxId::Text(text) => Param::Text(text.to_string()),
             }),
@@ -209,8 +209,8 @@ impl LayoutSql {
     /// 8.0.16, so there the table's own name.
     pub(crate) fn delete_alias(&self) -> &str {
         match self.dialect {
-            Dialect::Mysql => &self.table,
-            Dialect::Postgres | Dialect::Sqlite => "o",
+            Driver::Mysql => &self.table,
+            Driver::Postgres | Driver::Sqlite => "o",
         }
     }
 
@@ -223,11 +223,11 @@ impl LayoutSql {
             false => self.order_by(alias),
         };
         match self.dialect {
-            Dialect::Mysql => format!(
+            Driver::Mysql => format!(
                 "DELETE FROM {table} WHERE {filter} ORDER BY {order_by} LIMIT {limit}",
                 order_by = order_by(table),
             ),
-            Dialect::Postgres | Dialect::Sqlite => format!(
+            Driver::Postgres | Driver::Sqlite => format!(
                 "DELETE FROM {table}
                   WHERE {id} IN (SELECT o.{id} FROM {table} AS o
                                   WHERE {filter}
@@ -325,13 +325,13 @@ mod tests {
 
     #[test]
     fn names_are_quoted_the_dialects_way() {
-        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Mysql);
+        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Driver::Mysql);
         assert_eq!(my.table, "`app`.`outbox`");
         assert_eq!(my.id_expr("o"), "CAST(o.`id` AS SIGNED)");
-        let pg = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Postgres);
+        let pg = LayoutSql::new(layout(KeyKind::Int, true, "id"), Driver::Postgres);
         assert_eq!(pg.table, "\"app\".\"outbox\"");
         assert_eq!(pg.id_expr("o"), "o.\"id\"::int8");
-        let lite = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Sqlite);
+        let lite = LayoutSql::new(layout(KeyKind::Int, true, "id"), Driver::Sqlite);
         assert_eq!(lite.id_expr(""), "CAST(\"id\" AS INTEGER)");
     }
 
@@ -340,23 +340,23 @@ mod tests {
         let text = KeyKind::Text {
             cast: "uuid".into(),
         };
-        let pg = LayoutSql::new(layout(text, false, "sluice_seq"), Dialect::Postgres);
+        let pg = LayoutSql::new(layout(text, false, "sluice_seq"), Driver::Postgres);
         assert_eq!(pg.order_by("o"), "o.\"sluice_seq\", o.\"id\"");
         assert_eq!(
             pg.before("p", "o"),
             "(p.\"sluice_seq\", p.\"id\") < (o.\"sluice_seq\", o.\"id\")"
         );
-        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Mysql);
+        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Driver::Mysql);
         assert_eq!(my.order_by("o"), "o.`id`");
         assert_eq!(my.before("p", "o"), "p.`id` < o.`id`");
     }
 
     #[test]
     fn the_default_tenant_is_null_and_named_default() {
-        let pg = LayoutSql::new(layout(KeyKind::Int, false, "id"), Dialect::Postgres);
+        let pg = LayoutSql::new(layout(KeyKind::Int, false, "id"), Driver::Postgres);
         assert_eq!(pg.tenant_expr("o"), "NULL::text");
         assert_eq!(pg.tenant_name_expr("o"), "'default'::text");
-        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Dialect::Mysql);
+        let my = LayoutSql::new(layout(KeyKind::Int, true, "id"), Driver::Mysql);
         assert_eq!(
             my.tenant_name_expr("o"),
             "COALESCE(CAST(o.`tenant` AS CHAR), 'default')"
@@ -367,11 +367,11 @@ mod tests {
     fn key_order_compares_tenants_null_safely_in_each_dialect() {
         for (dialect, eq) in [
             (
-                Dialect::Postgres,
+                Driver::Postgres,
                 "AND p.\"tenant\" IS NOT DISTINCT FROM o.\"tenant\"",
             ),
-            (Dialect::Mysql, "AND p.`tenant` <=> o.`tenant`"),
-            (Dialect::Sqlite, "AND p.\"tenant\" IS o.\"tenant\""),
+            (Driver::Mysql, "AND p.`tenant` <=> o.`tenant`"),
+            (Driver::Sqlite, "AND p.\"tenant\" IS o.\"tenant\""),
         ] {
             let sql = LayoutSql::new(layout(KeyKind::Int, true, "id"), dialect);
             let filter = sql.key_order_filter(Ordering::Key, AfterDead::Skip);
@@ -389,20 +389,20 @@ mod tests {
         let mut bytes = layout(KeyKind::Int, true, "id");
         bytes.payload_kind = PayloadKind::Bytes;
         assert_eq!(
-            LayoutSql::new(bytes.clone(), Dialect::Mysql).payload_expr("o"),
+            LayoutSql::new(bytes.clone(), Driver::Mysql).payload_expr("o"),
             "o.`payload`"
         );
         assert_eq!(
-            LayoutSql::new(bytes, Dialect::Postgres).payload_expr("o"),
+            LayoutSql::new(bytes, Driver::Postgres).payload_expr("o"),
             "o.\"payload\""
         );
         let json = layout(KeyKind::Int, true, "id");
         assert_eq!(
-            LayoutSql::new(json.clone(), Dialect::Mysql).payload_expr("o"),
+            LayoutSql::new(json.clone(), Driver::Mysql).payload_expr("o"),
             "CAST(o.`payload` AS CHAR CHARACTER SET utf8mb4)"
         );
         assert_eq!(
-            LayoutSql::new(json, Dialect::Postgres).payload_expr("o"),
+            LayoutSql::new(json, Driver::Postgres).payload_expr("o"),
             "convert_to(o.\"payload\"::text, 'UTF8')"
         );
     }

@@ -8,20 +8,21 @@
 //! wake-ups) and the admin commands (`sluice dead …`), so callers never know which database
 //! they talk to.
 //!
-//! [`open`] and [`migrate`] pick the driver from the URL ([`Driver`]): `postgres://` →
+//! [`open()`] and [`migrate()`] pick the driver from the URL ([`Driver`]): `postgres://` →
 //! `postgres`, `mysql://` → `mysql`, `sqlite://` → `sqlite`. What a table must hold is
 //! checked once for all of them (`schema`); the conformance suite (`conformance`, a unit test)
 //! runs the same tests against each, and against the in-memory store of the tests (`memory`).
 //!
-//! One SQL dialect under three drivers: `dialect` spells what the databases spell differently
-//! (quoting, casts, null-safe equality, time arithmetic), `layout_sql` is the checked table as
-//! SQL of one dialect, and the statements that do not differ are built once from the two and
-//! run on any driver's pool (`statement`): dead rows (`dead`), the backlog (`backlog`),
-//! decoding claimed rows (`rows`), recording a batch (`batch`), settling (`settle`), pruning
-//! and other chunked deletes (`prune`), and `sluice migrate`'s tables, columns and indexes
-//! (`ddl`). Each driver (`postgres`, `mysql`, `sqlite`) implements `driver::StoreDriver` with
-//! only what its database does its own way: session setup, the claim, its column types and
-//! migration locks, LISTEN/NOTIFY, the cursor, the lease.
+//! One SQL dialect under three drivers: `dialect` names the databases ([`Driver`]) and spells
+//! what they spell differently (quoting, casts, null-safe equality, time arithmetic),
+//! `layout_sql` is the checked table as SQL of one dialect, and the statements that do not
+//! differ are built once from the two and run on any driver's pool (`statement`): dead rows
+//! (`dead`), the backlog (`backlog`), decoding claimed rows (`rows`), recording a batch
+//! (`batch`), settling (`settle`), pruning and other chunked deletes (`prune`), and
+//! `sluice migrate`'s tables, columns and indexes (`ddl`). Each driver (`postgres`, `mysql`,
+//! `sqlite`) implements `driver::StoreDriver` with only what its database does its own way:
+//! session setup, the claim, its column types and migration locks, LISTEN/NOTIFY, the cursor,
+//! the lease.
 
 mod backlog;
 mod batch;
@@ -60,7 +61,8 @@ pub use columns::{
     ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, TableSpec,
     TenantColumn,
 };
-pub use open::{Driver, Store, StoreBatch, check_url, migrate, open, redact};
+pub use dialect::Driver;
+pub use open::{Store, StoreBatch, check_url, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
 pub use schema::SchemaError;

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use super::Driver;
 use super::driver::StoreDriver;
 use super::mysql::{self, MyBatch, MyStore};
 use super::postgres::{self, PgBatch, PgStore};
@@ -13,55 +14,6 @@ use super::{
     StoreError, StoreOptions, TableSpec, TenantBacklog, backlog, dead,
 };
 use crate::model::TenantId;
-
-/// The databases Sluice relays from, by URL scheme.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driver {
-    /// `postgres://`, `postgresql://`
-    Postgres,
-    /// `mysql://`, `mariadb://` (MariaDB ≥ 10.6, MySQL ≥ 8.0)
-    Mysql,
-    /// `sqlite://` followed by a file path (`sqlite:///abs/app.db`, `sqlite://rel/app.db`)
-    Sqlite,
-}
-
-impl Driver {
-    /// The driver for `url`, or an error naming the schemes Sluice knows.
-    pub fn of(url: &str) -> Result<Self, StoreError> {
-        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-        match scheme {
-            Some("postgres" | "postgresql") => Ok(Self::Postgres),
-            Some("mysql" | "mariadb") => Ok(Self::Mysql),
-            Some("sqlite") => Ok(Self::Sqlite),
-            _ => Err(StoreError::Url {
-                url: redact(url),
-                message: "unsupported database; use postgres://…, mysql://… (or mariadb://…) \
-                          or sqlite://PATH"
-                    .into(),
-            }),
-        }
-    }
-
-    /// The database's name, for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Postgres => "PostgreSQL",
-            Self::Mysql => "MySQL/MariaDB",
-            Self::Sqlite => "SQLite",
-        }
-    }
-
-    /// Whether the database can wake a relay on insert (LISTEN/NOTIFY); the others poll.
-    pub fn notifies(self) -> bool {
-        self == Self::Postgres
-    }
-
-    /// Whether claims are committed leases (`database.lease`) rather than row locks held in
-    /// an open transaction.
-    pub fn leases(self) -> bool {
-        self == Self::Sqlite
-    }
-}
 
 /// Connects (a pool of at most `connections`) and checks the table: every column Sluice reads
 /// or writes must exist with a usable type, or the error lists every problem.

@@ -5,7 +5,7 @@
 
 use chrono::Utc;
 
-use super::dialect::{Dialect, millis};
+use super::dialect::{Driver, millis};
 use super::layout_sql::LayoutSql;
 use super::schema::{KeyKind, PayloadKind};
 use super::statement::{Param, ReadRow, Statement};
@@ -87,7 +87,7 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
     };
     // MySQL reads text and JSON payloads as utf8mb4 text (`LayoutSql::payload_expr`).
     let payload = match (sql.dialect, layout.payload_kind) {
-        (Dialect::Mysql, PayloadKind::Json | PayloadKind::Text) => {
+        (Driver::Mysql, PayloadKind::Json | PayloadKind::Text) => {
             row.text(column::PAYLOAD).map(|p| p.map(String::into_bytes))
         }
         _ => row.bytes(column::PAYLOAD),
@@ -164,7 +164,7 @@ impl From<Disposition> for Reschedule {
 
 /// The `last_error` recorded for `failure`: its error made safe to store ([`bounded`]: no NUL
 /// or other control characters, at most [`MAX_STORED`] bytes), or `fixed` when the database
-/// refused that (see [`super::batch::reschedule_or_fixed`]).
+/// refused that (see `batch::reschedule_or_fixed`).
 pub(crate) fn stored_error(failure: &RowFailure, fixed: Option<&str>) -> String {
     match fixed {
         Some(text) => text.to_owned(),

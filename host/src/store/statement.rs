@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
-use super::dialect::{Cast, Dialect};
+use super::dialect::{Cast, Driver};
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,13 +21,13 @@ pub(crate) enum Param {
 /// so the placeholders are spelled as the dialect spells them.
 #[derive(Debug, Clone)]
 pub(crate) struct Statement {
-    dialect: Dialect,
+    dialect: Driver,
     pub(crate) sql: String,
     pub(crate) params: Vec<Param>,
 }
 
 impl Statement {
-    pub(crate) fn new(dialect: Dialect) -> Self {
+    pub(crate) fn new(dialect: Driver) -> Self {
         Self {
             dialect,
             sql: String::new(),
@@ -41,9 +41,9 @@ impl Statement {
         self.params.push(value);
         let n = self.params.len();
         match self.dialect {
-            Dialect::Postgres => format!("${n}"),
-            Dialect::Sqlite => format!("?{n}"),
-            Dialect::Mysql => "?".to_owned(),
+            Driver::Postgres => format!("${n}"),
+            Driver::Sqlite => format!("?{n}"),
+            Driver::Mysql => "?".to_owned(),
         }
     }
 
@@ -52,9 +52,9 @@ impl Statement {
     /// compares with the same clock) a parameter bound to it now.
     pub(crate) fn now(&mut self) -> String {
         match self.dialect {
-            Dialect::Postgres => "now()".to_owned(),
-            Dialect::Mysql => "UTC_TIMESTAMP(6)".to_owned(),
-            Dialect::Sqlite => self.param(Param::Int(Utc::now().timestamp_millis())),
+            Driver::Postgres => "now()".to_owned(),
+            Driver::Mysql => "UTC_TIMESTAMP(6)".to_owned(),
+            Driver::Sqlite => self.param(Param::Int(Utc::now().timestamp_millis())),
         }
     }
 
@@ -62,8 +62,8 @@ impl Statement {
     /// placeholder where the database numbers them, `value` bound again where it does not.
     pub(crate) fn again(&mut self, placeholder: &str, value: Param) -> String {
         match self.dialect {
-            Dialect::Mysql => self.param(value),
-            Dialect::Postgres | Dialect::Sqlite => placeholder.to_owned(),
+            Driver::Mysql => self.param(value),
+            Driver::Postgres | Driver::Sqlite => placeholder.to_owned(),
         }
     }
 

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::schema::{self, MyTypes, TEXT_TYPES};
 use crate::store::ddl::{self, DdlTypes};
-use crate::store::dialect::Dialect;
+use crate::store::dialect::Driver;
 use crate::store::schema::{FoundColumn, Layout, check};
 use crate::store::{ColumnName, StoreError, TableName, TableSpec};
 
@@ -29,7 +29,7 @@ const INDEX_PREFIX: u32 = 191;
 /// Existing rows get `{}` headers, the time of the migration as `created_at`, and — for a new
 /// order column — numbers in primary-key order.
 impl DdlTypes for MyTypes {
-    const DIALECT: Dialect = Dialect::Mysql;
+    const DIALECT: Driver = Driver::Mysql;
     const ID: &'static str = "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY";
     const STRING: &'static str = "VARCHAR(255)";
     const PAYLOAD: &'static str = "JSON";

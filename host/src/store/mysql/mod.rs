@@ -9,7 +9,7 @@
 //! inserts never wait on a claim. There is no LISTEN/NOTIFY: relays poll.
 //!
 //! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
-//! - [`migrate`]: creating or upgrading the table and its indexes
+//! - [`mod@migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements; a claimed batch is a [`TxBatch`] of them
 
 mod migrate;
@@ -24,13 +24,12 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySql
 use sqlx::{AssertSqlSafe, Executor};
 
 use super::connect::{self, CONNECT_TIMEOUT};
+use super::dialect::Driver;
 use super::driver::StoreDriver;
-use super::open::Driver;
 use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::TenantId;
 use crate::store::batch::TxBatch;
-use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
 use crate::store::schema::check;
@@ -115,7 +114,7 @@ impl MyStore {
         let found = schema::read_columns(&pool, &spec.name).await?;
         let layout = check::<schema::MyTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
-        let statements = Statements::new(LayoutSql::new(layout, Dialect::Mysql), options);
+        let statements = Statements::new(LayoutSql::new(layout, Driver::Mysql), options);
         Ok(Self {
             pool,
             statements: Arc::new(statements),
@@ -129,7 +128,6 @@ impl MyStore {
 }
 
 impl StoreDriver for MyStore {
-    const DRIVER: Driver = Driver::Mysql;
     type Db = MySql;
 
     fn pool(&self) -> &MySqlPool {

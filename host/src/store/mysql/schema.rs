@@ -156,12 +156,12 @@ mod tests {
     use super::*;
     use crate::store::TableSpec;
     use crate::store::ddl;
-    use crate::store::dialect::Dialect;
+    use crate::store::dialect::Driver;
     use crate::store::layout_sql::LayoutSql;
     use crate::store::schema::{Layout, check};
 
     fn my(layout: Layout) -> LayoutSql {
-        LayoutSql::new(layout, Dialect::Mysql)
+        LayoutSql::new(layout, Driver::Mysql)
     }
 
     fn column(name: &str, base: &str) -> FoundColumn {

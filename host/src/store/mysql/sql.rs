@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::model::OutboxId;
 use crate::store::batch::ChunkedRows;
-use crate::store::dialect::Dialect;
+use crate::store::dialect::Driver;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::bind_failure;
 use crate::store::statement::{Param, Statement};
@@ -31,7 +31,7 @@ impl WithPaused {
     fn new(head: String, tenant: &str, tail: String) -> Self {
         Self {
             unfiltered: format!("{head}{tail}").into(),
-            filter: format!(" AND NOT ({})", Dialect::Mysql.null_safe_eq(tenant, "?")),
+            filter: format!(" AND NOT ({})", Driver::Mysql.null_safe_eq(tenant, "?")),
             head,
             tail,
         }
@@ -120,7 +120,7 @@ impl Statements {
 
 impl ChunkedRows for Statements {
     fn mark(&self, ids: &[OutboxId]) -> Statement {
-        let mut statement = Statement::new(Dialect::Mysql);
+        let mut statement = Statement::new(Driver::Mysql);
         let rows = self.values(&mut statement, ids, 1, |st, id| {
             format!("{} AS id", self.sql.bind_id(st, id))
         });
@@ -132,7 +132,7 @@ impl ChunkedRows for Statements {
     }
 
     fn reschedule(&self, failed: &[RowFailure], fixed: Option<&str>) -> Statement {
-        let mut statement = Statement::new(Dialect::Mysql);
+        let mut statement = Statement::new(Driver::Mysql);
         let rows = self.values(&mut statement, failed, 5, |st, f| {
             let [id, error, delay, dead, counted] = bind_failure(&self.sql, st, f, fixed);
             format!("{id} AS id, {error} AS error, {delay} AS delay_ms, {dead} AS dead, {counted} AS counted")
@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn the_claim_locks_skipping_and_filters_paused_tenants_by_placeholder() {
         let s = Statements::new(
-            LayoutSql::new(layout(), Dialect::Mysql),
+            LayoutSql::new(layout(), Driver::Mysql),
             StoreOptions::default(),
         );
         let plain = squash(&s.claim.sql(0));
@@ -198,7 +198,7 @@ mod tests {
             ordering: Ordering::Key,
             ..StoreOptions::default()
         };
-        let s = Statements::new(LayoutSql::new(layout(), Dialect::Mysql), options);
+        let s = Statements::new(LayoutSql::new(layout(), Driver::Mysql), options);
         let claim = squash(&s.claim.sql(0));
         assert!(
             claim.contains("AND p.`tenant` <=> o.`tenant` AND p.`id` < o.`id`"),
@@ -212,7 +212,7 @@ mod tests {
             mark: MarkMode::PublishedAt,
             ..StoreOptions::default()
         };
-        let s = Statements::new(LayoutSql::new(layout(), Dialect::Mysql), options);
+        let s = Statements::new(LayoutSql::new(layout(), Driver::Mysql), options);
         let ids = [OutboxId::Int(1), OutboxId::Int(2), OutboxId::Int(3)];
         let mark = s.mark(&ids);
         assert_eq!(

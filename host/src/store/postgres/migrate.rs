@@ -7,7 +7,7 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::schema::{self, PgTypes};
 use crate::store::ddl::{self, DdlTypes};
-use crate::store::dialect::Dialect;
+use crate::store::dialect::Driver;
 use crate::store::schema::{Layout, check};
 use crate::store::{StoreError, TableSpec};
 
@@ -17,7 +17,7 @@ const MIGRATE_LOCK_KEY: i64 = 0x736c_7569_6365;
 /// Constant (or `now()`) defaults are stored in the catalog, so added columns cost no rewrite;
 /// only a new order column does (each existing row gets its number, in physical order).
 impl DdlTypes for PgTypes {
-    const DIALECT: Dialect = Dialect::Postgres;
+    const DIALECT: Driver = Driver::Postgres;
     const ID: &'static str = "bigserial PRIMARY KEY";
     const STRING: &'static str = "text";
     const PAYLOAD: &'static str = "jsonb";

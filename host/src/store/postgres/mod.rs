@@ -1,7 +1,7 @@
 //! The PostgreSQL driver: [`PgStore`] implements [`StoreDriver`] over a connection pool.
 //!
 //! - [`schema`]: reading the catalog and checking every column (the [`Layout`])
-//! - [`migrate`]: creating or upgrading the table and its indexes
+//! - [`mod@migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule) and the claimed
 //!   batch's transaction
 //! - [`cursor`]: where the next claim starts while a backlog drains
@@ -28,13 +28,12 @@ use schema::Layout;
 pub(super) use sql::PgBatch;
 
 use super::connect::{self, CONNECT_TIMEOUT};
+use super::dialect::Driver;
 use super::driver::StoreDriver;
-use super::open::Driver;
 use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
-use crate::store::dialect::Dialect;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::decode_claimed;
 use crate::store::statement::impl_execute;
@@ -102,7 +101,7 @@ impl PgStore {
         let pool = connect(url, connections).await?;
         let layout = schema::inspect(&pool, spec).await?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
-        let sql = LayoutSql::new(layout, Dialect::Postgres);
+        let sql = LayoutSql::new(layout, Driver::Postgres);
         let statements = Statements::new(&sql, options);
         Ok(Self {
             pool,
@@ -129,7 +128,6 @@ impl PgStore {
 }
 
 impl StoreDriver for PgStore {
-    const DRIVER: Driver = Driver::Postgres;
     type Db = Postgres;
 
     fn pool(&self) -> &PgPool {

@@ -138,13 +138,13 @@ pub(super) async fn inspect(pool: &PgPool, spec: &TableSpec) -> Result<Layout, S
 mod tests {
     use super::super::sql::key_array;
     use super::*;
-    use crate::store::dialect::Dialect;
+    use crate::store::dialect::Driver;
     use crate::store::layout_sql::LayoutSql;
     use crate::store::schema::check;
     use crate::store::{ColumnMap, TenantColumn};
 
     fn pg(layout: &Layout) -> LayoutSql {
-        LayoutSql::new(layout.clone(), Dialect::Postgres)
+        LayoutSql::new(layout.clone(), Driver::Postgres)
     }
 
     fn column(name: &str, shown: &str) -> FoundColumn {

@@ -152,17 +152,17 @@ impl RecordRows<Postgres> for BatchSql {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::dialect::Dialect;
+    use crate::store::dialect::Driver;
     use crate::store::schema::Layout;
     use crate::store::test_layouts::{debezium_layout, sluice_layout, squash};
     use crate::store::{AfterDead, Ordering};
 
     fn statements(layout: Layout, options: StoreOptions) -> Statements {
-        Statements::new(&LayoutSql::new(layout, Dialect::Postgres), options)
+        Statements::new(&LayoutSql::new(layout, Driver::Postgres), options)
     }
 
     fn key_order_filter(layout: Layout, ordering: Ordering, after_dead: AfterDead) -> String {
-        LayoutSql::new(layout, Dialect::Postgres).key_order_filter(ordering, after_dead)
+        LayoutSql::new(layout, Driver::Postgres).key_order_filter(ordering, after_dead)
     }
 
     #[test]

@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::schema::{self, LiteTypes};
 use crate::store::ddl::{self, DdlTypes};
-use crate::store::dialect::Dialect;
+use crate::store::dialect::Driver;
 use crate::store::schema::{Layout, check};
 use crate::store::{StoreError, TableSpec};
 
@@ -17,7 +17,7 @@ use crate::store::{StoreError, TableSpec};
 /// `TEXT` (JSON kept as written: a `JSON` column's numeric affinity would turn `1e3` into
 /// `1000.0`). Sluice's times are milliseconds since the Unix epoch.
 impl DdlTypes for LiteTypes {
-    const DIALECT: Dialect = Dialect::Sqlite;
+    const DIALECT: Driver = Driver::Sqlite;
     const ID: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
     const STRING: &'static str = "TEXT";
     const PAYLOAD: &'static str = "TEXT";

@@ -12,7 +12,7 @@
 //! LISTEN/NOTIFY: relays poll.
 //!
 //! - [`schema`]: reading the table (`pragma_table_info`) and SQLite's types
-//! - [`migrate`]: creating or upgrading the table and its partial indexes
+//! - [`mod@migrate`]: creating or upgrading the table and its partial indexes
 //! - [`sql`], [`batch`]: the lease, completing a batch
 
 mod batch;
@@ -33,14 +33,14 @@ use sqlx::sqlite::{
 
 pub(super) use batch::LiteBatch;
 
+use super::dialect::Driver;
 use super::driver::StoreDriver;
-use super::open::Driver;
 use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, RowFailure, Settlement, StoreBatch, StoreError};
 use super::{StoreOptions, TableSpec};
 use super::{connect, prune, settle};
 use crate::model::{OutboxId, OutboxRow, TenantId};
-use crate::store::dialect::{Dialect, millis};
+use crate::store::dialect::millis;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::{column, decode_claimed, unreadable_key};
 use crate::store::schema::check;
@@ -158,7 +158,7 @@ impl LiteStore {
         let layout = check::<schema::LiteTypes>(spec, &found)?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), lease = ?options.lease,
             "outbox table checked");
-        let statements = Statements::new(LayoutSql::new(layout, Dialect::Sqlite), options);
+        let statements = Statements::new(LayoutSql::new(layout, Driver::Sqlite), options);
         Ok(Self {
             pool,
             statements: Arc::new(statements),
@@ -181,7 +181,6 @@ impl LiteStore {
 }
 
 impl StoreDriver for LiteStore {
-    const DRIVER: Driver = Driver::Sqlite;
     type Db = Sqlite;
 
     fn pool(&self) -> &SqlitePool {

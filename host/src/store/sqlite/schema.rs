@@ -156,7 +156,7 @@ pub(super) async fn read_columns(
 mod tests {
     use super::*;
     use crate::store::TableSpec;
-    use crate::store::dialect::Dialect;
+    use crate::store::dialect::Driver;
     use crate::store::layout_sql::LayoutSql;
     use crate::store::schema::check;
 
@@ -204,7 +204,7 @@ mod tests {
         let layout = check::<LiteTypes>(&spec(), &table("INTEGER")).unwrap();
         assert_eq!(layout.key, KeyKind::Int);
         assert_eq!(layout.payload_kind, PayloadKind::Json);
-        let sql = LayoutSql::new(layout, Dialect::Sqlite);
+        let sql = LayoutSql::new(layout, Driver::Sqlite);
         assert_eq!(sql.order_by("o"), "o.\"id\"");
         assert_eq!(sql.id_expr(""), "CAST(\"id\" AS INTEGER)");
     }
@@ -227,7 +227,7 @@ mod tests {
         named.columns.order = Some(ColumnName::parse("seq").unwrap());
         let sql = LayoutSql::new(
             check::<LiteTypes>(&named, &with_seq).unwrap(),
-            Dialect::Sqlite,
+            Driver::Sqlite,
         );
         assert_eq!(
             sql.before("p", "o"),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::model::OutboxId;
-use crate::store::dialect::Dialect;
+use crate::store::dialect::Driver;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::bind_failure;
 use crate::store::statement::{Param, Statement};
@@ -92,7 +92,7 @@ impl Statements {
 
     /// Marks `ids` sent at `now` (milliseconds since the epoch), ending their leases.
     pub(super) fn mark(&self, ids: &[OutboxId], now: i64, guard: Guard<'_>) -> Statement {
-        let mut statement = Statement::new(Dialect::Sqlite);
+        let mut statement = Statement::new(Driver::Sqlite);
         let table = &self.sql.table;
         let ids = self.sql.bind_ids(&mut statement, ids);
         let rows = format!("o.{} IN ({ids}) {}", self.sql.id, guard.sql(&mut statement));
@@ -116,7 +116,7 @@ impl Statements {
         guard: Guard<'_>,
         fixed: Option<&str>,
     ) -> Statement {
-        let mut statement = Statement::new(Dialect::Sqlite);
+        let mut statement = Statement::new(Driver::Sqlite);
         let rows: Vec<String> = failed
             .iter()
             .map(|f| {
@@ -151,7 +151,7 @@ impl Statements {
         ids: impl IntoIterator<Item = &'a OutboxId>,
         token: &str,
     ) -> Statement {
-        let mut statement = Statement::new(Dialect::Sqlite);
+        let mut statement = Statement::new(Driver::Sqlite);
         let text = format!(
             "UPDATE {table} AS o SET leased_by = NULL, lease_until = NULL
               WHERE o.{id} IN ({ids}) {guard}",
@@ -170,7 +170,7 @@ mod tests {
     use crate::store::test_layouts::{sluice_layout, squash};
 
     fn statements(options: StoreOptions) -> Statements {
-        Statements::new(LayoutSql::new(sluice_layout(), Dialect::Sqlite), options)
+        Statements::new(LayoutSql::new(sluice_layout(), Driver::Sqlite), options)
     }
 
     #[test]
