@@ -163,7 +163,7 @@ pub(crate) async fn in_chunks<DB: Execute, T: Sync>(
 }
 
 /// [`StoreError::MarkMismatch`] unless a statement given `expected` rows changed as many.
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
+pub(crate) fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
     let expected = expected as u64;
     if expected == affected {
         Ok(())

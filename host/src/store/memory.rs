@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use super::batch::check_count;
 use chrono::{DateTime, Utc};
 
 use super::{
@@ -543,16 +544,6 @@ impl MemoryBatch {
 impl Drop for MemoryBatch {
     fn drop(&mut self) {
         self.roll_back();
-    }
-}
-
-/// [`StoreError::MarkMismatch`] unless a statement given `expected` rows changed as many.
-fn check_count(expected: usize, affected: u64) -> Result<(), StoreError> {
-    let expected = expected as u64;
-    if expected == affected {
-        Ok(())
-    } else {
-        Err(StoreError::MarkMismatch { expected, affected })
     }
 }
 
