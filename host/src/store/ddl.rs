@@ -22,10 +22,9 @@ pub(super) trait DdlTypes: ColumnTypes {
     /// `created_at`: the time of the insert unless given; and as added to an existing table.
     const CREATED_AT: &'static str;
     const CREATED_AT_ADDED: &'static str = Self::CREATED_AT;
-    /// An order column other than the id in a created table; and as added to an existing
-    /// table, numbering its rows (`None`: it cannot be).
+    /// An order column other than the id in a created table (added to an existing one:
+    /// [`ColumnTypes::ORDER_ADDED`]).
     const ORDER: &'static str;
-    const ORDER_ADDED: Option<&'static str>;
     /// Bookkeeping columns by what they hold ([`Holds`]).
     const TIME: &'static str;
     const COUNT: &'static str;

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use super::{StoreError, redact};
+use super::StoreError;
+use crate::secret::redact_url;
 
 /// The databases Sluice relays from, by URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +28,7 @@ impl Driver {
             Some("mysql" | "mariadb") => Ok(Self::Mysql),
             Some("sqlite") => Ok(Self::Sqlite),
             _ => Err(StoreError::Url {
-                url: redact(url),
+                url: redact_url(url),
                 message: "unsupported database; use postgres://…, mysql://… (or mariadb://…) \
                           or sqlite://PATH"
                     .into(),

@@ -10,7 +10,6 @@
 use std::fmt;
 
 use super::columns::{self, ColumnMap, ColumnName, Holds, TableSpec, TenantColumn};
-use super::ddl::DdlTypes;
 use super::{StoreError, TableName};
 use crate::model::OutboxId;
 
@@ -141,6 +140,9 @@ pub(super) trait ColumnTypes {
     const ACCEPTED_ORDER: &'static str;
     /// Whether the tables carry Sluice's lease columns ([`columns::LEASE`]).
     const LEASES: bool = false;
+    /// The type `sluice migrate` adds a missing order column with, numbering the existing rows
+    /// (`None`: it cannot; a refusal then asks for `database.columns.order`).
+    const ORDER_ADDED: Option<&'static str>;
 
     /// How an id of this type is carried, `None` if it cannot be an id.
     fn key_kind(column: &FoundColumn) -> Option<KeyKind>;
@@ -171,7 +173,7 @@ pub(super) fn bookkeeping<T: ColumnTypes>() -> impl Iterator<Item = (&'static st
 
 /// Checks the columns `found` of `spec`'s table with the database's `T`ypes: the [`Layout`],
 /// or every problem.
-pub(super) fn check<T: DdlTypes>(
+pub(super) fn check<T: ColumnTypes>(
     spec: &TableSpec,
     found: &[FoundColumn],
 ) -> Result<Layout, SchemaError> {
@@ -330,7 +332,7 @@ impl Checker<'_> {
     }
 
     /// The [`order_column`], which must be an integer and `NOT NULL`.
-    fn order<T: DdlTypes>(
+    fn order<T: ColumnTypes>(
         &mut self,
         map: &ColumnMap,
         id: Option<&FoundColumn>,

@@ -37,7 +37,6 @@ impl DdlTypes for MyTypes {
     const CREATED_AT: &'static str = "DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))";
     /// MySQL allows one AUTO_INCREMENT column per table (the id), so the application fills it.
     const ORDER: &'static str = "BIGINT NOT NULL";
-    const ORDER_ADDED: Option<&'static str> = Some("BIGINT NOT NULL AUTO_INCREMENT");
     const TIME: &'static str = "DATETIME(6)";
     const COUNT: &'static str = "INT NOT NULL DEFAULT 0";
     const TEXT: &'static str = "TEXT";

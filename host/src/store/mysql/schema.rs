@@ -38,6 +38,7 @@ impl ColumnTypes for MyTypes {
     const ACCEPTED_CREATED_AT: &'static str =
         "timestamp, datetime (read as UTC, as Sluice's connections use time_zone '+00:00')";
     const ACCEPTED_ORDER: &'static str = "tinyint … bigint, NOT NULL";
+    const ORDER_ADDED: Option<&'static str> = Some("BIGINT NOT NULL AUTO_INCREMENT");
 
     fn key_kind(column: &FoundColumn) -> Option<KeyKind> {
         match column.base.as_str() {

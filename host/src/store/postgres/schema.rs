@@ -5,6 +5,7 @@ use sqlx::postgres::PgPool;
 use sqlx::{Executor, Postgres};
 
 use crate::store::columns::{ColumnName, Holds, TableSpec};
+use crate::store::ddl::DdlTypes;
 use crate::store::schema::{self, ColumnTypes};
 pub(super) use crate::store::schema::{FoundColumn, KeyKind, Layout, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
@@ -27,6 +28,7 @@ impl ColumnTypes for PgTypes {
     const ACCEPTED_CREATED_AT: &'static str =
         "timestamp with time zone, timestamp without time zone (read as UTC)";
     const ACCEPTED_ORDER: &'static str = "smallint, integer, bigint, NOT NULL";
+    const ORDER_ADDED: Option<&'static str> = Some(<Self as DdlTypes>::ORDER);
 
     fn key_kind(column: &FoundColumn) -> Option<KeyKind> {
         let cast = match column.base.as_str() {

@@ -28,8 +28,6 @@ impl DdlTypes for LiteTypes {
     /// read as the time of their claim.
     const CREATED_AT_ADDED: &'static str = "TEXT";
     const ORDER: &'static str = "INTEGER NOT NULL";
-    /// SQLite cannot add a column that numbers the existing rows.
-    const ORDER_ADDED: Option<&'static str> = None;
     const TIME: &'static str = "INTEGER";
     const COUNT: &'static str = "INTEGER NOT NULL DEFAULT 0";
     const TEXT: &'static str = "TEXT";

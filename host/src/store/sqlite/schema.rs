@@ -59,6 +59,8 @@ impl ColumnTypes for LiteTypes {
     const ACCEPTED_CREATED_AT: &'static str = "TEXT, DATETIME, TIMESTAMP holding ISO-8601 text (as CURRENT_TIMESTAMP writes it; UTC unless an offset is given)";
     const ACCEPTED_ORDER: &'static str = "INTEGER, NOT NULL";
     const LEASES: bool = true;
+    /// SQLite cannot add a column that numbers the existing rows.
+    const ORDER_ADDED: Option<&'static str> = None;
 
     fn key_kind(column: &FoundColumn) -> Option<KeyKind> {
         match affinity(&column.base) {
