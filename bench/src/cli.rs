@@ -17,6 +17,8 @@ const FULL_ROWS: u64 = 200_000;
 const QUICK_ROWS: u64 = 20_000;
 const FULL_LANGUAGE_ROWS: u64 = 100_000;
 const QUICK_LANGUAGE_ROWS: u64 = 20_000;
+const FULL_TENANT_ROWS: u64 = 60_000;
+const QUICK_TENANT_ROWS: u64 = 10_000;
 const FULL_NAIVE_ROWS: u64 = 10_000;
 const QUICK_NAIVE_ROWS: u64 = 2_000;
 const FULL_DURATION: Duration = Duration::from_secs(60);
@@ -78,6 +80,23 @@ pub enum Command {
     /// CPU per 1,000 rows, peak RSS) and start-up with an empty and a filled compile cache.
     /// Not part of `all`.
     Languages,
+    /// Many tenants (issue #23): drain rows/s and relay peak RSS with no tenant, with 1,000
+    /// configured tenants and with 10,000 free-form tenant values; start-up with 1,000
+    /// configured. Not part of `all`.
+    ///
+    /// Cases: "none" (every row of the default tenant, one plugin instance); "1,000
+    /// configured" (rows spread evenly over t0…t999, each with its own `[tenants.tN]` section:
+    /// the same .wasm, its own config, the same topics); "10,000 free-form" (rows spread over
+    /// 10,000 tenant values, no sections: `[plugins.default]` serves them). Each drain moves
+    /// the same backlog: 60,000 rows (--quick 10,000; --rows sets it), because the free-form
+    /// case runs at a few thousand rows/s today and 200,000 rows would take over a minute per
+    /// drain. The three cases alternate 3 times, each drain against a broker started for it,
+    /// with default settings and the WASM reference plugin; medians are reported, and their
+    /// ratios to "none". Before the drains, the relay with 1,000 configured tenants starts
+    /// twice on the empty outbox (empty, then filled compile cache): time to "relay started"
+    /// and peak RSS by then. Targets: 1,000 configured ≥ 0.80 and 10,000 free-form ≥ 0.50 of
+    /// "none", peak RSS ≤ 1 GiB; a missed target is reported, not an error. About 1.5 minutes.
+    Tenants,
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
     Databases,
@@ -107,7 +126,8 @@ pub struct Options {
     #[arg(long, global = true, env = "SLUICE_BENCH_KAFKA", default_value = DEFAULT_KAFKA)]
     kafka: String,
     /// Backlog size of sql-ceiling, drain-* and noisy [default: 200000, --quick 20000]; of
-    /// languages [default: 100000, --quick 20000].
+    /// languages [default: 100000, --quick 20000]; of each drain of tenants [default: 60000,
+    /// --quick 10000].
     #[arg(long, global = true)]
     rows: Option<u64>,
     /// Measuring window of latency and idle [default: 60s, --quick 10s].
@@ -175,6 +195,8 @@ pub struct Settings {
     pub rows: u64,
     /// Backlog of each drain of `languages`.
     pub language_rows: u64,
+    /// Backlog of each drain of `tenants`.
+    pub tenant_rows: u64,
     /// Backlog of the naive relay.
     pub naive_rows: u64,
     /// Window of latency and idle.
@@ -232,6 +254,11 @@ impl Options {
         } else {
             FULL_LANGUAGE_ROWS
         });
+        let tenant_rows = self.rows.unwrap_or(if self.quick {
+            QUICK_TENANT_ROWS
+        } else {
+            FULL_TENANT_ROWS
+        });
         let duration = self.duration.unwrap_or(if self.quick {
             QUICK_DURATION
         } else {
@@ -261,6 +288,7 @@ impl Options {
             kafka: self.kafka,
             rows,
             language_rows,
+            tenant_rows,
             naive_rows: if self.quick {
                 QUICK_NAIVE_ROWS
             } else {

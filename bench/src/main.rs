@@ -61,6 +61,12 @@
 //! (`--plugin`, `--python-plugin`, `--js-plugin`): per language, time to "relay started" with an
 //! empty and a filled compile cache (median of 3) and a drain of `--rows` (default 100,000;
 //! median of 3) with rows/s, relay CPU per 1,000 rows and peak RSS; then a side-by-side table.
+//!
+//! Also not in `all`: `tenants` — many tenants (issue #23): drains of the same backlog
+//! (default 60,000 rows) with no tenant, with 1,000 configured tenants (`[tenants.tN]`) and
+//! with 10,000 free-form tenant values, alternating 3 times, each against a fresh broker:
+//! rows/s, peak RSS and the ratios to one tenant (targets ≥ 0.80 and ≥ 0.50, RSS ≤ 1 GiB),
+//! plus start-up time and RSS with 1,000 configured tenants.
 
 mod cli;
 mod drain_watch;

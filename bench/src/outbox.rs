@@ -31,6 +31,15 @@ pub struct OtherTenant<'a> {
     pub rows: u64,
 }
 
+/// Whose rows a backlog holds besides the default tenant's (PostgreSQL only).
+#[derive(Debug, Clone, Copy)]
+pub enum Tenants<'a> {
+    /// Another tenant's rows mixed in among the default tenant's.
+    Other(OtherTenant<'a>),
+    /// Every row belongs to one of this many tenants, `t0`, `t1`, …: row `g` to `t{g % n}`.
+    Spread(u64),
+}
+
 /// The servers of the benchmark's settings.
 fn servers(settings: &Settings) -> Servers {
     Servers {
@@ -74,10 +83,10 @@ pub async fn create_on(
 
 /// What a benchmark does with its table beyond the kit's.
 pub trait BenchTable {
-    /// Inserts `rows` standard rows with tenant NULL, plus `other`'s rows spread evenly among
-    /// them (PostgreSQL only), then updates the planner's statistics so every run starts from
-    /// the same state.
-    async fn fill(&self, rows: u64, other: Option<OtherTenant<'_>>) -> anyhow::Result<()>;
+    /// Inserts `rows` standard rows with tenant NULL, plus another tenant's rows spread evenly
+    /// among them, or with their tenants spread as `tenants` says (PostgreSQL only), then
+    /// updates the planner's statistics so every run starts from the same state.
+    async fn fill(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()>;
     /// Rows with an id below `id`.
     async fn count_below(&self, id: i64) -> anyhow::Result<i64>;
     /// The lowest id left, if any row is.
@@ -87,19 +96,24 @@ pub trait BenchTable {
 }
 
 impl BenchTable for DbTable {
-    async fn fill(&self, rows: u64, other: Option<OtherTenant<'_>>) -> anyhow::Result<()> {
-        if other.is_some() && self.database != Database::Postgres {
-            bail!("a second tenant's rows are only mixed in on PostgreSQL");
+    async fn fill(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()> {
+        if tenants.is_some() && self.database != Database::Postgres {
+            bail!("other tenants' rows are only mixed in on PostgreSQL");
         }
         match self.database {
             Database::Postgres => {
-                let (other_name, other_rows) = other.map_or((None, 0), |o| (Some(o.name), o.rows));
+                let (other_name, other_rows, spread) = match tenants {
+                    None => (None, 0, 0),
+                    Some(Tenants::Other(o)) => (Some(o.name), o.rows, 0),
+                    Some(Tenants::Spread(n)) => (None, 0, n),
+                };
                 let total = rows + other_rows;
                 // Every `step`-th row belongs to the other tenant, at most `other_rows` of them.
                 let step = total.checked_div(other_rows).unwrap_or(1).max(1);
                 let sql = self.sql(&format!(
                     "INSERT INTO {{t}} (tenant, {ROW_COLUMNS})
-                     SELECT CASE WHEN $2::int8 > 0 AND g % $3::int8 = 0 AND g / $3::int8 <= $2::int8
+                     SELECT CASE WHEN $5::int8 > 0 THEN 't' || (g % $5::int8)
+                                 WHEN $2::int8 > 0 AND g % $3::int8 = 0 AND g / $3::int8 <= $2::int8
                                  THEN $4::text END,
                             {ROW_VALUES}
                        FROM generate_series(1, $1::int8) AS g"
@@ -109,6 +123,7 @@ impl BenchTable for DbTable {
                     .bind(to_i64(other_rows)?)
                     .bind(to_i64(step)?)
                     .bind(other_name)
+                    .bind(to_i64(spread)?)
                     .execute(self.pg_pool())
                     .await
                     .with_context(|| format!("cannot insert {total} rows into {}", self.name))?;

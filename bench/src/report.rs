@@ -134,11 +134,12 @@ impl Report {
         let _ = writeln!(out, "Machine: {}  ", machine.describe());
         let _ = writeln!(
             out,
-            "Sizes: backlog {} rows (sql-ceiling, drains, noisy), languages {} rows, naive {} \
-             rows, latency/idle window {} s, notify-cost {} s per variant, sql-ceiling workers \
-             {}{}\n",
+            "Sizes: backlog {} rows (sql-ceiling, drains, noisy), languages {} rows, tenants {} \
+             rows, naive {} rows, latency/idle window {} s, notify-cost {} s per variant, \
+             sql-ceiling workers {}{}\n",
             format_value(settings.rows as f64),
             format_value(settings.language_rows as f64),
+            format_value(settings.tenant_rows as f64),
             format_value(settings.naive_rows as f64),
             format_value(settings.duration.as_secs_f64()),
             format_value(settings.notify_cost_duration.as_secs_f64()),

@@ -12,13 +12,13 @@ use std::path::PathBuf;
 use super::THROUGHPUT;
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Rows};
-use crate::outbox::{self, BenchTable};
+use crate::outbox::{self, BenchTable, Tenants};
 use crate::procstat::cpu_seconds;
 use crate::relay::{self, Measured};
 use crate::report::Figure;
 use crate::{kafka, names};
 use sluice_testkit::DbTable;
-use sluice_testkit::config::{Plugin, RelayConfig};
+use sluice_testkit::config::{Plugin, RelayConfig, Tenant};
 
 /// The router under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,7 @@ pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Fi
 }
 
 /// What [`run_median`] drains.
+#[derive(Clone)]
 pub struct Drain<'a> {
     /// Scenario label of the figures.
     pub label: &'a str,
@@ -96,23 +97,21 @@ pub async fn run_median(settings: &Settings, drain: &Drain<'_>) -> anyhow::Resul
         table.truncate().await?;
     }
     table.drop_table().await;
+    Ok(median_run(label, runs))
+}
+
+/// Of several runs' figures of [`measure`] (throughput first; at least one run), the median
+/// run's, with the slowest and fastest rows/s added.
+pub(super) fn median_run(label: &str, mut runs: Vec<Vec<Figure>>) -> Vec<Figure> {
     runs.sort_by(|a, b| a[0].value.total_cmp(&b[0].value));
     let all: Vec<String> = runs.iter().map(|r| format!("{:.0}", r[0].value)).collect();
     eprintln!("    {label} runs, rows/s: {}", all.join(", "));
-    let mut median = runs.swap_remove(RUNS / 2);
-    median.push(Figure::new(
-        label,
-        "slowest run",
-        runs[0][0].value,
-        "rows/s",
-    ));
-    median.push(Figure::new(
-        label,
-        "fastest run",
-        runs[runs.len() - 1][0].value,
-        "rows/s",
-    ));
-    Ok(median)
+    let mut median = runs.remove(runs.len() / 2);
+    let slowest = runs.first().map_or(median[0].value, |r| r[0].value);
+    let fastest = runs.last().map_or(median[0].value, |r| r[0].value);
+    median.push(Figure::new(label, "slowest run", slowest, "rows/s"));
+    median.push(Figure::new(label, "fastest run", fastest, "rows/s"));
+    median
 }
 
 pub(super) async fn measure(
@@ -130,21 +129,47 @@ pub(super) async fn measure_with_metrics(
     drain: &Drain<'_>,
     table: &DbTable,
 ) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
-    let label = drain.label;
     let prefix = names::topic_prefix(drain.stem);
-    kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
-    table.fill(drain.rows, None).await?;
-    let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
-    let config = RelayConfig {
+    measure_tenants(settings, drain, table, &prefix, None, Vec::new()).await
+}
+
+/// The config of a relay draining `table` as `drain` says, with `sections` as its
+/// `[tenants.*]` and the default plugin writing to the topics of `prefix`.
+pub(super) fn relay_config(
+    settings: &Settings,
+    drain: &Drain<'_>,
+    table: &DbTable,
+    prefix: &str,
+    sections: Vec<Tenant>,
+) -> RelayConfig {
+    RelayConfig {
         database_url: settings.database_url.clone(),
         table: table.name.clone(),
         kafka: settings.kafka.clone(),
         cache_dir: drain.cache_dir.clone(),
-        default_plugin: Some((drain.plugin.clone(), prefix)),
+        default_plugin: Some((drain.plugin.clone(), prefix.to_owned())),
+        tenants: sections,
         relay: settings.relay.clone(),
         telemetry: settings.telemetry.clone(),
         ..RelayConfig::default()
-    };
+    }
+}
+
+/// [`measure_with_metrics`] of a backlog whose rows belong to `tenants`, with `sections` as
+/// the relay's `[tenants.*]`; the default plugin writes to the topics of `prefix`.
+pub(super) async fn measure_tenants(
+    settings: &Settings,
+    drain: &Drain<'_>,
+    table: &DbTable,
+    prefix: &str,
+    tenants: Option<Tenants<'_>>,
+    sections: Vec<Tenant>,
+) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
+    let label = drain.label;
+    kafka::create_topics(&settings.kafka, &kafka::topics(prefix)).await?;
+    table.fill(drain.rows, tenants).await?;
+    let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
+    let config = relay_config(settings, drain, table, prefix, sections);
     let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     let drained = watch.run(&mut relay).await?;
     let metrics = match &settings.telemetry {

@@ -20,6 +20,7 @@ use super::startup::{CACHE_HIT_LINE, ms, time_to_ready};
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox;
+use crate::relay::Stopped;
 use crate::report::Figure;
 use crate::stats::summarize;
 use sluice_testkit::DbTable;
@@ -157,8 +158,13 @@ async fn startup_on(
             relay: settings.relay.clone(),
             ..RelayConfig::default()
         };
-        let (first, first_log) = time_to_ready(settings, &config).await?;
-        let (second, second_log) = time_to_ready(settings, &config).await?;
+        let (first, Stopped { log: first_log, .. }) = time_to_ready(settings, &config).await?;
+        let (
+            second,
+            Stopped {
+                log: second_log, ..
+            },
+        ) = time_to_ready(settings, &config).await?;
         if first_log.contains(CACHE_HIT_LINE) || !second_log.contains(CACHE_HIT_LINE) {
             bail!(
                 "expected a compile on the first start and {CACHE_HIT_LINE:?} on the second \

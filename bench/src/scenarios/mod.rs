@@ -15,6 +15,7 @@ mod scale_out;
 mod sql_ceiling;
 mod stages;
 mod startup;
+mod tenants;
 
 use anyhow::Context;
 
@@ -59,6 +60,7 @@ enum Step {
     Startup,
     NotifyCost,
     Languages,
+    Tenants,
     /// sql-ceiling on MariaDB or SQLite.
     SqlCeilingOn(Database),
     /// drain-native on MariaDB or SQLite.
@@ -96,6 +98,7 @@ impl Step {
             Self::Startup => startup::NAME,
             Self::NotifyCost => notify_cost::NAME,
             Self::Languages => languages::NAME,
+            Self::Tenants => tenants::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
         }
     }
@@ -121,6 +124,7 @@ impl Step {
             Self::Startup => startup::run(settings).await,
             Self::NotifyCost => notify_cost::run(settings).await,
             Self::Languages => languages::run(settings).await,
+            Self::Tenants => tenants::run(settings).await,
         }
     }
 }
@@ -163,6 +167,7 @@ fn steps(command: Command) -> Vec<Step> {
         Command::Startup => vec![Step::Startup],
         Command::NotifyCost => vec![Step::NotifyCost],
         Command::Languages => vec![Step::Languages],
+        Command::Tenants => vec![Step::Tenants],
         Command::Databases => vec![
             Step::SqlCeiling,
             Step::DrainNative,

@@ -6,7 +6,7 @@
 
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Rows};
-use crate::outbox::{self, BenchTable, OtherTenant};
+use crate::outbox::{self, BenchTable, OtherTenant, Tenants};
 use crate::relay::{self, Measured};
 use crate::report::Figure;
 use crate::{kafka, names};
@@ -95,7 +95,7 @@ async fn good_rate(
     config: &RelayConfig,
     other: Option<OtherTenant<'_>>,
 ) -> anyhow::Result<f64> {
-    table.fill(settings.rows, other).await?;
+    table.fill(settings.rows, other.map(Tenants::Other)).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::NoTenant).await?;
     let mut relay = relay::start(&settings.sluice, config, "warn")?;
     let drained = watch.run(&mut relay).await?;

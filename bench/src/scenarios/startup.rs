@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox;
-use crate::relay::{self, Measured};
+use crate::relay::{self, Measured, Stopped};
 use crate::report::Figure;
 use sluice_testkit::DbTable;
 use sluice_testkit::config::{RelayConfig, Tenant};
@@ -65,8 +65,8 @@ async fn measure(
             .collect(),
         ..RelayConfig::default()
     };
-    let (cold, cold_log) = time_to_ready(settings, &config).await?;
-    let (warm, warm_log) = time_to_ready(settings, &config).await?;
+    let (cold, Stopped { log: cold_log, .. }) = time_to_ready(settings, &config).await?;
+    let (warm, Stopped { log: warm_log, .. }) = time_to_ready(settings, &config).await?;
     let warm_hits = warm_log.matches(CACHE_HIT_LINE).count();
     if warm_hits < TENANTS {
         bail!(
@@ -94,11 +94,12 @@ async fn measure(
     ])
 }
 
-/// Starts a relay, waits for [`READY_LINE`] in its log, stops it; returns the wait and the log.
+/// Starts a relay, waits for [`READY_LINE`] in its log, stops it; returns the wait and what
+/// the stop left (the log, and the `/proc` reading taken right after the wait).
 pub(super) async fn time_to_ready(
     settings: &Settings,
     config: &RelayConfig,
-) -> anyhow::Result<(Duration, String)> {
+) -> anyhow::Result<(Duration, Stopped)> {
     let started = Instant::now();
     let mut relay = relay::start(&settings.sluice, config, "info")?;
     let ready = loop {
@@ -114,8 +115,7 @@ pub(super) async fn time_to_ready(
         }
         tokio::time::sleep(LOG_POLL).await;
     };
-    let stopped = relay.stop_measured().await?;
-    Ok((ready, stopped.log))
+    Ok((ready, relay.stop_measured().await?))
 }
 
 /// `component` with a custom section `sluice-bench` holding `tag` appended: a valid component

@@ -1,0 +1,232 @@
+//! `tenants`: what many tenants cost a drain (issue #23). Three cases, each a drain of the
+//! same backlog (standard rows, default settings, the WASM reference plugin, a freshly started
+//! broker per drain; see [`super::drain`]):
+//! - **none**: every row of the default tenant, one plugin instance;
+//! - **1,000 configured**: rows spread evenly over tenants `t0`…`t999`, each with its own
+//!   `[tenants.tN]` section (the same `.wasm`, its own `config`, the same topics);
+//! - **10,000 free-form**: rows spread evenly over 10,000 tenant values without sections, all
+//!   served by `[plugins.default]`.
+//!
+//! The cases alternate [`RUNS`] times, so drift falls on all three alike; per case the median
+//! run is reported, and the ratios of the medians to the one-tenant drain. Before the drains,
+//! the relay with 1,000 configured tenants is started twice on the empty outbox (as
+//! [`super::startup`] times it: spawn until "relay started"), first with an empty compile
+//! cache, then with the cache that start filled: both times, and the peak RSS by then. The
+//! drains use that cache, so none of them compiles.
+//!
+//! Targets (issue #23): 1,000 configured ≥ 0.80 and 10,000 free-form ≥ 0.50 of one tenant's
+//! rows/s, peak RSS ≤ 1 GiB. A missed target is reported, not an error.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::THROUGHPUT;
+use super::drain::{self, Drain, median_run};
+use super::startup::{ms, time_to_ready};
+use crate::cli::Settings;
+use crate::names;
+use crate::outbox::{self, BenchTable, Tenants};
+use crate::report::Figure;
+use sluice_testkit::DbTable;
+use sluice_testkit::OwnTansu;
+use sluice_testkit::config::{Plugin, Tenant};
+
+pub const NAME: &str = "tenants";
+
+/// Rounds of the three drains; per case the median is reported.
+const RUNS: usize = 3;
+/// Tenants with a `[tenants.*]` section in the configured case.
+const CONFIGURED: u64 = 1_000;
+/// Distinct tenant values in the free-form case.
+const FREE_FORM: u64 = 10_000;
+const RATIO_CONFIGURED: f64 = 0.80;
+const RATIO_FREE_FORM: f64 = 0.50;
+const PEAK_RSS_MIB: f64 = 1024.0;
+const RSS: &str = "relay peak RSS";
+
+/// Whose rows a drain moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    None,
+    Configured,
+    FreeForm,
+}
+
+const CASES: [Case; 3] = [Case::None, Case::Configured, Case::FreeForm];
+
+impl Case {
+    /// The scenario label of the case's figures.
+    fn label(self) -> &'static str {
+        match self {
+            Self::None => "tenants-none",
+            Self::Configured => "tenants-1000",
+            Self::FreeForm => "tenants-10000",
+        }
+    }
+
+    fn rows(self) -> Option<Tenants<'static>> {
+        match self {
+            Self::None => None,
+            Self::Configured => Some(Tenants::Spread(CONFIGURED)),
+            Self::FreeForm => Some(Tenants::Spread(FREE_FORM)),
+        }
+    }
+
+    fn sections(self, plugin: &Path, prefix: &str) -> Vec<Tenant> {
+        match self {
+            Self::Configured => configured(plugin, prefix),
+            Self::None | Self::FreeForm => Vec::new(),
+        }
+    }
+}
+
+/// `[tenants.t0]`…`[tenants.t999]`: the reference plugin, each with its own `config` naming
+/// the same topics as the default plugin's.
+fn configured(plugin: &Path, prefix: &str) -> Vec<Tenant> {
+    (0..CONFIGURED)
+        .map(|i| Tenant {
+            name: format!("t{i}"),
+            path: plugin.to_path_buf(),
+            config: vec![("topic_prefix".to_owned(), prefix.to_owned())],
+        })
+        .collect()
+}
+
+pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+    let plugin = settings.reference_plugin()?;
+    let cache = tempfile::tempdir().context("cannot create a temporary compile cache")?;
+    let drain = Drain {
+        label: NAME,
+        stem: NAME,
+        plugin: Plugin::Wasm(plugin.clone()),
+        rows: settings.tenant_rows,
+        cache_dir: Some(cache.path().to_path_buf()),
+    };
+    let table = outbox::create(settings, NAME, None).await?;
+    let measured = measure(settings, &table, &drain, &plugin).await;
+    table.drop_table().await;
+    measured
+}
+
+async fn measure(
+    settings: &Settings,
+    table: &DbTable,
+    drain: &Drain<'_>,
+    plugin: &Path,
+) -> anyhow::Result<Vec<Figure>> {
+    let mut figures = vec![Figure::new(
+        NAME,
+        "rows per drain",
+        drain.rows as f64,
+        "rows",
+    )];
+    figures.extend(startup(settings, table, drain, plugin).await?);
+
+    let mut runs: [Vec<Vec<Figure>>; 3] = Default::default();
+    for round in 1..=RUNS {
+        for (case, runs) in CASES.into_iter().zip(&mut runs) {
+            eprintln!("    run {round}/{RUNS}: {}", case.label());
+            let (_broker, settings) = fresh_broker(settings)?;
+            let drain = Drain {
+                label: case.label(),
+                ..drain.clone()
+            };
+            let prefix = names::topic_prefix(NAME);
+            let sections = case.sections(plugin, &prefix);
+            let measured =
+                drain::measure_tenants(&settings, &drain, table, &prefix, case.rows(), sections)
+                    .await;
+            table.truncate().await?;
+            runs.push(measured?.0);
+        }
+    }
+
+    let mut rates = [f64::NAN; 3];
+    for ((case, runs), rate) in CASES.into_iter().zip(runs).zip(&mut rates) {
+        let run: Vec<Figure> = median_run(case.label(), runs)
+            .into_iter()
+            .map(|f| {
+                if f.name == RSS {
+                    f.at_most(PEAK_RSS_MIB)
+                } else {
+                    f
+                }
+            })
+            .collect();
+        if let Some(median) = run.iter().find(|f| f.name == THROUGHPUT) {
+            *rate = median.value;
+        }
+        figures.extend(run);
+    }
+    let [none, configured, free_form] = rates;
+    figures.push(
+        Figure::new(NAME, "1,000 configured / none", configured / none, "×")
+            .at_least(RATIO_CONFIGURED),
+    );
+    figures.push(
+        Figure::new(NAME, "10,000 free-form / none", free_form / none, "×")
+            .at_least(RATIO_FREE_FORM),
+    );
+    Ok(figures)
+}
+
+/// Two starts of the relay with [`CONFIGURED`] tenants on the empty outbox, the first with
+/// `drain`'s empty compile cache, the second with the cache it filled: time to "relay
+/// started" and the relay's peak RSS by then.
+async fn startup(
+    settings: &Settings,
+    table: &DbTable,
+    drain: &Drain<'_>,
+    plugin: &Path,
+) -> anyhow::Result<Vec<Figure>> {
+    let (_broker, settings) = fresh_broker(settings)?;
+    let prefix = names::topic_prefix(NAME);
+    let config = drain::relay_config(
+        &settings,
+        drain,
+        table,
+        &prefix,
+        configured(plugin, &prefix),
+    );
+    eprintln!("    start-up with {CONFIGURED} configured tenants, empty compile cache");
+    let (cold, cold_stop) = time_to_ready(&settings, &config).await?;
+    eprintln!("    start-up with {CONFIGURED} configured tenants, filled compile cache");
+    let (warm, warm_stop) = time_to_ready(&settings, &config).await?;
+    Ok(vec![
+        Figure::new(
+            NAME,
+            "start-up, 1,000 configured, empty cache",
+            ms(cold),
+            "ms",
+        ),
+        Figure::new(
+            NAME,
+            "peak RSS at start-up, empty cache",
+            cold_stop.last.peak_rss_mib(),
+            "MiB",
+        ),
+        Figure::new(
+            NAME,
+            "start-up, 1,000 configured, filled cache",
+            ms(warm),
+            "ms",
+        ),
+        Figure::new(
+            NAME,
+            "peak RSS at start-up, filled cache",
+            warm_stop.last.peak_rss_mib(),
+            "MiB",
+        ),
+    ])
+}
+
+/// A broker started for one measurement (stopped when dropped) and `settings` pointing at it.
+fn fresh_broker(settings: &Settings) -> anyhow::Result<(OwnTansu, Settings)> {
+    let broker = OwnTansu::fresh()?;
+    let settings = Settings {
+        kafka: broker.bootstrap(),
+        ..settings.clone()
+    };
+    Ok((broker, settings))
+}
