@@ -52,8 +52,9 @@ pub enum Command {
     /// `sluice run` with the WASM reference plugin on the --rows backlog.
     DrainWasm,
     /// The drain (defaults, WASM reference plugin) as a ratio of the pipeline limit
-    /// 1/(1/SQL ceiling + 1/produce ceiling), all three measured in each of 3 runs, each
-    /// against a freshly started broker.
+    /// 1/(1/SQL ceiling + 1/produce ceiling), and of the same with pgbench's claim-and-delete
+    /// as the database's ceiling, all measured in each of 3 runs, each against a freshly
+    /// started broker (needs `pgbench`).
     Pipeline,
     /// Where a drain's time goes, per stage (claim, transform, produce, mark + commit), from
     /// the relay's own metrics; `--baseline` compares with another sluice binary, `--plot`

@@ -9,6 +9,7 @@ mod metrics_overhead;
 mod naive;
 mod noisy;
 mod notify_cost;
+mod pgbench;
 mod pipeline;
 mod ratios;
 mod scale_out;

@@ -3,6 +3,8 @@
 //! Each of [`RUNS`] runs measures, one after the other:
 //! - the SQL ceiling: [`sql_ceiling`] on PostgreSQL (claim + decode + `DELETE`, 2 connections,
 //!   no broker);
+//! - the pgbench ceiling: [`pgbench`] claiming and deleting the same backlog (2 clients), a
+//!   ceiling no Sluice code takes part in;
 //! - the produce ceiling: the drain's messages (same keys, 256-byte payloads, headers and
 //!   topics) produced by one librdkafka producer with `acks=all` and idempotence, all enqueued
 //!   at once, delivery reports counted by a callback until all are in (as confluent-kafka's
@@ -12,12 +14,14 @@
 //!
 //! The pipeline limit is `1 / (1/sql + 1/produce)`: the rate at which one machine could move
 //! rows if every row cost the database's time plus the broker's time and nothing else. The
-//! drain is reported as a ratio of it, per run and as the median.
+//! drain is reported as a ratio of it, per run and as the median; likewise against the limit
+//! with the pgbench ceiling in place of the SQL ceiling (#23's target: at least 0.80).
 //!
 //! Next to the relay's CPU per 1,000 rows it reports what the two ceilings cost this process:
 //! the SQL ceiling's client side (Sluice's driver: statements, TLS, decoding) per 1,000 rows
 //! and the producer's per 1,000 messages. Their sum is what a relay spends on moving rows
-//! before any transform, grouping or bookkeeping of its own.
+//! before any transform, grouping or bookkeeping of its own; the relay's CPU is reported as a
+//! ratio of that sum too (#23's target: at most 1.25).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -32,10 +36,10 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 
 use super::drain::Drain;
-use super::{THROUGHPUT, drain, sql_ceiling};
+use super::{THROUGHPUT, drain, pgbench, sql_ceiling};
 use crate::cli::Settings;
 use crate::outbox::{self, BenchTable};
-use crate::report::Figure;
+use crate::report::{Figure, Target};
 use crate::stats::spread;
 use crate::{kafka, names, procstat};
 use sluice_testkit::Database;
@@ -58,42 +62,71 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 
     let mut figures = Vec::new();
     let column = |pick: fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(pick).collect() };
-    let series: [(&str, &'static str, Vec<f64>); 9] = [
-        ("SQL ceiling", "rows/s", column(|r| r.sql)),
-        ("produce ceiling", "messages/s", column(|r| r.produce)),
-        ("pipeline limit", "rows/s", column(|r| r.limit())),
-        (THROUGHPUT, "rows/s", column(|r| r.drain)),
-        ("drain / pipeline limit", "ratio", column(|r| r.ratio())),
+    let series: [(&str, &'static str, Vec<f64>, Option<Target>); 13] = [
+        ("SQL ceiling", "rows/s", column(|r| r.sql), None),
+        ("pgbench ceiling", "rows/s", column(|r| r.pgbench), None),
+        ("produce ceiling", "messages/s", column(|r| r.produce), None),
+        ("pipeline limit", "rows/s", column(|r| r.limit(r.sql)), None),
+        (
+            "pipeline limit (pgbench)",
+            "rows/s",
+            column(|r| r.limit(r.pgbench)),
+            None,
+        ),
+        (THROUGHPUT, "rows/s", column(|r| r.drain), None),
+        (
+            "drain / pipeline limit",
+            "ratio",
+            column(|r| r.ratio(r.sql)),
+            Some(Target::AtLeast(0.80)),
+        ),
+        (
+            "drain / pipeline limit (pgbench)",
+            "ratio",
+            column(|r| r.ratio(r.pgbench)),
+            Some(Target::AtLeast(0.80)),
+        ),
         (
             "relay CPU per 1,000 rows",
             "CPU s",
             column(|r| r.relay_cpu_per_1k),
+            None,
         ),
-        ("machine busy during the drain", "%", column(|r| r.busy)),
+        (
+            "machine busy during the drain",
+            "%",
+            column(|r| r.busy),
+            None,
+        ),
         (
             "SQL ceiling's client CPU per 1,000 rows",
             "CPU s",
             column(|r| r.sql_cpu_per_1k),
+            None,
         ),
         (
             "produce ceiling's producer CPU per 1,000 messages",
             "CPU s",
             column(|r| r.produce_cpu_per_1k),
+            None,
+        ),
+        (
+            "relay CPU / (SQL client + producer CPU)",
+            "ratio",
+            column(Run::cpu_ratio),
+            Some(Target::AtMost(1.25)),
         ),
     ];
-    for (name, unit, values) in series {
+    for (name, unit, values, target) in series {
         let list: Vec<String> = values
             .iter()
             .map(|v| crate::report::format_value(*v))
             .collect();
         eprintln!("    {name}: runs {}", list.join(" / "));
         let (low, mid, high) = spread(&values);
-        let figure = Figure::new(NAME, &format!("{name} (median of {RUNS})"), mid, unit);
-        figures.push(if name == "drain / pipeline limit" {
-            figure.at_least(0.80)
-        } else {
-            figure
-        });
+        let mut figure = Figure::new(NAME, &format!("{name} (median of {RUNS})"), mid, unit);
+        figure.target = target;
+        figures.push(figure);
         figures.push(Figure::new(NAME, &format!("{name}: lowest"), low, unit));
         figures.push(Figure::new(NAME, &format!("{name}: highest"), high, unit));
     }
@@ -104,6 +137,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
 struct Run {
     sql: f64,
     sql_cpu_per_1k: f64,
+    pgbench: f64,
     produce: f64,
     produce_cpu_per_1k: f64,
     drain: f64,
@@ -112,12 +146,18 @@ struct Run {
 }
 
 impl Run {
-    fn limit(&self) -> f64 {
-        1.0 / (1.0 / self.sql + 1.0 / self.produce)
+    /// The pipeline limit with `database` (one of the database ceilings) and the produce ceiling.
+    fn limit(&self, database: f64) -> f64 {
+        1.0 / (1.0 / database + 1.0 / self.produce)
     }
 
-    fn ratio(&self) -> f64 {
-        self.drain / self.limit()
+    fn ratio(&self, database: f64) -> f64 {
+        self.drain / self.limit(database)
+    }
+
+    /// The relay's CPU per row as a multiple of its driver's and librdkafka's on their own.
+    fn cpu_ratio(&self) -> f64 {
+        self.relay_cpu_per_1k / (self.sql_cpu_per_1k + self.produce_cpu_per_1k)
     }
 }
 
@@ -127,6 +167,7 @@ async fn runs(settings: &Settings, table: &DbTable, plugin: &Plugin) -> anyhow::
         let ceiling = sql_ceiling::run(settings, Database::Postgres).await?;
         let sql = figure(&ceiling, THROUGHPUT)?;
         let sql_cpu_per_1k = figure(&ceiling, sql_ceiling::CLIENT_CPU)?;
+        let pgbench = pgbench::ceiling(table, settings.rows).await?;
         let (produce, produce_cpu_per_1k) = {
             let broker = OwnTansu::fresh()?;
             produce_ceiling(&broker.bootstrap(), settings.rows, "pipeline_produce").await?
@@ -153,6 +194,7 @@ async fn runs(settings: &Settings, table: &DbTable, plugin: &Plugin) -> anyhow::
         let run = Run {
             sql,
             sql_cpu_per_1k,
+            pgbench,
             produce,
             produce_cpu_per_1k,
             drain: figure(&drained, THROUGHPUT)?,
@@ -160,13 +202,16 @@ async fn runs(settings: &Settings, table: &DbTable, plugin: &Plugin) -> anyhow::
             busy: figure(&drained, "machine busy during the drain")?,
         };
         eprintln!(
-            "    run {run_no}: SQL {sql:.0} rows/s, produce {produce:.0} msg/s, limit {limit:.0}, drain {drain:.0} rows/s: {ratio:.2}",
+            "    run {run_no}: SQL {sql:.0} rows/s, pgbench {pgbench:.0} rows/s, produce {produce:.0} msg/s, limit {limit:.0} (pgbench: {pg_limit:.0}), drain {drain:.0} rows/s: {ratio:.2} ({pg_ratio:.2})",
             run_no = n,
             sql = run.sql,
+            pgbench = run.pgbench,
             produce = run.produce,
-            limit = run.limit(),
+            limit = run.limit(run.sql),
+            pg_limit = run.limit(run.pgbench),
             drain = run.drain,
-            ratio = run.ratio()
+            ratio = run.ratio(run.sql),
+            pg_ratio = run.ratio(run.pgbench)
         );
         runs.push(run);
     }
