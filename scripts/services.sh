@@ -83,7 +83,8 @@ tansu_bin() {
     fi
 }
 
-ensure_tansu() {
+# install_tansu: sets TANSU_BIN, installing tansu first where this machine has none.
+install_tansu() {
     if [ -z "$(tansu_bin)" ]; then
         log "installing tansu $TANSU_VERSION ($TANSU_FEATURES) from crates.io into $TANSU_ROOT (once per machine; ~25 min on 2 cores)"
         cargo install tansu --version "$TANSU_VERSION" --features "$TANSU_FEATURES" --locked \
@@ -91,21 +92,33 @@ ensure_tansu() {
     fi
     export TANSU_BIN
     TANSU_BIN="$(tansu_bin)"
+}
+
+# start_tansu PORT LOG: an in-memory broker on 127.0.0.1:PORT in the background, detached from
+# this shell, logging to LOG; returns once it listens, with its pid in TANSU_PID.
+start_tansu() {
+    setsid nohup "$TANSU_BIN" broker \
+        --listener-url "tcp://127.0.0.1:$1" \
+        --advertised-listener-url "tcp://127.0.0.1:$1" \
+        --storage-engine memory://tansu/ \
+        >"$2" 2>&1 </dev/null &
+    TANSU_PID=$!
+    for _ in $(seq 1 100); do
+        port_open 127.0.0.1 "$1" && return
+        sleep 0.1
+    done
+    die "tansu did not start listening on 127.0.0.1:$1; see $2"
+}
+
+# ensure_tansu: tansu installed, and a broker on TANSU_PORT (the tests' and the benchmark's).
+ensure_tansu() {
+    install_tansu
     if port_open 127.0.0.1 "$TANSU_PORT"; then
         return
     fi
     mkdir -p "$SLUICE_STATE_DIR"
     log "starting tansu on 127.0.0.1:$TANSU_PORT (log: $SLUICE_STATE_DIR/tansu.log)"
-    setsid nohup "$TANSU_BIN" broker \
-        --listener-url "tcp://127.0.0.1:$TANSU_PORT" \
-        --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
-        --storage-engine memory://tansu/ \
-        >"$SLUICE_STATE_DIR/tansu.log" 2>&1 </dev/null &
-    for _ in $(seq 1 100); do
-        port_open 127.0.0.1 "$TANSU_PORT" && return
-        sleep 0.1
-    done
-    die "tansu did not start listening on 127.0.0.1:$TANSU_PORT; see $SLUICE_STATE_DIR/tansu.log"
+    start_tansu "$TANSU_PORT" "$SLUICE_STATE_DIR/tansu.log"
 }
 
 # create_topics NAME... : 3 partitions each; existing topics are left alone.
