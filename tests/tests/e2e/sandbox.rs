@@ -153,7 +153,9 @@ async fn a_row_that_traps_in_a_batch_call_fails_alone_among_its_own_tenants_rows
     let s = Scenario::new("onetrap", &["order", "customer"]).await;
     // One batch of 121 rows of one tenant. The first 64 run row by row (a new instance's
     // probation), the rest go to transform-batch, where the plugin traps on aggregate "bad":
-    // that call is retried row by row and only the bad row fails.
+    // that call is retried row by row and only the bad row fails. One worker: two claiming at
+    // once (the adaptive limit starts at 2) can split the rows so that "bad" lands among a
+    // batch's first 64 and never reaches transform-batch.
     s.table.insert_rows(100, Some("picky")).await;
     let bad = format!(
         "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
@@ -173,7 +175,10 @@ async fn a_row_that_traps_in_a_batch_call_fails_alone_among_its_own_tenants_rows
             s.prefix
         ),
     );
-    let config = s.config("batch_size = 500\n[relay.retry]\nmax_attempts = 1", &tenant);
+    let config = s.config(
+        "batch_size = 500\nworkers = 1\n[relay.retry]\nmax_attempts = 1",
+        &tenant,
+    );
     let exit = s
         .relay_until(&config, || async { s.table.count().await == 1 })
         .await;
