@@ -24,6 +24,7 @@
 //! `wasmtime::Store`).
 
 pub mod builtin;
+mod lanes;
 pub mod limits;
 pub mod metrics;
 pub mod output;
@@ -264,7 +265,7 @@ impl std::error::Error for ComponentError {}
 /// by the default `call_timeout`, time spent sleeping in host calls included, so a hostile
 /// file cannot hang the command.
 pub fn inspect(path: &Path) -> Result<PluginInfo, PluginError> {
-    let engine = wasm::engine::PluginEngine::new()?;
+    let engine = wasm::engine::PluginEngine::new(wasm::engine::MIN_POOLED_INSTANCES)?;
     let plugin = Arc::new(wasm::component::LoadedPlugin::load_cached(
         &engine,
         path,

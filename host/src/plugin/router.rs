@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::model::{OutboxRow, TenantId};
+use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
 use crate::plugin::tenant::quota::InstanceQuota;
@@ -43,12 +44,14 @@ pub struct PluginRouter {
     pub(super) cache: Option<CompileCache>,
     /// What each plugin file looked like when it was loaded, to notice replacements.
     pub(super) files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
-    /// Live instances of tenants without their own entry.
+    /// The budget for instances of tenants without their own entry.
     quota: Arc<InstanceQuota>,
     /// Advances once per batch; orders unconfigured tenants by last use.
     clock: AtomicU64,
     /// Where plugin calls are recorded, when metrics are on.
     metrics: OnceLock<Arc<Metrics>>,
+    /// Blocking threads a batch's tenant groups run on (see [`lanes`]).
+    lanes: usize,
 }
 
 /// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
@@ -98,7 +101,14 @@ impl PluginRouter {
         tenants: &BTreeMap<String, PluginSpec>,
     ) -> Result<Self, PluginError> {
         let strict = plugins.strict_startup;
-        let engine = PluginEngine::new()?;
+        // Every configured tenant's instance, its replacement during a reload, and the
+        // instances of tenants without an entry.
+        let pooled = tenants
+            .len()
+            .saturating_add(1)
+            .saturating_mul(2)
+            .saturating_add(plugins.max_unconfigured_instances);
+        let engine = PluginEngine::new(u32::try_from(pooled).unwrap_or(u32::MAX))?;
         let cache = compile_cache(plugins);
         // Each file is loaded once; its tenants share the loaded (or broken) code.
         let mut files: HashMap<PathBuf, PluginCode> = HashMap::new();
@@ -179,9 +189,13 @@ impl PluginRouter {
             engine,
             cache,
             files: Mutex::new(files),
-            quota: InstanceQuota::new(plugins.max_unconfigured_instances),
+            quota: InstanceQuota::new(
+                plugins.max_unconfigured_instances,
+                plugins.unconfigured_instances_memory_bytes(),
+            ),
             clock: AtomicU64::new(0),
             metrics: OnceLock::new(),
+            lanes: std::thread::available_parallelism().map_or(2, usize::from),
         })
     }
 
@@ -219,21 +233,14 @@ impl PluginRouter {
         Some(tenant)
     }
 
-    /// Keeps tenants without their own entry within `max_unconfigured_instances`: when this
-    /// batch needs more instances than are free, or more such tenants are known than the cap,
-    /// the least recently used idle ones outside this batch lose their instance, and — unless
-    /// paused, quarantined or busy — their place in the map.
-    fn make_room(&self, batch: &HashSet<&TenantId>, tenants: &[Arc<Tenant>]) {
-        let needed = tenants
-            .iter()
-            .filter(|t| !t.configured && !t.health.has_instance())
-            .count();
+    /// Keeps the map of tenants without their own entry within `max_unconfigured_instances`:
+    /// past it, the least recently used ones outside this batch lose their instance and —
+    /// unless paused, quarantined or busy — their place in the map. (Instances are evicted
+    /// on demand, when a tenant needs one: see [`InstanceQuota`].)
+    fn forget_idle(&self, batch: &HashSet<&TenantId>) {
         let cap = self.quota.cap();
         let mut known = lock(&self.tenants);
-        let crowded = |known: &TenantMap, quota: &InstanceQuota| {
-            quota.live() + needed > cap || known.unconfigured > cap
-        };
-        if !crowded(&known, &self.quota) {
+        if known.unconfigured <= cap {
             return;
         }
         let mut candidates: Vec<(u64, TenantId, Arc<Tenant>)> = known
@@ -245,7 +252,7 @@ impl PluginRouter {
         candidates.sort_by_key(|(tick, _, _)| *tick);
         let now = Instant::now();
         for (_, id, tenant) in candidates {
-            if !crowded(&known, &self.quota) {
+            if known.unconfigured <= cap {
                 break;
             }
             let Some(mut runner) = tenant.try_runner() else {
@@ -275,7 +282,7 @@ impl PluginRouter {
                 let template = t.health.template();
                 TenantStatus {
                     tenant,
-                    plugin: template.describe(),
+                    plugin: template.describe().to_owned(),
                     digest: template.digest().map(str::to_owned),
                     version: template.version().map(str::to_owned),
                     configured: t.configured,
@@ -377,79 +384,47 @@ impl RowTransformer for PluginRouter {
                 }
             }
         }
-        let batch: HashSet<&TenantId> = groups.keys().collect();
-        let in_batch: Vec<Arc<Tenant>> = routed.iter().map(|(t, _)| Arc::clone(t)).collect();
-        self.make_room(&batch, &in_batch);
+        self.forget_idle(&groups.keys().collect());
 
-        let mut tasks = Vec::with_capacity(routed.len());
-        for (tenant, group) in routed {
-            let indices = group.clone();
-            let rows = Arc::clone(&rows);
-            // For the metrics only: the tenant, and its configured file (or builtin) — a reload
-            // changes the file's content, not its name.
-            let labels = self.metrics.get().map(|_| {
-                (
-                    tenant.health.shared.tenant().clone(),
-                    tenant.health.template().describe(),
-                )
-            });
-            // Guest calls are synchronous CPU work: keep them off the reactor threads.
-            let task = tokio::task::spawn_blocking(move || {
-                let group: Vec<&OutboxRow> = group.iter().map(|&i| &rows[i]).collect();
-                match tenant.runner_unless_stalled() {
-                    Some(mut runner) => {
-                        let started = Instant::now();
-                        let outputs = runner.run_group(&group);
-                        (outputs, Some(started.elapsed()))
-                    }
-                    None => {
-                        let deferred = group
-                            .iter()
-                            .map(|_| {
-                                Err(TransformFailure::Deferred(
-                                    "the tenant's plugin is busy with a slow call in another batch"
-                                        .into(),
-                                ))
-                            })
-                            .collect();
-                        (deferred, None)
-                    }
-                }
-            });
-            tasks.push((labels, indices, task));
-        }
-        for (labels, indices, task) in tasks {
-            let (outputs, took) = match task.await {
-                // One result per row, or the whole group fails cleanly.
-                Ok((outputs, took)) if outputs.len() == indices.len() => (outputs, took),
-                Ok((outputs, took)) => {
-                    let why = format!(
-                        "plugin worker returned {} results for {} rows",
-                        outputs.len(),
-                        indices.len()
-                    );
-                    let failed = indices
-                        .iter()
-                        .map(|_| Err(TransformFailure::Unavailable(why.clone())))
-                        .collect();
-                    (failed, took)
-                }
-                Err(e) => {
-                    let failed = indices
-                        .iter()
-                        .map(|_| {
-                            Err(TransformFailure::Unavailable(format!(
-                                "plugin worker failed: {e}"
-                            )))
-                        })
-                        .collect();
-                    (failed, None)
-                }
+        let groups = routed
+            .into_iter()
+            .map(|(tenant, indices)| Group { tenant, indices })
+            .collect();
+        for Ran {
+            group,
+            outputs,
+            took,
+        } in lanes::run(Arc::clone(&rows), groups, self.lanes).await
+        {
+            // One result per row, or the whole group fails cleanly.
+            let outputs = if outputs.len() == group.indices.len() {
+                outputs
+            } else {
+                let why = format!(
+                    "plugin worker returned {} results for {} rows",
+                    outputs.len(),
+                    group.indices.len()
+                );
+                group
+                    .indices
+                    .iter()
+                    .map(|_| Err(TransformFailure::Unavailable(why.clone())))
+                    .collect()
             };
-            if let (Some(m), Some((tenant, plugin))) = (self.metrics.get(), &labels) {
-                metrics::record_group(m, tenant, plugin, took, &outputs);
+            if let Some(m) = self.metrics.get() {
+                // The tenant, and its configured file (or builtin): a reload changes the
+                // file's content, not its name.
+                let health = &group.tenant.health;
+                let template = health.template();
+                metrics::record_group(
+                    m,
+                    health.shared.tenant(),
+                    template.describe(),
+                    took,
+                    &outputs,
+                );
             }
-            for (index, output) in indices.into_iter().zip(outputs) {
+            for (index, output) in group.indices.into_iter().zip(outputs) {
                 results[index] = Some(output);
             }
         }
@@ -636,41 +611,114 @@ mod tests {
         assert!(paused.contains(&TenantId::named("newcomer")), "{paused:?}");
     }
 
+    /// Holds `tenant`'s lock on another thread (inside a call when `in_call`) until the
+    /// returned sender is dropped or sent to.
+    fn hold(
+        tenant: Arc<Tenant>,
+        in_call: bool,
+    ) -> (std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
+        let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _held = tenant.try_runner().unwrap();
+            let _stamp = in_call.then(|| tenant.health.stamp_call());
+            locked_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+        });
+        locked.recv().unwrap();
+        (holder, release)
+    }
+
     #[tokio::test(flavor = "multi_thread")]
-    async fn instances_of_unconfigured_tenants_stay_within_the_cap_and_every_row_gets_its_turn() {
+    async fn cold_tenants_take_the_place_of_idle_ones_instead_of_waiting() {
         let router = router(&format!(
             "[plugins]\nmax_unconfigured_instances = 2\n{BUILTIN}"
         ))
         .unwrap();
         let tenants: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
-        let mut pending: Vec<&str> = tenants.iter().map(String::as_str).collect();
-        // Like the relay: deferred rows come back in the next batch.
-        for _ in 0..20 {
-            if pending.is_empty() {
-                break;
-            }
-            let results = router.transform(rows(&pending)).await;
-            assert!(router.unconfigured_instances().0 <= 2);
-            let mut next = Vec::new();
-            for (tenant, result) in pending.iter().zip(&results) {
-                match result {
-                    Ok(_) => {}
-                    Err(TransformFailure::Deferred(why)) => {
-                        assert!(why.contains("max_unconfigured_instances"), "{why}");
-                        next.push(*tenant);
-                    }
-                    Err(other) => panic!("{other}"),
-                }
-            }
-            pending = next;
+        let names: Vec<&str> = tenants.iter().map(String::as_str).collect();
+        // Ten tenants, room for two instances: every row runs in this batch, none is put back.
+        let results = router.transform(rows(&names)).await;
+        for (tenant, result) in names.iter().zip(&results) {
+            assert!(result.is_ok(), "{tenant}: {result:?}");
         }
-        assert!(pending.is_empty(), "rows left: {pending:?}");
-        // Idle instances were dropped to make room, and their tenants forgotten.
+        assert!(router.unconfigured_instances().0 <= 2);
+        // The next batch forgets the least recently used idle tenants beyond the cap.
+        let results = router.transform(rows(&["newcomer"])).await;
+        assert!(results[0].is_ok());
         let unconfigured = router
             .tenant_statuses()
             .iter()
             .filter(|s| !s.configured)
             .count();
-        assert!(unconfigured <= 3, "{unconfigured}");
+        assert!(unconfigured <= 2, "{unconfigured}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_cold_tenant_waits_only_when_every_instance_is_busy() {
+        let router = router(&format!(
+            "[plugins]\nmax_unconfigured_instances = 1\n{BUILTIN}"
+        ))
+        .unwrap();
+        assert!(router.transform(rows(&["busy"])).await[0].is_ok());
+        // `busy` keeps its instance and is in the middle of a call (its lock is held).
+        let busy = router.tenant(&TenantId::named("busy"), 0).unwrap();
+        let (holder, release) = hold(Arc::clone(&busy), false);
+        let results = router.transform(rows(&["cold"])).await;
+        assert!(
+            matches!(&results[0], Err(TransformFailure::Deferred(why)) if why.contains("max_unconfigured_instances")),
+            "{:?}",
+            results[0]
+        );
+        drop(release);
+        holder.join().unwrap();
+        assert!(router.transform(rows(&["cold"])).await[0].is_ok());
+        assert!(!busy.health.has_instance(), "the idle one made room");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_of_many_tenants_runs_every_group_and_passes_over_a_busy_one() {
+        let router = router(BUILTIN).unwrap();
+        let tenants: Vec<String> = (0..300).map(|i| format!("t{i}")).collect();
+        let names: Vec<&str> = tenants.iter().map(String::as_str).collect();
+        assert!(
+            router
+                .transform(rows(&names))
+                .await
+                .iter()
+                .all(Result::is_ok)
+        );
+        // t7 is busy in "another batch" for a while (not stalled: no call stamp), then free.
+        let t7 = router.tenant(&TenantId::named("t7"), 0).unwrap();
+        let (holder, release) = hold(t7, false);
+        let transform = router.transform(rows(&names));
+        let releaser = async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            release.send(()).unwrap();
+        };
+        let (results, ()) = tokio::join!(transform, releaser);
+        holder.join().unwrap();
+        assert!(
+            results.iter().all(Result::is_ok),
+            "the busy tenant's rows waited for it"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rows_of_a_tenant_stalled_in_another_batch_are_deferred() {
+        let router = router(BUILTIN).unwrap();
+        assert!(router.transform(rows(&["slow", "fast"])).await[0].is_ok());
+        let slow = router.tenant(&TenantId::named("slow"), 0).unwrap();
+        let (holder, release) = hold(slow, true);
+        std::thread::sleep(crate::plugin::tenant::health::STALL_AFTER * 2);
+        let results = router.transform(rows(&["slow", "fast"])).await;
+        drop(release);
+        holder.join().unwrap();
+        assert!(
+            matches!(&results[0], Err(TransformFailure::Deferred(_))),
+            "{:?}",
+            results[0]
+        );
+        assert!(results[1].is_ok());
     }
 }

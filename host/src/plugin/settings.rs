@@ -61,7 +61,10 @@ pub const DEFAULT_MAX_HEADERS_PER_MESSAGE: usize = 100;
 pub const DEFAULT_MAX_BATCH_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 /// Live plugin instances kept for tenant values without a `[tenants.<name>]` entry (rows carry
 /// free-form tenant values); the least recently used idle one is dropped beyond this.
-pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 64;
+pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 1024;
+/// Linear memory those instances may hold together, in MiB; the least recently used idle one
+/// is dropped beyond this.
+pub const DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB: usize = 512;
 /// Consecutive plugin failures after which a tenant is paused.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// How long a tripped tenant stays paused before one row is tried again.
@@ -90,6 +93,9 @@ pub struct PluginsSettings {
     /// Live instances kept for tenants without their own `[tenants.<name>]` entry.
     #[serde(default = "default_max_unconfigured_instances")]
     pub max_unconfigured_instances: usize,
+    /// MiB of linear memory those instances may hold together.
+    #[serde(default = "default_unconfigured_instances_memory_mb")]
+    pub unconfigured_instances_memory_mb: usize,
 }
 
 impl Default for PluginsSettings {
@@ -100,6 +106,7 @@ impl Default for PluginsSettings {
             default: None,
             strict_startup: false,
             max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
+            unconfigured_instances_memory_mb: DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB,
         }
     }
 }
@@ -110,6 +117,10 @@ fn default_cache_max_mb() -> u64 {
 
 fn default_max_unconfigured_instances() -> usize {
     DEFAULT_MAX_UNCONFIGURED_INSTANCES
+}
+
+fn default_unconfigured_instances_memory_mb() -> usize {
+    DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB
 }
 
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
@@ -214,10 +225,22 @@ impl PluginsSettings {
                 "must be at least 1",
             ));
         }
+        if self.unconfigured_instances_memory_mb == 0 {
+            problems.push(Problem::new(
+                "plugins.unconfigured_instances_memory_mb",
+                "must be at least 1",
+            ));
+        }
         if let Some(default) = &self.default {
             problems.extend(default.problems("plugins.default", true));
         }
         problems
+    }
+
+    /// `unconfigured_instances_memory_mb` in bytes.
+    pub fn unconfigured_instances_memory_bytes(&self) -> usize {
+        self.unconfigured_instances_memory_mb
+            .saturating_mul(1024 * 1024)
     }
 }
 

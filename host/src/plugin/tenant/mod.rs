@@ -18,15 +18,16 @@ pub(crate) mod runner;
 pub(crate) mod status;
 pub(crate) mod template;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::plugin::tenant::health::TenantHealth;
+use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
 
 /// How often a batch checks whether a busy tenant's lock is free.
-const LOCK_POLL: Duration = Duration::from_micros(200);
+pub(crate) const LOCK_POLL: Duration = Duration::from_micros(200);
 
 /// A tenant as the router holds it (shared by the batches that have rows of it).
 pub(crate) struct Tenant {
@@ -38,21 +39,41 @@ pub(crate) struct Tenant {
     pub(crate) configured: bool,
     /// Router clock tick of the last batch that had rows of this tenant (LRU order).
     last_used: AtomicU64,
+    /// Used since the instance budget's clock sweep last passed it (see [`quota`]).
+    pub(crate) used: AtomicBool,
+    /// On the instance budget's clock (tenants without their own entry only).
+    pub(crate) enlisted: AtomicBool,
+    /// The budget its instances count against (tenants without their own entry).
+    quota: Option<Arc<InstanceQuota>>,
 }
 
 impl Tenant {
     pub(crate) fn new(runner: TenantRunner, configured: bool) -> Arc<Self> {
         Arc::new(Self {
             health: Arc::clone(&runner.health),
+            quota: runner.quota().cloned(),
             runner: Mutex::new(runner),
             configured,
             last_used: AtomicU64::new(0),
+            used: AtomicBool::new(true),
+            enlisted: AtomicBool::new(false),
         })
     }
 
     /// Marks the tenant as used by the batch of router clock `tick`.
     pub(crate) fn touch(&self, tick: u64) {
         self.last_used.store(tick, Ordering::Relaxed);
+        self.used.store(true, Ordering::Relaxed);
+    }
+
+    /// After a run: a tenant whose instance counts against the budget becomes a candidate
+    /// for eviction once idle.
+    pub(crate) fn enlist_if_live(self: &Arc<Self>) {
+        if let Some(quota) = &self.quota
+            && self.health.has_instance()
+        {
+            quota.enlist(self);
+        }
     }
 
     /// The router clock tick of the last batch that had rows of this tenant.
@@ -65,25 +86,12 @@ impl Tenant {
         lock(&self.runner)
     }
 
-    /// The runner's lock if it is free now (and not poisoned).
+    /// The runner's lock if it is free now.
     pub(crate) fn try_runner(&self) -> Option<MutexGuard<'_, TenantRunner>> {
-        self.runner.try_lock().ok()
-    }
-
-    /// Takes the runner's lock, unless the call holding it is stalled: then `None`, and the
-    /// caller defers the rows instead of waiting up to `call_timeout` behind it.
-    pub(crate) fn runner_unless_stalled(&self) -> Option<MutexGuard<'_, TenantRunner>> {
-        loop {
-            match self.runner.try_lock() {
-                Ok(guard) => return Some(guard),
-                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) => {
-                    if self.health.stalled(Instant::now()) {
-                        return None;
-                    }
-                    std::thread::sleep(LOCK_POLL);
-                }
-            }
+        match self.runner.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
         }
     }
 }

@@ -101,18 +101,53 @@ impl TenantRunner {
     }
 
     fn install(&mut self, instance: PluginInstance) {
-        if self.permit.is_none()
-            && let Some(quota) = &self.quota
-        {
-            match quota.try_acquire() {
-                Some(permit) => self.permit = Some(permit),
-                // No room: the instance is dropped; the next row creates one when there is.
-                None => return,
-            }
+        if self.take_permit().is_err() {
+            // No room: the instance is dropped; the next row creates one when there is.
+            return;
         }
         self.instance = Some(instance);
+        self.note_memory();
         self.health.set_has_instance(true);
         self.health.instantiations.add(self.next_instance);
+    }
+
+    /// The budget this tenant's instances count against (tenants without their own entry).
+    pub(crate) fn quota(&self) -> Option<&Arc<InstanceQuota>> {
+        self.quota.as_ref()
+    }
+
+    /// Makes sure a tenant counted against the instance budget holds a permit, dropping idle
+    /// instances of other such tenants while the budget is spent. Fails (with the reason)
+    /// only when every other instance is busy.
+    fn take_permit(&mut self) -> Result<(), String> {
+        let Some(quota) = &self.quota else {
+            return Ok(());
+        };
+        while self.permit.is_none() {
+            match quota.try_acquire() {
+                Some(permit) => self.permit = Some(permit),
+                None if quota.evict_one() => {}
+                None => {
+                    return Err(format!(
+                        "the instances for tenants without their own [tenants.<name>] entry \
+                         (max_unconfigured_instances = {}, unconfigured_instances_memory_mb = {}) \
+                         are all busy",
+                        quota.cap(),
+                        quota.max_bytes() / (1024 * 1024)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the budget how much memory the instance holds now.
+    fn note_memory(&mut self) {
+        if let (Some(permit), Some(PluginInstance::Wasm(instance))) =
+            (&mut self.permit, &self.instance)
+        {
+            permit.set_bytes(instance.memory_bytes());
+        }
     }
 
     /// Drops the live instance (after a trap, or to make room); the next row creates another.
@@ -196,6 +231,7 @@ impl TenantRunner {
         if output.hit() {
             self.health.limit_hits.add("batch_output_budget");
         }
+        self.note_memory();
         results
     }
 
@@ -205,18 +241,7 @@ impl TenantRunner {
 
     fn ensure_instance(&mut self) -> Result<&mut PluginInstance, TransformFailure> {
         if self.instance.is_none() {
-            if self.permit.is_none()
-                && let Some(quota) = &self.quota
-            {
-                let Some(permit) = quota.try_acquire() else {
-                    return Err(TransformFailure::Deferred(format!(
-                        "all {} instances for tenants without their own [tenants.<name>] entry \
-                         (max_unconfigured_instances) are in use",
-                        quota.cap()
-                    )));
-                };
-                self.permit = Some(permit);
-            }
+            self.take_permit().map_err(TransformFailure::Deferred)?;
             match PluginInstance::create(&self.template, &self.health.shared) {
                 Ok(instance) => self.install(instance),
                 Err(e) => {

@@ -20,6 +20,9 @@ pub(crate) struct TenantTemplate {
     pub(crate) limits: Limits,
     /// Set while this plugin + config cannot start; shared by every tenant using the template.
     pub(crate) quarantine: Quarantine,
+    /// How the plugin is named in logs, statuses and metric labels (made once: it is read
+    /// for every tenant group of every batch).
+    described: String,
 }
 
 /// A tenant's plugin as loaded: the compiled component (shared by every tenant using the
@@ -38,11 +41,17 @@ pub(crate) enum PluginCode {
 
 impl TenantTemplate {
     pub(crate) fn new(code: PluginCode, config: Vec<(String, String)>, limits: Limits) -> Self {
+        let described = match &code {
+            PluginCode::Builtin(name) => format!("builtin:{name}"),
+            PluginCode::Wasm(plugin) => plugin.path().display().to_string(),
+            PluginCode::Broken { path, .. } => path.display().to_string(),
+        };
         Self {
             code,
             config,
             limits,
             quarantine: Quarantine::default(),
+            described,
         }
     }
 
@@ -74,14 +83,8 @@ impl TenantTemplate {
     }
 
     /// How the plugin is named in logs and statuses.
-    pub(crate) fn describe(&self) -> String {
-        match &self.code {
-            PluginCode::Builtin(name) => format!("builtin:{name}"),
-            _ => self
-                .path()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-        }
+    pub(crate) fn describe(&self) -> &str {
+        &self.described
     }
 }
 

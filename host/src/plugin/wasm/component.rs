@@ -191,6 +191,7 @@ fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::wasm::engine::MIN_POOLED_INSTANCES;
 
     #[test]
     fn a_component_importing_wasi_http_is_refused_before_it_is_compiled_or_cached() {
@@ -204,7 +205,7 @@ mod tests {
             dir: dir.path().join("cache"),
             max_bytes: 1 << 30,
         };
-        let engine = PluginEngine::new().unwrap();
+        let engine = PluginEngine::new(MIN_POOLED_INSTANCES).unwrap();
         let Err(err) = LoadedPlugin::load_cached(&engine, &file, Some(&cache)) else {
             panic!("a wasi:http import was accepted");
         };
@@ -220,7 +221,7 @@ mod tests {
     fn a_file_that_cannot_be_read_or_compiled_keeps_the_cause_as_the_source() {
         use std::error::Error as _;
         let dir = tempfile::tempdir().unwrap();
-        let engine = PluginEngine::new().unwrap();
+        let engine = PluginEngine::new(MIN_POOLED_INSTANCES).unwrap();
         let missing = dir.path().join("missing.wasm");
         let Err(err) = LoadedPlugin::load_cached(&engine, &missing, None) else {
             panic!("a missing file loaded");

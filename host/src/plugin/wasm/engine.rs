@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::plugin::PluginError;
 use crate::plugin::wasm::bindings::Plugin;
@@ -40,9 +40,49 @@ impl Drop for CallGuard<'_> {
     }
 }
 
+/// Most instances a process with few tenants keeps at once: `sluice plugin check/test`, and
+/// the floor for `sluice run`.
+pub(crate) const MIN_POOLED_INSTANCES: u32 = 64;
+
+/// Core module instances (and their memories and tables) to plan per plugin instance: a Rust
+/// component has one or two, a Python or JavaScript one up to about a dozen.
+const CORE_INSTANCES_PER_PLUGIN: u32 = 16;
+
+/// The pooling allocator for `instances` live plugin instances: memories, tables and fiber
+/// stacks come from slots reserved once and reused, so creating and dropping an instance
+/// costs no `mmap`/`munmap` (a relay with thousands of free-form tenants creates and drops
+/// instances all the time). The slots reserve address space only; memory is committed as the
+/// guests touch it and reset when a slot is freed. A plugin that exceeds a slot (a table
+/// longer than `table_elements`) fails to instantiate, as if it broke any other limit.
+fn pooling(instances: u32) -> PoolingAllocationConfig {
+    let instances = instances.max(MIN_POOLED_INSTANCES);
+    let core = instances.saturating_mul(CORE_INSTANCES_PER_PLUGIN);
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(instances)
+        .total_stacks(instances)
+        .total_core_instances(core)
+        .total_memories(instances.saturating_mul(2))
+        .total_tables(core)
+        // Python and JavaScript runtimes have function tables of tens of thousands.
+        .table_elements(200_000)
+        .max_memories_per_module(2)
+        .max_core_instance_size(16 << 20)
+        .max_component_instance_size(16 << 20)
+        // Freed slots are returned to the kernel in batches (one TLB shoot-down per batch,
+        // not per instance), and the top of a fiber stack is zeroed and kept rather than
+        // faulted in again by the next instance.
+        .decommit_batch_size(64)
+        .async_stack_keep_resident(64 << 10)
+        .table_keep_resident(64 << 10);
+    pool
+}
+
 impl PluginEngine {
-    pub(crate) fn new() -> Result<Arc<Self>, PluginError> {
+    /// An engine whose instance pool holds `instances` live plugin instances (at least
+    /// [`MIN_POOLED_INSTANCES`]).
+    pub(crate) fn new(instances: u32) -> Result<Arc<Self>, PluginError> {
         let mut config = Config::new();
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(instances)));
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         // No component-model async here: plain sync calls are markedly cheaper.
@@ -122,7 +162,7 @@ mod tests {
 
     #[test]
     fn ticker_counts_running_calls() {
-        let engine = PluginEngine::new().unwrap();
+        let engine = PluginEngine::new(MIN_POOLED_INSTANCES).unwrap();
         {
             let _a = engine.enter();
             let _b = engine.enter();
