@@ -10,7 +10,7 @@ use serde_json::json;
 use super::assemble::AppRelay;
 use super::sampler::{self, LastSample};
 use super::services::Services;
-use super::status::{StatusReport, tenant_reports};
+use super::status::StatusReport;
 use crate::config::Config;
 use crate::plugin::{PluginRouter, TenantState};
 use crate::store::Store;
@@ -132,13 +132,18 @@ impl Endpoints for AppEndpoints {
 
     fn status(&self) -> serde_json::Value {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let report = StatusReport {
-            sampled_at: last.at,
-            sample_limit: self.settings.sample_limit,
+        let statuses = self.router.tenant_statuses();
+        let mut report = StatusReport {
             database_up: Some(self.metrics.health.dependency_up(Dependency::Database)),
             kafka_up: Some(self.metrics.health.dependency_up(Dependency::Kafka)),
-            tenants: tenant_reports(&last.backlog, &self.router.tenant_statuses()),
+            ..StatusReport::of_sample(
+                last.at,
+                &last.backlog,
+                &statuses,
+                self.settings.sample_limit,
+            )
         };
+        report.rank_laggards(self.settings.laggards);
         serde_json::to_value(report).unwrap_or_else(|e| json!({ "error": e.to_string() }))
     }
 }

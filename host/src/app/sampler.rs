@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 
-use crate::model::TenantId;
 use crate::plugin::RowTransformer;
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
@@ -62,13 +61,9 @@ async fn sample_once<T: RowTransformer, K: Sink>(
     match sampled {
         Ok(Ok(backlog)) => {
             metrics.health.set_dependency_up(Dependency::Database, true);
-            let samples: Vec<(Arc<str>, TenantSample)> = backlog
+            let samples: Vec<(Option<&str>, TenantSample)> = backlog
                 .iter()
                 .map(|b| {
-                    let label = match &b.tenant {
-                        Some(name) => metrics.tenants().of_name(name),
-                        None => metrics.tenant(&TenantId::none()),
-                    };
                     let sample = TenantSample {
                         due: b.due,
                         oldest_due_age_seconds: b
@@ -76,10 +71,12 @@ async fn sample_once<T: RowTransformer, K: Sink>(
                             .map_or(0.0, |age| age.as_secs_f64()),
                         dead: b.dead,
                     };
-                    (label, sample)
+                    (b.tenant.as_deref(), sample)
                 })
                 .collect();
-            metrics.backlog.set_samples(&samples);
+            metrics
+                .backlog
+                .set_tenant_samples(&samples, settings.laggards);
             let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
             last.at = Some(Utc::now());
             last.backlog = backlog;

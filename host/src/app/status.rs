@@ -1,6 +1,6 @@
 //! The per-tenant picture behind `/status` and `sluice status`: backlog, oldest due age and
 //! dead rows from the store's sample, joined with what the plugin router knows (state, pause,
-//! plugin and its digest, quarantine reason, guest counters).
+//! plugin and its digest, quarantine reason, guest counters), and the tenants furthest behind.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -14,7 +14,9 @@ use crate::plugin::{PluginSource, TenantState, TenantStatus};
 use crate::store::{self, OutboxStore, StoreOptions, TenantBacklog};
 use crate::telemetry::auth::Access;
 use crate::telemetry::client::get;
+use crate::telemetry::laggards::{Lag, worst};
 use crate::telemetry::listen::{ListenAddr, reachable};
+use crate::text::{MAX_LOGGED, bounded};
 
 /// One tenant's line of the status.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -45,6 +47,19 @@ pub struct TenantReport {
     pub counters: BTreeMap<String, u64>,
 }
 
+/// One of the tenants furthest behind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Laggard {
+    /// The tenant column's value; `None`: rows without a tenant.
+    pub tenant: Option<String>,
+    /// Rows due now.
+    pub due: i64,
+    /// Age of the oldest due row, in seconds by the database's clock.
+    pub oldest_due_age_seconds: f64,
+    /// As in [`TenantReport::state`].
+    pub state: Option<String>,
+}
+
 /// The whole status: every tenant the sample or the router knows, rows without a tenant
 /// first, then by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -53,12 +68,66 @@ pub struct StatusReport {
     pub sampled_at: Option<DateTime<Utc>>,
     /// Rows a sample reads at most: counts equal to it are lower bounds.
     pub sample_limit: i64,
+    /// The sample read `sample_limit` unsent (or dead) rows: every count is a lower bound, and
+    /// tenants whose rows come later in claim order were not seen.
+    #[serde(default)]
+    pub saturated: bool,
     /// Whether the database answered its last check; `None`: not checked.
     pub database_up: Option<bool>,
     /// Whether the broker answered its last check; `None`: no relay reported it.
     pub kafka_up: Option<bool>,
+    /// The `[telemetry] laggards` tenants furthest behind, worst first: the oldest due row
+    /// first, then the most due rows.
+    #[serde(default)]
+    pub laggards: Vec<Laggard>,
     /// One line per tenant: rows without a tenant first, then by name.
     pub tenants: Vec<TenantReport>,
+}
+
+impl StatusReport {
+    /// The report of one backlog sample taken `at` (reading at most `sample_limit` rows of a
+    /// kind) joined with the router's `statuses`; no laggards ranked yet.
+    pub fn of_sample(
+        at: Option<DateTime<Utc>>,
+        backlog: &[TenantBacklog],
+        statuses: &[TenantStatus],
+        sample_limit: i64,
+    ) -> Self {
+        let unsent: i64 = backlog.iter().map(|b| b.due + b.waiting).sum();
+        let dead: i64 = backlog.iter().map(|b| b.dead).sum();
+        Self {
+            sampled_at: at,
+            sample_limit,
+            saturated: unsent >= sample_limit || dead >= sample_limit,
+            tenants: tenant_reports(backlog, statuses),
+            ..Self::default()
+        }
+    }
+
+    /// Ranks the `n` tenants furthest behind into `laggards`, with their states.
+    pub fn rank_laggards(&mut self, n: usize) {
+        let lags = self.tenants.iter().filter_map(|t| {
+            Some(Lag {
+                tenant: t.tenant.as_deref(),
+                oldest_due_age_seconds: t.oldest_due_age_seconds?,
+                due: t.due,
+            })
+        });
+        let laggards = worst(lags, n)
+            .iter()
+            .map(|lag| Laggard {
+                tenant: lag.tenant.map(str::to_owned),
+                due: lag.due,
+                oldest_due_age_seconds: lag.oldest_due_age_seconds,
+                state: self
+                    .tenants
+                    .iter()
+                    .find(|t| t.tenant.as_deref() == lag.tenant)
+                    .and_then(|t| t.state.clone()),
+            })
+            .collect();
+        self.laggards = laggards;
+    }
 }
 
 fn state_name(state: &TenantState) -> &'static str {
@@ -130,13 +199,11 @@ const RELAY_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSource)> {
     let spec = config.database.table_spec()?;
     let store = store::open(config.database_url(), &spec, StoreOptions::default(), 1).await?;
-    let backlog = store.sample_backlog(config.telemetry.sample_limit).await?;
+    let limit = config.telemetry.sample_limit;
+    let backlog = store.sample_backlog(limit).await?;
     let mut report = StatusReport {
-        sampled_at: Some(Utc::now()),
-        sample_limit: config.telemetry.sample_limit,
         database_up: Some(true),
-        kafka_up: None,
-        tenants: tenant_reports(&backlog, &[]),
+        ..StatusReport::of_sample(Some(Utc::now()), &backlog, &[], limit)
     };
     for (name, spec) in &config.tenants {
         let r = entry(&mut report.tenants, Some(name.as_str()));
@@ -151,27 +218,29 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
             r.plugin = Some(describe(&default));
         }
     }
-    let Some(listen) = config.telemetry.listen_addr() else {
-        return Ok((report, StatusSource::Database { relay: None }));
-    };
-    let relay = relay_status(listen, &config.telemetry.access()).await;
-    match relay {
-        Ok((relay, addr)) => {
-            report.kafka_up = relay.kafka_up;
-            for t in relay.tenants {
-                let r = entry(&mut report.tenants, t.tenant.as_deref());
-                r.state = t.state;
-                r.paused_until = t.paused_until;
-                r.plugin = t.plugin.or(r.plugin.take());
-                r.digest = t.digest;
-                r.plugin_version = t.plugin_version;
-                r.last_error = t.last_error;
-                r.counters = t.counters;
+    let source = match config.telemetry.listen_addr() {
+        None => StatusSource::Database { relay: None },
+        Some(listen) => match relay_status(listen, &config.telemetry.access()).await {
+            Ok((relay, addr)) => {
+                report.kafka_up = relay.kafka_up;
+                for t in relay.tenants {
+                    let r = entry(&mut report.tenants, t.tenant.as_deref());
+                    r.state = t.state;
+                    r.paused_until = t.paused_until;
+                    r.plugin = t.plugin.or(r.plugin.take());
+                    r.digest = t.digest;
+                    r.plugin_version = t.plugin_version;
+                    r.last_error = t.last_error;
+                    r.counters = t.counters;
+                }
+                StatusSource::DatabaseAndRelay(addr)
             }
-            Ok((report, StatusSource::DatabaseAndRelay(addr)))
-        }
-        Err(why) => Ok((report, StatusSource::Database { relay: Some(why) })),
-    }
+            Err(why) => StatusSource::Database { relay: Some(why) },
+        },
+    };
+    // Ranked from this command's own sample, with the states the relay reported.
+    report.rank_laggards(config.telemetry.laggards);
+    Ok((report, source))
 }
 
 /// A running relay's `/status`, asked at `[telemetry] listen` with the credentials of the same
@@ -243,9 +312,38 @@ fn entry<'r>(tenants: &'r mut Vec<TenantReport>, tenant: Option<&str>) -> &'r mu
     &mut tenants[at]
 }
 
-/// The status as a table for people.
+/// The status as tables for people: the slowest tenants, when any is behind, then every
+/// tenant.
 pub fn render_table(report: &StatusReport) -> String {
     let mut out = String::new();
+    let bound = |n: i64| {
+        if n >= report.sample_limit {
+            format!("≥{n}")
+        } else {
+            n.to_string()
+        }
+    };
+    if report.saturated {
+        out.push_str(&format!(
+            "the sample read {} rows (telemetry.sample_limit): counts are lower bounds, and \
+             tenants whose rows come later in claim order are not shown\n",
+            report.sample_limit
+        ));
+    }
+    if !report.laggards.is_empty() {
+        out.push_str("slowest tenants (oldest due row first):\n");
+        let mut rows = vec![["TENANT", "DUE", "OLDEST", "STATE"].map(str::to_owned)];
+        for l in &report.laggards {
+            rows.push([
+                tenant_name(l.tenant.as_deref()),
+                bound(l.due),
+                age(Some(l.oldest_due_age_seconds)),
+                l.state.clone().unwrap_or_else(|| "-".to_owned()),
+            ]);
+        }
+        out.push_str(&aligned(&rows));
+        out.push_str("\nall tenants:\n");
+    }
     let header = [
         "TENANT",
         "DUE",
@@ -257,20 +355,11 @@ pub fn render_table(report: &StatusReport) -> String {
         "DIGEST",
     ];
     let mut rows: Vec<[String; 8]> = vec![header.map(str::to_owned)];
-    let bound = |n: i64| {
-        if n >= report.sample_limit {
-            format!("≥{n}")
-        } else {
-            n.to_string()
-        }
-    };
     for t in &report.tenants {
         rows.push([
-            t.tenant.clone().unwrap_or_else(|| "(none)".to_owned()),
+            tenant_name(t.tenant.as_deref()),
             bound(t.due),
-            t.oldest_due_age_seconds
-                .map(|s| humantime::format_duration(Duration::from_secs(s as u64)).to_string())
-                .unwrap_or_else(|| "-".to_owned()),
+            age(t.oldest_due_age_seconds),
             bound(t.dead),
             t.state.clone().unwrap_or_else(|| "-".to_owned()),
             t.paused_until
@@ -283,10 +372,40 @@ pub fn render_table(report: &StatusReport) -> String {
                 .unwrap_or_else(|| "-".to_owned()),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
+    out.push_str(&aligned(&rows));
+    for t in report.tenants.iter().filter(|t| t.last_error.is_some()) {
+        out.push_str(&format!(
+            "{}: {}\n",
+            tenant_name(t.tenant.as_deref()),
+            t.last_error.as_deref().unwrap_or_default()
+        ));
+    }
+    out
+}
+
+/// A tenant as the tables show it: the rows' text, escaped and bounded for a terminal.
+fn tenant_name(tenant: Option<&str>) -> String {
+    tenant.map_or_else(
+        || "(none)".to_owned(),
+        |t| bounded(t, MAX_LOGGED).into_owned(),
+    )
+}
+
+/// An age in seconds as people read it (`1h 2m 3s`), `-` for none.
+fn age(seconds: Option<f64>) -> String {
+    seconds.map_or_else(
+        || "-".to_owned(),
+        |s| humantime::format_duration(Duration::from_secs(s as u64)).to_string(),
+    )
+}
+
+/// `rows` as lines of left-aligned columns two spaces apart.
+fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
-    for r in &rows {
+    let mut out = String::new();
+    for r in rows {
         let line: Vec<String> = r
             .iter()
             .zip(&widths)
@@ -294,13 +413,6 @@ pub fn render_table(report: &StatusReport) -> String {
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
-    }
-    for t in report.tenants.iter().filter(|t| t.last_error.is_some()) {
-        let name = t.tenant.as_deref().unwrap_or("(none)");
-        out.push_str(&format!(
-            "{name}: {}\n",
-            t.last_error.as_deref().unwrap_or_default()
-        ));
     }
     out
 }
@@ -318,12 +430,14 @@ mod tests {
                 due: 3,
                 oldest_due_age: Some(Duration::from_secs(90)),
                 dead: 1,
+                waiting: 0,
             },
             TenantBacklog {
                 tenant: None,
                 due: 2,
                 oldest_due_age: None,
                 dead: 0,
+                waiting: 0,
             },
         ];
         let statuses = [TenantStatus {
@@ -354,5 +468,110 @@ mod tests {
         });
         assert!(table.contains("acme"), "{table}");
         assert!(table.contains("1m 30s"), "{table}");
+    }
+
+    fn backlog(tenant: Option<&str>, due: i64, age_secs: u64) -> TenantBacklog {
+        TenantBacklog {
+            tenant: tenant.map(str::to_owned),
+            due,
+            oldest_due_age: (due > 0).then(|| Duration::from_secs(age_secs)),
+            dead: 0,
+            waiting: 1,
+        }
+    }
+
+    #[test]
+    fn the_slowest_tenants_come_first_oldest_due_row_then_most_due_rows() {
+        let sample = [
+            backlog(Some("busy"), 500, 30),
+            backlog(Some("idle"), 0, 0),
+            backlog(Some("stuck"), 2, 7_200),
+            backlog(None, 9, 60),
+            backlog(Some("also-60s"), 3, 60),
+        ];
+        let statuses = [TenantStatus {
+            tenant: TenantId::named("stuck"),
+            plugin: "builtin:route-by-aggregate".into(),
+            digest: None,
+            version: None,
+            configured: false,
+            state: TenantState::Stalled,
+            instance: true,
+            counters: BTreeMap::new(),
+            instantiations: BTreeMap::new(),
+            limit_hits: BTreeMap::new(),
+        }];
+        let mut report = StatusReport::of_sample(None, &sample, &statuses, 10_000);
+        assert!(!report.saturated);
+        report.rank_laggards(3);
+        let laggards: Vec<(Option<&str>, i64, Option<&str>)> = report
+            .laggards
+            .iter()
+            .map(|l| (l.tenant.as_deref(), l.due, l.state.as_deref()))
+            .collect();
+        assert_eq!(
+            laggards,
+            [
+                (Some("stuck"), 2, Some("stalled")),
+                (None, 9, None),
+                (Some("also-60s"), 3, None)
+            ]
+        );
+        assert_eq!(report.laggards[0].oldest_due_age_seconds, 7_200.0);
+        let table = render_table(&report);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0], "slowest tenants (oldest due row first):",
+            "{table}"
+        );
+        assert!(lines[1].starts_with("TENANT"), "{table}");
+        let stuck: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(stuck, ["stuck", "2", "2h", "stalled"], "{table}");
+        assert!(lines[3].starts_with("(none)"), "{table}");
+        assert_eq!(lines[6], "all tenants:", "{table}");
+
+        report.rank_laggards(0);
+        assert!(report.laggards.is_empty());
+        assert!(
+            render_table(&report).starts_with("TENANT"),
+            "0 turns them off"
+        );
+    }
+
+    #[test]
+    fn a_sample_that_read_its_limit_says_its_counts_are_lower_bounds() {
+        // 2 + 1 waiting rows each: 6 unsent rows read.
+        let sample = [backlog(Some("a"), 2, 5), backlog(Some("b"), 2, 5)];
+        assert!(!StatusReport::of_sample(None, &sample, &[], 7).saturated);
+        let report = StatusReport::of_sample(None, &sample, &[], 6);
+        assert!(report.saturated);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["saturated"], true);
+        assert!(render_table(&report).contains("counts are lower bounds"));
+        let dead = [TenantBacklog {
+            dead: 6,
+            ..backlog(Some("a"), 0, 0)
+        }];
+        assert!(StatusReport::of_sample(None, &dead, &[], 6).saturated);
+    }
+
+    #[test]
+    fn a_tenant_name_is_escaped_and_bounded_in_the_tables() {
+        let name = format!("evil\u{1b}[2J{}", "x".repeat(5_000));
+        let mut report = StatusReport::of_sample(None, &[backlog(Some(&name), 1, 5)], &[], 100);
+        report.rank_laggards(10);
+        let table = render_table(&report);
+        assert!(!table.contains('\u{1b}'), "{table}");
+        assert!(table.contains("evil\\u{1b}[2J"), "{table}");
+        // Two tables, each with its header padded to the name.
+        assert!(table.len() < 4 * (MAX_LOGGED + 200), "{}", table.len());
+    }
+
+    #[test]
+    fn a_status_without_laggards_from_an_older_relay_still_reads() {
+        let old = r#"{"sampled_at":null,"sample_limit":10000,"database_up":true,
+                      "kafka_up":true,"tenants":[]}"#;
+        let report: StatusReport = serde_json::from_str(old).unwrap();
+        assert!(report.laggards.is_empty() && !report.saturated);
     }
 }

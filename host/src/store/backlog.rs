@@ -1,6 +1,6 @@
 //! Counting unsent rows, for every database: by state ([`count`], what `sluice drain` has to
-//! do) and, for the metrics sampler, per tenant ([`sample`]: due rows, the oldest due row's age
-//! and dead rows, reading at most `limit` unsent rows — the claim's partial index, in claim
+//! do) and, for the metrics sampler, per tenant ([`sample`]: due rows, the oldest due row's age,
+//! waiting and dead rows, reading at most `limit` unsent rows — the claim's partial index, in claim
 //! order — and at most `limit` dead ones — the dead rows' index; tables migrated before it
 //! existed get it from `sluice migrate`).
 
@@ -62,9 +62,10 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
         Driver::Sqlite => format!("({now} - MIN(oldest)) * 1000"),
     };
     let text = format!(
-        "SELECT tenant, {due}, {dead}, {age}
+        "SELECT tenant, {due}, {dead}, {age}, {waiting}
            FROM (SELECT tenant, SUM(CASE WHEN due THEN 1 ELSE 0 END) AS due, 0 AS dead,
-                        MIN(CASE WHEN due THEN created_at END) AS oldest
+                        MIN(CASE WHEN due THEN created_at END) AS oldest,
+                        SUM(CASE WHEN due THEN 0 ELSE 1 END) AS waiting
                    FROM (SELECT {tenant} AS tenant, {created_at} AS created_at,
                                 ({is_due}) AS due
                            FROM {table} AS o
@@ -73,7 +74,7 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
                           LIMIT {unsent_limit}) AS u
                   GROUP BY tenant
                  UNION ALL
-                 SELECT tenant, 0, COUNT(*), NULL
+                 SELECT tenant, 0, COUNT(*), NULL, 0
                    FROM (SELECT {tenant} AS tenant FROM {table} AS o
                           WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
                           ORDER BY {order_by}
@@ -84,6 +85,7 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
         is_due = LayoutSql::due(&now),
         pending = LayoutSql::PENDING,
         dead = dialect.cast("SUM(dead)", Cast::Int),
+        waiting = dialect.cast("SUM(waiting)", Cast::Int),
         table = sql.table,
         tenant = sql.tenant_expr("o"),
         created_at = sql.created_at_expr("o"),
@@ -108,6 +110,7 @@ pub(crate) async fn sample<DB: Execute>(
                 oldest_due_age: row
                     .int(3)?
                     .map(|us| std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+                waiting: row.int(4)?.unwrap_or(0),
             })
         })
         .collect::<Result<_, sqlx::Error>>()

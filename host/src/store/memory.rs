@@ -267,6 +267,7 @@ struct Sampled {
     /// The oldest due row's `created_at`.
     oldest_due: Option<DateTime<Utc>>,
     dead: i64,
+    waiting: i64,
 }
 
 impl OutboxStore for MemoryStore {
@@ -387,6 +388,8 @@ impl OutboxStore for MemoryStore {
                 sampled.due += 1;
                 let created = row.row.created_at;
                 sampled.oldest_due = Some(sampled.oldest_due.map_or(created, |at| at.min(created)));
+            } else {
+                sampled.waiting += 1;
             }
         }
         let dead = state.rows.values().filter(|r| !r.sent() && r.dead());
@@ -402,6 +405,7 @@ impl OutboxStore for MemoryStore {
                     .oldest_due
                     .map(|at| (now - at).to_std().unwrap_or(Duration::ZERO)),
                 dead: sampled.dead,
+                waiting: sampled.waiting,
             })
             .collect())
     }

@@ -282,7 +282,7 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Unsent rows by state: what `sluice drain` has to do, and what it left.
     fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send;
 
-    /// Per tenant: rows due now, the age of the oldest due row, and dead rows — in one
+    /// Per tenant: rows due now, the age of the oldest due row, waiting and dead rows — in one
     /// statement that reads at most `limit` unsent rows in claim order (through the claim's
     /// partial index) and at most `limit` dead ones, so its cost does not grow with the
     /// backlog. Counts saturate: all tenants' due and waiting rows together, or their dead rows
@@ -437,6 +437,9 @@ pub struct TenantBacklog {
     pub oldest_due_age: Option<Duration>,
     /// Dead-lettered rows (`dead_at` set, never sent).
     pub dead: i64,
+    /// Rows waiting for a retry: with `due`, the unsent rows the sample read, which tells
+    /// whether it reached its limit.
+    pub waiting: i64,
 }
 
 /// A dead-lettered row, as `sluice dead list` shows it.

@@ -1,6 +1,7 @@
 //! Label values whose number is bounded whatever the rows say. Rows carry free-form tenant
 //! names, so only tenants configured under `[tenants.*]` get their own `tenant` label value;
-//! every other tenant (and rows without one) share [`OTHER_TENANTS`].
+//! every other tenant (and rows without one) share [`OTHER_TENANTS`] — but for the backlog
+//! gauges' few laggards (see [`super::laggards`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +42,16 @@ impl TenantLabels {
         self.configured
             .get(name)
             .map_or_else(|| Arc::clone(&self.other), Arc::clone)
+    }
+
+    /// Whether `name` has a `[tenants.<name>]` entry, and so its own label value.
+    pub fn is_configured(&self, name: &str) -> bool {
+        self.configured.contains_key(name)
+    }
+
+    /// Whether `value` is one of [`Self::all`].
+    pub fn is_taken(&self, value: &str) -> bool {
+        self.configured.contains_key(value) || value == OTHER_TENANTS
     }
 
     /// Every label value there can be: each configured tenant, then [`OTHER_TENANTS`].

@@ -9,6 +9,7 @@
 //! - [`auth`]: who may read `/metrics` and `/status` (bearer token, basic auth)
 //! - [`client`]: a GET against a running relay's endpoints (`sluice status`, tests)
 //! - [`labels`]: bounded label values (only configured tenants get their own)
+//! - [`laggards`]: the tenants furthest behind, and the few backlog labels they get
 //! - [`listen`]: `[telemetry] listen` (`host:port`, host an IP or a name) and its resolution
 //! - [`metrics`]: the metric families, grouped by who records them, and the registry
 //! - [`server`]: the HTTP endpoints, one background service
@@ -17,6 +18,7 @@
 pub(crate) mod auth;
 pub(crate) mod client;
 pub(crate) mod labels;
+pub(crate) mod laggards;
 pub(crate) mod listen;
 pub(crate) mod metrics;
 pub(crate) mod server;

@@ -15,6 +15,12 @@ pub(crate) const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 /// Rows one sample reads at most (unsent, then dead): the gauges saturate there, so the
 /// sample stays cheap however large the backlog grows.
 pub(crate) const DEFAULT_SAMPLE_LIMIT: i64 = 10_000;
+/// Tenants `/status` and `sluice status` list as the slowest, and that the backlog gauges give
+/// a `tenant` label value of their own without a `[tenants.<name>]` entry: enough to see who
+/// lags among thousands, few enough series for any Prometheus.
+pub(crate) const DEFAULT_LAGGARDS: usize = 10;
+/// Most laggards one may ask for: each adds three series (and their churn) to every scrape.
+pub(crate) const MAX_LAGGARDS: usize = 100;
 /// How long one batch may be in a worker's hands before `/healthz` calls the worker stuck. A
 /// batch's steps are each bounded far below it (the producer gives up after
 /// `message.timeout.ms`, 30 s by default); a worker past it is wedged and a restart helps.
@@ -41,6 +47,9 @@ pub struct TelemetrySettings {
     #[serde(with = "humantime_serde")]
     pub sample_interval: Duration,
     pub sample_limit: i64,
+    /// How many of the tenants furthest behind `/status` lists and the backlog gauges label by
+    /// name (0: none).
+    pub laggards: usize,
     /// A worker whose batch has been in hand longer than this fails `/healthz`.
     #[serde(with = "humantime_serde")]
     pub stalled_after: Duration,
@@ -55,6 +64,7 @@ impl Default for TelemetrySettings {
             basic_auth_password: None,
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
             sample_limit: DEFAULT_SAMPLE_LIMIT,
+            laggards: DEFAULT_LAGGARDS,
             stalled_after: DEFAULT_STALLED_AFTER,
         }
     }
@@ -104,6 +114,15 @@ impl TelemetrySettings {
         }
         if self.sample_limit < 1 {
             problems.push(Problem::new("telemetry.sample_limit", "must be at least 1"));
+        }
+        if self.laggards > MAX_LAGGARDS {
+            problems.push(Problem::new(
+                "telemetry.laggards",
+                format!(
+                    "must be between 0 (off) and {MAX_LAGGARDS}, got {}",
+                    self.laggards
+                ),
+            ));
         }
         problems
     }
@@ -197,6 +216,20 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].key, "telemetry.listen");
         assert!(problems[0].message.contains("has no port"), "{problems:?}");
+    }
+
+    #[test]
+    fn laggards_default_to_ten_and_are_bounded() {
+        assert_eq!(settings("").laggards, DEFAULT_LAGGARDS);
+        assert!(settings("laggards = 0").problems().is_empty());
+        let s = settings("laggards = 101");
+        assert_eq!(keys(&s), ["telemetry.laggards"]);
+        assert!(
+            s.problems()[0].message.contains("got 101"),
+            "{:?}",
+            s.problems()
+        );
+        assert!(toml::from_str::<TelemetrySettings>("laggards = -1").is_err());
     }
 
     #[test]

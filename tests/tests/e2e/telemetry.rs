@@ -2,7 +2,8 @@
 //! the broker say happened, and has every metric the shipped dashboard and alerts use;
 //! `/readyz` follows the broker (a test-owned Tansu, SIGSTOPped and resumed) and a database
 //! that stops answering (behind a proxy the test freezes, or its table locked), `/healthz` a worker stuck in a
-//! batch; `sluice_plugin_info` follows a hot reload; trace context headers
+//! batch; `sluice_plugin_info` follows a hot reload; the slowest of many free-form tenants
+//! get backlog series of their own, bounded, and lead `/status`; trace context headers
 //! reach Kafka unchanged; JSON log lines.
 
 use std::collections::BTreeSet;
@@ -409,6 +410,162 @@ async fn metrics_match_what_was_delivered_rescheduled_and_dead_lettered() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    s.finish().await;
+}
+
+/// The backlog series' labels of an exposition: each `tenant="…"` of `name` once.
+fn backlog_series(text: &str, name: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .map(|l| {
+            l.rsplit_once(' ')
+                .map_or(l, |(series, _)| series)
+                .to_owned()
+        })
+        .collect()
+}
+
+/// With free-form tenants every metric collapses into `_default`: the backlog gauges also
+/// label the `[telemetry] laggards` worst of them by name — never more, a hostile name
+/// escaped and cut, removed once they catch up — and `/status` and `sluice status` list them
+/// first.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_slowest_of_many_free_form_tenants_are_named_while_series_stay_bounded() {
+    let s = Scenario::new("laggards", &["order", "customer"]).await;
+    for i in 0..50 {
+        s.table.insert_rows(2, Some(&format!("t-{i:02}"))).await;
+    }
+    s.table.insert_rows(3, Some("acme")).await;
+    let hostile = format!("evil\n\u{1b}[31m\"}}{}", "x".repeat(300));
+    s.table.insert_rows(2, Some(&hostile)).await;
+    // t-17's rows have waited an hour, the hostile tenant's half an hour, acme's (configured)
+    // two hours; the others are new.
+    for (age, tenant) in [
+        ("1 hour", "= 't-17'"),
+        ("30 minutes", "LIKE 'evil%'"),
+        ("2 hours", "= 'acme'"),
+    ] {
+        s.table
+            .execute(&format!(
+                "UPDATE {{t}} SET created_at = now() - interval '{age}' WHERE tenant {tenant}"
+            ))
+            .await;
+    }
+    // Every row held as a batch in flight holds it: the relay's claims skip them, the
+    // sampler still reads them.
+    let mut hold = s.table.pg_pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(
+        s.table.sql("SELECT id FROM {t} FOR UPDATE"),
+    ))
+    .fetch_all(&mut *hold)
+    .await
+    .expect("hold the rows");
+    let port = free_port();
+    let laggards = 3;
+    let extra = format!(
+        "[tenants.acme]\nbuiltin = \"route-by-aggregate\"\nconfig = {{ topic_prefix = \"{}\" }}\n{}laggards = {laggards}\n",
+        s.prefix,
+        telemetry(port)
+    );
+    let config = s.config("", &extra);
+    let relay = RelayProcess::start(&config).expect("start relay");
+
+    let text = scrape_until(port, |m| {
+        metric_sum(
+            m,
+            "sluice_outbox_oldest_due_age_seconds",
+            &["tenant=\"t-17\""],
+        ) >= 3_000.0
+    })
+    .await;
+    let m = parse_metrics(&text);
+    for name in [
+        "sluice_outbox_due_rows",
+        "sluice_outbox_oldest_due_age_seconds",
+        "sluice_outbox_dead_rows",
+    ] {
+        let series = backlog_series(&text, name);
+        // acme, three laggards, `_default`: 1 configured + N + 1.
+        assert_eq!(series.len(), 1 + laggards + 1, "{name}: {series:?}");
+    }
+    assert_eq!(
+        metric_sum(&m, "sluice_outbox_due_rows", &["tenant=\"t-17\""]),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_outbox_due_rows", &["tenant=\"acme\""]),
+        3.0
+    );
+    // Labelled or not, every due row is counted once.
+    assert_eq!(
+        metric_sum(&m, "sluice_outbox_due_rows", &[]),
+        (50 * 2 + 3 + 2) as f64,
+        "{text}"
+    );
+    // The hostile name: control characters escaped (the exposition escapes the backslash
+    // again), cut, no line longer than a bounded label allows.
+    assert!(
+        text.contains("tenant=\"evil \\\\u{1b}[31m\\\"}xxx"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "{text}");
+    assert!(text.lines().all(|l| l.len() < 400), "{text}");
+    promtool_check(&text);
+
+    let (code, status) = http_get(port, "/status").expect("status");
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    let listed = status["laggards"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), laggards, "{status}");
+    assert_eq!(listed[0]["tenant"], "acme", "{status}");
+    assert_eq!(listed[1]["tenant"], "t-17", "{status}");
+    assert_eq!(listed[1]["due"], 2);
+    assert!(
+        listed[1]["oldest_due_age_seconds"]
+            .as_f64()
+            .is_some_and(|age| age >= 3_000.0),
+        "{status}"
+    );
+    assert_eq!(listed[2]["tenant"].as_str(), Some(hostile.as_str()));
+    assert_eq!(status["saturated"], false);
+
+    // `sluice status` ranks its own sample, the slowest first.
+    let out = sluice_with_config(&["status", "--json"], &config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    assert_eq!(cli["laggards"][1]["tenant"], "t-17", "{cli}");
+    let out = sluice_with_config(&["status"], &config);
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0], "slowest tenants (oldest due row first):",
+        "{table}"
+    );
+    assert!(lines[3].starts_with("t-17 "), "{table}");
+    assert!(!table.contains('\u{1b}'), "{table}");
+    // A sample that reads fewer rows than there are says its counts are lower bounds.
+    let limited = config.replace("laggards = 3", "laggards = 3\nsample_limit = 50");
+    let out = sluice_with_config(&["status", "--json"], &limited);
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    assert_eq!(cli["saturated"], true, "{cli}");
+
+    // Released, the rows are sent: the laggards' series go, none is left stale.
+    hold.rollback().await.expect("release the rows");
+    let text = scrape_until(port, |m| {
+        metric_sum(m, "sluice_outbox_due_rows", &[]) == 0.0
+            && !m.keys().any(|series| series.contains("t-17"))
+    })
+    .await;
+    let series = backlog_series(&text, "sluice_outbox_due_rows");
+    assert_eq!(series.len(), 2, "acme and _default: {series:?}");
+    assert!(!text.contains("evil"), "{text}");
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
     s.finish().await;

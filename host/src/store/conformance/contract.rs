@@ -203,6 +203,11 @@ pub(super) async fn the_backlog_sample_counts_per_tenant_and_reads_at_most_its_l
             (Some("globex"), 0, 0, false)
         ]
     );
+    let waiting: Vec<(Option<&str>, i64)> = sample
+        .iter()
+        .map(|t| (t.tenant.as_deref(), t.waiting))
+        .collect();
+    assert_eq!(waiting, [(None, 0), (Some("acme"), 0), (Some("globex"), 1)]);
     for t in &sample {
         if let Some(age) = t.oldest_due_age {
             assert!(age < Duration::from_secs(600), "{t:?}: the rows are new");
@@ -214,6 +219,9 @@ pub(super) async fn the_backlog_sample_counts_per_tenant_and_reads_at_most_its_l
     let due: i64 = limited.iter().map(|t| t.due).sum();
     let dead: i64 = limited.iter().map(|t| t.dead).sum();
     assert_eq!((due, dead), (1, 1), "{limited:?}");
+    // Due and waiting rows together say the sample reached its limit.
+    let read: i64 = limited.iter().map(|t| t.due + t.waiting).sum();
+    assert_eq!(read, 2, "{limited:?}");
     f.cleanup().await;
 }
 

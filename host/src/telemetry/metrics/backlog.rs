@@ -1,16 +1,19 @@
 //! The outbox's backlog as the app's sampler reads it: due rows, the age of the oldest due
-//! row and dead rows, per tenant label value.
+//! row and dead rows, per tenant label value — configured tenants', a few laggards' (see
+//! [`LaggardLabels`]) and `_default`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::TenantLabel;
+use crate::model::TenantId;
 use crate::telemetry::TenantLabels;
+use crate::telemetry::laggards::{Lag, LaggardLabels, worst};
 
 /// One tenant's unsent rows, as the sampler read them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -22,10 +25,12 @@ pub struct TenantSample {
     pub dead: i64,
 }
 
-/// The sampled gauges: every tenant label value has a series from start-up.
+/// The sampled gauges: every tenant label value has a series from start-up; a laggard's while
+/// it has its label value.
 #[derive(Debug)]
 pub struct BacklogMetrics {
     tenants: TenantLabels,
+    laggards: Mutex<LaggardLabels>,
     due_rows: Family<TenantLabel, Gauge>,
     oldest_due_age: Family<TenantLabel, Gauge<f64, AtomicU64>>,
     dead_rows: Family<TenantLabel, Gauge>,
@@ -36,6 +41,7 @@ impl BacklogMetrics {
     pub(super) fn new(tenants: TenantLabels) -> Self {
         let m = Self {
             tenants,
+            laggards: Mutex::default(),
             due_rows: Family::default(),
             oldest_due_age: Family::default(),
             dead_rows: Family::default(),
@@ -63,7 +69,48 @@ impl BacklogMetrics {
         );
     }
 
-    /// Replaces the sampled gauges: tenants missing from `samples` read 0.
+    /// Replaces the sampled gauges with one sample by tenant name (`None`: rows without a
+    /// tenant): configured tenants under their own label value, the worst `laggards` of the
+    /// others under theirs, the rest summed into `_default`. A laggard that loses its label
+    /// value has its series removed; its rows count into `_default` again.
+    pub fn set_tenant_samples(&self, samples: &[(Option<&str>, TenantSample)], laggards: usize) {
+        let others = samples.iter().filter_map(|(tenant, sample)| {
+            let tenant = tenant.filter(|t| !self.tenants.is_configured(t))?;
+            Some(Lag {
+                tenant: Some(tenant),
+                oldest_due_age_seconds: sample.oldest_due_age_seconds,
+                due: sample.due,
+            })
+        });
+        let ranked: Vec<&str> = worst(others, laggards.saturating_mul(2))
+            .iter()
+            .filter_map(|lag| lag.tenant)
+            .collect();
+        let labelled: Vec<(Arc<str>, TenantSample)> = {
+            let mut held = self.laggards.lock().unwrap_or_else(PoisonError::into_inner);
+            for tenant in held.update(&ranked, laggards, |v| self.tenants.is_taken(v)) {
+                let labels = TenantLabel { tenant };
+                self.due_rows.remove(&labels);
+                self.dead_rows.remove(&labels);
+                self.oldest_due_age.remove(&labels);
+            }
+            samples
+                .iter()
+                .map(|(tenant, sample)| {
+                    let label = match tenant {
+                        Some(name) => held
+                            .of_name(name)
+                            .unwrap_or_else(|| self.tenants.of_name(name)),
+                        None => self.tenants.of(&TenantId::none()),
+                    };
+                    (label, sample.clone())
+                })
+                .collect()
+        };
+        self.set_samples(&labelled);
+    }
+
+    /// Replaces the sampled gauges by label value: label values missing from `samples` read 0.
     pub fn set_samples(&self, samples: &[(Arc<str>, TenantSample)]) {
         let mut by_label: HashMap<Arc<str>, TenantSample> = HashMap::new();
         for (label, sample) in samples {
@@ -74,7 +121,12 @@ impl BacklogMetrics {
                 .oldest_due_age_seconds
                 .max(sample.oldest_due_age_seconds);
         }
-        for tenant in self.tenants.all() {
+        let laggards = self
+            .laggards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values();
+        for tenant in self.tenants.all().into_iter().chain(laggards) {
             let sample = by_label.remove(&tenant).unwrap_or_default();
             let labels = TenantLabel { tenant };
             self.due_rows.get_or_create(&labels).set(sample.due);
@@ -92,6 +144,87 @@ mod tests {
     use super::super::tests::sample_value;
     use super::*;
     use crate::model::TenantId;
+    use crate::telemetry::labels::OTHER_TENANTS as OTHER;
+
+    fn series(text: &str, name: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .map(|l| l.rsplit_once(' ').map_or(l, |(s, _)| s).to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_worst_unconfigured_tenants_get_series_of_their_own_and_lose_them_when_they_catch_up() {
+        let m = Metrics::new(TenantLabels::new(["acme"]), "2.12.1");
+        let names: Vec<String> = (0..50).map(|i| format!("t-{i:02}")).collect();
+        let sample = |due, age| TenantSample {
+            due,
+            oldest_due_age_seconds: age,
+            dead: 1,
+        };
+        let mut samples: Vec<(Option<&str>, TenantSample)> = names
+            .iter()
+            .map(|n| (Some(n.as_str()), sample(2, 5.0)))
+            .collect();
+        samples[17].1 = sample(3, 3_600.0);
+        samples.push((Some("acme"), sample(4, 7_200.0)));
+        samples.push((None, sample(1, 9_000.0)));
+        m.backlog.set_tenant_samples(&samples, 2);
+        let text = m.encode().unwrap();
+        let due = |text: &str, tenant: &str| {
+            sample_value(
+                text,
+                &format!("sluice_outbox_due_rows{{tenant=\"{tenant}\"}}"),
+            )
+        };
+        // acme, the two worst others (t-17, then t-00 by name among equals), `_default`.
+        let due_series = series(&text, "sluice_outbox_due_rows");
+        assert_eq!(due_series.len(), 4, "{due_series:?}");
+        assert_eq!(due(&text, "t-17"), Some(3.0), "{text}");
+        assert_eq!(due(&text, "t-00"), Some(2.0), "{text}");
+        assert_eq!(due(&text, "acme"), Some(4.0));
+        assert_eq!(due(&text, OTHER), Some(48.0 * 2.0 + 1.0));
+        assert_eq!(
+            sample_value(
+                &text,
+                "sluice_outbox_oldest_due_age_seconds{tenant=\"t-17\"}"
+            ),
+            Some(3_600.0)
+        );
+        assert_eq!(
+            sample_value(&text, "sluice_outbox_dead_rows{tenant=\"_default\"}"),
+            Some(49.0)
+        );
+
+        // t-17 caught up: its series go, its rows (dead ones) count into `_default` again.
+        samples[17].1 = TenantSample {
+            dead: 10,
+            ..sample(0, 0.0)
+        };
+        m.backlog.set_tenant_samples(&samples, 2);
+        let text = m.encode().unwrap();
+        for name in [
+            "sluice_outbox_due_rows",
+            "sluice_outbox_dead_rows",
+            "sluice_outbox_oldest_due_age_seconds",
+        ] {
+            let all = series(&text, name);
+            assert_eq!(all.len(), 4, "{all:?}");
+            assert!(!all.iter().any(|s| s.contains("t-17")), "{all:?}");
+        }
+        assert_eq!(due(&text, "t-00"), Some(2.0), "kept: {text}");
+        assert_eq!(due(&text, "t-01"), Some(2.0), "the free place: {text}");
+        assert_eq!(
+            sample_value(&text, "sluice_outbox_dead_rows{tenant=\"_default\"}"),
+            Some(47.0 + 10.0 + 1.0)
+        );
+
+        // 0 laggards: configured tenants and `_default` only.
+        m.backlog.set_tenant_samples(&samples, 0);
+        let text = m.encode().unwrap();
+        assert_eq!(series(&text, "sluice_outbox_due_rows").len(), 2, "{text}");
+        assert_eq!(due(&text, OTHER), Some(49.0 * 2.0 + 1.0));
+    }
 
     #[test]
     fn a_sample_resets_tenants_it_no_longer_mentions() {
