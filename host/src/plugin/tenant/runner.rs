@@ -524,7 +524,8 @@ mod tests {
 
     #[test]
     fn the_quota_caps_live_instances_and_frees_them_on_drop() {
-        let quota = InstanceQuota::new(1);
+        // Runners outside a tenant map are never on the eviction clock: `b` must wait for `a`.
+        let quota = InstanceQuota::new(1, usize::MAX);
         let template = builtin(Limits::default());
         let mut a = new_runner(Arc::clone(&template), Some(Arc::clone(&quota)));
         let mut b = new_runner(Arc::clone(&template), Some(Arc::clone(&quota)));
