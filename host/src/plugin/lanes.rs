@@ -9,6 +9,7 @@
 //! for longer than [`STALL_AFTER`] per extra lane (bounded by [`MAX_LANES`]).
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -147,7 +148,26 @@ fn run_lane(queue: &Queue, lane: usize, rows: &[OutboxRow]) -> Vec<Ran> {
         let batch: Vec<&OutboxRow> = group.indices.iter().map(|&i| &rows[i]).collect();
         queue.busy_since[lane].store(queue.stamp(), Ordering::Release);
         let started = Instant::now();
-        let outputs = runner.run_group(&batch);
+        let outputs = match catch_unwind(AssertUnwindSafe(|| runner.run_group(&batch))) {
+            Ok(outputs) => outputs,
+            Err(_) => {
+                // As when each group had its own thread: this group's rows fail cleanly (and
+                // are retried), the lane goes on with the others, and the instance the panic
+                // left mid-call is not used again.
+                tracing::error!(tenant = %group.tenant.health.shared.tenant(),
+                    "running a tenant's rows panicked; its rows are retried");
+                runner.drop_instance();
+                group
+                    .indices
+                    .iter()
+                    .map(|_| {
+                        Err(TransformFailure::Unavailable(
+                            "plugin worker panicked".into(),
+                        ))
+                    })
+                    .collect()
+            }
+        };
         let took = started.elapsed();
         queue.busy_since[lane].store(0, Ordering::Release);
         drop(runner);
