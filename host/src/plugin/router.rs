@@ -4,7 +4,7 @@
 //! (with quarantine of tenants whose plugin cannot start), the cap on instances of tenants
 //! without their own entry, and the status read API. Hot reload is in [`super::reload`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -237,7 +237,7 @@ impl PluginRouter {
     /// past it, the least recently used ones outside this batch lose their instance and —
     /// unless paused, quarantined or busy — their place in the map. (Instances are evicted
     /// on demand, when a tenant needs one: see [`InstanceQuota`].)
-    fn forget_idle(&self, batch: &HashSet<&TenantId>) {
+    fn forget_idle(&self, batch: &BTreeMap<TenantId, Vec<usize>>) {
         let cap = self.quota.cap();
         let mut known = lock(&self.tenants);
         if known.unconfigured <= cap {
@@ -246,7 +246,7 @@ impl PluginRouter {
         let mut candidates: Vec<(u64, TenantId, Arc<Tenant>)> = known
             .map
             .iter()
-            .filter(|(id, t)| !t.configured && !batch.contains(id))
+            .filter(|(id, t)| !t.configured && !batch.contains_key(*id))
             .map(|(id, t)| (t.last_used(), id.clone(), Arc::clone(t)))
             .collect();
         candidates.sort_by_key(|(tick, _, _)| *tick);
@@ -373,7 +373,10 @@ impl RowTransformer for PluginRouter {
         let mut routed = Vec::with_capacity(groups.len());
         for (tenant, group) in &groups {
             match self.tenant(tenant, tick) {
-                Some(known) => routed.push((known, group.clone())),
+                Some(known) => routed.push(Group {
+                    tenant: known,
+                    indices: group.clone(),
+                }),
                 None => {
                     for &index in group {
                         results[index] = Some(Err(TransformFailure::NoPlugin(tenant.clone())));
@@ -384,17 +387,13 @@ impl RowTransformer for PluginRouter {
                 }
             }
         }
-        self.forget_idle(&groups.keys().collect());
+        self.forget_idle(&groups);
 
-        let groups = routed
-            .into_iter()
-            .map(|(tenant, indices)| Group { tenant, indices })
-            .collect();
         for Ran {
             group,
             outputs,
             took,
-        } in lanes::run(Arc::clone(&rows), groups, self.lanes).await
+        } in lanes::run(Arc::clone(&rows), routed, self.lanes).await
         {
             // One result per row, or the whole group fails cleanly.
             let outputs = if outputs.len() == group.indices.len() {
