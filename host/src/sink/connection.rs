@@ -100,7 +100,18 @@ pub(super) struct ConnectionWatch {
     /// Whether a problem is set, so a successful delivery (one per message) only takes the
     /// lock when there is something to clear.
     troubled: AtomicBool,
-    problem: Mutex<Option<(ConnectionProblem, String)>>,
+    problem: Mutex<Option<Trouble>>,
+}
+
+/// A problem librdkafka reported, and the reason it gave when it began.
+#[derive(Debug)]
+struct Trouble {
+    problem: ConnectionProblem,
+    reason: String,
+    /// Reported by a producer that has since been replaced (SIGHUP): the new one has yet to
+    /// show whether it has the same problem. If it does, that is logged again; if it works,
+    /// the log says the connection works again.
+    stale: bool,
 }
 
 /// What [`ConnectionWatch::report`] did with an error event.
@@ -126,10 +137,11 @@ impl ConnectionWatch {
         let mut current = self.lock();
         let changed = match current.as_ref() {
             None => true,
+            Some(trouble) if trouble.stale => true,
             // "All brokers are down" follows every failed attempt; it does not replace the
             // more telling cause (authentication, TLS) that made them go down.
             Some(_) if code == RDKafkaErrorCode::AllBrokersDown => false,
-            Some((now, _)) => *now != problem,
+            Some(trouble) => trouble.problem != problem,
         };
         if !changed {
             tracing::debug!(target: "librdkafka", code = ?code, "librdkafka (again): {reason}");
@@ -137,7 +149,11 @@ impl ConnectionWatch {
         }
         let error = problem.error(reason);
         tracing::warn!(code = ?code, "kafka: {error}; {}", problem.hint());
-        *current = Some((problem, reason.to_owned()));
+        *current = Some(Trouble {
+            problem,
+            reason: reason.to_owned(),
+            stale: false,
+        });
         self.troubled.store(true, Ordering::Release);
         Reported::Changed
     }
@@ -149,28 +165,32 @@ impl ConnectionWatch {
             return;
         }
         let mut current = self.lock();
-        if let Some((problem, _)) = current.take() {
+        if let Some(trouble) = current.take() {
             tracing::info!(
-                after = ?problem,
+                after = ?trouble.problem,
                 "kafka: the connection to the broker works again"
             );
         }
         self.troubled.store(false, Ordering::Release);
     }
 
-    /// Forgets the problem without a word: a new producer (new credentials, on SIGHUP) has
-    /// yet to show whether it has the same problem, and if so it is logged again.
-    pub(super) fn forget(&self) {
-        *self.lock() = None;
-        self.troubled.store(false, Ordering::Release);
+    /// A new producer (new credentials, on SIGHUP) replaced the one that reported the
+    /// problem. The problem stays until the new producer shows how it fares: the same problem
+    /// again is logged again (it was not fixed), and a first acknowledgement or metadata
+    /// answer logs that the connection works again, which is what an operator who just fixed
+    /// a secret waits for. Forgetting it silently would lose that line.
+    pub(super) fn producer_replaced(&self) {
+        if let Some(trouble) = self.lock().as_mut() {
+            trouble.stale = true;
+        }
     }
 
     /// The current problem and the reason librdkafka gave when it began.
     pub(super) fn problem(&self) -> Option<(ConnectionProblem, String)> {
-        self.lock().clone()
+        self.lock().as_ref().map(|t| (t.problem, t.reason.clone()))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(ConnectionProblem, String)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Trouble>> {
         self.problem.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -271,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn a_forgotten_problem_is_reported_again() {
+    fn a_problem_of_a_replaced_producer_is_reported_again_if_the_new_one_has_it() {
         let watch = ConnectionWatch::default();
         let code = RDKafkaErrorCode::Authentication;
         assert_eq!(
@@ -282,12 +302,33 @@ mod tests {
             watch.report(code, "SASL authentication error"),
             Reported::Same
         );
-        watch.forget();
-        assert!(watch.problem().is_none());
+        watch.producer_replaced();
+        // Readiness still names it until the new producer shows otherwise.
+        assert_eq!(
+            watch.problem().map(|(p, _)| p),
+            Some(ConnectionProblem::Authentication)
+        );
         assert_eq!(
             watch.report(code, "SASL authentication error"),
             Reported::Changed
         );
+        assert_eq!(
+            watch.report(code, "SASL authentication error"),
+            Reported::Same
+        );
+    }
+
+    #[test]
+    fn a_replaced_producer_that_works_clears_the_problem() {
+        let watch = ConnectionWatch::default();
+        assert_eq!(watch.report(C::Authentication, "bad"), Reported::Changed);
+        watch.producer_replaced();
+        watch.works();
+        assert_eq!(watch.problem(), None);
+        assert!(!watch.troubled.load(Ordering::Acquire));
+        // Replacing a producer that had no problem leaves none.
+        watch.producer_replaced();
+        assert_eq!(watch.problem(), None);
     }
 
     #[test]

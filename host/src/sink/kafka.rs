@@ -228,8 +228,9 @@ impl KafkaSink {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = config;
         let old = std::mem::replace(&mut *self.inner.current(), new);
-        // The new producer reports its own connection problems, even the old one's again.
-        self.inner.context.connection.forget();
+        // The new producer reports its own connection problems, even the old one's again,
+        // and its first success logs that the connection works again.
+        self.inner.context.connection.producer_replaced();
         // Without a batch holding it, this is the last handle: dropping it flushes and joins
         // librdkafka's threads, so not under the lock and not on the reactor (we are on a
         // blocking thread already).
