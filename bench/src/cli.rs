@@ -19,6 +19,8 @@ const FULL_LANGUAGE_ROWS: u64 = 100_000;
 const QUICK_LANGUAGE_ROWS: u64 = 20_000;
 const FULL_TENANT_ROWS: u64 = 60_000;
 const QUICK_TENANT_ROWS: u64 = 10_000;
+const FULL_FAIRNESS_ROWS: u64 = 1_000_000;
+const QUICK_FAIRNESS_ROWS: u64 = 100_000;
 const FULL_NAIVE_ROWS: u64 = 10_000;
 const QUICK_NAIVE_ROWS: u64 = 2_000;
 const FULL_DURATION: Duration = Duration::from_secs(60);
@@ -98,6 +100,11 @@ pub enum Command {
     /// and peak RSS by then. Targets: 1,000 configured ≥ 0.80 and 10,000 free-form ≥ 0.50 of
     /// "none", peak RSS ≤ 1 GiB; a missed target is reported, not an error. About 1.5 minutes.
     Tenants,
+    /// A small tenant's commit → produce latency while a big tenant's backlog of 1,000,000
+    /// rows (--quick 100,000; --rows sets it) drains, with claims in claim order only and with
+    /// `relay.fair_share = 50` (issue #23). Target: the small tenant's p99 ≤ 1 s with
+    /// fair_share. Not part of `all`.
+    Fairness,
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
     Databases,
@@ -128,7 +135,7 @@ pub struct Options {
     kafka: String,
     /// Backlog size of sql-ceiling, drain-* and noisy [default: 200000, --quick 20000]; of
     /// languages [default: 100000, --quick 20000]; of each drain of tenants [default: 60000,
-    /// --quick 10000].
+    /// --quick 10000]; of the big tenant of fairness [default: 1000000, --quick 100000].
     #[arg(long, global = true)]
     rows: Option<u64>,
     /// Measuring window of latency and idle [default: 60s, --quick 10s].
@@ -198,6 +205,8 @@ pub struct Settings {
     pub language_rows: u64,
     /// Backlog of each drain of `tenants`.
     pub tenant_rows: u64,
+    /// The big tenant's backlog of `fairness`.
+    pub fairness_rows: u64,
     /// Backlog of the naive relay.
     pub naive_rows: u64,
     /// Window of latency and idle.
@@ -260,6 +269,11 @@ impl Options {
         } else {
             FULL_TENANT_ROWS
         });
+        let fairness_rows = self.rows.unwrap_or(if self.quick {
+            QUICK_FAIRNESS_ROWS
+        } else {
+            FULL_FAIRNESS_ROWS
+        });
         let duration = self.duration.unwrap_or(if self.quick {
             QUICK_DURATION
         } else {
@@ -290,6 +304,7 @@ impl Options {
             rows,
             language_rows,
             tenant_rows,
+            fairness_rows,
             naive_rows: if self.quick {
                 QUICK_NAIVE_ROWS
             } else {

@@ -4,6 +4,7 @@
 //! names the file and the key that is wrong.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use crate::relay::{
 };
 use crate::store::{
     AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering,
-    StoreOptions, TableSpec, validate_channel,
+    StoreOptions, TableSpec, TenantColumn, validate_channel,
 };
 use crate::telemetry::TelemetrySettings;
 use crate::text::toml_scalar;
@@ -171,6 +172,11 @@ pub struct RelayConfig {
     /// With `ordering = "key"`: `"skip"` (default) lets a key's later rows pass a dead one,
     /// `"block"` holds them until it is replayed and sent.
     pub ordering_after_dead: AfterDead,
+    /// PostgreSQL, tables with a tenant column: each batch first takes up to this many of
+    /// the oldest due rows of every tenant with rows waiting (taking turns when they are
+    /// more than a batch holds), then fills up in claim order; `0` (default): claim order
+    /// only. Keeps small tenants' rows flowing while one tenant's backlog drains.
+    pub fair_share: usize,
     /// Accept a `[kafka]` `acks` weaker than `all` (a warning is logged at start-up).
     pub allow_weak_acks: bool,
     /// `[relay.retry]`: back-off, attempts and the dead-letter topic.
@@ -208,6 +214,7 @@ impl Default for RelayConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             ordering: Ordering::default(),
             ordering_after_dead: AfterDead::default(),
+            fair_share: 0,
             allow_weak_acks: false,
             retry: RetrySettings::default(),
         }
@@ -376,6 +383,7 @@ impl Config {
             ));
         }
         problems.extend(self.relay.settings().problems());
+        problems.extend(self.fair_share_problem());
         if self.relay.prune_interval.is_zero() {
             problems.push(Problem::new(
                 "relay.prune_interval",
@@ -465,14 +473,52 @@ impl Config {
         warnings
     }
 
+    /// `relay.fair_share` takes turns between tenants: a table with a tenant column, on
+    /// PostgreSQL (the others claim in order only), and no more than a batch.
+    fn fair_share_problem(&self) -> Option<Problem> {
+        let share = self.relay.fair_share;
+        if share == 0 {
+            return None;
+        }
+        let problem = |message: String| Some(Problem::new("relay.fair_share", message));
+        if let Some(d) = self.database.driver()
+            && d != Driver::Postgres
+        {
+            return problem(format!(
+                "only PostgreSQL claims fair shares; {} claims in order only (remove the key, \
+                 or set it to 0)",
+                d.name()
+            ));
+        }
+        if let Ok(spec) = self.database.table_spec()
+            && spec.columns.tenant == TenantColumn::None
+        {
+            return problem(
+                "shares are per tenant, and database.columns.tenant is \"\" (no tenant \
+                 column): set it to 0, or name the tenant column"
+                    .to_owned(),
+            );
+        }
+        if share > self.relay.batch_size {
+            return problem(format!(
+                "{share} is more than relay.batch_size ({}): a share is the part of a batch \
+                 each tenant is offered first",
+                self.relay.batch_size
+            ));
+        }
+        None
+    }
+
     /// How the store claims and marks rows: `relay.mark`, `relay.ordering`,
-    /// `relay.ordering_after_dead` and `database.lease` (validated to be SQLite's only, and
-    /// long enough). The one place these keys reach the store: every field is set here.
+    /// `relay.ordering_after_dead`, `relay.fair_share` and `database.lease` (validated to be
+    /// SQLite's only, and long enough). The one place these keys reach the store: every field
+    /// is set here.
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
             mark: self.relay.mark,
             ordering: self.relay.ordering,
             after_dead: self.relay.ordering_after_dead,
+            fair_share: NonZeroUsize::new(self.relay.fair_share),
             lease: self.database.lease.unwrap_or(DEFAULT_LEASE),
         }
     }
@@ -800,6 +846,39 @@ mod tests {
             let text = format!("[database]\nurl = \"x\"\n[relay.retry]\n{bad}\n");
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(key), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_fair_share_needs_postgres_a_tenant_column_and_fits_a_batch() {
+        let pg = "[database]\nurl = \"postgres://h/db\"\n";
+        let c = parse(pg).unwrap();
+        assert_eq!(c.store_options().fair_share, None);
+        let c = parse(&format!("{pg}[relay]\nfair_share = 20\n")).unwrap();
+        assert_eq!(c.store_options().fair_share, NonZeroUsize::new(20));
+        let c = parse(&format!("{pg}[relay]\nfair_share = 0\n")).unwrap();
+        assert_eq!(c.store_options().fair_share, None);
+
+        for (text, says) in [
+            (
+                "[database]\nurl = \"mysql://h/db\"\n[relay]\nfair_share = 5\n",
+                "relay.fair_share: only PostgreSQL claims fair shares; MySQL/MariaDB",
+            ),
+            (
+                "[database]\nurl = \"sqlite://app.db\"\n[relay]\nfair_share = 5\n",
+                "relay.fair_share: only PostgreSQL claims fair shares; SQLite",
+            ),
+            (
+                &format!("{pg}[database.columns]\ntenant = \"\"\n[relay]\nfair_share = 5\n"),
+                "relay.fair_share: shares are per tenant",
+            ),
+            (
+                &format!("{pg}[relay]\nbatch_size = 100\nfair_share = 101\n"),
+                "relay.fair_share: 101 is more than relay.batch_size (100)",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text}: {err}");
         }
     }
 

@@ -266,7 +266,7 @@ fn percentile_figures(label: &str, what: &str, s: Summary) -> Vec<Figure> {
 }
 
 /// Microseconds since the epoch, now.
-fn now_us() -> i64 {
+pub(super) fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
@@ -274,28 +274,28 @@ fn now_us() -> i64 {
 }
 
 /// The first sighting of one outbox row in Kafka.
-struct Sighting {
+pub(super) struct Sighting {
     /// Producer CreateTime, ms since the epoch.
-    produced_ms: Option<i64>,
+    pub(super) produced_ms: Option<i64>,
     /// When the consumer got it, µs since the epoch.
-    received_us: i64,
+    pub(super) received_us: i64,
 }
 
 #[derive(Default)]
-struct Sightings {
-    by_id: HashMap<i64, Sighting>,
-    without_id: u64,
+pub(super) struct Sightings {
+    pub(super) by_id: HashMap<i64, Sighting>,
+    pub(super) without_id: u64,
 }
 
 /// A consumer thread reading the scenario's topics until told to stop.
-struct Consumer {
+pub(super) struct Consumer {
     stop: Arc<AtomicBool>,
     seen: Arc<AtomicUsize>,
     thread: JoinHandle<Sightings>,
 }
 
 impl Consumer {
-    async fn start(bootstrap: &str, topics: Vec<String>) -> anyhow::Result<Self> {
+    pub(super) async fn start(bootstrap: &str, topics: Vec<String>) -> anyhow::Result<Self> {
         let bootstrap = bootstrap.to_owned();
         let group = names::topic_prefix("latency_consumer");
         let consumer = tokio::task::spawn_blocking(move || {
@@ -316,11 +316,11 @@ impl Consumer {
     }
 
     /// Distinct outbox rows seen so far.
-    fn seen(&self) -> usize {
+    pub(super) fn seen(&self) -> usize {
         self.seen.load(Ordering::Relaxed)
     }
 
-    async fn finish(self) -> anyhow::Result<Sightings> {
+    pub(super) async fn finish(self) -> anyhow::Result<Sightings> {
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread;
         tokio::task::spawn_blocking(move || thread.join())

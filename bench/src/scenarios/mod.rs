@@ -2,6 +2,7 @@
 
 mod db_drain;
 mod drain;
+mod fairness;
 mod idle;
 mod languages;
 mod latency;
@@ -62,6 +63,7 @@ enum Step {
     NotifyCost,
     Languages,
     Tenants,
+    Fairness,
     /// sql-ceiling on MariaDB or SQLite.
     SqlCeilingOn(Database),
     /// drain-native on MariaDB or SQLite.
@@ -100,6 +102,7 @@ impl Step {
             Self::NotifyCost => notify_cost::NAME,
             Self::Languages => languages::NAME,
             Self::Tenants => tenants::NAME,
+            Self::Fairness => fairness::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
         }
     }
@@ -126,6 +129,7 @@ impl Step {
             Self::NotifyCost => notify_cost::run(settings).await,
             Self::Languages => languages::run(settings).await,
             Self::Tenants => tenants::run(settings).await,
+            Self::Fairness => fairness::run(settings).await,
         }
     }
 }
@@ -169,6 +173,7 @@ fn steps(command: Command) -> Vec<Step> {
         Command::NotifyCost => vec![Step::NotifyCost],
         Command::Languages => vec![Step::Languages],
         Command::Tenants => vec![Step::Tenants],
+        Command::Fairness => vec![Step::Fairness],
         Command::Databases => vec![
             Step::SqlCeiling,
             Step::DrainNative,

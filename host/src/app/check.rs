@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::config::{Config, ConfigError, Problem};
 use crate::plugin::{PluginRouter, PluginsSettings, TenantState};
 use crate::sink::{KafkaSink, Sink};
-use crate::store::{self, StoreOptions};
+use crate::store;
 use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
 
 /// What `config check` found: problems (`sluice run` would refuse the file, or a tenant would
@@ -116,7 +116,9 @@ async fn check_database(config: &Config) -> Vec<Problem> {
         // Already reported by `Config::problems`.
         Err(_) => return Vec::new(),
     };
-    let opened = match store::open(config.database_url(), &spec, StoreOptions::default(), 1).await {
+    // The options `sluice run` opens with: they say what the table must have beyond its
+    // columns (e.g. the tenant index `relay.fair_share` walks).
+    let opened = match store::open(config.database_url(), &spec, config.store_options(), 1).await {
         // The grants `sluice run` checks at start-up.
         Ok(store) => {
             store

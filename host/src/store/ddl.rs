@@ -121,6 +121,8 @@ pub(super) struct Index {
     pub(super) filter_columns: Vec<&'static str>,
     /// The claim order: the order column then the id, or the id alone.
     pub(super) order: Vec<ColumnName>,
+    /// The claim order newest first (`DESC`).
+    pub(super) newest_first: bool,
 }
 
 /// [`indexes`] as partial indexes (PostgreSQL, SQLite), unless they exist. PostgreSQL creates
@@ -133,18 +135,39 @@ pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout) -> Vec<String> {
     };
     let name = table.table();
     let sql = |index: &Index| {
+        let direction = if index.newest_first { " DESC" } else { "" };
         let parts: Vec<String> = index
             .leading
             .iter()
-            .chain(&index.order)
             .map(ToString::to_string)
+            .chain(index.order.iter().map(|c| format!("{c}{direction}")))
             .collect();
         let (suffix, parts, filter) = (&index.suffix, parts.join(", "), index.filter);
         format!(
             "CREATE INDEX IF NOT EXISTS {schema}\"{name}{suffix}\" ON {on} ({parts}) WHERE {filter}"
         )
     };
-    indexes(layout).iter().map(sql).collect()
+    let tenant = (T::DIALECT == Driver::Postgres)
+        .then(|| tenant_index(layout))
+        .flatten();
+    indexes(layout).iter().chain(&tenant).map(sql).collect()
+}
+
+/// PostgreSQL, tables with a tenant column: unsent rows by tenant, each tenant's newest first.
+/// It lets `relay.fair_share` walk the tenants that have rows waiting (one index probe per
+/// tenant, however many rows one of them has) and take the oldest rows of each (scanning the
+/// tenant's part backwards). Newest first, because a probe lands on the first entry of the
+/// next tenant: a tenant whose backlog drains has its oldest entries deleted moments ago, and
+/// a probe landing there would read past all of them, its newest rows are alive.
+pub(super) fn tenant_index(layout: &Layout) -> Option<Index> {
+    let tenant = layout.tenant.as_ref()?;
+    let [unsent, ..] = indexes(layout);
+    Some(Index {
+        suffix: unsent.suffix.replacen("_unsent", "_unsent_tenant", 1),
+        leading: vec![tenant.clone()],
+        newest_first: true,
+        ..unsent
+    })
 }
 
 /// The indexes on unsent rows: one in claim order (keeps the claim cheap however many sent
@@ -170,6 +193,7 @@ pub(super) fn indexes(layout: &Layout) -> [Index; 3] {
             .filter(|c| filter.contains(c))
             .collect(),
         order: order.clone(),
+        newest_first: false,
     };
     let key = [&layout.aggregate_type, &layout.aggregate_id];
     [

@@ -188,6 +188,14 @@ pub enum StoreError {
     /// ([`Store::check_privileges`]). Boxed: the other variants stay small.
     #[error(transparent)]
     Privilege(Box<MissingPrivilege>),
+    /// `relay.fair_share` cannot take turns between this table's tenants.
+    #[error("relay.fair_share: outbox table {table} {message}")]
+    FairShare {
+        /// The outbox table.
+        table: String,
+        /// What is missing, and how to add it.
+        message: String,
+    },
     /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
     #[error("{database} does not support {what}")]
     Unsupported {

@@ -28,6 +28,8 @@ pub(crate) mod column {
     pub(crate) const ATTEMPTS: usize = 8;
     /// SQLite only: the order column, to sort `RETURNING`'s rows (in no set order).
     pub(crate) const CLAIM_ORDER: usize = 9;
+    /// PostgreSQL's fair heads only: the tenant the walk visited.
+    pub(crate) const VISITED: usize = 9;
 }
 
 /// Reads column `index` as an id as `key` carries it.

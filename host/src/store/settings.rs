@@ -1,6 +1,7 @@
 //! How the store claims and marks rows: the `[relay]` keys that decide its SQL, and the
 //! SQLite lease (`database.lease`).
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -59,6 +60,9 @@ pub struct StoreOptions {
     /// With key ordering, whether a dead row holds back its key (`relay.ordering_after_dead`);
     /// default skip.
     pub after_dead: AfterDead,
+    /// PostgreSQL: the rows of each waiting tenant a batch takes before filling up in claim
+    /// order (`relay.fair_share`); `None` (default): claim order only.
+    pub fair_share: Option<NonZeroUsize>,
     /// SQLite: how long a claim's lease lasts (the other databases hold row locks instead).
     pub lease: Duration,
 }
@@ -69,6 +73,7 @@ impl Default for StoreOptions {
             mark: MarkMode::default(),
             ordering: Ordering::default(),
             after_dead: AfterDead::default(),
+            fair_share: None,
             lease: DEFAULT_LEASE,
         }
     }

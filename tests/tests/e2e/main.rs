@@ -15,6 +15,7 @@ mod databases;
 mod db_roles;
 mod db_tls;
 mod failures;
+mod fairness;
 mod injected_errors;
 mod missing_topic;
 mod ordering;

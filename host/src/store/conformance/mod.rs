@@ -20,8 +20,8 @@
 //!   run it: it is about `sluice migrate`, `store::open` and a database's column types, which
 //!   an in-memory table does not have.
 //!
-//! What only one database needs proven (MariaDB's gap locks, SQLite's leases) is in
-//! [`mariadb_locks`] and [`sqlite_leases`].
+//! What only one database needs proven (MariaDB's gap locks, SQLite's leases, PostgreSQL's
+//! fair shares) is in [`mariadb_locks`], [`sqlite_leases`] and [`pg_fair_share`].
 //!
 //! The database tables are the test kit's (`sluice_testkit::DbTable`):
 //! `SLUICE_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
@@ -33,6 +33,7 @@ mod contract;
 mod databases;
 mod mariadb_locks;
 mod memory;
+mod pg_fair_share;
 mod schema;
 mod sqlite_leases;
 

@@ -66,8 +66,12 @@ mod tests {
 
     #[test]
     fn indexes_follow_the_order_column_and_keep_the_old_names_for_id() {
-        let [unsent, key, dead] =
-            <[String; 3]>::try_from(ddl::partial_indexes::<PgTypes>(&sluice_layout())).unwrap();
+        let [unsent, key, dead, tenant] =
+            <[String; 4]>::try_from(ddl::partial_indexes::<PgTypes>(&sluice_layout())).unwrap();
+        assert_eq!(
+            squash(&tenant),
+            "CREATE INDEX IF NOT EXISTS \"outbox_unsent_tenant_idx\" ON \"outbox\" (\"tenant\", \"id\" DESC) WHERE published_at IS NULL AND dead_at IS NULL"
+        );
         assert!(
             squash(&dead).contains("\"outbox_dead_idx\" ON \"outbox\" (\"id\") WHERE published_at IS NULL AND dead_at IS NOT NULL"),
             "{dead}"

@@ -8,6 +8,7 @@
 //! - [`listen`]: LISTEN/NOTIFY wake-ups
 
 mod cursor;
+mod fair;
 mod listen;
 mod migrate;
 mod schema;
@@ -35,9 +36,10 @@ use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOption
 use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
 use crate::store::layout_sql::LayoutSql;
-use crate::store::rows::decode_claimed;
+use crate::store::rows::{column, decode_claimed, read_id, unreadable_key};
 use crate::store::statement::impl_execute;
 use cursor::ClaimCursor;
+use fair::TenantTurn;
 use sql::Statements;
 
 impl_execute!(Postgres, PgRow, DateTime<Utc>, |time| time);
@@ -86,6 +88,7 @@ pub struct PgStore {
     // `AssertSqlSafe`.
     statements: Statements,
     cursor: ClaimCursor,
+    turn: TenantTurn,
 }
 
 impl PgStore {
@@ -101,6 +104,9 @@ impl PgStore {
         let pool = connect(url, connections).await?;
         let layout = schema::inspect(&pool, spec).await?;
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
+        if options.fair_share.is_some() {
+            fair::check_table(&pool, &layout).await?;
+        }
         let sql = LayoutSql::new(layout, Driver::Postgres);
         let statements = Statements::new(&sql, options);
         Ok(Self {
@@ -109,6 +115,7 @@ impl PgStore {
             sql,
             statements,
             cursor: ClaimCursor::default(),
+            turn: TenantTurn::default(),
         })
     }
 
@@ -151,33 +158,65 @@ impl StoreDriver for PgStore {
     ) -> Result<Claim<StoreBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
-        let after = match &self.statements.claim_after {
-            Some(sql) => self.cursor.start(Instant::now()).map(|id| (sql, id)),
-            None => None,
+        let s = &self.statements;
+        let (heads, head_ids) = match &s.fair {
+            Some(fair) => {
+                let heads = fair::claim_heads(&mut tx, fair, &self.turn, &paused, limit).await?;
+                let ids = heads
+                    .iter()
+                    .map(|row| read_id(row, &self.sql.layout.key, column::ID))
+                    .map(|id| id.map(|id| id.to_string()))
+                    .collect::<Result<Vec<String>, _>>()
+                    .map_err(|e| unreadable_key(&self.sql, e))?;
+                (heads, Some(ids))
+            }
+            None => (Vec::new(), None),
         };
-        let text = after.map_or(&self.statements.claim, |(sql, _)| sql);
-        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(text)))
-            .bind(&paused)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
-        if let Some((_, id)) = after {
-            query = query.bind(id);
-        }
-        let raw = query.fetch_all(&mut *tx).await?;
-        let batch = StoreBatch::Postgres(TxBatch::new(tx, Arc::clone(&self.statements.batch)));
-        let claim = Claim::of(batch, raw.iter().map(|row| decode_claimed(row, &self.sql)))?;
-        if self.statements.claim_after.is_some() {
-            let ids = claim.rows.iter().map(|r| &r.id);
-            let highest = ids
-                .chain(claim.rejected.iter().map(|f| &f.id))
+        let room = limit - heads.len().min(limit);
+        // The claim in claim order (with `relay.fair_share`: past the heads, up to the room
+        // they left), from the cursor when there is one.
+        let (claim_sql, claim_after) = match &s.fair {
+            Some(fair) => (&fair.fill, fair.fill_after.as_ref()),
+            None => (&s.claim, s.claim_after.as_ref()),
+        };
+        let after = match claim_after {
+            Some(sql) if room > 0 => self.cursor.start(Instant::now()).map(|id| (sql, id)),
+            _ => None,
+        };
+        let filled = if room > 0 {
+            let text = after.map_or(claim_sql, |(sql, _)| sql);
+            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(text)))
+                .bind(&paused)
+                .bind(i64::try_from(room).unwrap_or(i64::MAX));
+            if let Some(ids) = &head_ids {
+                query = query.bind(ids);
+            }
+            if let Some((_, id)) = after {
+                query = query.bind(id);
+            }
+            query.fetch_all(&mut *tx).await?
+        } else {
+            Vec::new()
+        };
+        if claim_after.is_some() && room > 0 {
+            // Only the fill moves the cursor: heads lie anywhere in claim order.
+            let highest = filled
+                .iter()
+                .filter_map(|row| read_id(row, &self.sql.layout.key, column::ID).ok())
                 .filter_map(|id| match id {
-                    OutboxId::Int(id) => Some(*id),
+                    OutboxId::Int(id) => Some(id),
                     OutboxId::Text(_) => None,
                 })
                 .max();
             let started = after.map(|(_, id)| id);
-            self.cursor.claimed(started, raw.len(), limit, highest);
+            self.cursor.claimed(started, filled.len(), room, highest);
         }
-        Ok(claim)
+        if let Some(fair) = &s.fair {
+            self.turn.filled(&filled, fair.share);
+        }
+        let batch = StoreBatch::Postgres(TxBatch::new(tx, Arc::clone(&s.batch)));
+        let rows = heads.iter().chain(&filled);
+        Claim::of(batch, rows.map(|row| decode_claimed(row, &self.sql)))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

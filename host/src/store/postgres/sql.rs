@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
+use super::fair::FairSql;
 use super::schema::KeyKind;
 use crate::model::OutboxId;
 use crate::store::batch::{RecordRows, TxBatch};
@@ -28,6 +29,8 @@ pub(super) struct Statements {
     /// [`super::cursor`]).
     pub claim_after: Option<Arc<str>>,
     pub due: Arc<str>,
+    /// `relay.fair_share`: the heads statements, and the claim that fills up after them.
+    pub fair: Option<FairClaim>,
     /// Marking and rescheduling, which every claimed batch holds.
     pub batch: Arc<BatchSql>,
 }
@@ -38,14 +41,18 @@ impl Statements {
         let table = &sql.table;
         // Unsent, not dead, due, not of a paused tenant ($1: their names, NULL for rows
         // without a tenant), and — in key order — not behind an earlier unsent row of its key.
+        // The paused test is a plain filter, not an anti-join with `unnest($1)`: the planner
+        // estimates such an anti-join at one row, and on a table whose tenant column holds
+        // values it then sorted the whole backlog for every claim (45 ms instead of 0.5 ms
+        // for 100,000 rows of two tenants).
+        let key_order = sql.key_order_filter(options.ordering, options.after_dead);
         let due = format!(
             "{due}
-                AND NOT EXISTS (SELECT 1 FROM unnest($1::text[]) AS paused(tenant)
-                                 WHERE paused.tenant IS NOT DISTINCT FROM {tenant})
+                AND CASE WHEN {tenant} IS NULL THEN array_position($1::text[], NULL) IS NULL
+                         ELSE {tenant} <> ALL(array_remove($1::text[], NULL)) END
                 {key_order}",
             due = LayoutSql::due("now()"),
             tenant = sql.tenant_expr("o"),
-            key_order = sql.key_order_filter(options.ordering, options.after_dead),
         );
         let claim = |after: &str| {
             format!(
@@ -59,8 +66,20 @@ impl Statements {
                 order_by = sql.order_by("o"),
             )
         };
-        let claim_after = (layout.ordered_by_id() && matches!(layout.key, KeyKind::Int))
-            .then(|| claim(&format!("AND o.{} > $3", sql.id)).into());
+        let by_int_id = layout.ordered_by_id() && matches!(layout.key, KeyKind::Int);
+        let claim_after = by_int_id.then(|| claim(&format!("AND o.{} > $3", sql.id)).into());
+        // The fill takes no head again: a transaction's own row locks do not make SKIP
+        // LOCKED skip a row. `$3`: the heads' ids; `$4`: where the cursor starts.
+        let fair = options.fair_share.and_then(|share| {
+            let not_heads = format!("AND o.{} <> ALL({})", sql.id, key_array(sql, "$3"));
+            Some(FairClaim {
+                share: share.get(),
+                heads: FairSql::new(sql, &key_order)?,
+                fill: claim(&not_heads).into(),
+                fill_after: by_int_id
+                    .then(|| claim(&format!("{not_heads} AND o.{} > $4", sql.id)).into()),
+            })
+        });
         let keys = key_array(sql, "$1");
         let mark = match options.mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
@@ -86,12 +105,24 @@ impl Statements {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim("").into(),
             claim_after,
+            fair,
             batch: Arc::new(BatchSql {
                 mark: mark.into(),
                 reschedule: reschedule.into(),
             }),
         }
     }
+}
+
+/// `relay.fair_share`'s statements (see [`super::fair`]).
+pub(super) struct FairClaim {
+    /// The most rows of one tenant a walk takes.
+    pub share: usize,
+    pub heads: FairSql,
+    /// The claim in claim order, past the heads (`$3`, as text).
+    pub fill: Arc<str>,
+    /// … and past the cursor (`$4`), when rows are claimed in integer id order.
+    pub fill_after: Option<Arc<str>>,
 }
 
 /// A claimed batch: the open transaction holding the row locks.
@@ -184,7 +215,7 @@ mod tests {
             "{claim}"
         );
         assert!(
-            claim.contains("WHERE paused.tenant IS NOT DISTINCT FROM NULL::text"),
+            claim.contains("AND CASE WHEN NULL::text IS NULL THEN array_position($1::text[], NULL) IS NULL ELSE NULL::text <> ALL(array_remove($1::text[], NULL)) END"),
             "{claim}"
         );
     }

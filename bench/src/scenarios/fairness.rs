@@ -1,0 +1,226 @@
+//! `fairness` (issue #23): how long a small tenant's rows wait while a big tenant's backlog
+//! drains, with claims in claim order only and with `relay.fair_share`.
+//!
+//! Tenant `t0` has `--rows` rows waiting (default 1,000,000, `--quick` 100,000: the standard
+//! rows, topics `<prefix>order` and `<prefix>customer`) when `sluice run` starts (default
+//! settings, WASM reference plugin). From then until that backlog is gone, tenant `small`
+//! commits one row every 100 ms (aggregate type `invoice`, topic `<prefix>invoice`), and a
+//! consumer of that topic notes each row's producer CreateTime: commit → produce, as in
+//! `latency`. Measured twice on a fresh table each: `fair_share = 0` (claim order only), then
+//! `fair_share = 50`. Figures: the small tenant's commit → produce p50/p99/max, and the big
+//! backlog's drain rate (what taking turns costs it). Target: with `fair_share`, the small
+//! tenant's p99 ≤ 1 s.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sqlx::{AssertSqlSafe, Connection, Postgres};
+
+use super::latency::{Consumer, now_us};
+use crate::cli::Settings;
+use crate::outbox::{self, BenchTable, Tenants};
+use crate::relay::{self, Measured};
+use crate::report::Figure;
+use crate::stats::summarize;
+use crate::{kafka, names};
+use sluice_testkit::DbTable;
+use sluice_testkit::config::{Plugin, RelayConfig};
+use sluice_testkit::db;
+
+pub const NAME: &str = "fairness";
+
+/// The share of the drain with `relay.fair_share`.
+const SHARE: usize = 50;
+/// The big tenant (`Tenants::Spread(1)` names every row's tenant `t0`).
+const BIG: &str = "t0";
+const SMALL: &str = "small";
+const SMALL_EVERY: Duration = Duration::from_millis(100);
+const TARGET_P99_MS: f64 = 1000.0;
+/// Longest a drain of the big backlog may take before the scenario gives up.
+const DRAIN_LIMIT: Duration = Duration::from_secs(900);
+/// Longest wait after the backlog is gone for the consumer to see every small row.
+const CATCH_UP: Duration = Duration::from_secs(15);
+
+pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+    let plugin = settings.reference_plugin()?;
+    let rows = settings.fairness_rows;
+    let mut figures = vec![Figure::new(
+        NAME,
+        "big tenant's backlog",
+        rows as f64,
+        "rows",
+    )];
+    let mut drain_rates = Vec::new();
+    for share in [0, SHARE] {
+        let label = match share {
+            0 => format!("{NAME} (claim order)"),
+            n => format!("{NAME} (fair_share = {n})"),
+        };
+        eprintln!("    {label}: {rows} rows of tenant {BIG}, a row of {SMALL} every 100 ms");
+        let table = outbox::create(settings, "fairness", None).await?;
+        let measured = measure(settings, &table, &plugin, share, &label).await;
+        table.drop_table().await;
+        let (drain_rate, mut more) = measured?;
+        drain_rates.push(drain_rate);
+        figures.append(&mut more);
+    }
+    if let [alone, fair] = drain_rates[..] {
+        figures.push(Figure::new(
+            NAME,
+            "big tenant's drain, fair_share / claim order",
+            fair / alone,
+            "×",
+        ));
+    }
+    Ok(figures)
+}
+
+/// One drain with `fair_share = share`: the big backlog's rows/s and the figures.
+async fn measure(
+    settings: &Settings,
+    table: &DbTable,
+    plugin: &std::path::Path,
+    share: usize,
+    label: &str,
+) -> anyhow::Result<(f64, Vec<Figure>)> {
+    let rows = settings.fairness_rows;
+    table.fill(rows, Some(Tenants::Spread(1))).await?;
+    let prefix = names::topic_prefix("fairness");
+    let small_topic = format!("{prefix}invoice");
+    let mut topics = kafka::topics(&prefix);
+    topics.push(small_topic.clone());
+    kafka::create_topics(&settings.kafka, &topics).await?;
+    let consumer = Consumer::start(&settings.kafka, vec![small_topic]).await?;
+    let config = RelayConfig {
+        database_url: settings.database_url.clone(),
+        table: table.name.clone(),
+        kafka: settings.kafka.clone(),
+        relay: std::iter::once(("fair_share".to_owned(), share.to_string()))
+            .chain(settings.relay.iter().cloned())
+            .collect(),
+        default_plugin: Some((Plugin::Wasm(plugin.to_path_buf()), prefix)),
+        ..RelayConfig::default()
+    };
+    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let inserter = tokio::spawn(insert_small(
+        settings.database_url.clone(),
+        table.quoted(),
+        Arc::clone(&stop),
+    ));
+    let drained = loop {
+        relay.sleep(Duration::from_millis(250)).await?;
+        // Served by the tenant index, so the probe stays cheap while rows are deleted.
+        let left = table
+            .try_scalar(&format!(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE tenant = '{BIG}' LIMIT 1) AS b"
+            ))
+            .await?
+            .unwrap_or(0);
+        if left == 0 {
+            break started.elapsed();
+        }
+        if started.elapsed() > DRAIN_LIMIT {
+            stop.store(true, Ordering::Relaxed);
+            bail!("{label}: the big backlog did not drain within {DRAIN_LIMIT:?}");
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    let commits = inserter.await.context("the inserter panicked")??;
+    let catch_up_until = Instant::now() + CATCH_UP;
+    while consumer.seen() < commits.len() && Instant::now() < catch_up_until {
+        relay.sleep(Duration::from_millis(50)).await?;
+    }
+    relay.stop_measured().await?;
+    let sightings = consumer.finish().await?;
+    let waits: Vec<f64> = commits
+        .iter()
+        .filter_map(|(id, committed)| {
+            let produced = sightings.by_id.get(id)?.produced_ms?;
+            Some((produced * 1000 - committed) as f64 / 1000.0)
+        })
+        .collect();
+    let Some(wait) = summarize(&waits) else {
+        bail!(
+            "{label}: the consumer saw none of the {} rows of tenant {SMALL}",
+            commits.len()
+        );
+    };
+    let drain_rate = rows as f64 / drained.as_secs_f64();
+    let p99 = Figure::new(
+        label,
+        &format!("{SMALL}: commit → produce p99"),
+        wait.p99,
+        "ms",
+    );
+    let p99 = match share {
+        0 => p99,
+        _ => p99.at_most(TARGET_P99_MS),
+    };
+    Ok((
+        drain_rate,
+        vec![
+            Figure::new(label, "big tenant's drain", drain_rate, "rows/s"),
+            Figure::new(
+                label,
+                &format!("{SMALL}: rows committed"),
+                commits.len() as f64,
+                "rows",
+            ),
+            Figure::new(
+                label,
+                &format!("{SMALL}: rows seen in Kafka"),
+                waits.len() as f64,
+                "rows",
+            ),
+            Figure::new(
+                label,
+                &format!("{SMALL}: commit → produce p50"),
+                wait.p50,
+                "ms",
+            ),
+            p99,
+            Figure::new(
+                label,
+                &format!("{SMALL}: commit → produce max"),
+                wait.max,
+                "ms",
+            ),
+        ],
+    ))
+}
+
+/// Commits one row of the small tenant every [`SMALL_EVERY`] until `stop`; returns (id, µs
+/// since the epoch right after COMMIT) of each.
+async fn insert_small(
+    url: String,
+    table: String,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<(i64, i64)>> {
+    let mut conn = db::connection(&url).await?;
+    let sql = format!(
+        "INSERT INTO {table} (tenant, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('{SMALL}', 'invoice', 'inv-' || $1::int8, 'Created',
+                 jsonb_build_object('n', $1::int8))
+         RETURNING id"
+    );
+    let mut ticker = tokio::time::interval(SMALL_EVERY);
+    let mut commits = Vec::new();
+    let mut n = 0i64;
+    while !stop.load(Ordering::Relaxed) {
+        ticker.tick().await;
+        let mut tx = conn.begin().await.context("BEGIN failed")?;
+        let id: i64 = sqlx::query_scalar::<Postgres, i64>(AssertSqlSafe(sql.as_str()))
+            .bind(n)
+            .fetch_one(&mut *tx)
+            .await
+            .context("insert failed")?;
+        tx.commit().await.context("COMMIT failed")?;
+        commits.push((id, now_us()));
+        n += 1;
+    }
+    Ok(commits)
+}

@@ -1,0 +1,90 @@
+//! `relay.fair_share`: a small tenant's rows go out while a big tenant's backlog ahead of
+//! them drains, every row still once; a table without the tenant index is refused with the
+//! statement that creates it.
+
+use std::time::Duration;
+
+use sluice_testkit::*;
+
+const BIG: i64 = 6_000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_small_tenants_rows_flow_while_a_big_backlog_ahead_of_them_drains() {
+    let s = Scenario::new("fair", &["order", "invoice"]).await;
+    s.table
+        .execute(&format!(
+            "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'big', 'order', 'o' || (g % 50), 'Created', jsonb_build_object('n', g)
+               FROM generate_series(1, {BIG}) AS g"
+        ))
+        .await;
+    // Behind all of them in claim order.
+    s.table
+        .execute(
+            "INSERT INTO {t} (tenant, aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'small', 'invoice', 'i' || g, 'Created', jsonb_build_object('n', g)
+               FROM generate_series(1, 5) AS g",
+        )
+        .await;
+    let config = s.config("batch_size = 50\nworkers = 2\nfair_share = 5", "");
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let small = "SELECT count(*) FROM {t} WHERE tenant = 'small'";
+    let big = "SELECT count(*) FROM {t} WHERE tenant = 'big'";
+    let small_sent = wait_until(SCENARIO_WAIT, || async {
+        s.table.scalar_i64(small).await == 0
+    })
+    .await;
+    assert!(small_sent, "{}", relay.log());
+    // In claim order they would go last; with fair shares, in the first batches.
+    let big_left = s.table.scalar_i64(big).await;
+    assert!(
+        big_left > BIG / 2,
+        "the small tenant's rows waited for {} of the big tenant's",
+        BIG - big_left
+    );
+    let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(drained, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let got = s.consume(BIG as usize + 5, Duration::from_secs(1));
+    let by_id = count_by_id(&got);
+    assert_eq!(by_id.len(), BIG as usize + 5, "every row delivered");
+    assert!(by_id.values().all(|&n| n == 1), "none twice");
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fair_share_without_the_tenant_index_is_refused_naming_the_statement() {
+    let s = Scenario::new("fair_noidx", &["order", "customer"]).await;
+    s.table
+        .execute(&format!(
+            "DROP INDEX \"{}_unsent_tenant_idx\"",
+            s.table.name
+        ))
+        .await;
+    let config = s.config("fair_share = 10", "");
+    let checked = sluice_with_config(&["config", "check", "--connect"], &config);
+    let refused = sluice_with_config(&["run"], &config);
+    for (what, out) in [("config check", &checked), ("run", &refused)] {
+        assert!(!out.status.success(), "{what} succeeded");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains("relay.fair_share")
+                && said.contains("no index led by its tenant column")
+                && said.contains("CREATE INDEX IF NOT EXISTS"),
+            "{what}: {said}"
+        );
+    }
+    // `sluice migrate` puts the index back; the relay then starts and delivers.
+    let migrated = sluice_with_config(&["migrate"], &config);
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    s.table.insert_rows(10, None).await;
+    s.relay_until(&config, || async { s.table.count().await == 0 })
+        .await;
+    s.finish().await;
+}
