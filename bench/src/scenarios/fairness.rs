@@ -103,6 +103,9 @@ async fn measure(
         default_plugin: Some((Plugin::Wasm(plugin.to_path_buf()), prefix)),
         ..RelayConfig::default()
     };
+    if share > 0 {
+        migrate_for(&settings.sluice, &config)?;
+    }
     let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -191,6 +194,28 @@ async fn measure(
             ),
         ],
     ))
+}
+
+/// `sluice migrate --config` with the relay's config: the tenant index `fair_share` needs, as
+/// a user creates it.
+fn migrate_for(sluice: &std::path::Path, config: &RelayConfig) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, config.render()).context("cannot write the config")?;
+    let out = std::process::Command::new(sluice)
+        .arg("migrate")
+        .arg("--config")
+        .arg(&path)
+        .env_remove("SLUICE_DATABASE_URL")
+        .output()
+        .with_context(|| format!("cannot run {}", sluice.display()))?;
+    if !out.status.success() {
+        bail!(
+            "sluice migrate --config failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
 }
 
 /// Commits one row of the small tenant every [`SMALL_EVERY`] until `stop`; returns (id, µs

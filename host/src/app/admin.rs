@@ -25,11 +25,19 @@ pub enum Target<'a> {
 impl Target<'_> {
     /// The database URL and the table.
     pub fn resolve(&self) -> anyhow::Result<(String, TableSpec)> {
+        let (url, spec, _) = self.resolve_with_options()?;
+        Ok((url, spec))
+    }
+
+    /// The database URL, the table, and how `sluice run` claims from it (the file's
+    /// `[relay]` settings; the defaults with `--database-url`).
+    fn resolve_with_options(&self) -> anyhow::Result<(String, TableSpec, StoreOptions)> {
         match self {
             Self::Config(path) => {
                 let config = Config::load(path)?;
                 let spec = config.database.table_spec()?;
-                Ok((config.database_url().to_owned(), spec))
+                let options = config.store_options();
+                Ok((config.database_url().to_owned(), spec, options))
             }
             Self::Url { url, table } => {
                 // SLUICE_DATABASE_URL is read here rather than by the argument parser, so that
@@ -38,7 +46,7 @@ impl Target<'_> {
                     bail!("give --config FILE or --database-url URL (or set {DATABASE_URL_ENV})");
                 };
                 let table = TableName::parse(table.unwrap_or("outbox")).context("--table")?;
-                Ok((url, TableSpec::new(table)))
+                Ok((url, TableSpec::new(table), StoreOptions::default()))
             }
         }
     }
@@ -70,7 +78,8 @@ pub struct Migrated {
 
 /// Creates or upgrades the table and checks it, then installs or drops the NOTIFY trigger.
 pub async fn migrate(target: &Target<'_>, trigger: &TriggerChange) -> anyhow::Result<Migrated> {
-    let (url, spec) = target.resolve()?;
+    // With `--config`, the indexes its `[relay]` settings need too.
+    let (url, spec, options) = target.resolve_with_options()?;
     // Refused before the table is touched, not after migrating it.
     let driver = store::Driver::of(&url)?;
     if !matches!(trigger, TriggerChange::Keep) && !driver.notifies() {
@@ -84,7 +93,7 @@ pub async fn migrate(target: &Target<'_>, trigger: &TriggerChange) -> anyhow::Re
             .map_err(anyhow::Error::msg)
             .context("--notify-channel")?;
     }
-    let summary = store::migrate(&url, &spec).await?;
+    let summary = store::migrate(&url, &spec, &options).await?;
     if !matches!(trigger, TriggerChange::Keep) {
         let opened = store::open(&url, &spec, StoreOptions::default(), 1).await?;
         match trigger {

@@ -125,9 +125,10 @@ pub(super) struct Index {
     pub(super) newest_first: bool,
 }
 
-/// [`indexes`] as partial indexes (PostgreSQL, SQLite), unless they exist. PostgreSQL creates
-/// an index in its table's schema; SQLite names the schema on the index, not on the table.
-pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout) -> Vec<String> {
+/// [`indexes`], and `extra` if given, as partial indexes (PostgreSQL, SQLite), unless they
+/// exist. PostgreSQL creates an index in its table's schema; SQLite names the schema on the
+/// index, not on the table.
+pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout, extra: Option<Index>) -> Vec<String> {
     let table = &layout.table;
     let (schema, on) = match T::DIALECT {
         Driver::Sqlite => (table.schema_prefix(), format!("\"{}\"", table.table())),
@@ -147,10 +148,7 @@ pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS {schema}\"{name}{suffix}\" ON {on} ({parts}) WHERE {filter}"
         )
     };
-    let tenant = (T::DIALECT == Driver::Postgres)
-        .then(|| tenant_index(layout))
-        .flatten();
-    indexes(layout).iter().chain(&tenant).map(sql).collect()
+    indexes(layout).iter().chain(&extra).map(sql).collect()
 }
 
 /// PostgreSQL, tables with a tenant column: unsent rows by tenant, each tenant's newest first.

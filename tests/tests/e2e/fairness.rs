@@ -1,6 +1,6 @@
 //! `relay.fair_share`: a small tenant's rows go out while a big tenant's backlog ahead of
 //! them drains, every row still once; a table without the tenant index is refused with the
-//! statement that creates it.
+//! statement that creates it, and `sluice migrate --config` creates it.
 
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ async fn a_small_tenants_rows_flow_while_a_big_backlog_ahead_of_them_drains() {
         )
         .await;
     let config = s.config("batch_size = 50\nworkers = 2\nfair_share = 5", "");
+    migrate_with(&config);
     let relay = RelayProcess::start(&config).expect("start relay");
     let small = "SELECT count(*) FROM {t} WHERE tenant = 'small'";
     let big = "SELECT count(*) FROM {t} WHERE tenant = 'big'";
@@ -55,13 +56,8 @@ async fn a_small_tenants_rows_flow_while_a_big_backlog_ahead_of_them_drains() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fair_share_without_the_tenant_index_is_refused_naming_the_statement() {
+    // The scenario's table is migrated without a config: no tenant index.
     let s = Scenario::new("fair_noidx", &["order", "customer"]).await;
-    s.table
-        .execute(&format!(
-            "DROP INDEX \"{}_unsent_tenant_idx\"",
-            s.table.name
-        ))
-        .await;
     let config = s.config("fair_share = 10", "");
     let checked = sluice_with_config(&["config", "check", "--connect"], &config);
     let refused = sluice_with_config(&["run"], &config);
@@ -76,15 +72,20 @@ async fn fair_share_without_the_tenant_index_is_refused_naming_the_statement() {
             "{what}: {said}"
         );
     }
-    // `sluice migrate` puts the index back; the relay then starts and delivers.
-    let migrated = sluice_with_config(&["migrate"], &config);
+    // `sluice migrate --config` creates the index; the relay then starts and delivers.
+    migrate_with(&config);
+    s.table.insert_rows(10, None).await;
+    s.relay_until(&config, || async { s.table.count().await == 0 })
+        .await;
+    s.finish().await;
+}
+
+/// `sluice migrate --config` with `config`: the indexes its `[relay]` settings need.
+fn migrate_with(config: &str) {
+    let migrated = sluice_with_config(&["migrate"], config);
     assert!(
         migrated.status.success(),
         "{}",
         String::from_utf8_lossy(&migrated.stderr)
     );
-    s.table.insert_rows(10, None).await;
-    s.relay_until(&config, || async { s.table.count().await == 0 })
-        .await;
-    s.finish().await;
 }

@@ -127,7 +127,7 @@ trait DbFixture: Fixture<Store = Store> {
 
 /// `sluice migrate` of the standard table on `f`'s database, then a store with `options`.
 async fn migrated_db(f: &impl DbFixture, options: StoreOptions) -> Store {
-    store::migrate(&f.url(), &f.spec())
+    store::migrate(&f.url(), &f.spec(), &options)
         .await
         .unwrap_or_else(|e| panic!("migrate {}: {e}", f.table()));
     open_db(f, options).await

@@ -22,7 +22,7 @@ pub(super) async fn unusable_tables_are_refused_naming_every_problem<F: DbFixtur
                 .await
                 .err()
                 .map(|e| e.to_string()),
-            _ => store::migrate(&f.url(), &f.spec())
+            _ => store::migrate(&f.url(), &f.spec(), &StoreOptions::default())
                 .await
                 .err()
                 .map(|e| e.to_string()),
@@ -63,8 +63,12 @@ pub(super) async fn an_application_table_is_relayed_through_the_column_mapping<F
         ..Default::default()
     };
     let spec = TableSpec::from_settings(f.table(), &columns).unwrap();
-    let first = store::migrate(&f.url(), &spec).await.unwrap();
-    let again = store::migrate(&f.url(), &spec).await.unwrap();
+    let first = store::migrate(&f.url(), &spec, &StoreOptions::default())
+        .await
+        .unwrap();
+    let again = store::migrate(&f.url(), &spec, &StoreOptions::default())
+        .await
+        .unwrap();
     assert_eq!(first, again, "migrate is idempotent");
     assert!(
         first.contains("every row belongs to tenant \"default\""),

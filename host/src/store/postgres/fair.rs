@@ -59,12 +59,13 @@ pub(super) async fn check_table(pool: &PgPool, layout: &Layout) -> Result<(), St
     if indexed {
         return Ok(());
     }
-    let create = ddl::partial_indexes::<PgTypes>(layout)
+    let create = ddl::partial_indexes::<PgTypes>(layout, ddl::tenant_index(layout))
         .pop()
         .unwrap_or_default();
     Err(refuse(format!(
         "has no index led by its tenant column {tenant}, so each batch would read the whole \
-         table to find the tenants with rows waiting; run `sluice migrate`, or: {create}"
+         table to find the tenants with rows waiting; run `sluice migrate --config` with this \
+         config, or: {create}"
     )))
 }
 

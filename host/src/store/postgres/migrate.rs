@@ -29,8 +29,14 @@ impl DdlTypes for PgTypes {
     const TEXT: &'static str = "text";
 }
 
-/// Creates or upgrades the table and its indexes (see the module documentation).
-pub(super) async fn migrate(pool: &PgPool, spec: &TableSpec) -> Result<Layout, StoreError> {
+/// Creates or upgrades the table and its indexes (see the module documentation); with
+/// `tenant_index`, also the index `relay.fair_share` walks ([`ddl::tenant_index`]): only then,
+/// as every index costs the application's inserts.
+pub(super) async fn migrate(
+    pool: &PgPool,
+    spec: &TableSpec,
+    tenant_index: bool,
+) -> Result<Layout, StoreError> {
     let mut tx = pool.begin().await?;
     // "already exists, skipping" notices are expected on every re-run; keep them quiet.
     tx.execute("SET LOCAL client_min_messages = warning")
@@ -50,7 +56,8 @@ pub(super) async fn migrate(pool: &PgPool, spec: &TableSpec) -> Result<Layout, S
     let found = schema::read_columns(&mut *tx, &spec.name).await?;
     // Refused: `tx` is dropped, which rolls everything above back.
     let layout = check::<PgTypes>(spec, &found)?;
-    for sql in ddl::partial_indexes::<PgTypes>(&layout) {
+    let tenant = tenant_index.then(|| ddl::tenant_index(&layout)).flatten();
+    for sql in ddl::partial_indexes::<PgTypes>(&layout, tenant) {
         tx.execute(AssertSqlSafe(sql)).await?;
     }
     tx.commit().await?;
@@ -66,8 +73,10 @@ mod tests {
 
     #[test]
     fn indexes_follow_the_order_column_and_keep_the_old_names_for_id() {
+        let tenant = ddl::tenant_index(&sluice_layout());
         let [unsent, key, dead, tenant] =
-            <[String; 4]>::try_from(ddl::partial_indexes::<PgTypes>(&sluice_layout())).unwrap();
+            <[String; 4]>::try_from(ddl::partial_indexes::<PgTypes>(&sluice_layout(), tenant))
+                .unwrap();
         assert_eq!(
             squash(&tenant),
             "CREATE INDEX IF NOT EXISTS \"outbox_unsent_tenant_idx\" ON \"outbox\" (\"tenant\", \"id\" DESC) WHERE published_at IS NULL AND dead_at IS NULL"
@@ -86,7 +95,7 @@ mod tests {
         let mut qualified = debezium_layout();
         qualified.table = TableName::parse("app.outboxevent").unwrap();
         let [unsent, key, _] =
-            <[String; 3]>::try_from(ddl::partial_indexes::<PgTypes>(&qualified)).unwrap();
+            <[String; 3]>::try_from(ddl::partial_indexes::<PgTypes>(&qualified, None)).unwrap();
         assert!(
             squash(&unsent).contains(
                 "\"outboxevent_unsent_sluice_seq_idx\" ON \"app\".\"outboxevent\" (\"sluice_seq\", \"id\")"

@@ -71,9 +71,13 @@ async fn connect(url: &str, connections: u32) -> Result<PgPool, StoreError> {
 
 /// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
 /// description of what Sluice will relay from.
-pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+pub(super) async fn migrate(
+    url: &str,
+    spec: &TableSpec,
+    options: &StoreOptions,
+) -> Result<String, StoreError> {
     let pool = connect(url, 1).await?;
-    let layout = migrate::migrate(&pool, spec).await?;
+    let layout = migrate::migrate(&pool, spec, options.fair_share.is_some()).await?;
     Ok(layout.summary())
 }
 

@@ -55,7 +55,7 @@ pub(super) async fn migrate(
     }
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     let layout = check::<LiteTypes>(spec, &found)?;
-    for sql in ddl::partial_indexes::<LiteTypes>(&layout) {
+    for sql in ddl::partial_indexes::<LiteTypes>(&layout, None) {
         conn.execute(AssertSqlSafe(sql)).await?;
     }
     Ok(layout)
@@ -107,7 +107,7 @@ mod tests {
     fn indexes_of_a_table_in_an_attached_database_name_its_schema() {
         let mut layout = sluice_layout();
         layout.table = TableName::parse("aux.outbox").unwrap();
-        let sql = ddl::partial_indexes::<LiteTypes>(&layout);
+        let sql = ddl::partial_indexes::<LiteTypes>(&layout, None);
         assert_eq!(
             squash(&sql[0]),
             "CREATE INDEX IF NOT EXISTS \"aux\".\"outbox_unsent_idx\" ON \"outbox\" (\"id\") \
