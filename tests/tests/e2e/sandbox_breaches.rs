@@ -825,3 +825,77 @@ async fn a_reload_that_fails_for_one_tenant_still_switches_the_others_and_resets
     assert_eq!(by_tenant("crashing", false), 0);
     s.finish().await;
 }
+
+/// Instances of tenants without an entry come and go through the same pooled slots (at most 4
+/// live, 40 tenants taking turns). A `snoop` instance reads its whole linear memory for the
+/// markers instances leave behind: another tenant's marker would be published to `leak`. Its
+/// own markers, left by its earlier rows, must be found (`seen-own`), or the scan proves
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reused_instance_slot_shows_nothing_of_the_tenant_before() {
+    let s = Scenario::new("breach_snoop", &["order", "customer", "good", "leak"]).await;
+    let config = s
+        .config("batch_size = 100", "")
+        .replace(
+            &format!(
+                "path = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}",
+                reference_plugin().display(),
+                s.prefix
+            ),
+            &format!(
+                "path = \"{}\"\nconfig = {{ mode = \"snoop\", topic_prefix = \"{}\" }}",
+                hostile_path(),
+                s.prefix
+            ),
+        )
+        .replace(
+            "[plugins.default]",
+            "[plugins]\nmax_unconfigured_instances = 4\n\n[plugins.default]",
+        );
+    assert!(config.contains("mode = \"snoop\""), "{config}");
+    // Rows of each tenant in runs of five, so instances see their own earlier rows.
+    let insert = format!(
+        "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
+         SELECT 'snoop-' || ((g / 5) % 40), 'order', 'a-' || g, 'E', '{{}}'
+           FROM generate_series(1, 400) g",
+        s.table.name
+    );
+    sqlx::query(sqlx::AssertSqlSafe(insert))
+        .execute(s.table.pg_pool())
+        .await
+        .unwrap();
+    let relay = RelayProcess::start(&config).unwrap();
+    let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(drained, "{}", tail(&relay.log()));
+    let exit = relay.stop();
+    assert!(exit.success, "{}", tail(&exit.log));
+    let got = consume(
+        &kafka_bootstrap(),
+        &[format!("{}good", s.prefix), format!("{}leak", s.prefix)],
+        400,
+        SCENARIO_WAIT,
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let leaks: Vec<String> = got
+        .iter()
+        .filter(|m| m.topic.ends_with("leak"))
+        .map(|m| String::from_utf8_lossy(m.payload.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "another tenant's memory was readable: {leaks:?}"
+    );
+    let good: Vec<_> = got.iter().filter(|m| m.topic.ends_with("good")).collect();
+    assert_eq!(count_by_id(&got).len(), 400, "every row delivered");
+    let saw_own = good
+        .iter()
+        .filter(|m| m.header("seen-own").is_some_and(|n| n != "0"))
+        .count();
+    assert!(
+        saw_own > 100,
+        "the scan found its own markers in only {saw_own} of {} rows",
+        good.len()
+    );
+    s.finish().await;
+}

@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::plugin::PluginError;
 use crate::plugin::wasm::bindings::Plugin;
@@ -48,6 +48,16 @@ pub(crate) const MIN_POOLED_INSTANCES: u32 = 64;
 /// component has one or two, a Python or JavaScript one up to about a dozen.
 const CORE_INSTANCES_PER_PLUGIN: u32 = 16;
 
+/// Linear memory a freed slot keeps resident, reset to its original contents in place rather
+/// than handed back to the kernel: a Rust guest's stack and heap start within its first 1–2
+/// MiB. With thousands of free-form tenants every row may take a new instance, and without
+/// this each paid copy-on-write page faults with TLB shoot-downs to the other cores (a third
+/// of the relay's CPU in `perf`); measured in docs/benchmarks.md ("many tenants"). Only with
+/// `PAGEMAP_SCAN` (Linux 6.7+), which finds the pages the guest wrote: those are reset, up
+/// to this many bytes, the rest is handed back. A Rust guest writes well under 1 MiB; a
+/// Python or JavaScript one more, of which a freed slot then keeps 1 MiB.
+const LINEAR_MEMORY_KEEP_RESIDENT: usize = 1 << 20;
+
 /// The pooling allocator for `instances` live plugin instances: memories, tables and fiber
 /// stacks come from slots reserved once and reused, so creating and dropping an instance
 /// costs no `mmap`/`munmap` (a relay with thousands of free-form tenants creates and drops
@@ -57,6 +67,14 @@ const CORE_INSTANCES_PER_PLUGIN: u32 = 16;
 fn pooling(instances: u32) -> PoolingAllocationConfig {
     let instances = instances.max(MIN_POOLED_INSTANCES);
     let core = instances.saturating_mul(CORE_INSTANCES_PER_PLUGIN);
+    // Without `PAGEMAP_SCAN` the kept bytes would be the lowest ones, all of them reset with
+    // `memset` on every drop whether the guest touched them or not: slower than handing
+    // them back, so only with the scan.
+    let keep_resident = if PoolingAllocationConfig::is_pagemap_scan_available() {
+        LINEAR_MEMORY_KEEP_RESIDENT
+    } else {
+        0
+    };
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(instances)
         .total_stacks(instances)
@@ -73,7 +91,9 @@ fn pooling(instances: u32) -> PoolingAllocationConfig {
         // faulted in again by the next instance.
         .decommit_batch_size(64)
         .async_stack_keep_resident(64 << 10)
-        .table_keep_resident(64 << 10);
+        .table_keep_resident(64 << 10)
+        .linear_memory_keep_resident(keep_resident)
+        .pagemap_scan(Enabled::Auto);
     pool
 }
 

@@ -19,6 +19,11 @@
 //!   every row's (permanent) error, where the host logs, stores and shows it;
 //! - `missing-topic` routes to `<topic_prefix>missing`, inside its allow-list but absent from
 //!   the broker; `short-batch` answers `transform-batch` with one result too few;
+//! - `snoop` looks for other tenants' data in its linear memory: it reads every byte of it
+//!   for markers (`SLUICE-SNOOP:<tenant>:`) that instances leave behind, publishes any of
+//!   another tenant to `<topic_prefix>leak`, then leaves 64 KiB of its own; its good message
+//!   carries a header `seen-own` with how many of its own tenant it found (so a test sees
+//!   that the scan finds what is there);
 //! - `good` behaves: one message to `<topic_prefix>good` with the row's payload and an `id`
 //!   header (as do `counters`, `fat`, `leak`, `case-header`, `short-batch` apart from their
 //!   attack).
@@ -201,6 +206,7 @@ impl Plugin for Hostile {
                     .header("id", row.id.into_bytes()),
             ]),
             "short-batch" => Ok(vec![self.good(row)]),
+            "snoop" => Ok(snoop(&self.prefix, row)),
             other => denied("bad-mode", format!("unknown mode {other}")),
         }
     }
@@ -215,3 +221,73 @@ impl Plugin for Hostile {
 }
 
 sluice_plugin_sdk::plugin!(Hostile);
+
+/// `snoop`: see the module documentation.
+fn snoop(prefix: &str, row: OutboxRow) -> Vec<Message> {
+    // Built at run time, so the only whole markers in memory are the ones instances leave.
+    let head = format!("{}{}", "SLUICE-", "SNOOP:");
+    let own = row.tenant.clone();
+    let mut found_own = 0usize;
+    let mut others = Vec::new();
+    let memory = memory_bytes();
+    let mut at = 0;
+    while let Some(pos) = find(&memory[at..], head.as_bytes()) {
+        let start = at + pos + head.len();
+        let name: Vec<u8> = memory[start..]
+            .iter()
+            .take(256)
+            .take_while(|b| **b != b':')
+            .copied()
+            .collect();
+        if name == own.as_bytes() {
+            found_own += 1;
+        } else if !name.is_empty() && memory.get(start + name.len()) == Some(&b':') {
+            others.push(String::from_utf8_lossy(&name).into_owned());
+        }
+        at = start;
+    }
+    // Leave markers for whoever gets this memory next.
+    let marker = format!("{head}{own}:");
+    let mut trail = Vec::with_capacity(64 << 10);
+    while trail.len() + marker.len() <= 64 << 10 {
+        trail.extend_from_slice(marker.as_bytes());
+    }
+    std::mem::forget(trail);
+    let mut out = Vec::new();
+    if !others.is_empty() {
+        others.sort();
+        others.dedup();
+        out.push(Message::to(format!("{prefix}leak")).payload(others.join(",").into_bytes()));
+    }
+    out.push(
+        Message::to(format!("{prefix}good"))
+            .key(row.aggregate_id.into_bytes())
+            .payload(row.payload)
+            .header("id", row.id.into_bytes())
+            .header("seen-own", found_own.to_string().into_bytes()),
+    );
+    out
+}
+
+/// The whole linear memory, as this instance can read it.
+fn memory_bytes() -> Vec<u8> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let size = core::arch::wasm32::memory_size(0) * 65536;
+        // Address 0 is valid in wasm linear memory; read it without forming a null reference.
+        let mut copy = vec![0u8; size];
+        for (i, byte) in copy.iter_mut().enumerate() {
+            // SAFETY: every address below memory_size is in bounds of linear memory.
+            *byte = unsafe { core::ptr::read_volatile(i as *const u8) };
+        }
+        copy
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        Vec::new()
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
