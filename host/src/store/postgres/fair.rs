@@ -5,7 +5,8 @@
 //! a million rows (a migration, a bulk import) delays every other tenant's rows behind it until
 //! it has drained. The heads statement walks the tenants that have due rows in the order of
 //! the tenant column — a loose scan of the `<table>_unsent_tenant…_idx` index that `sluice
-//! migrate` creates: one index probe per tenant, however many rows each has — and takes the
+//! migrate --config` creates when the config sets `fair_share`: one index probe per tenant,
+//! however many rows each has — and takes the
 //! first `share` due rows of each, `FOR UPDATE SKIP LOCKED` like the claim. When more tenants
 //! wait than a batch has room for, the next walk starts after the last tenant this one
 //! visited ([`TenantTurn`]), so every tenant gets its turn. Rows without a tenant take theirs
