@@ -80,6 +80,31 @@ where
 }
 
 /// The end of a log, for assertion messages (logs of these tests can be long).
+/// `s`'s config with `relay_extra`, whose default plugin (the one tenants without an entry
+/// get) is the hostile plugin in `mode`, with at most 4 such instances at once.
+fn hostile_default_capped(s: &Scenario, relay_extra: &str, mode: &str) -> String {
+    let config = s
+        .config(relay_extra, "")
+        .replace(
+            &format!(
+                "path = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}",
+                reference_plugin().display(),
+                s.prefix
+            ),
+            &format!(
+                "path = \"{}\"\nconfig = {{ mode = \"{mode}\", topic_prefix = \"{}\" }}",
+                hostile_path(),
+                s.prefix
+            ),
+        )
+        .replace(
+            "[plugins.default]",
+            "[plugins]\nmax_unconfigured_instances = 4\n\n[plugins.default]",
+        );
+    assert!(config.contains(&format!("mode = \"{mode}\"")), "{config}");
+    config
+}
+
 fn tail(log: &str) -> &str {
     let start = log.len().saturating_sub(8_000);
     let start = (start..log.len())
@@ -371,25 +396,7 @@ async fn counter_names_and_lift_amplification_do_not_grow_relay_memory() {
 async fn instances_of_tenants_without_an_entry_are_capped_and_every_row_still_arrives_once() {
     let s = Scenario::new("breach_instances", &["order", "customer", "good"]).await;
     // The default plugin holds 8 MiB per instance; 300 tenant values would be 2.4 GiB.
-    let config = s
-        .config("batch_size = 500", "")
-        .replace(
-            &format!(
-                "path = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}",
-                reference_plugin().display(),
-                s.prefix
-            ),
-            &format!(
-                "path = \"{}\"\nconfig = {{ mode = \"fat\", topic_prefix = \"{}\" }}",
-                hostile_path(),
-                s.prefix
-            ),
-        )
-        .replace(
-            "[plugins.default]",
-            "[plugins]\nmax_unconfigured_instances = 4\n\n[plugins.default]",
-        );
-    assert!(config.contains("mode = \"fat\""), "{config}");
+    let config = hostile_default_capped(&s, "batch_size = 500", "fat");
     let insert = format!(
         "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
          SELECT 'value-' || (g % 300), 'order', 'a-' || g, 'E', '{{}}' FROM generate_series(1, 600) g",
@@ -834,25 +841,7 @@ async fn a_reload_that_fails_for_one_tenant_still_switches_the_others_and_resets
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reused_instance_slot_shows_nothing_of_the_tenant_before() {
     let s = Scenario::new("breach_snoop", &["order", "customer", "good", "leak"]).await;
-    let config = s
-        .config("batch_size = 100", "")
-        .replace(
-            &format!(
-                "path = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}",
-                reference_plugin().display(),
-                s.prefix
-            ),
-            &format!(
-                "path = \"{}\"\nconfig = {{ mode = \"snoop\", topic_prefix = \"{}\" }}",
-                hostile_path(),
-                s.prefix
-            ),
-        )
-        .replace(
-            "[plugins.default]",
-            "[plugins]\nmax_unconfigured_instances = 4\n\n[plugins.default]",
-        );
-    assert!(config.contains("mode = \"snoop\""), "{config}");
+    let config = hostile_default_capped(&s, "batch_size = 100", "snoop");
     // Rows of each tenant in runs of five, so instances see their own earlier rows.
     let insert = format!(
         "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)

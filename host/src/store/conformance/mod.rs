@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::store::{
-    self, BatchOutcome, Disposition, MarkMode, OutboxStore, RowFailure, Store, StoreOptions,
-    TableName, TableSpec,
+    self, BatchOutcome, ColumnsSettings, Disposition, MarkMode, OutboxStore, RowFailure, Store,
+    StoreOptions, TableName, TableSpec,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -122,6 +122,17 @@ trait DbFixture: Fixture<Store = Store> {
 
     fn spec(&self) -> TableSpec {
         TableSpec::new(TableName::parse(self.table()).unwrap())
+    }
+
+    /// The table of [`DbFixture::create_debezium_table`], through `[database.columns]`.
+    fn debezium_spec(&self) -> TableSpec {
+        let columns = ColumnsSettings {
+            aggregate_type: Some("aggregatetype".into()),
+            aggregate_id: Some("aggregateid".into()),
+            event_type: Some("type".into()),
+            ..Default::default()
+        };
+        TableSpec::from_settings(self.table(), &columns).unwrap()
     }
 }
 

@@ -8,9 +8,7 @@ use std::num::NonZeroUsize;
 use super::databases::PgFixture;
 use super::{DbFixture, Fixture, ids, row, sent, tenants};
 use crate::model::{OutboxId, OutboxRow};
-use crate::store::{
-    self, ClaimedBatch, ColumnsSettings, Ordering, OutboxStore, StoreError, StoreOptions, TableSpec,
-};
+use crate::store::{self, ClaimedBatch, Ordering, OutboxStore, StoreError, StoreOptions};
 
 fn fair(share: usize) -> StoreOptions {
     StoreOptions {
@@ -205,13 +203,7 @@ async fn a_table_without_the_tenant_index_or_a_tenant_column_is_refused() {
 
     let f = PgFixture::new().await;
     f.create_debezium_table().await;
-    let columns = ColumnsSettings {
-        aggregate_type: Some("aggregatetype".into()),
-        aggregate_id: Some("aggregateid".into()),
-        event_type: Some("type".into()),
-        ..Default::default()
-    };
-    let spec = TableSpec::from_settings(f.table(), &columns).unwrap();
+    let spec = f.debezium_spec();
     store::migrate(&f.url(), &spec, &fair(10)).await.unwrap();
     let refused = store::open(&f.url(), &spec, fair(10), 1).await;
     let message = refused.err().map(|e| e.to_string()).unwrap_or_default();

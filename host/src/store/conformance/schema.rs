@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::{DbFixture, ids, sent};
 use crate::model::{OutboxId, TenantId};
-use crate::store::{self, ClaimedBatch, ColumnsSettings, OutboxStore, StoreOptions, TableSpec};
+use crate::store::{self, ClaimedBatch, OutboxStore, StoreOptions};
 
 pub(super) async fn unusable_tables_are_refused_naming_every_problem<F: DbFixture>() {
     let f = F::new().await;
@@ -56,13 +56,7 @@ pub(super) async fn an_application_table_is_relayed_through_the_column_mapping<F
     f.insert_debezium("order", "o-1", r#"{"total":1}"#).await;
     f.insert_debezium("customer", "c-1", r#"{"name":"x"}"#)
         .await;
-    let columns = ColumnsSettings {
-        aggregate_type: Some("aggregatetype".into()),
-        aggregate_id: Some("aggregateid".into()),
-        event_type: Some("type".into()),
-        ..Default::default()
-    };
-    let spec = TableSpec::from_settings(f.table(), &columns).unwrap();
+    let spec = f.debezium_spec();
     let first = store::migrate(&f.url(), &spec, &StoreOptions::default())
         .await
         .unwrap();
