@@ -25,7 +25,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row, ValueRef};
 
 use super::schema::PgTypes;
-use super::sql::FairClaim;
+use super::sql::{FairClaim, unpaused};
 use crate::store::StoreError;
 use crate::store::ddl;
 use crate::store::layout_sql::LayoutSql;
@@ -115,8 +115,7 @@ impl FairSql {
                  )
                  SELECT h.*, v.tenant::text AS visited
                    FROM (SELECT tenant FROM visit
-                          WHERE tenant IS NOT NULL
-                            AND tenant::text <> ALL(array_remove($1::text[], NULL))
+                          WHERE tenant IS NOT NULL AND {unpaused}
                           LIMIT $2) AS v
                    LEFT JOIN LATERAL (
                         SELECT {columns}
@@ -130,13 +129,14 @@ impl FairSql {
                 table = sql.table,
                 columns = sql.claimed_columns("o"),
                 order_by = sql.order_by("o"),
+                unpaused = unpaused("tenant::text"),
             )
             .into()
         };
         let no_tenant = format!(
             "SELECT {columns}
                FROM {table} AS o
-              WHERE o.{tenant} IS NULL AND array_position($1::text[], NULL) IS NULL
+              WHERE o.{tenant} IS NULL AND {unpaused}
                 AND {due} {key_order}
               ORDER BY o.{tenant} DESC, {order_by}
               LIMIT LEAST($2, $3)
@@ -144,6 +144,7 @@ impl FairSql {
             table = sql.table,
             columns = sql.claimed_columns("o"),
             order_by = sql.order_by("o"),
+            unpaused = unpaused(&sql.tenant_expr("o")),
         );
         Some(Self {
             no_tenant: no_tenant.into(),
@@ -241,9 +242,6 @@ async fn walk(
     skip: &[Option<&str>],
     limit: usize,
 ) -> Result<Heads, StoreError> {
-    if limit == 0 {
-        return Heads::read(Vec::new(), 0);
-    }
     let query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
         .bind(skip)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))

@@ -22,6 +22,18 @@ pub(super) fn key_array(sql: &LayoutSql, param: &str) -> String {
     format!("{param}::text[]::{}[]", sql.key_cast())
 }
 
+/// `tenant` (text; NULL for a row without one) is not among the paused tenants, `$1` (their
+/// names; NULL standing for rows without a tenant). A plain filter, not an anti-join with
+/// `unnest($1)`: the planner estimates such an anti-join at one row, and on a table whose
+/// tenant column holds values it then sorted the whole backlog for every claim (45 ms instead
+/// of 0.5 ms for 100,000 rows of two tenants).
+pub(super) fn unpaused(tenant: &str) -> String {
+    format!(
+        "CASE WHEN {tenant} IS NULL THEN array_position($1::text[], NULL) IS NULL
+              ELSE {tenant} <> ALL(array_remove($1::text[], NULL)) END"
+    )
+}
+
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
 pub(super) struct Statements {
     pub claim: Arc<str>,
@@ -39,20 +51,13 @@ impl Statements {
     pub(super) fn new(sql: &LayoutSql, options: StoreOptions) -> Self {
         let layout = &sql.layout;
         let table = &sql.table;
-        // Unsent, not dead, due, not of a paused tenant ($1: their names, NULL for rows
-        // without a tenant), and — in key order — not behind an earlier unsent row of its key.
-        // The paused test is a plain filter, not an anti-join with `unnest($1)`: the planner
-        // estimates such an anti-join at one row, and on a table whose tenant column holds
-        // values it then sorted the whole backlog for every claim (45 ms instead of 0.5 ms
-        // for 100,000 rows of two tenants).
+        // Unsent, not dead, due, not of a paused tenant, and — in key order — not behind an
+        // earlier unsent row of its key.
         let key_order = sql.key_order_filter(options.ordering, options.after_dead);
         let due = format!(
-            "{due}
-                AND CASE WHEN {tenant} IS NULL THEN array_position($1::text[], NULL) IS NULL
-                         ELSE {tenant} <> ALL(array_remove($1::text[], NULL)) END
-                {key_order}",
+            "{due} AND {unpaused} {key_order}",
             due = LayoutSql::due("now()"),
-            tenant = sql.tenant_expr("o"),
+            unpaused = unpaused(&sql.tenant_expr("o")),
         );
         let claim = |after: &str| {
             format!(
