@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox;
-use crate::relay::{self, Measured, Stopped};
+use crate::relay::{self, Measured, RelayProcess, Stopped};
 use crate::report::Figure;
 use sluice_testkit::DbTable;
 use sluice_testkit::config::{RelayConfig, Tenant};
@@ -102,20 +102,31 @@ pub(super) async fn time_to_ready(
 ) -> anyhow::Result<(Duration, Stopped)> {
     let started = Instant::now();
     let mut relay = relay::start(&settings.sluice, config, "info")?;
-    let ready = loop {
-        if relay.log().contains(READY_LINE) {
-            break started.elapsed();
+    let ready = wait_for_line(&mut relay, READY_LINE, started).await?;
+    Ok((ready, relay.stop_measured().await?))
+}
+
+/// Waits until `relay`'s log holds `line` (once more than it did when called); returns the
+/// time since `since`.
+pub(super) async fn wait_for_line(
+    relay: &mut RelayProcess,
+    line: &str,
+    since: Instant,
+) -> anyhow::Result<Duration> {
+    let before = relay.log().matches(line).count();
+    loop {
+        if relay.log().matches(line).count() > before {
+            return Ok(since.elapsed());
         }
         relay.ensure_running()?;
-        if started.elapsed() > READY_TIMEOUT {
+        if since.elapsed() > READY_TIMEOUT {
             bail!(
-                "no {READY_LINE:?} within {READY_TIMEOUT:?}; the log ends:\n{}",
+                "no {line:?} within {READY_TIMEOUT:?}; the log ends:\n{}",
                 relay.log_tail()
             );
         }
         tokio::time::sleep(LOG_POLL).await;
-    };
-    Ok((ready, relay.stop_measured().await?))
+    }
 }
 
 /// `component` with a custom section `sluice-bench` holding `tag` appended: a valid component

@@ -15,25 +15,28 @@
 //! drains use that cache, so none of them compiles. The same two starts follow with the 1,000
 //! tenants spread over [`DISTINCT`] distinct plugin files (the reference plugin with a custom
 //! section naming each appended, so each is compiled and cached on its own, as ten different
-//! plugins are), with a compile cache of their own.
+//! plugins are), with a compile cache of their own; then a relay so started is sent SIGHUP and
+//! timed until it logs that the plugins were reloaded.
 //!
 //! Targets (issue #23): 1,000 configured ≥ 0.80 and 10,000 free-form ≥ 0.50 of one tenant's
 //! rows/s, peak RSS ≤ 1 GiB. A missed target is reported, not an error.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use super::THROUGHPUT;
 use super::drain::{self, Drain, median_run};
-use super::startup::{ms, time_to_ready};
+use super::startup::{READY_LINE, ms, time_to_ready, wait_for_line};
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox::{self, BenchTable, Tenants};
+use crate::relay::{self, Measured};
 use crate::report::Figure;
 use sluice_testkit::DbTable;
 use sluice_testkit::OwnTansu;
-use sluice_testkit::config::{Plugin, Tenant};
+use sluice_testkit::config::{Plugin, RelayConfig, Tenant};
 
 pub const NAME: &str = "tenants";
 
@@ -49,6 +52,8 @@ const RATIO_CONFIGURED: f64 = 0.80;
 const RATIO_FREE_FORM: f64 = 0.50;
 const PEAK_RSS_MIB: f64 = 1024.0;
 const RSS: &str = "relay peak RSS";
+/// What the relay logs when a reload SIGHUP asked for is done.
+const RELOADED_LINE: &str = "SIGHUP: plugins reloaded";
 
 /// Whose rows a drain moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +257,21 @@ async fn startup(
         "    start-up with {CONFIGURED} tenants over {DISTINCT} plugins, filled compile cache"
     );
     let (warm10, warm10_stop) = time_to_ready(&settings, &config).await?;
+    eprintln!("    reload (SIGHUP) with {CONFIGURED} tenants over {DISTINCT} plugins");
+    let (reload, reload_rss) = time_to_reload(&settings, &config).await?;
     Ok(vec![
+        Figure::new(
+            NAME,
+            "reload (SIGHUP), 1,000 configured over 10 plugins",
+            ms(reload),
+            "ms",
+        ),
+        Figure::new(
+            NAME,
+            "peak RSS after the reload over 10 plugins",
+            reload_rss,
+            "MiB",
+        ),
         Figure::new(
             NAME,
             "start-up, 1,000 configured over 10 plugins, empty cache",
@@ -302,6 +321,21 @@ async fn startup(
             "MiB",
         ),
     ])
+}
+
+/// Starts the relay, waits until it is ready, sends SIGHUP and times it until the log says
+/// the plugins were reloaded: the reload's time and the relay's peak RSS by then.
+async fn time_to_reload(
+    settings: &Settings,
+    config: &RelayConfig,
+) -> anyhow::Result<(Duration, f64)> {
+    let mut relay = relay::start(&settings.sluice, config, "info")?;
+    wait_for_line(&mut relay, READY_LINE, Instant::now()).await?;
+    let sent = Instant::now();
+    relay.signal("HUP")?;
+    let took = wait_for_line(&mut relay, RELOADED_LINE, sent).await?;
+    let stopped = relay.stop_measured().await?;
+    Ok((took, stopped.last.peak_rss_mib()))
 }
 
 /// A broker started for one measurement (stopped when dropped) and `settings` pointing at it.

@@ -144,6 +144,7 @@ impl Endpoints for AppEndpoints {
             )
         };
         report.rank_laggards(self.settings.laggards);
+        report.instances = Some(self.router.instances());
         serde_json::to_value(report).unwrap_or_else(|e| json!({ "error": e.to_string() }))
     }
 }

@@ -40,7 +40,15 @@ pub(super) async fn run(
             tracing::info!("SIGHUP: reloading plugins");
         }
         let router = Arc::clone(&router);
+        let started = std::time::Instant::now();
         // Compiling and instantiating are blocking work.
-        let _ = tokio::task::spawn_blocking(move || router.reload(force)).await;
+        let loaded = tokio::task::spawn_blocking(move || router.reload(force)).await;
+        if force {
+            tracing::info!(
+                files = loaded.unwrap_or(0),
+                took_ms = started.elapsed().as_millis() as u64,
+                "SIGHUP: plugins reloaded"
+            );
+        }
     }
 }

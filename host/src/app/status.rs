@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::plugin::{PluginSource, TenantState, TenantStatus};
+use crate::plugin::{InstanceUse, PluginInstances, PluginSource, TenantState, TenantStatus};
 use crate::store::{self, OutboxStore, StoreOptions, TenantBacklog};
 use crate::telemetry::auth::Access;
 use crate::telemetry::client::get;
@@ -82,6 +82,9 @@ pub struct StatusReport {
     pub laggards: Vec<Laggard>,
     /// One line per tenant: rows without a tenant first, then by name.
     pub tenants: Vec<TenantReport>,
+    /// The live plugin instances and their budgets (a running relay's report only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<PluginInstances>,
 }
 
 impl StatusReport {
@@ -223,6 +226,7 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
         Some(listen) => match relay_status(listen, &config.telemetry.access()).await {
             Ok((relay, addr)) => {
                 report.kafka_up = relay.kafka_up;
+                report.instances = relay.instances;
                 for t in relay.tenants {
                     let r = entry(&mut report.tenants, t.tenant.as_deref());
                     r.state = t.state;
@@ -373,6 +377,13 @@ pub fn render_table(report: &StatusReport) -> String {
         ]);
     }
     out.push_str(&aligned(&rows));
+    if let Some(instances) = &report.instances {
+        out.push_str(&format!(
+            "plugin instances: {} (tenants with an entry), {} (without)\n",
+            instance_use(&instances.configured),
+            instance_use(&instances.unconfigured)
+        ));
+    }
     for t in report.tenants.iter().filter(|t| t.last_error.is_some()) {
         out.push_str(&format!(
             "{}: {}\n",
@@ -381,6 +392,21 @@ pub fn render_table(report: &StatusReport) -> String {
         ));
     }
     out
+}
+
+/// `12 live (max 1024), 13.0 of 512 MiB`.
+fn instance_use(u: &InstanceUse) -> String {
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let max = u
+        .max_live
+        .map(|m| format!(" (max {m})"))
+        .unwrap_or_default();
+    format!(
+        "{} live{max}, {:.1} of {:.0} MiB",
+        u.live,
+        mib(u.memory_bytes),
+        mib(u.memory_limit_bytes)
+    )
 }
 
 /// A tenant as the tables show it: the rows' text, escaped and bounded for a terminal.
@@ -464,10 +490,31 @@ mod tests {
         let table = render_table(&StatusReport {
             sample_limit: 10_000,
             tenants: reports,
+            instances: Some(PluginInstances {
+                configured: InstanceUse {
+                    live: 12,
+                    max_live: None,
+                    memory_bytes: 13 << 20,
+                    memory_limit_bytes: 2048 << 20,
+                },
+                unconfigured: InstanceUse {
+                    live: 3,
+                    max_live: Some(1024),
+                    memory_bytes: 3 << 20,
+                    memory_limit_bytes: 512 << 20,
+                },
+            }),
             ..StatusReport::default()
         });
         assert!(table.contains("acme"), "{table}");
         assert!(table.contains("1m 30s"), "{table}");
+        assert!(
+            table.contains(
+                "plugin instances: 12 live, 13.0 of 2048 MiB (tenants with an entry), \
+                 3 live (max 1024), 3.0 of 512 MiB (without)"
+            ),
+            "{table}"
+        );
     }
 
     fn backlog(tenant: Option<&str>, due: i64, age_secs: u64) -> TenantBacklog {

@@ -42,7 +42,7 @@ use std::sync::Arc;
 pub use limits::{Limits, TopicPattern};
 pub use router::PluginRouter;
 pub use settings::{PluginSource, PluginSpec, PluginsSettings};
-pub use tenant::status::{TenantState, TenantStatus};
+pub use tenant::status::{InstanceUse, PluginInstances, TenantState, TenantStatus};
 pub use wasm::bindings::types::PluginInfo;
 
 use crate::model::{OutboundMessage, OutboxRow, TenantId};

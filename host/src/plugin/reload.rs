@@ -48,7 +48,7 @@ fn reason_of(error: &PluginError) -> String {
 
 /// Puts `template` (and `instance`) into the tenant's runner if it still runs `old`.
 fn swap(
-    tenant: &Tenant,
+    tenant: &Arc<Tenant>,
     old: &Arc<TenantTemplate>,
     template: Arc<TenantTemplate>,
     instance: Option<PluginInstance>,
@@ -62,6 +62,8 @@ fn swap(
     if resumes {
         tracing::warn!(tenant = %runner.tenant, "tenant left quarantine: its plugin started");
     }
+    drop(runner);
+    tenant.enlist_if_live();
     true
 }
 
@@ -251,6 +253,8 @@ impl PluginRouter {
                         if Arc::ptr_eq(&runner.template, &template) {
                             runner.install_if_empty(instance);
                         }
+                        drop(runner);
+                        tenant.enlist_if_live();
                     }
                 }
                 Err(e) => {

@@ -16,7 +16,7 @@ use crate::plugin::limits::Limits;
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
 use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
-use crate::plugin::tenant::status::TenantStatus;
+use crate::plugin::tenant::status::{PluginInstances, TenantStatus};
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
 use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::cache::CompileCache;
@@ -46,6 +46,8 @@ pub struct PluginRouter {
     pub(super) files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
     /// The budget for instances of tenants without their own entry.
     quota: Arc<InstanceQuota>,
+    /// The budget for instances of tenants with their own entry (and rows without a tenant).
+    configured_quota: Arc<InstanceQuota>,
     /// Advances once per batch; orders unconfigured tenants by last use.
     clock: AtomicU64,
     /// Where plugin calls are recorded, when metrics are on.
@@ -92,10 +94,12 @@ pub(super) fn probe_shared() -> Arc<TenantShared> {
 
 impl PluginRouter {
     /// Loads every plugin file named in `config` (each file once) and creates and configures
-    /// the instances of every configured tenant. A tenant whose plugin fails to load,
-    /// instantiate or configure is quarantined — logged, its rows left unclaimed, retried with
-    /// back-off and on reload — and the others run; with `[plugins] strict_startup = true` the
-    /// first such failure is returned instead (and `sluice run` refuses to start).
+    /// an instance for every configured tenant, keeping those that fit
+    /// `configured_instances_memory_mb` (the others are created again by their tenant's first
+    /// row). A tenant whose plugin fails to load, instantiate or configure is quarantined —
+    /// logged, its rows left unclaimed, retried with back-off and on reload — and the others
+    /// run; with `[plugins] strict_startup = true` the first such failure is returned instead
+    /// (and `sluice run` refuses to start).
     pub fn from_settings(
         plugins: &PluginsSettings,
         tenants: &BTreeMap<String, PluginSpec>,
@@ -153,6 +157,15 @@ impl PluginRouter {
             None => None,
         };
 
+        let configured_quota = InstanceQuota::new(
+            usize::MAX,
+            plugins.configured_instances_memory_bytes(),
+            format!(
+                "of tenants with their own [tenants.<name>] entry \
+                 (configured_instances_memory_mb = {})",
+                plugins.configured_instances_memory_mb
+            ),
+        );
         let mut known = TenantMap::default();
         for (name, tenant) in tenants {
             let spec = tenant.inherit(default_spec);
@@ -169,15 +182,20 @@ impl PluginRouter {
                 Limits::resolve(&spec.limits()).map_err(limits_err(format!("tenants.{name}")))?,
             ));
             let id = TenantId::named(name.as_str());
-            let runner = start_runner(id.clone(), template, strict)?;
-            known.map.insert(id, Tenant::new(runner, true));
+            let tenant = start_tenant(id.clone(), template, &configured_quota, strict)?;
+            known.map.insert(id, tenant);
         }
         // Rows without a tenant run the default plugin: started now, so a broken one is
         // reported at start-up rather than on the first such row.
         if let Some(template) = &default {
             let none = TenantId::none();
-            let runner = start_runner(none.clone(), Arc::clone(template), strict)?;
-            known.map.insert(none, Tenant::new(runner, true));
+            let tenant = start_tenant(
+                none.clone(),
+                Arc::clone(template),
+                &configured_quota,
+                strict,
+            )?;
+            known.map.insert(none, tenant);
         }
         let files = files
             .keys()
@@ -192,7 +210,13 @@ impl PluginRouter {
             quota: InstanceQuota::new(
                 plugins.max_unconfigured_instances,
                 plugins.unconfigured_instances_memory_bytes(),
+                format!(
+                    "for tenants without their own [tenants.<name>] entry \
+                     (max_unconfigured_instances = {}, unconfigured_instances_memory_mb = {})",
+                    plugins.max_unconfigured_instances, plugins.unconfigured_instances_memory_mb
+                ),
             ),
+            configured_quota,
             clock: AtomicU64::new(0),
             metrics: OnceLock::new(),
             lanes: std::thread::available_parallelism().map_or(2, usize::from),
@@ -303,29 +327,46 @@ impl PluginRouter {
         (self.quota.live(), self.quota.cap())
     }
 
+    /// What the two instance budgets hold now.
+    pub fn instances(&self) -> PluginInstances {
+        PluginInstances {
+            configured: self.configured_quota.usage(),
+            unconfigured: self.quota.usage(),
+        }
+    }
+
     /// Every tenant the router knows.
     pub(super) fn tenants(&self) -> Vec<Arc<Tenant>> {
         lock(&self.tenants).map.values().cloned().collect()
     }
 }
 
-/// Creates `tenant`'s runner with a live instance, or quarantines it (strict: fails).
-fn start_runner(
-    tenant: TenantId,
+/// Creates a configured tenant and its instance — kept while `quota` has room, an idle one
+/// making way otherwise — or quarantines it (strict: fails). Every configured tenant's
+/// `configure` runs once here, so a config its plugin rejects is reported at start-up even
+/// when the instance is not kept.
+fn start_tenant(
+    id: TenantId,
     template: Arc<TenantTemplate>,
+    quota: &Arc<InstanceQuota>,
     strict: bool,
-) -> Result<TenantRunner, PluginError> {
-    let mut runner = TenantRunner::new(tenant.clone(), Arc::clone(&template), None, None);
-    match PluginInstance::create(&template, &runner.health.shared) {
+) -> Result<Arc<Tenant>, PluginError> {
+    let runner = TenantRunner::new(
+        id.clone(),
+        Arc::clone(&template),
+        None,
+        Some(Arc::clone(quota)),
+    );
+    let tenant = Tenant::new(runner, true);
+    let created = PluginInstance::create(&template, &tenant.health.shared);
+    match created {
         Ok(instance) => {
-            runner.install_if_empty(instance);
-            Ok(runner)
+            tenant.runner().install_if_empty(instance);
+            tenant.enlist_if_live();
         }
-        Err(e) => {
-            quarantine_or_fail(tenant.as_str(), &template, e, strict)?;
-            Ok(runner)
-        }
+        Err(e) => quarantine_or_fail(id.as_str(), &template, e, strict)?,
     }
+    Ok(tenant)
 }
 
 fn quarantine_or_fail(

@@ -65,6 +65,11 @@ pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 1024;
 /// Linear memory those instances may hold together, in MiB; the least recently used idle one
 /// is dropped beyond this.
 pub const DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB: usize = 512;
+/// Linear memory the instances of tenants with their own `[tenants.<name>]` entry (and rows
+/// without a tenant) may hold together, in MiB: past it, idle ones are dropped and created
+/// again for their tenant's next row, so memory follows the tenants that have rows, not the
+/// number configured. 2 GiB keeps ~1,900 Rust instances (~1.06 MiB each) or ~50 Python ones.
+pub const DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB: usize = 2048;
 /// Consecutive plugin failures after which a tenant is paused.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// How long a tripped tenant stays paused before one row is tried again.
@@ -96,6 +101,9 @@ pub struct PluginsSettings {
     /// MiB of linear memory those instances may hold together.
     #[serde(default = "default_unconfigured_instances_memory_mb")]
     pub unconfigured_instances_memory_mb: usize,
+    /// MiB of linear memory the instances of tenants with their own entry may hold together.
+    #[serde(default = "default_configured_instances_memory_mb")]
+    pub configured_instances_memory_mb: usize,
 }
 
 impl Default for PluginsSettings {
@@ -107,6 +115,7 @@ impl Default for PluginsSettings {
             strict_startup: false,
             max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
             unconfigured_instances_memory_mb: DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB,
+            configured_instances_memory_mb: DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB,
         }
     }
 }
@@ -121,6 +130,10 @@ fn default_max_unconfigured_instances() -> usize {
 
 fn default_unconfigured_instances_memory_mb() -> usize {
     DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB
+}
+
+fn default_configured_instances_memory_mb() -> usize {
+    DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB
 }
 
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
@@ -225,11 +238,19 @@ impl PluginsSettings {
                 "must be at least 1",
             ));
         }
-        if self.unconfigured_instances_memory_mb == 0 {
-            problems.push(Problem::new(
+        for (key, mb) in [
+            (
                 "plugins.unconfigured_instances_memory_mb",
-                "must be at least 1",
-            ));
+                self.unconfigured_instances_memory_mb,
+            ),
+            (
+                "plugins.configured_instances_memory_mb",
+                self.configured_instances_memory_mb,
+            ),
+        ] {
+            if mb == 0 {
+                problems.push(Problem::new(key, "must be at least 1"));
+            }
         }
         if let Some(default) = &self.default {
             problems.extend(default.problems("plugins.default", true));
@@ -240,6 +261,12 @@ impl PluginsSettings {
     /// `unconfigured_instances_memory_mb` in bytes.
     pub fn unconfigured_instances_memory_bytes(&self) -> usize {
         self.unconfigured_instances_memory_mb
+            .saturating_mul(1024 * 1024)
+    }
+
+    /// `configured_instances_memory_mb` in bytes.
+    pub fn configured_instances_memory_bytes(&self) -> usize {
+        self.configured_instances_memory_mb
             .saturating_mul(1024 * 1024)
     }
 }

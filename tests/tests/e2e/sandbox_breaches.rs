@@ -842,7 +842,85 @@ async fn a_reload_that_fails_for_one_tenant_still_switches_the_others_and_resets
 async fn a_reused_instance_slot_shows_nothing_of_the_tenant_before() {
     let s = Scenario::new("breach_snoop", &["order", "customer", "good", "leak"]).await;
     let config = hostile_default_capped(&s, "batch_size = 100", "snoop");
-    // Rows of each tenant in runs of five, so instances see their own earlier rows.
+    insert_snoop_rows(&s).await;
+    let relay = RelayProcess::start(&config).unwrap();
+    let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(drained, "{}", tail(&relay.log()));
+    let exit = relay.stop();
+    assert!(exit.success, "{}", tail(&exit.log));
+    let got = snooped(&s, 400);
+    let good: Vec<_> = got.iter().filter(|m| m.topic.ends_with("good")).collect();
+    let saw_own = good
+        .iter()
+        .filter(|m| m.header("seen-own").is_some_and(|n| n != "0"))
+        .count();
+    assert!(
+        saw_own > 100,
+        "the scan found its own markers in only {saw_own} of {} rows",
+        good.len()
+    );
+    s.finish().await;
+}
+
+/// Forty tenants with their own entry, each running `snoop`, and a memory budget for
+/// configured tenants' instances that holds about three: idle instances are dropped and
+/// created again (their slots reused by other configured tenants), nothing of one tenant is
+/// readable by the next, every row is delivered, and `/status` shows the budget held.
+#[tokio::test(flavor = "multi_thread")]
+async fn configured_tenants_past_their_memory_budget_share_slots_and_see_nothing_of_each_other() {
+    let s = Scenario::new("breach_snoop_conf", &["order", "customer", "good", "leak"]).await;
+    let port = free_port();
+    let tenants: String = (0..40)
+        .map(|n| {
+            format!(
+                "[tenants.snoop-{n}]\npath = \"{}\"\nconfig = {{ mode = \"snoop\", topic_prefix = \"{}\" }}\n\n",
+                hostile_path(),
+                s.prefix
+            )
+        })
+        .collect();
+    let config = s
+        .config(
+            "batch_size = 100",
+            &format!("{tenants}[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"),
+        )
+        .replace(
+            "[plugins.default]",
+            "[plugins]\nconfigured_instances_memory_mb = 4\n\n[plugins.default]",
+        );
+    insert_snoop_rows(&s).await;
+    let relay = RelayProcess::start(&config).unwrap();
+    let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(drained, "{}", tail(&relay.log()));
+    let (code, status) = http_get(port, "/status").expect("/status");
+    assert_eq!(code, 200, "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let configured = &status["instances"]["configured"];
+    assert_eq!(configured["memory_limit_bytes"], 4 << 20, "{status}");
+    let live = configured["live"].as_u64().unwrap();
+    assert!(
+        (1..=6).contains(&live),
+        "{live} instances of 41 configured tenants live under a 4 MiB budget: {status}"
+    );
+    let (_, metrics) = http_get(port, "/metrics").expect("/metrics");
+    let evicted = metric_sum(
+        &parse_metrics(&metrics),
+        "sluice_plugin_instantiations_total",
+        &["reason=\"evicted\""],
+    );
+    assert!(
+        evicted >= 40.0,
+        "instances created again after making room: {evicted}"
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", tail(&exit.log));
+    snooped(&s, 400);
+    s.finish().await;
+}
+
+/// 400 rows of tenants `snoop-0`…`snoop-39`, each tenant's in runs of five (so instances see
+/// their own earlier rows).
+async fn insert_snoop_rows(s: &Scenario) {
     let insert = format!(
         "INSERT INTO \"{}\" (tenant, aggregate_type, aggregate_id, event_type, payload)
          SELECT 'snoop-' || ((g / 5) % 40), 'order', 'a-' || g, 'E', '{{}}'
@@ -853,15 +931,15 @@ async fn a_reused_instance_slot_shows_nothing_of_the_tenant_before() {
         .execute(s.table.pg_pool())
         .await
         .unwrap();
-    let relay = RelayProcess::start(&config).unwrap();
-    let drained = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
-    assert!(drained, "{}", tail(&relay.log()));
-    let exit = relay.stop();
-    assert!(exit.success, "{}", tail(&exit.log));
+}
+
+/// The `snoop` runs' messages: checks that no instance found another tenant's markers and that
+/// each of the `rows` rows was delivered.
+fn snooped(s: &Scenario, rows: usize) -> Vec<Received> {
     let got = consume(
         &kafka_bootstrap(),
         &[format!("{}good", s.prefix), format!("{}leak", s.prefix)],
-        400,
+        rows,
         SCENARIO_WAIT,
         Duration::from_secs(2),
     )
@@ -875,16 +953,6 @@ async fn a_reused_instance_slot_shows_nothing_of_the_tenant_before() {
         leaks.is_empty(),
         "another tenant's memory was readable: {leaks:?}"
     );
-    let good: Vec<_> = got.iter().filter(|m| m.topic.ends_with("good")).collect();
-    assert_eq!(count_by_id(&got).len(), 400, "every row delivered");
-    let saw_own = good
-        .iter()
-        .filter(|m| m.header("seen-own").is_some_and(|n| n != "0"))
-        .count();
-    assert!(
-        saw_own > 100,
-        "the scan found its own markers in only {saw_own} of {} rows",
-        good.len()
-    );
-    s.finish().await;
+    assert_eq!(count_by_id(&got).len(), rows, "every row delivered");
+    got
 }

@@ -5,7 +5,7 @@
 //! - [`runner`]: how a batch's rows of it are run (under the tenant's lock)
 //! - [`batching`]: `transform-batch` or row by row, call sizes, the output budget per batch
 //! - [`health`]: what other batches may learn without the lock (breaker, a stalled call)
-//! - [`quota`]: the cap on instances of tenants without their own entry
+//! - [`quota`]: the budgets for live instances (with and without their own entry)
 //! - [`breaker`], [`quarantine`]: why its rows wait
 //! - [`status`]: what the router reports about it
 
@@ -35,15 +35,16 @@ pub(crate) struct Tenant {
     runner: Mutex<TenantRunner>,
     /// What may be read without waiting for `runner`'s lock.
     pub(crate) health: Arc<TenantHealth>,
-    /// Has its own `[tenants.<name>]` entry (or is the `default` tenant); never evicted.
+    /// Has its own `[tenants.<name>]` entry (or is the tenant of rows without one): never
+    /// forgotten, though its instance is dropped when idle and its budget needs the room.
     pub(crate) configured: bool,
     /// Router clock tick of the last batch that had rows of this tenant (LRU order).
     last_used: AtomicU64,
     /// Used since the instance budget's clock sweep last passed it (see [`quota`]).
     pub(crate) used: AtomicBool,
-    /// On the instance budget's clock (tenants without their own entry only).
+    /// On its instance budget's clock.
     pub(crate) enlisted: AtomicBool,
-    /// The budget its instances count against (tenants without their own entry).
+    /// The budget its instances count against.
     quota: Option<Arc<InstanceQuota>>,
 }
 

@@ -1,20 +1,25 @@
-//! The budget for live instances of tenants without their own `[tenants.<name>]` entry: how
-//! many, and how much linear memory they hold together. A tenant that needs an instance when
-//! the budget is spent takes the place of an idle one (least recently used, by a clock sweep)
-//! instead of waiting for a later batch.
+//! A budget for live plugin instances: how many, and how much linear memory they hold
+//! together. There are two: one for tenants without their own `[tenants.<name>]` entry, one
+//! for those with one (so free-form tenants coming and going never evict a configured
+//! tenant's instance). A tenant that needs an instance when its budget is spent takes the
+//! place of an idle one (least recently used, by a clock sweep) instead of waiting for a later
+//! batch.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::plugin::tenant::status::InstanceUse;
 use crate::plugin::tenant::{Tenant, lock};
 
-/// Live instances (and their memory) allowed for tenants without their own entry.
+/// Live instances (and their memory) allowed for one class of tenants.
 pub(crate) struct InstanceQuota {
     live: AtomicUsize,
     bytes: AtomicUsize,
     cap: usize,
     max_bytes: usize,
+    /// Whose instances and which settings bound them, for the reason rows wait.
+    described: String,
     /// Tenants holding an instance, in the order the clock sweep visits them.
     holders: Mutex<VecDeque<Weak<Tenant>>>,
 }
@@ -50,12 +55,14 @@ impl QuotaPermit {
 }
 
 impl InstanceQuota {
-    pub(crate) fn new(cap: usize, max_bytes: usize) -> Arc<Self> {
+    /// `described` names whose instances these are and the settings that bound them.
+    pub(crate) fn new(cap: usize, max_bytes: usize, described: String) -> Arc<Self> {
         Arc::new(Self {
             live: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
             cap: cap.max(1),
             max_bytes,
+            described,
             holders: Mutex::new(VecDeque::new()),
         })
     }
@@ -64,8 +71,19 @@ impl InstanceQuota {
         self.cap
     }
 
-    pub(crate) fn max_bytes(&self) -> usize {
-        self.max_bytes
+    /// What the budget holds now; `max_live` is left out for a budget of memory only.
+    pub(crate) fn usage(&self) -> InstanceUse {
+        InstanceUse {
+            live: self.live(),
+            max_live: (self.cap != usize::MAX).then_some(self.cap),
+            memory_bytes: self.bytes(),
+            memory_limit_bytes: self.max_bytes,
+        }
+    }
+
+    /// Why a tenant's rows wait when every instance of the budget is busy.
+    pub(crate) fn busy_reason(&self) -> String {
+        format!("the plugin instances {} are all busy", self.described)
     }
 
     pub(crate) fn live(&self) -> usize {
@@ -143,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_budget_counts_instances_and_the_memory_they_last_held() {
-        let quota = InstanceQuota::new(3, 100);
+        let quota = InstanceQuota::new(3, 100, "of the test".into());
         let mut first = quota.try_acquire().unwrap();
         first.set_bytes(150);
         // Over the memory budget: no second instance, whatever the count allows.

@@ -26,8 +26,7 @@ pub(crate) struct TenantRunner {
     pub(crate) tenant: TenantId,
     pub(crate) template: Arc<TenantTemplate>,
     instance: Option<PluginInstance>,
-    /// Held while `instance` lives, for tenants counted against the unconfigured-instance
-    /// quota.
+    /// Held while `instance` lives: its place in the instance budget.
     permit: Option<QuotaPermit>,
     quota: Option<Arc<InstanceQuota>>,
     pub(crate) health: Arc<TenantHealth>,
@@ -40,7 +39,8 @@ pub(crate) struct TenantRunner {
 }
 
 impl TenantRunner {
-    /// The runner of `tenant`; `quota` is set for tenants without their own config entry.
+    /// The runner of `tenant`; `quota` is the instance budget it counts against (none in
+    /// tests and tools that run one tenant).
     pub(crate) fn new(
         tenant: TenantId,
         template: Arc<TenantTemplate>,
@@ -111,14 +111,14 @@ impl TenantRunner {
         self.health.instantiations.add(self.next_instance);
     }
 
-    /// The budget this tenant's instances count against (tenants without their own entry).
+    /// The budget this tenant's instances count against.
     pub(crate) fn quota(&self) -> Option<&Arc<InstanceQuota>> {
         self.quota.as_ref()
     }
 
-    /// Makes sure a tenant counted against the instance budget holds a permit, dropping idle
-    /// instances of other such tenants while the budget is spent. Fails (with the reason)
-    /// only when every other instance is busy.
+    /// Makes sure the tenant holds a permit of its instance budget, dropping idle instances
+    /// of other tenants on that budget while it is spent. Fails (with the reason) only when
+    /// every other instance is busy.
     fn take_permit(&mut self) -> Result<(), String> {
         let Some(quota) = &self.quota else {
             return Ok(());
@@ -127,15 +127,7 @@ impl TenantRunner {
             match quota.try_acquire() {
                 Some(permit) => self.permit = Some(permit),
                 None if quota.evict_one() => {}
-                None => {
-                    return Err(format!(
-                        "the instances for tenants without their own [tenants.<name>] entry \
-                         (max_unconfigured_instances = {}, unconfigured_instances_memory_mb = {}) \
-                         are all busy",
-                        quota.cap(),
-                        quota.max_bytes() / (1024 * 1024)
-                    ));
-                }
+                None => return Err(quota.busy_reason()),
             }
         }
         Ok(())
@@ -525,7 +517,7 @@ mod tests {
     #[test]
     fn the_quota_caps_live_instances_and_frees_them_on_drop() {
         // Runners outside a tenant map are never on the eviction clock: `b` must wait for `a`.
-        let quota = InstanceQuota::new(1, usize::MAX);
+        let quota = InstanceQuota::new(1, usize::MAX, "of the test (max 1)".into());
         let template = builtin(Limits::default());
         let mut a = new_runner(Arc::clone(&template), Some(Arc::clone(&quota)));
         let mut b = new_runner(Arc::clone(&template), Some(Arc::clone(&quota)));
@@ -538,7 +530,7 @@ mod tests {
         let Err(TransformFailure::Deferred(why)) = &deferred[0] else {
             panic!("{deferred:?}");
         };
-        assert!(why.contains("max_unconfigured_instances"), "{why}");
+        assert!(why.contains("of the test (max 1) are all busy"), "{why}");
         a.drop_instance();
         assert_eq!(quota.live(), 0);
         assert!(b.run_group(&refs)[0].is_ok());

@@ -4,7 +4,32 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use serde::{Deserialize, Serialize};
+
 use crate::model::TenantId;
+
+/// The live plugin instances of one budget and what bounds them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceUse {
+    /// Instances alive now.
+    pub live: usize,
+    /// Most instances alive at once (`None`: bounded by memory only).
+    pub max_live: Option<usize>,
+    /// Linear memory they were last seen to hold together.
+    pub memory_bytes: usize,
+    /// The memory budget: past it, idle instances are dropped.
+    pub memory_limit_bytes: usize,
+}
+
+/// The two instance budgets (see `[plugins] configured_instances_memory_mb`,
+/// `max_unconfigured_instances` and `unconfigured_instances_memory_mb`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PluginInstances {
+    /// Tenants with their own `[tenants.<name>]` entry, and rows without a tenant.
+    pub configured: InstanceUse,
+    /// Tenants without their own entry (free-form tenant values).
+    pub unconfigured: InstanceUse,
+}
 
 /// One tenant as the router sees it now.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,11 +45,13 @@ pub struct TenantStatus {
     /// before it ever started.
     pub version: Option<String>,
     /// Whether the tenant has its own `[tenants.<name>]` entry (else it runs
-    /// `[plugins.default]` and counts against `max_unconfigured_instances`).
+    /// `[plugins.default]` and counts against `max_unconfigured_instances`). Rows without a
+    /// tenant count as configured.
     pub configured: bool,
     /// Running, stalled, paused or quarantined.
     pub state: TenantState,
-    /// Whether it has a live plugin instance now.
+    /// Whether it has a live plugin instance now (an idle tenant's may have been dropped to
+    /// make room: its next row creates one).
     pub instance: bool,
     /// Its plugin's `counter-add` totals (at most 32 names, `_overflow` included).
     pub counters: BTreeMap<String, u64>,

@@ -20,8 +20,9 @@
 //! - `missing-topic` routes to `<topic_prefix>missing`, inside its allow-list but absent from
 //!   the broker; `short-batch` answers `transform-batch` with one result too few;
 //! - `snoop` looks for other tenants' data in its linear memory: it reads every byte of it
-//!   for markers (`SLUICE-SNOOP:<tenant>:`) that instances leave behind, publishes any of
-//!   another tenant to `<topic_prefix>leak`, then leaves 64 KiB of its own; its good message
+//!   for markers (`SLUICE-SNOOP:<tenant>:`, 64 KiB of them back to back) that instances leave
+//!   behind, publishes any of another tenant (with where it found it) to
+//!   `<topic_prefix>leak`, then leaves 64 KiB of its own; its good message
 //!   carries a header `seen-own` with how many of its own tenant it found (so a test sees
 //!   that the scan finds what is there);
 //! - `good` behaves: one message to `<topic_prefix>good` with the row's payload and an `id`
@@ -239,10 +240,16 @@ fn snoop(prefix: &str, row: OutboxRow) -> Vec<Message> {
             .take_while(|b| **b != b':')
             .copied()
             .collect();
+        // A marker another instance left is one of a trail: `<head><name>:<head>…`. The
+        // scan also meets this call's own `head` string, followed by whatever the allocator
+        // put next (chunk headers, freed text): not a marker, so not a leak.
+        let in_trail = memory.get(start + name.len()..).is_some_and(|rest| {
+            rest.first() == Some(&b':') && rest[1..].starts_with(head.as_bytes())
+        });
         if name == own.as_bytes() {
             found_own += 1;
-        } else if !name.is_empty() && memory.get(start + name.len()) == Some(&b':') {
-            others.push(String::from_utf8_lossy(&name).into_owned());
+        } else if !name.is_empty() && in_trail && !others.iter().any(|(n, _)| *n == name) {
+            others.push((name, start));
         }
         at = start;
     }
@@ -255,9 +262,11 @@ fn snoop(prefix: &str, row: OutboxRow) -> Vec<Message> {
     std::mem::forget(trail);
     let mut out = Vec::new();
     if !others.is_empty() {
-        others.sort();
-        others.dedup();
-        out.push(Message::to(format!("{prefix}leak")).payload(others.join(",").into_bytes()));
+        let found: Vec<String> = others
+            .iter()
+            .map(|(name, at)| format!("{} at {at}", String::from_utf8_lossy(name)))
+            .collect();
+        out.push(Message::to(format!("{prefix}leak")).payload(found.join(",").into_bytes()));
     }
     out.push(
         Message::to(format!("{prefix}good"))
