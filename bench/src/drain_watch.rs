@@ -78,6 +78,44 @@ pub struct DrainWatch {
 impl DrainWatch {
     /// Looks at the filled `table` (call before starting the relay).
     pub async fn prepare(url: &str, table: &DbTable, rows: Rows) -> anyhow::Result<Self> {
+        let mut watch = Self::connect(url, table, rows).await?;
+        let sql = format!(
+            "SELECT count(*), COALESCE(min(id), 0) FROM {} WHERE {}",
+            watch.table,
+            rows.condition()
+        );
+        let (total, first_id): (i64, i64) =
+            sqlx::query_as::<Postgres, (i64, i64)>(AssertSqlSafe(sql))
+                .fetch_one(&mut watch.conn)
+                .await
+                .with_context(|| format!("cannot count the backlog of {}", &table.name))?;
+        if total == 0 {
+            bail!("the backlog of {} is empty", &table.name);
+        }
+        watch.total = total;
+        watch.head_end = first_id + HEAD_IDS;
+        watch.head_total = watch.head_count().await?;
+        Ok(watch)
+    }
+
+    /// Prepared for `rows` rows not inserted yet, which one `INSERT` will number from
+    /// `first_id` on: a relay already running drains them as soon as they are committed, so
+    /// the watch cannot count them first.
+    pub async fn expect(
+        url: &str,
+        table: &DbTable,
+        rows: u64,
+        first_id: i64,
+    ) -> anyhow::Result<Self> {
+        let mut watch = Self::connect(url, table, Rows::All).await?;
+        watch.total = i64::try_from(rows).context("too many rows")?;
+        watch.head_end = first_id + HEAD_IDS;
+        watch.head_total = watch.total.min(HEAD_IDS);
+        Ok(watch)
+    }
+
+    /// The probes' connection; nothing counted yet.
+    async fn connect(url: &str, table: &DbTable, rows: Rows) -> anyhow::Result<Self> {
         let mut conn = db::connection(url).await?;
         // The probes are tiny; parallel workers would only add processes competing for CPU.
         db::execute(
@@ -85,29 +123,14 @@ impl DrainWatch {
             "SET max_parallel_workers_per_gather = 0".to_owned(),
         )
         .await?;
-        let sql = format!(
-            "SELECT count(*), COALESCE(min(id), 0) FROM {} WHERE {}",
-            table.quoted(),
-            rows.condition()
-        );
-        let (total, first_id): (i64, i64) =
-            sqlx::query_as::<Postgres, (i64, i64)>(AssertSqlSafe(sql))
-                .fetch_one(&mut conn)
-                .await
-                .with_context(|| format!("cannot count the backlog of {}", &table.name))?;
-        if total == 0 {
-            bail!("the backlog of {} is empty", &table.name);
-        }
-        let mut watch = Self {
+        Ok(Self {
             conn,
             rows,
             table: table.quoted().to_owned(),
-            total,
-            head_end: first_id + HEAD_IDS,
+            total: 0,
+            head_end: 0,
             head_total: 0,
-        };
-        watch.head_total = watch.head_count().await?;
-        Ok(watch)
+        })
     }
 
     /// Waits for the drain to start and finish; fails if the relay exits or stalls.

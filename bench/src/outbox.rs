@@ -87,6 +87,11 @@ pub trait BenchTable {
     /// among them, or with their tenants spread as `tenants` says (PostgreSQL only), then
     /// updates the planner's statistics so every run starts from the same state.
     async fn fill(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()>;
+    /// [`fill`](Self::fill) without updating the statistics: on PostgreSQL one `INSERT`,
+    /// numbered from [`next_id`](Self::next_id) on.
+    async fn insert(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()>;
+    /// The id the next row inserted gets (PostgreSQL; no other insert running).
+    async fn next_id(&self) -> anyhow::Result<i64>;
     /// Rows with an id below `id`.
     async fn count_below(&self, id: i64) -> anyhow::Result<i64>;
     /// The lowest id left, if any row is.
@@ -97,6 +102,27 @@ pub trait BenchTable {
 
 impl BenchTable for DbTable {
     async fn fill(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()> {
+        self.insert(rows, tenants).await?;
+        self.try_execute(match self.database {
+            Database::Postgres => "VACUUM ANALYZE {t}",
+            Database::Mariadb => "ANALYZE TABLE {t}",
+            Database::Sqlite => "ANALYZE",
+        })
+        .await
+    }
+
+    async fn next_id(&self) -> anyhow::Result<i64> {
+        // NULL before the sequence's first value (which is 1 for Sluice's tables).
+        let next = self
+            .try_scalar(
+                "SELECT COALESCE(pg_sequence_last_value(
+                            pg_get_serial_sequence('{t}', 'id')::regclass) + 1, 1)",
+            )
+            .await?;
+        next.with_context(|| format!("{} has no id sequence", self.name))
+    }
+
+    async fn insert(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()> {
         if tenants.is_some() && self.database != Database::Postgres {
             bail!("other tenants' rows are only mixed in on PostgreSQL");
         }
@@ -127,7 +153,7 @@ impl BenchTable for DbTable {
                     .execute(self.pg_pool())
                     .await
                     .with_context(|| format!("cannot insert {total} rows into {}", self.name))?;
-                self.try_execute("VACUUM ANALYZE {t}").await
+                Ok(())
             }
             // MariaDB stops a recursive CTE after max_recursive_iterations (1,000 by default).
             Database::Mariadb => {
@@ -145,7 +171,7 @@ impl BenchTable for DbTable {
                     .await?;
                     from = to + 1;
                 }
-                self.try_execute("ANALYZE TABLE {t}").await
+                Ok(())
             }
             Database::Sqlite => {
                 self.try_execute(&format!(
@@ -156,8 +182,7 @@ impl BenchTable for DbTable {
                             json_object('n', g, 'pad', printf('%.236c', 'x'))
                        FROM s"
                 ))
-                .await?;
-                self.try_execute("ANALYZE").await
+                .await
             }
         }
     }

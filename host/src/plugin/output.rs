@@ -182,6 +182,7 @@ fn fold(c: char) -> char {
 /// the true values, so consumers see exactly one of each and can trust them.
 fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(String, Vec<u8>)> {
     headers.retain(|(k, _)| !host_owned(k));
+    headers.reserve_exact(2);
     headers.push((
         TENANT_HEADER.to_owned(),
         row.tenant.as_str().as_bytes().to_vec(),

@@ -91,7 +91,8 @@ impl<'a> Outcomes<'a> {
                 results: results.len(),
             });
         }
-        let mut messages = Vec::new();
+        // Mostly one message per row: one allocation, not a doubling series.
+        let mut messages = Vec::with_capacity(rows.len());
         let rows = rows
             .iter()
             .zip(results)
@@ -176,7 +177,10 @@ impl<'a> Outcomes<'a> {
     /// dead-lettered (with the rows the store could not decode, `rejected`), deferred ones
     /// left alone.
     pub(super) fn store_outcome(&self, rejected: &[RowFailure]) -> BatchOutcome {
-        let mut outcome = BatchOutcome::default();
+        let mut outcome = BatchOutcome {
+            sent: Vec::with_capacity(self.rows.len()),
+            failed: Vec::new(),
+        };
         for o in &self.rows {
             match &o.fate {
                 Fate::Sent { .. } | Fate::Dropped => outcome.sent.push(o.row.id.clone()),
