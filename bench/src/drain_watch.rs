@@ -154,6 +154,9 @@ impl DrainWatch {
         let system_start = SystemSample::now();
         let remaining = self.total - (self.head_total - head_left);
         let rows = u64::try_from(remaining).context("negative row count")?;
+        if rows == 0 {
+            bail!("the backlog was drained before its start was seen: give more --rows");
+        }
         let limit = DRAIN_TIMEOUT_BASE + Duration::from_millis(rows);
         loop {
             relay.ensure_running()?;
