@@ -13,6 +13,7 @@ use std::time::Instant;
 use crate::model::{OutboxRow, TenantId};
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
+use crate::plugin::settings::MAX_UNCONFIGURED_INSTANCES;
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
 use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
@@ -21,7 +22,11 @@ use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate
 use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
-use crate::plugin::wasm::engine::PluginEngine;
+use crate::plugin::wasm::engine::{MAX_POOLED_INSTANCES, PluginEngine};
+
+// Tenants without an entry may take at most half of the pool (`max_unconfigured_instances`
+// is refused above that), so those with one always have room.
+const _: () = assert!(MAX_UNCONFIGURED_INSTANCES * 2 == MAX_POOLED_INSTANCES as usize);
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, metrics};
 use crate::problem::Problem;
@@ -106,12 +111,21 @@ impl PluginRouter {
     ) -> Result<Self, PluginError> {
         let strict = plugins.strict_startup;
         // Every configured tenant's instance, its replacement during a reload, and the
-        // instances of tenants without an entry.
-        let pooled = tenants
+        // instances of tenants without an entry — as far as the pool reaches. Past it, the
+        // configured tenants' live instances are counted too, against half of what the
+        // tenants without an entry leave (the other half for replacements), and idle ones
+        // make room for busy ones as they do for the memory budget.
+        let wanted = tenants
             .len()
             .saturating_add(1)
             .saturating_mul(2)
             .saturating_add(plugins.max_unconfigured_instances);
+        let pooled = wanted.min(MAX_POOLED_INSTANCES as usize);
+        let configured_cap = if pooled < wanted {
+            pooled.saturating_sub(plugins.max_unconfigured_instances) / 2
+        } else {
+            usize::MAX
+        };
         let engine = PluginEngine::new(u32::try_from(pooled).unwrap_or(u32::MAX))?;
         let cache = compile_cache(plugins);
         // Each file is loaded once; its tenants share the loaded (or broken) code.
@@ -158,7 +172,7 @@ impl PluginRouter {
         };
 
         let configured_quota = InstanceQuota::new(
-            usize::MAX,
+            configured_cap,
             plugins.configured_instances_memory_bytes(),
             format!(
                 "of tenants with their own [tenants.<name>] entry \
@@ -283,7 +297,7 @@ impl PluginRouter {
                 continue; // busy in another batch
             };
             runner.drop_instance();
-            let keep = tenant.health.unavailable(now) || lock(&tenant.health.breaker).tripped();
+            let keep = tenant.health.unavailable(now) || tenant.health.tripped();
             drop(runner);
             if !keep {
                 known.map.remove(&id);
@@ -760,5 +774,28 @@ mod tests {
             results[0]
         );
         assert!(results[1].is_ok());
+    }
+
+    #[test]
+    fn more_configured_tenants_than_the_pool_holds_start_with_their_live_instances_counted() {
+        // What 10,000 configured tenants ask for: the engine failed with "mmap failed to
+        // reserve" when the pool was not bounded.
+        let engine = PluginEngine::new(10_001 * 2 + 1_024);
+        assert!(engine.is_ok(), "{:?}", engine.err());
+        drop(engine);
+        // Each needs an instance and a replacement: 2 × 3,001 + 1,024 > 6,144 pooled. (One
+        // test: two such pools at once would take most of the address space.)
+        let mut toml = BUILTIN.to_owned();
+        for i in 0..3_000 {
+            toml.push_str(&format!("[tenants.t{i}]\n"));
+        }
+        let many = router(&toml).unwrap();
+        let usage = many.instances();
+        assert_eq!(usage.configured.max_live, Some((6_144 - 1_024) / 2));
+        assert_eq!(usage.unconfigured.max_live, Some(1_024));
+        drop(many);
+        // Up to the pool, configured tenants' instances are bounded by memory only.
+        let few = router(&format!("{BUILTIN}[tenants.a]\n[tenants.b]\n")).unwrap();
+        assert_eq!(few.instances().configured.max_live, None);
     }
 }

@@ -62,6 +62,9 @@ pub const DEFAULT_MAX_BATCH_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 /// Live plugin instances kept for tenant values without a `[tenants.<name>]` entry (rows carry
 /// free-form tenant values); the least recently used idle one is dropped beyond this.
 pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 1024;
+/// The most `max_unconfigured_instances` may be: half of the instances one process pools
+/// (`MAX_POOLED_INSTANCES`, 6,144), the other half for tenants with their own entry.
+pub const MAX_UNCONFIGURED_INSTANCES: usize = 3072;
 /// Linear memory those instances may hold together, in MiB; the least recently used idle one
 /// is dropped beyond this.
 pub const DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB: usize = 512;
@@ -237,6 +240,16 @@ impl PluginsSettings {
             problems.push(Problem::new(
                 "plugins.max_unconfigured_instances",
                 "must be at least 1",
+            ));
+        }
+        if self.max_unconfigured_instances > MAX_UNCONFIGURED_INSTANCES {
+            problems.push(Problem::new(
+                "plugins.max_unconfigured_instances",
+                format!(
+                    "must be at most {MAX_UNCONFIGURED_INSTANCES}: one process pools at most \
+                     {} plugin instances, and tenants with their own entry need the rest",
+                    MAX_UNCONFIGURED_INSTANCES * 2
+                ),
             ));
         }
         for (key, mb) in [
@@ -611,6 +624,28 @@ mod tests {
         // Without [plugins.default] an entry is what it says.
         let alone = spec("path = \"own.wasm\"\n");
         assert_eq!(alone.inherit(None).source(), alone.source());
+    }
+
+    #[test]
+    fn instance_counts_are_bounded_by_what_one_process_pools() {
+        let problems = |max: usize| -> Vec<String> {
+            PluginsSettings {
+                max_unconfigured_instances: max,
+                ..PluginsSettings::default()
+            }
+            .problems()
+            .iter()
+            .map(Problem::to_string)
+            .collect()
+        };
+        assert!(problems(MAX_UNCONFIGURED_INSTANCES).is_empty());
+        let too_many = problems(MAX_UNCONFIGURED_INSTANCES + 1);
+        assert_eq!(too_many.len(), 1, "{too_many:?}");
+        assert!(
+            too_many[0].starts_with("plugins.max_unconfigured_instances: must be at most 3072"),
+            "{too_many:?}"
+        );
+        assert_eq!(problems(0).len(), 1);
     }
 
     fn warned(tenant: &str, default: &str) -> Vec<String> {

@@ -58,6 +58,11 @@ impl CircuitBreaker {
         }
     }
 
+    /// Until when rows are not run (open, not yet half open).
+    pub(crate) fn open_until(&self) -> Option<Instant> {
+        self.open_until
+    }
+
     /// Whether the breaker is open or half open.
     pub(crate) fn tripped(&self) -> bool {
         self.tripped

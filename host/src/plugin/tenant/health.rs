@@ -19,7 +19,12 @@ pub(crate) const STALL_AFTER: Duration = Duration::from_millis(20);
 
 /// What other batches may learn about a tenant without waiting for its lock.
 pub(crate) struct TenantHealth {
-    pub(crate) breaker: Mutex<CircuitBreaker>,
+    /// Changed through [`TenantHealth::with_breaker`] only, which keeps `paused_until_us`.
+    breaker: Mutex<CircuitBreaker>,
+    /// Until when the breaker pauses the tenant, in µs since [`clock_origin`]; 0 = not
+    /// paused. Every claim asks every tenant whether it is paused: an atomic read, not a
+    /// lock, per tenant.
+    paused_until_us: AtomicU64,
     /// When the running plugin call began, in µs since [`clock_origin`]; 0 = no call.
     busy_since_us: AtomicU64,
     /// The tenant's current template (also in its runner, for the hot path).
@@ -65,6 +70,7 @@ impl TenantHealth {
                 limits.breaker_failures,
                 limits.breaker_cooldown,
             )),
+            paused_until_us: AtomicU64::new(0),
             busy_since_us: AtomicU64::new(0),
             template: Mutex::new(template),
             shared: TenantShared::new(tenant),
@@ -78,9 +84,32 @@ impl TenantHealth {
     /// Whether the tenant should be left out of the next claim: breaker open, plugin
     /// quarantined, or a call of its plugin has been running for longer than [`STALL_AFTER`].
     pub(crate) fn unavailable(&self, now: Instant) -> bool {
-        matches!(lock(&self.breaker).gate(now), Gate::Paused(_))
-            || self.template().quarantine.is_quarantined()
-            || self.stalled(now)
+        self.stalled(now) || self.paused(now) || lock(&self.template).quarantine.is_quarantined()
+    }
+
+    /// Whether the breaker pauses the tenant at `now` (as [`CircuitBreaker::gate`] says).
+    fn paused(&self, now: Instant) -> bool {
+        let until = self.paused_until_us.load(Ordering::Acquire);
+        until != 0 && micros_since_origin(now) < until
+    }
+
+    /// What the breaker says about running a row at `now`.
+    pub(crate) fn gate(&self, now: Instant) -> Gate {
+        lock(&self.breaker).gate(now)
+    }
+
+    /// Whether the breaker is open or half open.
+    pub(crate) fn tripped(&self) -> bool {
+        lock(&self.breaker).tripped()
+    }
+
+    /// Runs `change` on the breaker, then notes until when it pauses the tenant.
+    pub(crate) fn with_breaker<R>(&self, change: impl FnOnce(&mut CircuitBreaker) -> R) -> R {
+        let mut breaker = lock(&self.breaker);
+        let result = change(&mut breaker);
+        let until = breaker.open_until().map_or(0, micros_since_origin);
+        self.paused_until_us.store(until, Ordering::Release);
+        result
     }
 
     pub(crate) fn template(&self) -> Arc<TenantTemplate> {
@@ -126,7 +155,7 @@ impl TenantHealth {
                 next_try_in: q.next_try.saturating_duration_since(now),
             };
         }
-        if let Gate::Paused(until) = lock(&self.breaker).gate(now) {
+        if let Gate::Paused(until) = self.gate(now) {
             return TenantState::Paused {
                 remaining: until - now,
             };
@@ -140,7 +169,8 @@ impl TenantHealth {
 
     /// Feeds a refused/delivered publish report to the breaker and logs its transitions.
     pub(crate) fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
-        let transition = lock(&self.breaker).record_publish(delivered, refused, Instant::now());
+        let transition =
+            self.with_breaker(|b| b.record_publish(delivered, refused, Instant::now()));
         log_transition(tenant, &self.template(), transition);
     }
 }
@@ -185,6 +215,30 @@ mod tests {
         assert!(status.stalled(Instant::now() + STALL_AFTER * 2));
         drop(stamp);
         assert!(!status.stalled(Instant::now() + STALL_AFTER * 2));
+    }
+
+    #[test]
+    fn a_tenant_is_unavailable_while_its_breaker_pauses_it_or_its_plugin_is_quarantined() {
+        let status = health();
+        let cooldown = Limits::default().breaker_cooldown;
+        let now = Instant::now();
+        assert_eq!(
+            status.with_breaker(|b| b.record_deadline(now)),
+            Transition::Opened
+        );
+        assert!(status.unavailable(now));
+        assert!(status.unavailable(now + cooldown - Duration::from_millis(1)));
+        // Half open after the cool-down: rows run again (a failure re-opens it).
+        assert!(!status.unavailable(now + cooldown + Duration::from_millis(1)));
+        assert!(status.tripped());
+        assert!(status.with_breaker(CircuitBreaker::reset));
+        assert!(!status.unavailable(now));
+
+        let template = status.template();
+        template.quarantine.failed("configure refused".into(), now);
+        assert!(status.unavailable(now));
+        assert!(template.quarantine.clear());
+        assert!(!status.unavailable(now));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! retried with back-off and on every reload.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 /// First retry after a tenant was quarantined…
@@ -25,7 +26,12 @@ pub(crate) struct QuarantineState {
 
 /// Quarantine flag of one tenant template; empty when the plugin runs.
 #[derive(Debug, Default)]
-pub(crate) struct Quarantine(Mutex<Option<QuarantineState>>);
+pub(crate) struct Quarantine {
+    state: Mutex<Option<QuarantineState>>,
+    /// Whether `state` is set, readable without the lock: every claim asks it of every
+    /// tenant (see `TenantHealth::unavailable`).
+    flagged: AtomicBool,
+}
 
 impl Quarantine {
     /// Records a failed start: enters quarantine, or stays with a doubled back-off.
@@ -39,11 +45,14 @@ impl Quarantine {
             tries,
             next_try: now + backoff(tries),
         });
+        self.flagged.store(true, Ordering::Release);
     }
 
     /// Leaves quarantine; returns whether it was in it.
     pub(crate) fn clear(&self) -> bool {
-        self.lock().take().is_some()
+        let mut state = self.lock();
+        self.flagged.store(false, Ordering::Release);
+        state.take().is_some()
     }
 
     pub(crate) fn state(&self) -> Option<QuarantineState> {
@@ -51,7 +60,7 @@ impl Quarantine {
     }
 
     pub(crate) fn is_quarantined(&self) -> bool {
-        self.lock().is_some()
+        self.flagged.load(Ordering::Acquire)
     }
 
     /// Whether a retry is due at `now`.
@@ -60,7 +69,7 @@ impl Quarantine {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<QuarantineState>> {
-        self.0
+        self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::model::{OutboxRow, TenantId};
 use crate::plugin::tenant::batching::{BatchMode, OutputBudget, batch_chunk};
-use crate::plugin::tenant::breaker::{Gate, Transition};
+use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::health::{TenantHealth, log_transition};
-use crate::plugin::tenant::lock;
 use crate::plugin::tenant::quota::{InstanceQuota, QuotaPermit};
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
 use crate::plugin::wasm::instance::Trapped;
@@ -76,7 +75,7 @@ impl TenantRunner {
         self.health.set_template(Arc::clone(&template));
         self.batch = BatchMode::start(&template.limits.batching);
         self.template = template;
-        if lock(&self.health.breaker).reset() {
+        if self.health.with_breaker(CircuitBreaker::reset) {
             tracing::warn!(tenant = %self.tenant,
                 "circuit breaker reset: the tenant switched to another plugin version");
         }
@@ -178,7 +177,7 @@ impl TenantRunner {
         let mut results: Vec<RowResult> = Vec::with_capacity(rows.len());
         while results.len() < rows.len() {
             let now = Instant::now();
-            if let Gate::Paused(until) = lock(&self.health.breaker).gate(now) {
+            if let Gate::Paused(until) = self.health.gate(now) {
                 let remaining = until - now;
                 results.extend(rows[results.len()..].iter().map(|_| {
                     Err(TransformFailure::Paused {
@@ -368,27 +367,22 @@ impl TenantRunner {
         if let Err(TransformFailure::InvalidOutput(_)) = result {
             self.health.limit_hits.add("output");
         }
-        let transition = {
-            let mut breaker = lock(&self.health.breaker);
-            match result {
-                Ok(_) => breaker.record_success(),
-                Err(TransformFailure::DeadlineExceeded(_)) => {
-                    breaker.record_deadline(Instant::now())
-                }
-                Err(
-                    TransformFailure::Trapped(_)
-                    | TransformFailure::Retryable { .. }
-                    | TransformFailure::Unavailable(_),
-                ) => breaker.record_failure(Instant::now()),
-                Err(
-                    TransformFailure::Permanent { .. }
-                    | TransformFailure::InvalidOutput(_)
-                    | TransformFailure::Deferred(_)
-                    | TransformFailure::Paused { .. }
-                    | TransformFailure::NoPlugin(_),
-                ) => Transition::None,
-            }
-        };
+        let transition = self.health.with_breaker(|breaker| match result {
+            Ok(_) => breaker.record_success(),
+            Err(TransformFailure::DeadlineExceeded(_)) => breaker.record_deadline(Instant::now()),
+            Err(
+                TransformFailure::Trapped(_)
+                | TransformFailure::Retryable { .. }
+                | TransformFailure::Unavailable(_),
+            ) => breaker.record_failure(Instant::now()),
+            Err(
+                TransformFailure::Permanent { .. }
+                | TransformFailure::InvalidOutput(_)
+                | TransformFailure::Deferred(_)
+                | TransformFailure::Paused { .. }
+                | TransformFailure::NoPlugin(_),
+            ) => Transition::None,
+        });
         log_transition(&self.tenant, &self.template, transition);
     }
 }

@@ -44,6 +44,14 @@ impl Drop for CallGuard<'_> {
 /// the floor for `sluice run`.
 pub(crate) const MIN_POOLED_INSTANCES: u32 = 64;
 
+/// Most instances one process pools. Each has up to two linear memories, and each memory slot
+/// reserves 4 GiB of address space plus guard pages (wasmtime's default on 64-bit hosts, which
+/// makes the guest's bounds checks free): 6,144 instances are 12,288 slots, about 48 TiB of the
+/// 128 TiB a process can address on x86-64 Linux. A pool for 10,000 configured tenants and
+/// their reload replacements asked for 181 TiB, and the engine failed to start ("mmap failed
+/// to reserve"); two pools of 64 TiB in one process (tests) failed now and then.
+pub(crate) const MAX_POOLED_INSTANCES: u32 = 6_144;
+
 /// Core module instances (and their memories and tables) to plan per plugin instance: a Rust
 /// component has one or two, a Python or JavaScript one up to about a dozen.
 const CORE_INSTANCES_PER_PLUGIN: u32 = 16;
@@ -65,7 +73,7 @@ const LINEAR_MEMORY_KEEP_RESIDENT: usize = 1 << 20;
 /// guests touch it and reset when a slot is freed. A plugin that exceeds a slot (a table
 /// longer than `table_elements`) fails to instantiate, as if it broke any other limit.
 fn pooling(instances: u32) -> PoolingAllocationConfig {
-    let instances = instances.max(MIN_POOLED_INSTANCES);
+    let instances = instances.clamp(MIN_POOLED_INSTANCES, MAX_POOLED_INSTANCES);
     let core = instances.saturating_mul(CORE_INSTANCES_PER_PLUGIN);
     // Without `PAGEMAP_SCAN` the kept bytes would be the lowest ones, all of them reset with
     // `memset` on every drop whether the guest touched them or not: slower than handing
@@ -99,7 +107,7 @@ fn pooling(instances: u32) -> PoolingAllocationConfig {
 
 impl PluginEngine {
     /// An engine whose instance pool holds `instances` live plugin instances (at least
-    /// [`MIN_POOLED_INSTANCES`]).
+    /// [`MIN_POOLED_INSTANCES`], at most [`MAX_POOLED_INSTANCES`]).
     pub(crate) fn new(instances: u32) -> Result<Arc<Self>, PluginError> {
         let mut config = Config::new();
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(instances)));
