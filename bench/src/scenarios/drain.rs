@@ -14,7 +14,7 @@ use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Drained, Rows};
 use crate::outbox::{self, BenchTable, Tenants};
 use crate::procstat::{ProcSample, cpu_seconds};
-use crate::relay::{self, Measured};
+use crate::relay::{self, Measured, RelayProcess};
 use crate::report::Figure;
 use crate::{kafka, names};
 use sluice_testkit::DbTable;
@@ -165,20 +165,34 @@ pub(super) async fn measure_tenants(
     tenants: Option<Tenants<'_>>,
     sections: Vec<Tenant>,
 ) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
-    let label = drain.label;
+    let (relay, drained) = drain_backlog(settings, drain, table, prefix, tenants, sections).await?;
+    let metrics = match &settings.telemetry {
+        Some(listen) => Some(sluice_testkit::scrape::metrics(listen).await?),
+        None => None,
+    };
+    let stopped = relay.stop_measured().await?;
+    let figures = window_figures(drain.label, &drained, &stopped.last);
+    Ok((figures, metrics))
+}
+
+/// Fills `table` with `drain.rows` rows (of `tenants`), starts a relay on it (with `sections`
+/// as its `[tenants.*]`, the default plugin writing to the topics of `prefix`) and waits until
+/// it has drained them; the relay is left running.
+async fn drain_backlog(
+    settings: &Settings,
+    drain: &Drain<'_>,
+    table: &DbTable,
+    prefix: &str,
+    tenants: Option<Tenants<'_>>,
+    sections: Vec<Tenant>,
+) -> anyhow::Result<(RelayProcess, Drained)> {
     kafka::create_topics(&settings.kafka, &kafka::topics(prefix)).await?;
     table.fill(drain.rows, tenants).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
     let config = relay_config(settings, drain, table, prefix, sections);
     let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     let drained = watch.run(&mut relay).await?;
-    let metrics = match &settings.telemetry {
-        Some(listen) => Some(sluice_testkit::scrape::metrics(listen).await?),
-        None => None,
-    };
-    let stopped = relay.stop_measured().await?;
-    let figures = window_figures(label, &drained, &stopped.last);
-    Ok((figures, metrics))
+    Ok((relay, drained))
 }
 
 /// The figures of `drained`'s window, which ended before `end` (the relay's reading).
@@ -217,12 +231,8 @@ pub(super) async fn measure_twice(
 ) -> anyhow::Result<(Vec<Figure>, Vec<Figure>)> {
     let label = drain.label;
     let prefix = names::topic_prefix(drain.stem);
-    kafka::create_topics(&settings.kafka, &kafka::topics(&prefix)).await?;
-    table.fill(drain.rows, None).await?;
-    let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
-    let config = relay_config(settings, drain, table, &prefix, Vec::new());
-    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
-    let first = watch.run(&mut relay).await?;
+    let (mut relay, first) =
+        drain_backlog(settings, drain, table, &prefix, None, Vec::new()).await?;
     let first = window_figures(label, &first, &relay.sample()?);
     // The relay polls an empty table meanwhile; the rows appear at once, with the commit.
     let watch = DrainWatch::expect(

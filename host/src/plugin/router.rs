@@ -13,9 +13,7 @@ use std::time::Instant;
 use crate::model::{OutboxRow, TenantId};
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
-use crate::plugin::settings::{
-    MAX_UNCONFIGURED_INSTANCES, PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir,
-};
+use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
 use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
 use crate::plugin::tenant::status::{PluginInstances, TenantStatus};
@@ -29,10 +27,6 @@ use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, me
 use crate::problem::Problem;
 use crate::telemetry::Metrics;
 use crate::text::{MAX_LOGGED, bounded};
-
-// Tenants without an entry may take at most half of the pool (`max_unconfigured_instances`
-// is refused above that), so those with one always have room.
-const _: () = assert!(MAX_UNCONFIGURED_INSTANCES * 2 == MAX_POOLED_INSTANCES as usize);
 
 /// The tenants the router knows; `unconfigured` counts those without an entry.
 #[derive(Default)]

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::plugin::TopicPattern;
 use crate::plugin::builtin::Builtin;
+use crate::plugin::wasm::engine::MAX_POOLED_INSTANCES;
 use crate::problem::Problem;
 use crate::text::toml_scalar;
 
@@ -63,8 +64,8 @@ pub const DEFAULT_MAX_BATCH_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 /// free-form tenant values); the least recently used idle one is dropped beyond this.
 pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 1024;
 /// The most `max_unconfigured_instances` may be: half of the instances one process pools
-/// (`MAX_POOLED_INSTANCES`, 6,144), the other half for tenants with their own entry.
-pub const MAX_UNCONFIGURED_INSTANCES: usize = 3072;
+/// (3,072 of 6,144), the other half for tenants with their own entry.
+pub const MAX_UNCONFIGURED_INSTANCES: usize = MAX_POOLED_INSTANCES as usize / 2;
 /// Linear memory those instances may hold together, in MiB; the least recently used idle one
 /// is dropped beyond this.
 pub const DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB: usize = 512;
@@ -247,8 +248,8 @@ impl PluginsSettings {
                 "plugins.max_unconfigured_instances",
                 format!(
                     "must be at most {MAX_UNCONFIGURED_INSTANCES}: one process pools at most \
-                     {} plugin instances, and tenants with their own entry need the rest",
-                    MAX_UNCONFIGURED_INSTANCES * 2
+                     {MAX_POOLED_INSTANCES} plugin instances, and tenants with their own entry \
+                     need the rest"
                 ),
             ));
         }
