@@ -473,23 +473,14 @@ impl Config {
         warnings
     }
 
-    /// `relay.fair_share` takes turns between tenants: a table with a tenant column, on
-    /// PostgreSQL (the others claim in order only), and no more than a batch.
+    /// `relay.fair_share` takes turns between tenants: a table with a tenant column, and no
+    /// more than a batch.
     fn fair_share_problem(&self) -> Option<Problem> {
         let share = self.relay.fair_share;
         if share == 0 {
             return None;
         }
         let problem = |message: String| Some(Problem::new("relay.fair_share", message));
-        if let Some(d) = self.database.driver()
-            && d != Driver::Postgres
-        {
-            return problem(format!(
-                "only PostgreSQL claims fair shares; {} claims in order only (remove the key, \
-                 or set it to 0)",
-                d.name()
-            ));
-        }
         if let Ok(spec) = self.database.table_spec()
             && spec.columns.tenant == TenantColumn::None
         {
@@ -850,24 +841,20 @@ mod tests {
     }
 
     #[test]
-    fn a_fair_share_needs_postgres_a_tenant_column_and_fits_a_batch() {
+    fn a_fair_share_needs_a_tenant_column_and_fits_a_batch() {
         let pg = "[database]\nurl = \"postgres://h/db\"\n";
         let c = parse(pg).unwrap();
         assert_eq!(c.store_options().fair_share, None);
-        let c = parse(&format!("{pg}[relay]\nfair_share = 20\n")).unwrap();
-        assert_eq!(c.store_options().fair_share, NonZeroUsize::new(20));
         let c = parse(&format!("{pg}[relay]\nfair_share = 0\n")).unwrap();
         assert_eq!(c.store_options().fair_share, None);
+        for url in ["postgres://h/db", "mysql://h/db", "sqlite://app.db"] {
+            let c = parse(&format!(
+                "[database]\nurl = \"{url}\"\n[relay]\nfair_share = 20\n"
+            ));
+            assert_eq!(c.unwrap().store_options().fair_share, NonZeroUsize::new(20));
+        }
 
         for (text, says) in [
-            (
-                "[database]\nurl = \"mysql://h/db\"\n[relay]\nfair_share = 5\n",
-                "relay.fair_share: only PostgreSQL claims fair shares; MySQL/MariaDB",
-            ),
-            (
-                "[database]\nurl = \"sqlite://app.db\"\n[relay]\nfair_share = 5\n",
-                "relay.fair_share: only PostgreSQL claims fair shares; SQLite",
-            ),
             (
                 &format!("{pg}[database.columns]\ntenant = \"\"\n[relay]\nfair_share = 5\n"),
                 "relay.fair_share: shares are per tenant",

@@ -151,7 +151,8 @@ pub(super) fn partial_indexes<T: DdlTypes>(layout: &Layout, extra: Option<Index>
     indexes(layout).iter().chain(&extra).map(sql).collect()
 }
 
-/// PostgreSQL, tables with a tenant column: unsent rows by tenant, each tenant's newest first.
+/// Tables with a tenant column: unsent rows by tenant, each tenant's newest first (MySQL:
+/// the bookkeeping columns after the tenant, in claim order; see `mysql::migrate::index_sql`).
 /// It lets `relay.fair_share` walk the tenants that have rows waiting (one index probe per
 /// tenant, however many rows one of them has) and take the oldest rows of each (scanning the
 /// tenant's part backwards). Newest first, because a probe lands on the first entry of the

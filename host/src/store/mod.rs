@@ -34,6 +34,7 @@ mod ddl;
 mod dead;
 mod dialect;
 mod driver;
+mod fair;
 mod layout_sql;
 #[cfg(test)]
 pub(crate) mod memory;

@@ -33,8 +33,8 @@ pub async fn open(
 }
 
 /// Creates the outbox table, or upgrades one the application created, then checks it as
-/// [`open`] would (`sluice migrate`), with the indexes claims with `options` need (PostgreSQL:
-/// the tenant index of `relay.fair_share`). Returns a one-line description of the table.
+/// [`open`] would (`sluice migrate`), with the indexes claims with `options` need (the tenant
+/// index of `relay.fair_share`). Returns a one-line description of the table.
 pub async fn migrate(
     url: &str,
     spec: &TableSpec,
@@ -44,8 +44,8 @@ pub async fn migrate(
     super::tls::check_files(url)?;
     match driver {
         Driver::Postgres => postgres::migrate(url, spec, options).await,
-        Driver::Mysql => mysql::migrate(url, spec).await,
-        Driver::Sqlite => sqlite::migrate(url, spec).await,
+        Driver::Mysql => mysql::migrate(url, spec, options).await,
+        Driver::Sqlite => sqlite::migrate(url, spec, options).await,
     }
 }
 

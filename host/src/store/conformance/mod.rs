@@ -7,7 +7,7 @@
 //! memory), never through the store under test. [`conformance!`] stamps out one
 //! `#[tokio::test]` per body and store.
 //!
-//! The bodies come in two sets:
+//! The bodies come in three sets:
 //!
 //! - [`contract`]: the behaviour of [`OutboxStore`] and [`ClaimedBatch`] — claims and their
 //!   order, disjoint claimers, rows put back, paused tenants, `has_due`/`backlog`/
@@ -19,9 +19,11 @@
 //!   an application's (Debezium) table relayed through the column mapping. Only the databases
 //!   run it: it is about `sluice migrate`, `store::open` and a database's column types, which
 //!   an in-memory table does not have.
+//! - [`fair_share`]: `relay.fair_share`'s turns between tenants. The databases run it (the
+//!   in-memory store claims in order only).
 //!
-//! What only one database needs proven (MariaDB's gap locks, SQLite's leases, PostgreSQL's
-//! fair shares) is in [`mariadb_locks`], [`sqlite_leases`] and [`pg_fair_share`].
+//! What only one database needs proven (MariaDB's gap locks, SQLite's leases) is in
+//! [`mariadb_locks`] and [`sqlite_leases`].
 //!
 //! The database tables are the test kit's (`sluice_testkit::DbTable`):
 //! `SLUICE_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
@@ -31,9 +33,9 @@
 
 mod contract;
 mod databases;
+mod fair_share;
 mod mariadb_locks;
 mod memory;
-mod pg_fair_share;
 mod schema;
 mod sqlite_leases;
 
@@ -199,7 +201,8 @@ fn published_at() -> StoreOptions {
 // ---------------------------------------------------------------------------------------------
 // The tests
 
-/// One `#[tokio::test]` per body of the named sets (`contract`, `schema`) for a fixture.
+/// One `#[tokio::test]` per body of the named sets (`contract`, `schema`, `fair_share`) for a
+/// fixture.
 macro_rules! conformance {
     ($module:ident: $fixture:ty; $($set:ident),+ $(,)?) => {
         mod $module {
@@ -231,6 +234,16 @@ macro_rules! conformance {
             an_application_table_is_relayed_through_the_column_mapping,
         );
     };
+    (@fair_share $fixture:ty) => {
+        conformance!(@tests fair_share, $fixture;
+            a_small_tenant_is_not_held_back_behind_a_big_tenants_backlog,
+            tenants_take_turns_when_more_wait_than_a_batch_holds,
+            concurrent_fair_claims_are_disjoint_and_skip_paused_tenants,
+            fair_heads_keep_key_order,
+            a_table_without_the_tenant_index_or_a_tenant_column_is_refused,
+            the_tenant_the_fill_serves_is_passed_over_once_and_never_left_out_for_good,
+        );
+    };
     (@tests $set:ident, $fixture:ty; $($body:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,7 +254,7 @@ macro_rules! conformance {
     };
 }
 
-conformance!(postgres: databases::PgFixture; contract, schema);
-conformance!(mariadb: databases::MyFixture; contract, schema);
-conformance!(sqlite: databases::LiteFixture; contract, schema);
+conformance!(postgres: databases::PgFixture; contract, schema, fair_share);
+conformance!(mariadb: databases::MyFixture; contract, schema, fair_share);
+conformance!(sqlite: databases::LiteFixture; contract, schema, fair_share);
 conformance!(in_memory: memory::MemoryFixture; contract);

@@ -25,6 +25,10 @@ const MAX_IDENTIFIER: usize = 64;
 /// Characters of a long text column that go into an index (191 × 4 bytes of utf8mb4 keep two
 /// of them and the other key parts under InnoDB's 3072-byte limit).
 const INDEX_PREFIX: u32 = 191;
+/// The longest tenant column the tenant index holds whole: `relay.fair_share`'s walk is a
+/// loose index scan (`GROUP BY` tenant), which MySQL does on whole columns only. 255 × 4 bytes
+/// and the other key parts stay under the 3072-byte limit.
+const TENANT_WHOLE: u32 = 255;
 
 /// Existing rows get `{}` headers, the time of the migration as `created_at`, and — for a new
 /// order column — numbers in primary-key order.
@@ -43,8 +47,14 @@ impl DdlTypes for MyTypes {
     const TABLE_OPTIONS: &'static str = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 }
 
-/// Creates or upgrades the table and its indexes (see the module documentation).
-pub(super) async fn migrate(pool: &MySqlPool, spec: &TableSpec) -> Result<Layout, StoreError> {
+/// Creates or upgrades the table and its indexes (see the module documentation); with
+/// `tenant_index`, also the index `relay.fair_share` walks ([`ddl::tenant_index`]): only then,
+/// as every index costs the application's inserts.
+pub(super) async fn migrate(
+    pool: &MySqlPool,
+    spec: &TableSpec,
+    tenant_index: bool,
+) -> Result<Layout, StoreError> {
     let mut conn = pool.acquire().await?;
     let table = spec.name.quoted_with('`');
     let locked: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -59,7 +69,7 @@ pub(super) async fn migrate(pool: &MySqlPool, spec: &TableSpec) -> Result<Layout
             "another `sluice migrate` of {table} did not finish within {MIGRATE_LOCK_WAIT_SECS} s"
         ))));
     }
-    let migrated = migrate_locked(&mut conn, spec).await;
+    let migrated = migrate_locked(&mut conn, spec, tenant_index).await;
     let released = sqlx::query(AssertSqlSafe(format!("DO RELEASE_LOCK({MIGRATE_LOCK})")))
         .bind(&table)
         .execute(&mut *conn)
@@ -72,6 +82,7 @@ pub(super) async fn migrate(pool: &MySqlPool, spec: &TableSpec) -> Result<Layout
 async fn migrate_locked(
     conn: &mut MySqlConnection,
     spec: &TableSpec,
+    tenant_index: bool,
 ) -> Result<Layout, StoreError> {
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     if found.is_empty() {
@@ -90,7 +101,7 @@ async fn migrate_locked(
     }
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     let layout = check::<MyTypes>(spec, &found)?;
-    for (name, sql) in index_sql(&layout, &found) {
+    for (name, sql) in index_sql(&layout, &found, tenant_index) {
         let exists: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.STATISTICS
               WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
@@ -134,6 +145,14 @@ fn add_columns(table: &TableName, missing: &[(String, &str)]) -> String {
     sql
 }
 
+/// The statement creating the tenant index of `relay.fair_share`, for the refusal that asks
+/// for it (`None` without a tenant column).
+pub(super) fn tenant_index_sql(layout: &Layout, found: &[FoundColumn]) -> Option<String> {
+    let name = index_name(layout.table.table(), &ddl::tenant_index(layout)?.suffix);
+    let mut indexes = index_sql(layout, found, true).into_iter();
+    indexes.find(|(n, _)| *n == name).map(|(_, sql)| sql)
+}
+
 /// `table` + `suffix`, shortened to MySQL's identifier limit (with a hash of the table name,
 /// so two long names stay apart).
 fn index_name(table: &str, suffix: &str) -> String {
@@ -147,8 +166,8 @@ fn index_name(table: &str, suffix: &str) -> String {
     format!("{}_{hex}{suffix}", &table[..keep.min(table.len())])
 }
 
-/// A key part for `column`: long text columns by a prefix.
-fn key_part(found: &[FoundColumn], column: &ColumnName) -> String {
+/// A key part for `column`: text columns longer than `whole` characters by a prefix.
+fn key_part(found: &[FoundColumn], column: &ColumnName, whole: u32) -> String {
     let long = found
         .iter()
         .find(|c| c.name == column.as_str())
@@ -159,7 +178,7 @@ fn key_part(found: &[FoundColumn], column: &ColumnName) -> String {
                 .and_then(|(_, rest)| rest.split(')').next())
                 .and_then(|n| n.trim().parse().ok());
             match c.base.as_str() {
-                "char" | "varchar" => length.is_none_or(|n| n > INDEX_PREFIX),
+                "char" | "varchar" => length.is_none_or(|n| n > whole),
                 b => TEXT_TYPES.contains(&b),
             }
         });
@@ -174,16 +193,19 @@ fn key_part(found: &[FoundColumn], column: &ColumnName) -> String {
 /// MySQL has no partial indexes: the bookkeeping columns an index's filter tests follow its
 /// leading key parts, so it reads only unsent rows, in claim order. Each as (unquoted name,
 /// statement). The dead rows' index would have the unsent rows' key parts (`dead_at` is one of
-/// them) and is left out.
-fn index_sql(layout: &Layout, found: &[FoundColumn]) -> Vec<(String, String)> {
+/// them) and is left out. With `tenant_index`, also the tenant index (whole tenant values up
+/// to [`TENANT_WHOLE`] characters).
+fn index_sql(layout: &Layout, found: &[FoundColumn], tenant_index: bool) -> Vec<(String, String)> {
     let table = layout.table.quoted_with('`');
     let mut made: Vec<Vec<String>> = Vec::new();
     let mut indexes = Vec::new();
-    for index in ddl::indexes(layout) {
+    let tenant = tenant_index.then(|| ddl::tenant_index(layout)).flatten();
+    let all = ddl::indexes(layout).into_iter().map(|i| (i, INDEX_PREFIX));
+    for (index, whole) in all.chain(tenant.map(|i| (i, TENANT_WHOLE))) {
         let parts: Vec<String> = index
             .leading
             .iter()
-            .map(|c| key_part(found, c))
+            .map(|c| key_part(found, c, whole))
             .chain(index.filter_columns.iter().map(|c| (*c).to_owned()))
             .chain(index.order.iter().map(|c| c.quoted_with('`')))
             .collect();
@@ -272,7 +294,7 @@ mod tests {
             found("aggregatetype", "varchar(64)"),
             found("aggregateid", "text"),
         ];
-        let indexes = index_sql(&debezium_layout(), &found);
+        let indexes = index_sql(&debezium_layout(), &found, true);
         let names: Vec<&str> = indexes.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(
             names,
@@ -296,6 +318,28 @@ mod tests {
     }
 
     #[test]
+    fn the_tenant_index_holds_whole_tenants_for_a_loose_scan() {
+        let layout = crate::store::test_layouts::sluice_layout();
+        let whole = [found("tenant", "varchar(255)")];
+        assert!(
+            index_sql(&layout, &whole, false)
+                .iter()
+                .all(|(n, _)| !n.contains("tenant"))
+        );
+        assert_eq!(
+            tenant_index_sql(&layout, &whole).as_deref(),
+            Some(
+                "CREATE INDEX `outbox_unsent_tenant_idx` ON `outbox` \
+                 (`tenant`, published_at, dead_at, `id`)"
+            )
+        );
+        let long = [found("tenant", "varchar(1024)")];
+        let sql = tenant_index_sql(&layout, &long).unwrap_or_default();
+        assert!(sql.contains("(`tenant`(191), published_at"), "{sql}");
+        assert_eq!(tenant_index_sql(&debezium_layout(), &whole), None);
+    }
+
+    #[test]
     fn long_names_are_shortened_and_long_texts_indexed_by_prefix() {
         let long = "t".repeat(63);
         let name = index_name(&long, "_unsent_key_sluice_seq_idx");
@@ -311,8 +355,8 @@ mod tests {
             found("c", "text"),
         ];
         let col = |n: &str| ColumnName::parse(n).unwrap();
-        assert_eq!(key_part(&cols, &col("a")), "`a`");
-        assert_eq!(key_part(&cols, &col("b")), "`b`(191)");
-        assert_eq!(key_part(&cols, &col("c")), "`c`(191)");
+        assert_eq!(key_part(&cols, &col("a"), INDEX_PREFIX), "`a`");
+        assert_eq!(key_part(&cols, &col("b"), INDEX_PREFIX), "`b`(191)");
+        assert_eq!(key_part(&cols, &col("c"), INDEX_PREFIX), "`c`(191)");
     }
 }

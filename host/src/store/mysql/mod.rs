@@ -11,7 +11,9 @@
 //! - [`schema`]: reading `information_schema` and the MySQL types (the checked layout)
 //! - [`mod@migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements; a claimed batch is a [`TxBatch`] of them
+//! - [`fair`]: `relay.fair_share`'s heads
 
+mod fair;
 mod migrate;
 mod schema;
 mod sql;
@@ -28,12 +30,13 @@ use super::dialect::Driver;
 use super::driver::StoreDriver;
 use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
-use crate::model::TenantId;
+use crate::model::{OutboxId, TenantId};
 use crate::store::batch::TxBatch;
+use crate::store::fair::TenantTurn;
 use crate::store::layout_sql::LayoutSql;
-use crate::store::rows::decode_claimed;
+use crate::store::rows::{column, decode_claimed};
 use crate::store::schema::check;
-use crate::store::statement::impl_execute;
+use crate::store::statement::{ReadRow, impl_execute};
 use sql::Statements;
 
 impl_execute!(MySql, MySqlRow, DateTime<Utc>, |time| time);
@@ -87,10 +90,14 @@ async fn check_version(pool: &MySqlPool) -> Result<(), StoreError> {
 
 /// Creates or upgrades the table (see [`migrate::migrate`]) and returns a one-line
 /// description of what Sluice will relay from.
-pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+pub(super) async fn migrate(
+    url: &str,
+    spec: &TableSpec,
+    options: &StoreOptions,
+) -> Result<String, StoreError> {
     let pool = connect(url, 1).await?;
     check_version(&pool).await?;
-    let layout = migrate::migrate(&pool, spec).await?;
+    let layout = migrate::migrate(&pool, spec, options.fair_share.is_some()).await?;
     Ok(layout.summary())
 }
 
@@ -98,6 +105,8 @@ pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, Store
 pub struct MyStore {
     pool: MySqlPool,
     statements: Arc<Statements>,
+    /// `relay.fair_share`: where the next walk over the tenants starts.
+    turn: TenantTurn,
 }
 
 impl MyStore {
@@ -113,11 +122,15 @@ impl MyStore {
         check_version(&pool).await?;
         let found = schema::read_columns(&pool, &spec.name).await?;
         let layout = check::<schema::MyTypes>(spec, &found)?;
+        if options.fair_share.is_some() {
+            fair::check_table(&pool, &layout, &found).await?;
+        }
         tracing::info!(table = %layout.table, layout = %layout.summary(), "outbox table checked");
         let statements = Statements::new(LayoutSql::new(layout, Driver::Mysql), options);
         Ok(Self {
             pool,
             statements: Arc::new(statements),
+            turn: TenantTurn::default(),
         })
     }
 
@@ -153,15 +166,47 @@ impl StoreDriver for MyStore {
         paused: &[TenantId],
     ) -> Result<Claim<StoreBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let mut query = sqlx::query(AssertSqlSafe(self.statements.claim.sql(paused.len())));
-        for tenant in paused.iter().map(TenantId::name) {
-            query = query.bind(tenant);
+        let s = &self.statements;
+        let names: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
+        let (heads, head_ids) = match &s.fair {
+            Some(walk) => fair::claim_heads(&mut tx, s, walk, &self.turn, &names, limit).await?,
+            None => (Vec::new(), Vec::new()),
+        };
+        let room = limit - heads.len().min(limit);
+        // The claim in claim order (with `relay.fair_share`: past the heads, up to the room
+        // they left; a transaction's own row locks do not make SKIP LOCKED skip a row).
+        let filled = if room > 0 {
+            let mut query = sqlx::query(AssertSqlSafe(
+                s.claim.excluding(names.len(), head_ids.len()),
+            ));
+            for tenant in &names {
+                query = query.bind(*tenant);
+            }
+            let pad = sql::placeholder_count(head_ids.len()) - head_ids.len();
+            let first = head_ids
+                .first()
+                .into_iter()
+                .flat_map(|id| std::iter::repeat_n(id, pad));
+            for id in head_ids.iter().chain(first) {
+                query = match id {
+                    OutboxId::Int(n) => query.bind(*n),
+                    OutboxId::Text(text) => query.bind(text.as_ref()),
+                };
+            }
+            let room = i64::try_from(room).unwrap_or(i64::MAX);
+            query.bind(room).fetch_all(&mut *tx).await?
+        } else {
+            Vec::new()
+        };
+        if let Some(walk) = &s.fair {
+            let tenants = filled
+                .iter()
+                .filter_map(|row| row.text(column::TENANT).ok());
+            self.turn.filled(tenants, walk.share);
         }
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let raw = query.bind(limit).fetch_all(&mut *tx).await?;
-        let batch = StoreBatch::Mysql(TxBatch::new(tx, Arc::clone(&self.statements)));
-        let sql = &self.statements.sql;
-        Claim::of(batch, raw.iter().map(|row| decode_claimed(row, sql)))
+        let batch = StoreBatch::Mysql(TxBatch::new(tx, Arc::clone(s)));
+        let rows = heads.iter().chain(&filled);
+        Claim::of(batch, rows.map(|row| decode_claimed(row, &s.sql)))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::model::OutboxId;
 use crate::store::batch::ChunkedRows;
 use crate::store::dialect::Driver;
+use crate::store::fair::FairWalk;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::bind_failure;
 use crate::store::statement::{Param, Statement};
@@ -23,15 +24,18 @@ pub(crate) struct WithPaused {
     head: String,
     /// One paused tenant's condition.
     filter: String,
+    /// The id column, for [`WithPaused::excluding`].
+    id: String,
     tail: String,
     unfiltered: Arc<str>,
 }
 
 impl WithPaused {
-    fn new(head: String, tenant: &str, tail: String) -> Self {
+    fn new(head: String, tenant: &str, id: &str, tail: String) -> Self {
         Self {
             unfiltered: format!("{head}{tail}").into(),
             filter: format!(" AND NOT ({})", Driver::Mysql.null_safe_eq(tenant, "?")),
+            id: id.to_owned(),
             head,
             tail,
         }
@@ -39,10 +43,31 @@ impl WithPaused {
 
     /// The statement for `paused` tenants; their names bind in place of the filter.
     pub(crate) fn sql(&self, paused: usize) -> Arc<str> {
-        if paused == 0 {
+        self.excluding(paused, 0)
+    }
+
+    /// … and for `excluded` ids, bound after the paused tenants: `excluded` is padded to
+    /// [`placeholder_count`] (bind the first id again in the padding: a NULL in `NOT IN`
+    /// would exclude every row).
+    pub(crate) fn excluding(&self, paused: usize, excluded: usize) -> Arc<str> {
+        if paused == 0 && excluded == 0 {
             return Arc::clone(&self.unfiltered);
         }
-        format!("{}{} {}", self.head, self.filter.repeat(paused), self.tail).into()
+        let ids = match excluded {
+            0 => String::new(),
+            n => format!(
+                " AND o.{} NOT IN ({})",
+                self.id,
+                vec!["?"; placeholder_count(n)].join(", ")
+            ),
+        };
+        format!(
+            "{}{}{ids} {}",
+            self.head,
+            self.filter.repeat(paused),
+            self.tail
+        )
+        .into()
     }
 }
 
@@ -52,6 +77,10 @@ pub struct Statements {
     pub(crate) sql: LayoutSql,
     pub(crate) claim: WithPaused,
     pub(crate) due: WithPaused,
+    /// `relay.fair_share`'s walk (`None` without it or without a tenant column).
+    pub(crate) fair: Option<FairWalk>,
+    /// The claim's key-order filter (empty without `ordering = "key"`).
+    key_order: String,
     mark: MarkMode,
 }
 
@@ -68,6 +97,7 @@ impl Statements {
                 columns = sql.claimed_columns("o"),
             ),
             &sql.tenant_expr("o"),
+            &sql.id,
             format!(
                 "{key_order}
                   ORDER BY {order_by}
@@ -79,14 +109,40 @@ impl Statements {
         let due = WithPaused::new(
             format!("SELECT CAST(EXISTS (SELECT 1 FROM {table} AS o WHERE {due_head}"),
             &sql.tenant_expr("o"),
+            &sql.id,
             format!("{key_order}) AS SIGNED)"),
         );
+        let fair = options
+            .fair_share
+            .and_then(|share| FairWalk::new(&sql, share.get(), &key_order));
         Self {
             claim,
             due,
+            fair,
+            key_order,
             mark: options.mark,
             sql,
         }
+    }
+
+    /// Locks the rows of `ids` that are still due (`FOR UPDATE SKIP LOCKED`, as the claim):
+    /// `relay.fair_share`'s heads, picked by an unlocked walk. Joined by id as marking is (see
+    /// [`Statements::values`]): MariaDB otherwise reads the ids through the unsent rows' index
+    /// and locks every row of it, and the next relay's claim finds none.
+    pub(crate) fn lock(&self, ids: &[OutboxId]) -> Statement {
+        let mut statement = Statement::new(Driver::Mysql);
+        let rows = self.values(&mut statement, ids, 1, |st, id| {
+            format!("{} AS id", self.sql.bind_id(st, id))
+        });
+        let text = format!(
+            "SELECT {columns} FROM {rows}
+              WHERE {due} {key_order}
+                FOR UPDATE SKIP LOCKED",
+            columns = self.sql.claimed_columns("o"),
+            due = LayoutSql::due("UTC_TIMESTAMP(6)"),
+            key_order = self.key_order,
+        );
+        statement.with_sql(text)
     }
 
     /// The rows of `items` (one `SELECT` of `width` columns each, the id first, `bind` binding
@@ -155,7 +211,7 @@ impl ChunkedRows for Statements {
 /// statement it evicts is closed with a packet MySQL does not answer, which stalls the next
 /// statement for a delayed ACK (40 ms) under Nagle's algorithm. Powers of two keep each
 /// connection at a handful of texts.
-fn placeholder_count(n: usize) -> usize {
+pub(crate) fn placeholder_count(n: usize) -> usize {
     n.max(1).next_power_of_two()
 }
 

@@ -1,25 +1,9 @@
-//! `relay.fair_share`: a batch first takes the oldest due rows of each tenant with rows
-//! waiting, up to the share each, and only then fills up in claim order.
-//!
-//! A claim in claim order alone is first-in-first-out across tenants: one tenant's backlog of
-//! a million rows (a migration, a bulk import) delays every other tenant's rows behind it until
-//! it has drained. The heads statement walks the tenants that have due rows in the order of
-//! the tenant column — a loose scan of the `<table>_unsent_tenant…_idx` index that `sluice
-//! migrate --config` creates when the config sets `fair_share`: one index probe per tenant,
-//! however many rows each has — and takes the
-//! first `share` due rows of each, `FOR UPDATE SKIP LOCKED` like the claim. When more tenants
-//! wait than a batch has room for, the next walk starts after the last tenant this one
-//! visited ([`TenantTurn`]), so every tenant gets its turn. Rows without a tenant take theirs
-//! when a walk reaches the last tenant. A tenant of which the previous fill took a whole share
-//! or more — the one with the backlog at the front of the claim order — is passed over: the
-//! fill serves it.
-//!
-//! Order is kept: a tenant's heads are its first due rows in claim order, the same filters
-//! (paused tenants, key order) apply as in the claim, and the fill takes only rows that are
-//! not heads, after them in the batch.
+//! PostgreSQL's `relay.fair_share` (what it does: [`crate::store::fair`]): one statement walks
+//! the tenants with due rows — a recursive loose scan of the `<table>_unsent_tenant…_idx`
+//! index, one probe per tenant — joined `LATERAL` to each tenant's first `share` due rows,
+//! `FOR UPDATE SKIP LOCKED` like the claim.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row, ValueRef};
@@ -28,6 +12,7 @@ use super::schema::PgTypes;
 use super::sql::{FairClaim, unpaused};
 use crate::store::StoreError;
 use crate::store::ddl;
+use crate::store::fair::{TenantTurn, check_tenant_index, passed_over};
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::column;
 use crate::store::schema::Layout;
@@ -35,39 +20,27 @@ use crate::store::schema::Layout;
 /// Refuses a table the walk cannot serve: one without a tenant column, or without an index
 /// led by it (without one, every probe of the walk reads the whole table).
 pub(super) async fn check_table(pool: &PgPool, layout: &Layout) -> Result<(), StoreError> {
-    let refuse = |message: String| StoreError::FairShare {
-        table: layout.table.to_string(),
-        message,
+    let indexed: bool = match &layout.tenant {
+        Some(tenant) => {
+            sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_index i
+                                  JOIN pg_attribute a ON a.attrelid = i.indrelid
+                                                     AND a.attnum = i.indkey[0]
+                                 WHERE i.indrelid = to_regclass($1) AND i.indisvalid
+                                   AND a.attname = $2)",
+            )
+            .bind(layout.table.to_string())
+            .bind(tenant.as_str())
+            .fetch_one(pool)
+            .await?
+        }
+        None => false,
     };
-    let Some(tenant) = &layout.tenant else {
-        return Err(refuse(
-            "has no tenant column, and shares are per tenant (name it in \
-             database.columns.tenant, or remove relay.fair_share)"
-                .to_owned(),
-        ));
-    };
-    let indexed: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_index i
-                          JOIN pg_attribute a ON a.attrelid = i.indrelid
-                                             AND a.attnum = i.indkey[0]
-                         WHERE i.indrelid = to_regclass($1) AND i.indisvalid
-                           AND a.attname = $2)",
-    )
-    .bind(layout.table.to_string())
-    .bind(tenant.as_str())
-    .fetch_one(pool)
-    .await?;
-    if indexed {
-        return Ok(());
-    }
-    let create = ddl::partial_indexes::<PgTypes>(layout, ddl::tenant_index(layout))
-        .pop()
-        .unwrap_or_default();
-    Err(refuse(format!(
-        "has no index led by its tenant column {tenant}, so each batch would read the whole \
-         table to find the tenants with rows waiting; run `sluice migrate --config` with this \
-         config, or: {create}"
-    )))
+    check_tenant_index(layout, indexed, || {
+        ddl::partial_indexes::<PgTypes>(layout, ddl::tenant_index(layout))
+            .pop()
+            .unwrap_or_default()
+    })
 }
 
 /// The heads statements of one table (see the module documentation). Parameters: `$1` the
@@ -197,11 +170,7 @@ pub(super) async fn claim_heads(
     limit: usize,
 ) -> Result<Vec<PgRow>, StoreError> {
     let served = turn.served();
-    let skip: Vec<Option<&str>> = paused
-        .iter()
-        .copied()
-        .chain(served.iter().map(Option::as_deref))
-        .collect();
+    let skip = passed_over(paused, &served);
     let after = turn.start();
     let first = match &after {
         Some(tenant) => (&fair.heads.heads_after, Some(tenant)),
@@ -229,7 +198,7 @@ pub(super) async fn claim_heads(
             heads = more;
         }
     }
-    turn.walked(&heads);
+    turn.walked(heads.cut, heads.last);
     Ok(heads.rows)
 }
 
@@ -253,90 +222,11 @@ async fn walk(
     Heads::read(query.fetch_all(&mut *tx).await?, limit)
 }
 
-/// Where the next walk over the tenants starts, and which tenants the fill serves (shared by
-/// the process's workers).
-#[derive(Debug, Default)]
-pub(super) struct TenantTurn {
-    /// After the last tenant a walk that was cut short visited; `None`: at the first.
-    after: Mutex<Option<String>>,
-    /// The tenants (`None`: rows without one) of which the last fill took a whole share or
-    /// more: those at the front of the claim order, as a tenant with a backlog is. The next
-    /// walk passes them over: the fill serves them anyway, and taking their heads would read
-    /// past every row the batches in flight hold locked (measured: 3 ms instead of 0.1 ms a
-    /// walk with 2,000 rows locked ahead; a third of a drain's rate).
-    served: Mutex<Vec<Option<String>>>,
-}
-
-impl TenantTurn {
-    /// The tenant the next walk starts after (`None`: from the first).
-    pub(super) fn start(&self) -> Option<String> {
-        self.lock().clone()
-    }
-
-    /// A walk ended: if it was cut short ([`Heads::cut`]) the next one goes on after its
-    /// last tenant; if it reached the last tenant with rows, the next one starts from the
-    /// first again.
-    pub(super) fn walked(&self, heads: &Heads) {
-        *self.lock() = if heads.cut { heads.last.clone() } else { None };
-    }
-
-    /// The tenants the last fill served (see [`TenantTurn::served`]).
-    pub(super) fn served(&self) -> Vec<Option<String>> {
-        self.served
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// A fill claimed `rows` (none when the heads left no room): the tenants of which it
-    /// took `share` rows or more are passed over by the next walk. A batch without a fill
-    /// clears them, so a tenant is never left to a fill that does not run.
-    pub(super) fn filled(&self, rows: &[PgRow], share: usize) {
-        let mut counts: HashMap<Option<String>, usize> = HashMap::new();
-        for row in rows {
-            if let Ok(tenant) = row.try_get::<Option<String>, _>(column::TENANT) {
-                *counts.entry(tenant).or_default() += 1;
-            }
-        }
-        let served = counts
-            .into_iter()
-            .filter(|(_, n)| *n >= share)
-            .map(|(tenant, _)| tenant)
-            .collect();
-        *self.served.lock().unwrap_or_else(PoisonError::into_inner) = served;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.after.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::dialect::Driver;
     use crate::store::test_layouts::{debezium_layout, sluice_layout, squash};
-
-    fn heads(cut: bool, last: Option<&str>) -> Heads {
-        Heads {
-            rows: Vec::new(),
-            last: last.map(str::to_owned),
-            cut,
-        }
-    }
-
-    #[test]
-    fn a_walk_cut_short_goes_on_after_its_last_tenant_and_one_that_ended_starts_over() {
-        let turn = TenantTurn::default();
-        assert_eq!(turn.start(), None);
-        turn.walked(&heads(true, Some("t0499")));
-        assert_eq!(turn.start().as_deref(), Some("t0499"));
-        turn.walked(&heads(true, Some("t0549")));
-        assert_eq!(turn.start().as_deref(), Some("t0549"));
-        // Reached the last tenant with room to spare: from the first again.
-        turn.walked(&heads(false, Some("t0569")));
-        assert_eq!(turn.start(), None);
-    }
 
     #[test]
     fn the_walk_probes_the_tenant_index_and_locks_heads_like_the_claim() {

@@ -19,9 +19,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Row};
 
 use crate::store::batch::TxBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
@@ -31,6 +31,7 @@ pub(super) use sql::PgBatch;
 use super::connect::{self, CONNECT_TIMEOUT};
 use super::dialect::Driver;
 use super::driver::StoreDriver;
+use super::fair::TenantTurn;
 use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
@@ -39,7 +40,6 @@ use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::{column, decode_claimed, read_id, unreadable_key};
 use crate::store::statement::impl_execute;
 use cursor::ClaimCursor;
-use fair::TenantTurn;
 use sql::Statements;
 
 impl_execute!(Postgres, PgRow, DateTime<Utc>, |time| time);
@@ -216,7 +216,10 @@ impl StoreDriver for PgStore {
             self.cursor.claimed(started, filled.len(), room, highest);
         }
         if let Some(fair) = &s.fair {
-            self.turn.filled(&filled, fair.share);
+            let tenants = filled
+                .iter()
+                .filter_map(|row| row.try_get(column::TENANT).ok());
+            self.turn.filled(tenants, fair.share);
         }
         let batch = StoreBatch::Postgres(TxBatch::new(tx, Arc::clone(&s.batch)));
         let rows = heads.iter().chain(&filled);

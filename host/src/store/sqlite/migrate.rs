@@ -33,10 +33,12 @@ impl DdlTypes for LiteTypes {
     const TEXT: &'static str = "TEXT";
 }
 
-/// Creates or upgrades the table and its indexes inside the caller's write transaction.
+/// Creates or upgrades the table and its indexes inside the caller's write transaction; with
+/// `tenant_index`, also the index `relay.fair_share` walks ([`ddl::tenant_index`]).
 pub(super) async fn migrate(
     conn: &mut SqliteConnection,
     spec: &TableSpec,
+    tenant_index: bool,
 ) -> Result<Layout, StoreError> {
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     let changes = if found.is_empty() {
@@ -55,7 +57,8 @@ pub(super) async fn migrate(
     }
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     let layout = check::<LiteTypes>(spec, &found)?;
-    for sql in ddl::partial_indexes::<LiteTypes>(&layout, None) {
+    let tenant = tenant_index.then(|| ddl::tenant_index(&layout)).flatten();
+    for sql in ddl::partial_indexes::<LiteTypes>(&layout, tenant) {
         conn.execute(AssertSqlSafe(sql)).await?;
     }
     Ok(layout)

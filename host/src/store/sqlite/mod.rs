@@ -41,6 +41,7 @@ use super::{StoreOptions, TableSpec};
 use super::{connect, prune, settle};
 use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::store::dialect::millis;
+use crate::store::fair::{TenantTurn, pick_heads};
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::{column, decode_claimed, unreadable_key};
 use crate::store::schema::check;
@@ -123,11 +124,15 @@ async fn connect(url: &str, connections: u32, create: bool) -> Result<SqlitePool
 
 /// Creates the database file if missing, creates or upgrades the table (see
 /// [`migrate::migrate`]) and returns a one-line description of what Sluice will relay from.
-pub(super) async fn migrate(url: &str, spec: &TableSpec) -> Result<String, StoreError> {
+pub(super) async fn migrate(
+    url: &str,
+    spec: &TableSpec,
+    options: &StoreOptions,
+) -> Result<String, StoreError> {
     let pool = connect(url, 1, true).await?;
     let mut tx = pool.begin_with(BEGIN_WRITE).await?;
     // Refused: `tx` is dropped, which rolls everything back.
-    let layout = migrate::migrate(&mut tx, spec).await?;
+    let layout = migrate::migrate(&mut tx, spec, options.fair_share.is_some()).await?;
     tx.commit().await?;
     pool.close().await;
     Ok(layout.summary())
@@ -142,6 +147,8 @@ pub struct LiteStore {
     /// processes'.
     process: String,
     batches: AtomicU64,
+    /// `relay.fair_share`: where the next walk over the tenants starts.
+    turn: TenantTurn,
 }
 
 impl LiteStore {
@@ -156,6 +163,9 @@ impl LiteStore {
         let pool = connect(url, connections, false).await?;
         let found = schema::read_columns(&mut *pool.acquire().await?, &spec.name).await?;
         let layout = check::<schema::LiteTypes>(spec, &found)?;
+        if options.fair_share.is_some() {
+            schema::check_tenant_index(&pool, &layout).await?;
+        }
         tracing::info!(table = %layout.table, layout = %layout.summary(), lease = ?options.lease,
             "outbox table checked");
         let statements = Statements::new(LayoutSql::new(layout, Driver::Sqlite), options);
@@ -165,6 +175,7 @@ impl LiteStore {
             lease: options.lease,
             process: format!("{:x}-{:016x}:", std::process::id(), fastrand::u64(..)),
             batches: AtomicU64::new(0),
+            turn: TenantTurn::default(),
         })
     }
 
@@ -207,16 +218,50 @@ impl StoreDriver for LiteStore {
     ) -> Result<Claim<StoreBatch>, StoreError> {
         let token = self.next_token();
         let now = now_ms();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let s = &self.statements;
+        let lease = |sql: &Arc<str>, limit: usize| {
+            sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+                .bind(token.clone())
+                .bind(now.saturating_add(millis(self.lease)))
+                .bind(now)
+                .bind(Self::paused_json(paused))
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        };
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
-        let raw = sqlx::query(AssertSqlSafe(Arc::clone(&self.statements.claim)))
-            .bind(token.clone())
-            .bind(now.saturating_add(millis(self.lease)))
-            .bind(now)
-            .bind(Self::paused_json(paused))
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
+        // `relay.fair_share`: the heads first. The claim that fills up after them passes over
+        // them as leased.
+        let mut raw = match &s.fair {
+            Some(walk) => {
+                let names: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
+                let ids =
+                    pick_heads::<Sqlite>(&mut tx, walk, &s.sql, &self.turn, &names, limit).await?;
+                // Ids are numbers or strings: nothing here fails to serialise.
+                let ids = serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned());
+                match ids.as_str() {
+                    "[]" => Vec::new(),
+                    _ => {
+                        lease(&s.claim_heads, limit)
+                            .bind(ids)
+                            .fetch_all(&mut *tx)
+                            .await?
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        let room = limit - raw.len().min(limit);
+        if room > 0 {
+            let filled = lease(&s.claim, room).fetch_all(&mut *tx).await?;
+            if let Some(walk) = &s.fair {
+                let tenants = filled
+                    .iter()
+                    .filter_map(|row| row.text(column::TENANT).ok());
+                self.turn.filled(tenants, walk.share);
+            }
+            raw.extend(filled);
+        } else if let Some(walk) = &s.fair {
+            self.turn.filled([], walk.share);
+        }
         tx.commit().await?;
         let mut claimed = raw
             .iter()

@@ -7,11 +7,12 @@
 //! (read as UTC unless it names an offset).
 
 use sqlx::Row;
-use sqlx::sqlite::SqliteConnection;
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
 
 use crate::store::columns::{ColumnName, Holds};
-use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
+use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, TimeKind};
 use crate::store::{StoreError, TableName};
+use crate::store::{ddl, fair};
 
 /// SQLite's type affinity of a declared type (<https://sqlite.org/datatype3.html>, 3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +107,35 @@ impl ColumnTypes for LiteTypes {
             "e.g. CREATE UNIQUE INDEX ON {table} ({column}) (SQLite cannot add a primary key to a table)"
         )
     }
+}
+
+/// Refuses a table `relay.fair_share`'s walk cannot serve: no tenant column, or no index led
+/// by it (see [`check_tenant_index`]).
+pub(super) async fn check_tenant_index(
+    pool: &SqlitePool,
+    layout: &Layout,
+) -> Result<(), StoreError> {
+    let indexed = match &layout.tenant {
+        Some(tenant) => {
+            let found: i64 = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) AS l
+                                 WHERE (SELECT name FROM pragma_index_info(l.name, ?2)
+                                         WHERE seqno = 0) = ?3)",
+            )
+            .bind(layout.table.table())
+            .bind(layout.table.schema().unwrap_or("main"))
+            .bind(tenant.as_str())
+            .fetch_one(pool)
+            .await?;
+            found != 0
+        }
+        None => false,
+    };
+    fair::check_tenant_index(layout, indexed, || {
+        ddl::partial_indexes::<LiteTypes>(layout, ddl::tenant_index(layout))
+            .pop()
+            .unwrap_or_default()
+    })
 }
 
 /// Reads the table's columns (`pragma_table_info`) and which of them the primary key or a

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::model::OutboxId;
 use crate::store::dialect::Driver;
+use crate::store::fair::FairWalk;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::bind_failure;
 use crate::store::statement::{Param, Statement};
@@ -43,6 +44,11 @@ pub(super) struct Statements {
     pub sql: LayoutSql,
     /// Binds: token, lease deadline, now, paused tenants (JSON array), limit.
     pub claim: Arc<str>,
+    /// The claim of given rows (`relay.fair_share`'s heads): binds as the claim, then the ids
+    /// (JSON array).
+    pub claim_heads: Arc<str>,
+    /// `relay.fair_share`'s walk (`None` without it or without a tenant column).
+    pub fair: Option<FairWalk>,
     /// Binds: now, paused tenants (JSON array).
     pub due: Arc<str>,
     mark: MarkMode,
@@ -51,40 +57,55 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(sql: LayoutSql, options: StoreOptions) -> Self {
         let table = &sql.table;
+        // Not leased, or the lease expired; and in key order.
+        let key_order = sql.key_order_filter(options.ordering, options.after_dead);
+        let free = |now: &str| {
+            format!("AND (o.lease_until IS NULL OR o.lease_until <= {now}) {key_order}")
+        };
         let due = |now: &str, paused: &str| {
             format!(
                 "{due}
-                    AND (o.lease_until IS NULL OR o.lease_until <= {now})
                     AND NOT EXISTS (SELECT 1 FROM json_each({paused}) AS paused
                                      WHERE {paused_tenant})
-                    {key_order}",
+                    {free}",
                 due = LayoutSql::due(now),
                 paused_tenant = sql
                     .dialect
                     .null_safe_eq("paused.value", &sql.tenant_expr("o")),
-                key_order = sql.key_order_filter(options.ordering, options.after_dead),
+                free = free(now),
             )
         };
-        let claim = format!(
-            "UPDATE {table} SET leased_by = ?1, lease_until = ?2
-              WHERE {id} IN (SELECT o.{id} FROM {table} AS o
-                              WHERE {due}
-                              ORDER BY {order_by}
-                              LIMIT ?5)
-             RETURNING {columns}, CAST({order} AS INTEGER) AS claim_order",
-            id = sql.id,
-            due = due("?3", "?4"),
-            order_by = sql.order_by("o"),
-            columns = sql.claimed_columns(""),
-            order = sql.order,
-        );
+        let claim = |only: &str| {
+            format!(
+                "UPDATE {table} SET leased_by = ?1, lease_until = ?2
+                  WHERE {id} IN (SELECT o.{id} FROM {table} AS o
+                                  WHERE {due} {only}
+                                  ORDER BY {order_by}
+                                  LIMIT ?5)
+                 RETURNING {columns}, CAST({order} AS INTEGER) AS claim_order",
+                id = sql.id,
+                due = due("?3", "?4"),
+                order_by = sql.order_by("o"),
+                columns = sql.claimed_columns(""),
+                order = sql.order,
+            )
+        };
+        let fair = options
+            .fair_share
+            .and_then(|share| FairWalk::new(&sql, share.get(), &free(FairWalk::NOW)));
         Self {
             due: format!(
                 "SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {})",
                 due("?1", "?2")
             )
             .into(),
-            claim: claim.into(),
+            claim: claim("").into(),
+            claim_heads: claim(&format!(
+                "AND o.{} IN (SELECT value FROM json_each(?6))",
+                sql.id
+            ))
+            .into(),
+            fair,
             mark: options.mark,
             sql,
         }

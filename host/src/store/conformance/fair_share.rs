@@ -1,12 +1,12 @@
-//! PostgreSQL, `relay.fair_share`: a batch first takes the oldest due rows of each tenant
-//! with rows waiting, then fills up in claim order; tenants take turns when more wait than a
-//! batch holds. The guarantees of the claim stay: disjoint claimers, paused tenants, key order.
+//! `relay.fair_share`, on every database: a batch first takes the oldest due rows of each
+//! tenant with rows waiting, then fills up in claim order; tenants take turns when more wait
+//! than a batch holds. The guarantees of the claim stay: disjoint claimers, paused tenants,
+//! key order.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 
-use super::databases::PgFixture;
-use super::{DbFixture, Fixture, ids, row, sent, tenants};
+use super::{DbFixture, ids, row, sent, tenants};
 use crate::model::{OutboxId, OutboxRow};
 use crate::store::{self, ClaimedBatch, Ordering, OutboxStore, StoreError, StoreOptions};
 
@@ -34,9 +34,8 @@ fn by_tenant(rows: &[OutboxRow]) -> BTreeMap<String, Vec<i64>> {
     map
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_small_tenant_is_not_held_back_behind_a_big_tenants_backlog() {
-    let f = PgFixture::new().await;
+pub(super) async fn a_small_tenant_is_not_held_back_behind_a_big_tenants_backlog<F: DbFixture>() {
+    let f = F::new().await;
     let store = f.migrated(fair(2)).await;
     let big = f
         .insert(
@@ -71,9 +70,8 @@ async fn a_small_tenant_is_not_held_back_behind_a_big_tenants_backlog() {
     f.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_take_turns_when_more_wait_than_a_batch_holds() {
-    let f = PgFixture::new().await;
+pub(super) async fn tenants_take_turns_when_more_wait_than_a_batch_holds<F: DbFixture>() {
+    let f = F::new().await;
     let store = f.migrated(fair(1)).await;
     // Tenant t00's backlog first (claim order would take only its rows), then 29 tenants
     // with two rows each, and rows without a tenant.
@@ -113,9 +111,8 @@ async fn tenants_take_turns_when_more_wait_than_a_batch_holds() {
     f.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_fair_claims_are_disjoint_and_skip_paused_tenants() {
-    let f = PgFixture::new().await;
+pub(super) async fn concurrent_fair_claims_are_disjoint_and_skip_paused_tenants<F: DbFixture>() {
+    let f = F::new().await;
     let one = f.migrated(fair(3)).await;
     let two = f.open(fair(3)).await;
     for t in 0..6 {
@@ -145,9 +142,8 @@ async fn concurrent_fair_claims_are_disjoint_and_skip_paused_tenants() {
     f.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_heads_keep_key_order() {
-    let f = PgFixture::new().await;
+pub(super) async fn fair_heads_keep_key_order<F: DbFixture>() {
+    let f = F::new().await;
     let options = StoreOptions {
         ordering: Ordering::Key,
         ..fair(5)
@@ -173,19 +169,11 @@ async fn fair_heads_keep_key_order() {
     f.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_without_the_tenant_index_or_a_tenant_column_is_refused() {
-    let f = PgFixture::new().await;
+pub(super) async fn a_table_without_the_tenant_index_or_a_tenant_column_is_refused<F: DbFixture>() {
+    let f = F::new().await;
     // Without `fair_share`, `sluice migrate` leaves the index out: it costs every insert.
     let _store = f.migrated(StoreOptions::default()).await;
-    let pool = sqlx::PgPool::connect(&f.url()).await.unwrap();
     let index = format!("{}_unsent_tenant_idx", f.table());
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(format!("\"{index}\""))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert!(!exists, "{index} made without fair_share");
     let refused = store::open(&f.url(), &f.spec(), fair(10), 1).await;
     let Err(err @ StoreError::FairShare { .. }) = refused else {
         panic!("opened without the index: {:?}", refused.err())
@@ -194,14 +182,15 @@ async fn a_table_without_the_tenant_index_or_a_tenant_column_is_refused() {
     assert!(
         message.starts_with("relay.fair_share: outbox table")
             && message.contains("no index led by its tenant column")
-            && message.contains(&format!("CREATE INDEX IF NOT EXISTS \"{index}\"")),
+            && message.contains("CREATE INDEX")
+            && message.contains(&index),
         "{message}"
     );
     // `sluice migrate` with fair_share creates it, and the store opens.
     let _fair = f.migrated(fair(10)).await;
     f.cleanup().await;
 
-    let f = PgFixture::new().await;
+    let f = F::new().await;
     f.create_debezium_table().await;
     let spec = f.debezium_spec();
     store::migrate(&f.url(), &spec, &fair(10)).await.unwrap();
@@ -211,9 +200,10 @@ async fn a_table_without_the_tenant_index_or_a_tenant_column_is_refused() {
     f.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tenant_the_fill_serves_is_passed_over_once_and_never_left_out_for_good() {
-    let f = PgFixture::new().await;
+pub(super) async fn the_tenant_the_fill_serves_is_passed_over_once_and_never_left_out_for_good<
+    F: DbFixture,
+>() {
+    let f = F::new().await;
     let store = f.migrated(fair(2)).await;
     f.insert(
         &(0..50)
