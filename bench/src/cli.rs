@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use sluice_testkit::Database;
 
 /// Where `bench/run` and the tests keep their database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1:5432/test";
@@ -102,8 +103,8 @@ pub enum Command {
     Tenants,
     /// A small tenant's commit → produce latency while a big tenant's backlog of 1,000,000
     /// rows (--quick 100,000; --rows sets it) drains, with claims in claim order only and with
-    /// `relay.fair_share = 50` (issue #23). Target: the small tenant's p99 ≤ 1 s with
-    /// fair_share. Not part of `all`.
+    /// `relay.fair_share = 50` (issue #23), on PostgreSQL or (--database) MariaDB or SQLite.
+    /// Target: the small tenant's p99 ≤ 1 s with fair_share. Not part of `all`.
     Fairness,
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
@@ -130,6 +131,10 @@ pub struct Options {
         default_value = DEFAULT_MYSQL_URL
     )]
     mysql_url: String,
+    /// The database of `fairness`: postgres (at --database-url), mariadb (at --mysql-url) or
+    /// sqlite (a file in a temporary directory).
+    #[arg(long, global = true, default_value = "postgres", value_parser = parse_database)]
+    database: Database,
     /// Kafka bootstrap servers.
     #[arg(long, global = true, env = "SLUICE_BENCH_KAFKA", default_value = DEFAULT_KAFKA)]
     kafka: String,
@@ -207,6 +212,8 @@ pub struct Settings {
     pub tenant_rows: u64,
     /// The big tenant's backlog of `fairness`.
     pub fairness_rows: u64,
+    /// The database of `fairness`.
+    pub fairness_database: Database,
     /// Backlog of the naive relay.
     pub naive_rows: u64,
     /// Window of latency and idle.
@@ -244,6 +251,15 @@ fn parse_setting(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+fn parse_database(s: &str) -> Result<Database, String> {
+    match s {
+        "postgres" => Ok(Database::Postgres),
+        "mariadb" | "mysql" => Ok(Database::Mariadb),
+        "sqlite" => Ok(Database::Sqlite),
+        _ => Err(format!("expected postgres, mariadb or sqlite, got {s:?}")),
     }
 }
 
@@ -305,6 +321,7 @@ impl Options {
             language_rows,
             tenant_rows,
             fairness_rows,
+            fairness_database: self.database,
             naive_rows: if self.quick {
                 QUICK_NAIVE_ROWS
             } else {

@@ -84,7 +84,7 @@ pub async fn create_on(
 /// What a benchmark does with its table beyond the kit's.
 pub trait BenchTable {
     /// Inserts `rows` standard rows with tenant NULL, plus another tenant's rows spread evenly
-    /// among them, or with their tenants spread as `tenants` says (PostgreSQL only), then
+    /// among them (PostgreSQL only), or with their tenants spread as `tenants` says, then
     /// updates the planner's statistics so every run starts from the same state.
     async fn fill(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()>;
     /// [`fill`](Self::fill) without updating the statistics: on PostgreSQL one `INSERT`,
@@ -123,15 +123,19 @@ impl BenchTable for DbTable {
     }
 
     async fn insert(&self, rows: u64, tenants: Option<Tenants<'_>>) -> anyhow::Result<()> {
-        if tenants.is_some() && self.database != Database::Postgres {
-            bail!("other tenants' rows are only mixed in on PostgreSQL");
-        }
+        // Tenants `t0`…`t<spread-1>` in turn (0: NULL, or another tenant's rows mixed in).
+        let spread = match tenants {
+            Some(Tenants::Other(_)) if self.database != Database::Postgres => {
+                bail!("another tenant's rows are only mixed in on PostgreSQL")
+            }
+            Some(Tenants::Spread(n)) => n,
+            _ => 0,
+        };
         match self.database {
             Database::Postgres => {
-                let (other_name, other_rows, spread) = match tenants {
-                    None => (None, 0, 0),
-                    Some(Tenants::Other(o)) => (Some(o.name), o.rows, 0),
-                    Some(Tenants::Spread(n)) => (None, 0, n),
+                let (other_name, other_rows) = match tenants {
+                    Some(Tenants::Other(o)) => (Some(o.name), o.rows),
+                    _ => (None, 0),
                 };
                 let total = rows + other_rows;
                 // Every `step`-th row belongs to the other tenant, at most `other_rows` of them.
@@ -161,9 +165,10 @@ impl BenchTable for DbTable {
                 while from <= rows {
                     let to = (from + 999).min(rows);
                     self.try_execute(&format!(
-                        "INSERT INTO {{t}} (aggregate_type, aggregate_id, event_type, payload)
+                        "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload)
                          WITH RECURSIVE s(g) AS (SELECT {from} UNION ALL SELECT g + 1 FROM s WHERE g < {to})
-                         SELECT CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
+                         SELECT CASE WHEN {spread} > 0 THEN CONCAT('t', g % {spread}) END,
+                                CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
                                 CONCAT('agg-', g % 1000), 'Created',
                                 JSON_OBJECT('n', g, 'pad', REPEAT('x', 236))
                            FROM s"
@@ -176,8 +181,9 @@ impl BenchTable for DbTable {
             Database::Sqlite => {
                 self.try_execute(&format!(
                     "WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < {rows})
-                     INSERT INTO {{t}} (aggregate_type, aggregate_id, event_type, payload)
-                     SELECT CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
+                     INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload)
+                     SELECT CASE WHEN {spread} > 0 THEN 't' || (g % {spread}) END,
+                            CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END,
                             'agg-' || (g % 1000), 'Created',
                             json_object('n', g, 'pad', printf('%.236c', 'x'))
                        FROM s"

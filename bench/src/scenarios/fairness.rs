@@ -7,7 +7,7 @@
 //! commits one row every 100 ms (aggregate type `invoice`, topic `<prefix>invoice`), and a
 //! consumer of that topic notes each row's producer CreateTime: commit → produce, as in
 //! `latency`. Measured twice on a fresh table each: `fair_share = 0` (claim order only), then
-//! `fair_share = 50`. Figures: the small tenant's commit → produce p50/p99/max, and the big
+//! `fair_share = 50`. On PostgreSQL, or with `--database` on MariaDB or SQLite. Figures: the small tenant's commit → produce p50/p99/max, and the big
 //! backlog's drain rate (what taking turns costs it). Target: with `fair_share`, the small
 //! tenant's p99 ≤ 1 s.
 
@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use sqlx::{AssertSqlSafe, Connection, Postgres};
 
 use super::latency::{Consumer, now_us};
 use crate::cli::Settings;
@@ -25,9 +24,8 @@ use crate::relay::{self, Measured};
 use crate::report::Figure;
 use crate::stats::summarize;
 use crate::{kafka, names};
-use sluice_testkit::DbTable;
 use sluice_testkit::config::{Plugin, RelayConfig};
-use sluice_testkit::db;
+use sluice_testkit::{Database, DbTable};
 
 pub const NAME: &str = "fairness";
 
@@ -59,7 +57,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
             n => format!("{NAME} (fair_share = {n})"),
         };
         eprintln!("    {label}: {rows} rows of tenant {BIG}, a row of {SMALL} every 100 ms");
-        let table = outbox::create(settings, "fairness", None).await?;
+        let table = outbox::create_on(settings, settings.fairness_database, "fairness").await?;
         let measured = measure(settings, &table, &plugin, share, &label).await;
         table.drop_table().await;
         let (drain_rate, mut more) = measured?;
@@ -94,7 +92,7 @@ async fn measure(
     kafka::create_topics(&settings.kafka, &topics).await?;
     let consumer = Consumer::start(&settings.kafka, vec![small_topic]).await?;
     let config = RelayConfig {
-        database_url: settings.database_url.clone(),
+        database_url: table.url.clone(),
         table: table.name.clone(),
         kafka: settings.kafka.clone(),
         relay: std::iter::once(("fair_share".to_owned(), share.to_string()))
@@ -109,11 +107,7 @@ async fn measure(
     let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let inserter = tokio::spawn(insert_small(
-        settings.database_url.clone(),
-        table.quoted(),
-        Arc::clone(&stop),
-    ));
+    let inserter = tokio::spawn(insert_small(table.clone(), Arc::clone(&stop)));
     let drained = loop {
         relay.sleep(Duration::from_millis(250)).await?;
         // Served by the tenant index, so the probe stays cheap while rows are deleted.
@@ -220,30 +214,27 @@ fn migrate_for(sluice: &std::path::Path, config: &RelayConfig) -> anyhow::Result
 
 /// Commits one row of the small tenant every [`SMALL_EVERY`] until `stop`; returns (id, µs
 /// since the epoch right after COMMIT) of each.
-async fn insert_small(
-    url: String,
-    table: String,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<Vec<(i64, i64)>> {
-    let mut conn = db::connection(&url).await?;
-    let sql = format!(
-        "INSERT INTO {table} (tenant, aggregate_type, aggregate_id, event_type, payload)
-         VALUES ('{SMALL}', 'invoice', 'inv-' || $1::int8, 'Created',
-                 jsonb_build_object('n', $1::int8))
-         RETURNING id"
-    );
+async fn insert_small(table: DbTable, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<(i64, i64)>> {
     let mut ticker = tokio::time::interval(SMALL_EVERY);
     let mut commits = Vec::new();
     let mut n = 0i64;
     while !stop.load(Ordering::Relaxed) {
         ticker.tick().await;
-        let mut tx = conn.begin().await.context("BEGIN failed")?;
-        let id: i64 = sqlx::query_scalar::<Postgres, i64>(AssertSqlSafe(sql.as_str()))
-            .bind(n)
-            .fetch_one(&mut *tx)
+        // One statement, committed on its own (autocommit).
+        let payload = match table.database {
+            Database::Postgres => format!("jsonb_build_object('n', {n})"),
+            Database::Mariadb => format!("JSON_OBJECT('n', {n})"),
+            Database::Sqlite => format!("json_object('n', {n})"),
+        };
+        let id = table
+            .try_scalar(&format!(
+                "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('{SMALL}', 'invoice', 'inv-{n}', 'Created', {payload})
+                 RETURNING id"
+            ))
             .await
-            .context("insert failed")?;
-        tx.commit().await.context("COMMIT failed")?;
+            .context("insert failed")?
+            .context("the insert returned no id")?;
         commits.push((id, now_us()));
         n += 1;
     }
