@@ -198,7 +198,20 @@ impl FairWalk {
     ///
     /// Only unsent rows count here, not due ones: the index has no retry time. A tenant whose
     /// rows all wait for a retry is visited and found to have no heads.
-    fn walk(&self, after: Option<&str>, until: Option<&str>, max: usize) -> Statement {
+    ///
+    /// MySQL also leaves the `skip`ped tenants out (`NOT IN`, which the range optimizer turns
+    /// into ranges the scan jumps over): the tenant a fill serves has its oldest rows, just
+    /// deleted and not yet purged, at the front of its part of the index, and a walk landing
+    /// there reads through all of them (measured: a tenth of the drain rate with a 300,000-row
+    /// backlog). SQLite's probes would read through every entry of a tenant left out that way;
+    /// the caller drops skipped tenants from the result in any case.
+    fn walk(
+        &self,
+        after: Option<&str>,
+        until: Option<&str>,
+        max: usize,
+        skip: &[Option<&str>],
+    ) -> Statement {
         let mut st = Statement::new(self.dialect);
         let (tenant, table) = (&self.tenant, &self.table);
         let mut bounds = String::new();
@@ -208,6 +221,18 @@ impl FairWalk {
         let until = until.map(|until| Param::Text(until.into()));
         if let Some(until) = until.clone() {
             bounds += &format!(" AND o.{tenant} <= {}", st.param(until));
+        }
+        let named: Vec<&str> = skip.iter().flatten().copied().collect();
+        if self.dialect == Driver::Mysql
+            && let Some(first) = named.first()
+        {
+            // Padded (with the first again) to a few statement texts, as the claim's lists.
+            let pad = named.len().next_power_of_two() - named.len();
+            let names = named.iter().chain(std::iter::repeat_n(first, pad));
+            let names: Vec<String> = names
+                .map(|name| st.param(Param::Text((*name).to_owned())))
+                .collect();
+            bounds += &format!(" AND o.{tenant} NOT IN ({})", names.join(", "));
         }
         let pending = LayoutSql::PENDING;
         let as_text = self.dialect.cast("tenant", Cast::Text);
@@ -339,11 +364,10 @@ async fn visit<DB: Execute>(
     skip: &[Option<&str>],
     room: usize,
 ) -> Result<Visit, StoreError> {
-    // Skipped tenants are left out here, not in SQL: a filter in the walk would make MySQL
-    // read the rows of every tenant it leaves out. Enough are asked for to leave `room` once
-    // they are.
+    // Enough are asked for to leave `room` once the skipped ones are dropped (see
+    // `FairWalk::walk`).
     let max = room.saturating_add(skip.len());
-    let found = DB::fetch_all(conn, &walk.walk(after, until, max)).await?;
+    let found = DB::fetch_all(conn, &walk.walk(after, until, max, skip)).await?;
     let reached_end = found.len() < max;
     let mut tenants: Vec<Option<String>> = Vec::with_capacity(room);
     for row in &found {
@@ -442,7 +466,7 @@ mod tests {
     fn mysql_walks_the_tenant_index_by_group_and_sqlite_by_recursive_probes() {
         let my = LayoutSql::new(sluice_layout(), Driver::Mysql);
         let walk = FairWalk::new(&my, 2, "").expect("a tenant column");
-        let st = walk.walk(Some("t1"), None, 20);
+        let st = walk.walk(Some("t1"), None, 20, &[]);
         let text = squash(&st.sql);
         assert!(
             text.contains(
@@ -452,10 +476,24 @@ mod tests {
             "{text}"
         );
         assert_eq!(st.params, [Param::Text("t1".into()), Param::Int(20)]);
+        // Skipped tenants jumped over by the scan: NULL (rows without a tenant) is no value.
+        let st = walk.walk(
+            None,
+            None,
+            20,
+            &[Some("big"), None, Some("paused"), Some("x")],
+        );
+        let text = squash(&st.sql);
+        assert!(
+            text.contains("IS NOT NULL AND o.`tenant` NOT IN (?, ?, ?, ?) GROUP BY"),
+            "{text}"
+        );
+        let named = ["big", "paused", "x", "big"].map(|n| Param::Text(n.into()));
+        assert_eq!(st.params[..4], named, "padded with the first again");
 
         let lite = LayoutSql::new(sluice_layout(), Driver::Sqlite);
         let walk = FairWalk::new(&lite, 2, "").expect("a tenant column");
-        let st = walk.walk(None, Some("t9"), 5);
+        let st = walk.walk(None, Some("t9"), 5, &[Some("big")]);
         let text = squash(&st.sql);
         assert!(
             text.starts_with("WITH RECURSIVE visit(tenant, n)"),
@@ -464,7 +502,8 @@ mod tests {
         assert!(
             text.contains("o.\"tenant\" IS NOT NULL AND o.\"tenant\" <= ?1 ORDER BY")
                 && text.contains("o.\"tenant\" > visit.tenant AND o.\"tenant\" <= ?2 ORDER BY")
-                && text.contains("n < ?3"),
+                && text.contains("n < ?3")
+                && !text.contains("NOT IN"),
             "{text}"
         );
         assert!(FairWalk::new(&LayoutSql::new(debezium_layout(), Driver::Mysql), 2, "").is_none());

@@ -194,7 +194,8 @@ fn key_part(found: &[FoundColumn], column: &ColumnName, whole: u32) -> String {
 /// leading key parts, so it reads only unsent rows, in claim order. Each as (unquoted name,
 /// statement). The dead rows' index would have the unsent rows' key parts (`dead_at` is one of
 /// them) and is left out. With `tenant_index`, also the tenant index (whole tenant values up
-/// to [`TENANT_WHOLE`] characters).
+/// to [`TENANT_WHOLE`] characters), in ascending order unlike PostgreSQL's: MariaDB does no
+/// loose index scan on a descending key part.
 fn index_sql(layout: &Layout, found: &[FoundColumn], tenant_index: bool) -> Vec<(String, String)> {
     let table = layout.table.quoted_with('`');
     let mut made: Vec<Vec<String>> = Vec::new();
