@@ -30,11 +30,15 @@ pub struct ReloadOutcome {
 
 /// The same plugin config and limits with another compiled file, not quarantined.
 fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTemplate> {
-    Arc::new(TenantTemplate::new(
+    let renewed = TenantTemplate::new(
         PluginCode::Wasm(Arc::clone(plugin)),
         old.config.clone(),
         old.limits.clone(),
-    ))
+    );
+    Arc::new(match old.quarantine.watch() {
+        Some(watch) => renewed.watched_by(watch),
+        None => renewed,
+    })
 }
 
 /// Whether the template's tenants are not running (so there is no old version to keep).

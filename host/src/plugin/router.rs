@@ -18,6 +18,7 @@ use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
 use crate::plugin::tenant::status::{PluginInstances, TenantStatus};
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
+use crate::plugin::tenant::watch::Watch;
 use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
@@ -54,6 +55,8 @@ pub struct PluginRouter {
     metrics: OnceLock<Arc<Metrics>>,
     /// Blocking threads a batch's tenant groups run on (see [`lanes`]).
     lanes: usize,
+    /// Which tenants claims leave out (see [`Watch`]).
+    watch: Arc<Watch>,
 }
 
 /// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
@@ -154,15 +157,20 @@ impl PluginRouter {
         };
         let limits_err = |key: String| move |message: String| Problem::new(key.clone(), message);
 
+        let watch = Arc::new(Watch::default());
         let default_spec = plugins.default.as_ref();
         let default = match default_spec {
-            Some(spec) => Some(Arc::new(TenantTemplate::new(
-                load(&spec.source().ok_or_else(|| {
-                    Problem::new("plugins.default", "needs `path` or `builtin`")
-                })?)?,
-                spec.config_pairs(),
-                Limits::resolve(&spec.limits()).map_err(limits_err("plugins.default".into()))?,
-            ))),
+            Some(spec) => Some(Arc::new(
+                TenantTemplate::new(
+                    load(&spec.source().ok_or_else(|| {
+                        Problem::new("plugins.default", "needs `path` or `builtin`")
+                    })?)?,
+                    spec.config_pairs(),
+                    Limits::resolve(&spec.limits())
+                        .map_err(limits_err("plugins.default".into()))?,
+                )
+                .watched_by(&watch),
+            )),
             None => None,
         };
 
@@ -185,13 +193,17 @@ impl PluginRouter {
                 )
                 .into());
             };
-            let template = Arc::new(TenantTemplate::new(
-                load(&source)?,
-                spec.config_pairs(),
-                Limits::resolve(&spec.limits()).map_err(limits_err(format!("tenants.{name}")))?,
-            ));
+            let template = Arc::new(
+                TenantTemplate::new(
+                    load(&source)?,
+                    spec.config_pairs(),
+                    Limits::resolve(&spec.limits())
+                        .map_err(limits_err(format!("tenants.{name}")))?,
+                )
+                .watched_by(&watch),
+            );
             let id = TenantId::named(name.as_str());
-            let tenant = start_tenant(id.clone(), template, &configured_quota, strict)?;
+            let tenant = start_tenant(id.clone(), template, &configured_quota, &watch, strict)?;
             known.map.insert(id, tenant);
         }
         // Rows without a tenant run the default plugin: started now, so a broken one is
@@ -202,6 +214,7 @@ impl PluginRouter {
                 none.clone(),
                 Arc::clone(template),
                 &configured_quota,
+                &watch,
                 strict,
             )?;
             known.map.insert(none, tenant);
@@ -229,6 +242,7 @@ impl PluginRouter {
             clock: AtomicU64::new(0),
             metrics: OnceLock::new(),
             lanes: std::thread::available_parallelism().map_or(2, usize::from),
+            watch,
         })
     }
 
@@ -258,7 +272,8 @@ impl PluginRouter {
         }
         // Created lazily by its first row; counted against `max_unconfigured_instances`.
         let template = Arc::clone(lock(&self.default).as_ref()?);
-        let runner = TenantRunner::new(id.clone(), template, None, Some(Arc::clone(&self.quota)));
+        let quota = Some(Arc::clone(&self.quota));
+        let runner = TenantRunner::new(id.clone(), template, None, quota, Arc::clone(&self.watch));
         let tenant = Tenant::new(runner, false);
         tenant.touch(tick);
         known.map.insert(id.clone(), Arc::clone(&tenant));
@@ -358,6 +373,7 @@ fn start_tenant(
     id: TenantId,
     template: Arc<TenantTemplate>,
     quota: &Arc<InstanceQuota>,
+    watch: &Arc<Watch>,
     strict: bool,
 ) -> Result<Arc<Tenant>, PluginError> {
     let runner = TenantRunner::new(
@@ -365,6 +381,7 @@ fn start_tenant(
         Arc::clone(&template),
         None,
         Some(Arc::clone(quota)),
+        Arc::clone(watch),
     );
     let tenant = Tenant::new(runner, true);
     let created = PluginInstance::create(&template, &tenant.health.shared);
@@ -397,13 +414,12 @@ fn quarantine_or_fail(
 
 impl RowTransformer for PluginRouter {
     fn paused_tenants(&self) -> Vec<TenantId> {
-        let now = Instant::now();
-        lock(&self.tenants)
-            .map
-            .iter()
-            .filter(|(_, t)| t.health.unavailable(now))
-            .map(|(id, _)| id.clone())
-            .collect()
+        self.watch.unavailable(Instant::now(), || {
+            let tenants = lock(&self.tenants);
+            let all = tenants.map.iter();
+            all.map(|(id, t)| (id.clone(), Arc::clone(&t.health)))
+                .collect()
+        })
     }
 
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {

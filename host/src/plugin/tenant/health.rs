@@ -10,6 +10,7 @@ use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::lock;
 use crate::plugin::tenant::status::{ReasonCounts, TenantState};
 use crate::plugin::tenant::template::TenantTemplate;
+use crate::plugin::tenant::watch::{RunningCall, Watch};
 use crate::plugin::wasm::host_api::TenantShared;
 
 /// A tenant whose current plugin call has run this long is "stalled": other batches skip its
@@ -22,8 +23,7 @@ pub(crate) struct TenantHealth {
     /// Changed through [`TenantHealth::with_breaker`] only, which keeps `paused_until_us`.
     breaker: Mutex<CircuitBreaker>,
     /// Until when the breaker pauses the tenant, in µs since [`clock_origin`]; 0 = not
-    /// paused. Every claim asks every tenant whether it is paused: an atomic read, not a
-    /// lock, per tenant.
+    /// paused. Readable without the breaker's lock (claims ask it of every suspect).
     paused_until_us: AtomicU64,
     /// When the running plugin call began, in µs since [`clock_origin`]; 0 = no call.
     busy_since_us: AtomicU64,
@@ -37,6 +37,8 @@ pub(crate) struct TenantHealth {
     pub(crate) recycled: AtomicU64,
     /// Instances created, by why.
     pub(crate) instantiations: ReasonCounts,
+    /// Told when the tenant may have become unavailable, and of its running calls.
+    watch: Arc<Watch>,
     /// Sandbox limits run into, by limit.
     pub(crate) limit_hits: ReasonCounts,
 }
@@ -54,16 +56,23 @@ fn micros_since_origin(t: Instant) -> u64 {
 
 /// Marks a plugin call as running until dropped — also when the call panics, so a tenant is
 /// never left marked stalled (and so excluded from claims) for good.
-pub(crate) struct CallStamp<'a>(&'a TenantHealth);
+pub(crate) struct CallStamp<'a> {
+    health: &'a TenantHealth,
+    _running: RunningCall<'a>,
+}
 
 impl Drop for CallStamp<'_> {
     fn drop(&mut self) {
-        self.0.busy_since_us.store(0, Ordering::Release);
+        self.health.busy_since_us.store(0, Ordering::Release);
     }
 }
 
 impl TenantHealth {
-    pub(crate) fn new(tenant: TenantId, template: Arc<TenantTemplate>) -> Self {
+    pub(crate) fn new(tenant: TenantId, template: Arc<TenantTemplate>, watch: Arc<Watch>) -> Self {
+        if template.quarantine.is_quarantined() {
+            // Starts unavailable: the next claim must find it.
+            watch.changed();
+        }
         let limits = &template.limits;
         Self {
             breaker: Mutex::new(CircuitBreaker::new(
@@ -78,7 +87,15 @@ impl TenantHealth {
             recycled: AtomicU64::new(0),
             instantiations: ReasonCounts::default(),
             limit_hits: ReasonCounts::default(),
+            watch,
         }
+    }
+
+    /// Whether the tenant may be unavailable without an event first: paused by its breaker
+    /// now or before (until it closes), or its plugin quarantined. See [`Watch`].
+    pub(crate) fn suspect(&self) -> bool {
+        self.paused_until_us.load(Ordering::Acquire) != 0
+            || lock(&self.template).quarantine.is_quarantined()
     }
 
     /// Whether the tenant should be left out of the next claim: breaker open, plugin
@@ -108,7 +125,10 @@ impl TenantHealth {
         let mut breaker = lock(&self.breaker);
         let result = change(&mut breaker);
         let until = breaker.open_until().map_or(0, micros_since_origin);
-        self.paused_until_us.store(until, Ordering::Release);
+        let before = self.paused_until_us.swap(until, Ordering::AcqRel);
+        if until != 0 && until != before {
+            self.watch.changed();
+        }
         result
     }
 
@@ -119,6 +139,7 @@ impl TenantHealth {
     /// Switches the tenant to another template (its runner keeps its own copy).
     pub(crate) fn set_template(&self, template: Arc<TenantTemplate>) {
         *lock(&self.template) = template;
+        self.watch.changed();
     }
 
     /// Whether the tenant has a live instance.
@@ -142,7 +163,10 @@ impl TenantHealth {
     pub(crate) fn stamp_call(&self) -> CallStamp<'_> {
         self.busy_since_us
             .store(micros_since_origin(Instant::now()), Ordering::Release);
-        CallStamp(self)
+        CallStamp {
+            health: self,
+            _running: self.watch.call(self, self.shared.tenant()),
+        }
     }
 
     /// The tenant's state for status reports.
@@ -202,7 +226,7 @@ mod tests {
             vec![],
             Limits::default(),
         );
-        TenantHealth::new(TenantId::named("t"), Arc::new(template))
+        TenantHealth::new(TenantId::named("t"), Arc::new(template), Arc::default())
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`quota`]: the budgets for live instances (with and without their own entry)
 //! - [`breaker`], [`quarantine`]: why its rows wait
 //! - [`status`]: what the router reports about it
+//! - [`watch`]: which tenants a claim leaves out, without asking every tenant
 
 pub(crate) mod batching;
 pub(crate) mod breaker;
@@ -17,6 +18,7 @@ pub(crate) mod quota;
 pub(crate) mod runner;
 pub(crate) mod status;
 pub(crate) mod template;
+pub(crate) mod watch;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};

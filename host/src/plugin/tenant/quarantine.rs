@@ -2,9 +2,11 @@
 //! `configure` fails or times out): its rows wait, the other tenants run, and starting it is
 //! retried with back-off and on every reload.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+use crate::plugin::tenant::watch::Watch;
 
 /// First retry after a tenant was quarantined…
 pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(5);
@@ -28,12 +30,26 @@ pub(crate) struct QuarantineState {
 #[derive(Debug, Default)]
 pub(crate) struct Quarantine {
     state: Mutex<Option<QuarantineState>>,
-    /// Whether `state` is set, readable without the lock: every claim asks it of every
-    /// tenant (see `TenantHealth::unavailable`).
+    /// Whether `state` is set, readable without the lock (see `TenantHealth::unavailable`).
     flagged: AtomicBool,
+    /// Told when the plugin enters quarantine (so claims leave its tenants out).
+    watch: Option<Arc<Watch>>,
 }
 
 impl Quarantine {
+    /// Not quarantined; entering quarantine is an event of `watch`.
+    pub(crate) fn watched_by(watch: &Arc<Watch>) -> Self {
+        Self {
+            watch: Some(Arc::clone(watch)),
+            ..Self::default()
+        }
+    }
+
+    /// The watch told of this quarantine.
+    pub(crate) fn watch(&self) -> Option<&Arc<Watch>> {
+        self.watch.as_ref()
+    }
+
     /// Records a failed start: enters quarantine, or stays with a doubled back-off.
     pub(crate) fn failed(&self, reason: String, now: Instant) {
         let mut state = self.lock();
@@ -45,7 +61,12 @@ impl Quarantine {
             tries,
             next_try: now + backoff(tries),
         });
-        self.flagged.store(true, Ordering::Release);
+        let entered = !self.flagged.swap(true, Ordering::AcqRel);
+        if let Some(watch) = &self.watch
+            && entered
+        {
+            watch.changed();
+        }
     }
 
     /// Leaves quarantine; returns whether it was in it.

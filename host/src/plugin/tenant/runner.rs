@@ -12,6 +12,7 @@ use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::health::{TenantHealth, log_transition};
 use crate::plugin::tenant::quota::{InstanceQuota, QuotaPermit};
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
+use crate::plugin::tenant::watch::Watch;
 use crate::plugin::wasm::instance::Trapped;
 use crate::plugin::{PauseReason, RowResult, TransformFailure, output};
 
@@ -45,8 +46,13 @@ impl TenantRunner {
         template: Arc<TenantTemplate>,
         instance: Option<PluginInstance>,
         quota: Option<Arc<InstanceQuota>>,
+        watch: Arc<Watch>,
     ) -> Self {
-        let health = Arc::new(TenantHealth::new(tenant.clone(), Arc::clone(&template)));
+        let health = Arc::new(TenantHealth::new(
+            tenant.clone(),
+            Arc::clone(&template),
+            watch,
+        ));
         let batch = BatchMode::start(&template.limits.batching);
         let mut runner = Self {
             tenant,
@@ -405,7 +411,7 @@ mod tests {
         template: Arc<TenantTemplate>,
         quota: Option<Arc<InstanceQuota>>,
     ) -> TenantRunner {
-        TenantRunner::new(TenantId::named("t"), template, None, quota)
+        TenantRunner::new(TenantId::named("t"), template, None, quota, Arc::default())
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::plugin::PluginError;
 use crate::plugin::builtin::Builtin;
 use crate::plugin::limits::Limits;
 use crate::plugin::tenant::quarantine::Quarantine;
+use crate::plugin::tenant::watch::Watch;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::wasm::instance::WasmInstance;
@@ -53,6 +54,12 @@ impl TenantTemplate {
             quarantine: Quarantine::default(),
             described,
         }
+    }
+
+    /// The template, its quarantine an event of `watch` (see [`Watch`]).
+    pub(crate) fn watched_by(mut self, watch: &Arc<Watch>) -> Self {
+        self.quarantine = Quarantine::watched_by(watch);
+        self
     }
 
     /// The plugin file, for WASM plugins.
