@@ -33,7 +33,7 @@ use super::dialect::{Cast, Driver};
 use super::layout_sql::LayoutSql;
 use super::rows::{read_id, unreadable_key};
 use super::schema::Layout;
-use super::statement::{Execute, Param, ReadRow, Statement};
+use super::statement::{Execute, Param, ReadRow, Statement, padded};
 use crate::model::OutboxId;
 
 /// Refuses a table the walk cannot serve: one without a tenant column, or (`indexed` false)
@@ -223,13 +223,8 @@ impl FairWalk {
             bounds += &format!(" AND o.{tenant} <= {}", st.param(until));
         }
         let named: Vec<&str> = skip.iter().flatten().copied().collect();
-        if self.dialect == Driver::Mysql
-            && let Some(first) = named.first()
-        {
-            // Padded (with the first again) to a few statement texts, as the claim's lists.
-            let pad = named.len().next_power_of_two() - named.len();
-            let names = named.iter().chain(std::iter::repeat_n(first, pad));
-            let names: Vec<String> = names
+        if self.dialect == Driver::Mysql && !named.is_empty() {
+            let names: Vec<String> = padded(&named)
                 .map(|name| st.param(Param::Text((*name).to_owned())))
                 .collect();
             bounds += &format!(" AND o.{tenant} NOT IN ({})", names.join(", "));

@@ -74,6 +74,19 @@ impl Statement {
     }
 }
 
+/// `items`, then the first again up to the next power of two: lists bound one placeholder each
+/// (MySQL) come in a few lengths, so a connection prepares a handful of statement texts. For
+/// `IN`/`NOT IN` lists, where a repeated value changes nothing (a NULL would: `NOT IN` with a
+/// NULL matches no row).
+pub(crate) fn padded<T>(items: &[T]) -> impl Iterator<Item = &T> {
+    let pad = items.len().next_power_of_two() - items.len();
+    let again = items
+        .first()
+        .into_iter()
+        .flat_map(move |first| std::iter::repeat_n(first, pad));
+    items.iter().chain(again)
+}
+
 /// A database whose connections run [`Statement`]s (boxed futures: shared code holding them
 /// stays `Send` whatever the driver).
 pub(crate) trait Execute: sqlx::Database<Row: ReadRow + Send> {

@@ -19,7 +19,7 @@ async fn table_ids(table: &DbTable) -> HashSet<String> {
 }
 
 /// Topics of the reference plugin for `table`, created on `bootstrap`.
-async fn topics_for(table: &DbTable, bootstrap: &str) -> (String, Vec<String>) {
+pub(crate) async fn topics_for(table: &DbTable, bootstrap: &str) -> (String, Vec<String>) {
     let prefix = format!("{}.", table.name);
     let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
     let created = wait_until(Duration::from_secs(20), || async {

@@ -8,6 +8,8 @@ use std::time::Duration;
 use sluice_testkit::*;
 use sluice_testkit::{Database, DbTable};
 
+use crate::databases::topics_for;
+
 const BIG: i64 = 6_000;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -42,13 +44,7 @@ async fn fair_share_without_the_tenant_index_is_refused_naming_the_statement() {
 async fn a_small_tenant_goes_first_on(kind: Database) {
     let table = DbTable::create(kind, "fairdb").await;
     let bootstrap = kafka_bootstrap();
-    let prefix = format!("{}.", table.name);
-    let topics = vec![format!("{prefix}order"), format!("{prefix}customer")];
-    let created = wait_until(Duration::from_secs(20), || async {
-        create_topics(&bootstrap, &topics).await.is_ok()
-    })
-    .await;
-    assert!(created, "cannot create topics on {bootstrap}");
+    let (prefix, topics) = topics_for(&table, &bootstrap).await;
     table.insert_rows(BIG, Some("big")).await;
     // Behind all of them in claim order.
     table.insert_rows(5, Some("small")).await;

@@ -36,7 +36,7 @@ use crate::store::fair::TenantTurn;
 use crate::store::layout_sql::LayoutSql;
 use crate::store::rows::{column, decode_claimed};
 use crate::store::schema::check;
-use crate::store::statement::{ReadRow, impl_execute};
+use crate::store::statement::{ReadRow, impl_execute, padded};
 use sql::Statements;
 
 impl_execute!(MySql, MySqlRow, DateTime<Utc>, |time| time);
@@ -182,12 +182,7 @@ impl StoreDriver for MyStore {
             for tenant in &names {
                 query = query.bind(*tenant);
             }
-            let pad = sql::placeholder_count(head_ids.len()) - head_ids.len();
-            let first = head_ids
-                .first()
-                .into_iter()
-                .flat_map(|id| std::iter::repeat_n(id, pad));
-            for id in head_ids.iter().chain(first) {
+            for id in padded(&head_ids) {
                 query = match id {
                     OutboxId::Int(n) => query.bind(*n),
                     OutboxId::Text(text) => query.bind(text.as_ref()),

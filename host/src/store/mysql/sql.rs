@@ -46,9 +46,8 @@ impl WithPaused {
         self.excluding(paused, 0)
     }
 
-    /// … and for `excluded` ids, bound after the paused tenants: `excluded` is padded to
-    /// [`placeholder_count`] (bind the first id again in the padding: a NULL in `NOT IN`
-    /// would exclude every row).
+    /// … and for `excluded` ids, bound after the paused tenants and
+    /// [`padded`](crate::store::statement::padded) to [`placeholder_count`].
     pub(crate) fn excluding(&self, paused: usize, excluded: usize) -> Arc<str> {
         if paused == 0 && excluded == 0 {
             return Arc::clone(&self.unfiltered);
