@@ -260,11 +260,23 @@ impl fmt::Display for ComponentError {
 
 impl std::error::Error for ComponentError {}
 
-/// Validates the plugin file `path` against the world and returns its `info()` (its text
-/// escaped and cut), as `sluice plugin check` shows it. Instantiation and `info()` are bounded
+/// What `sluice plugin check` shows of a file.
+#[derive(Debug, Clone)]
+pub struct PluginCheck {
+    /// Its `info()`, the text escaped and cut.
+    pub info: PluginInfo,
+    /// The contract interface it exports, with the version of the WIT it was built against
+    /// (`sluice:plugin/transformer@0.1.0`).
+    pub contract: String,
+    /// `sha256:` and the file's SHA-256 in hex, as `/status` and `sluice_plugin_info` show it.
+    pub digest: String,
+}
+
+/// Validates the plugin file `path` against the world and returns what `sluice plugin check`
+/// shows of it ([`PluginCheck`]). Instantiation and `info()` are bounded
 /// by the default `call_timeout`, time spent sleeping in host calls included, so a hostile
 /// file cannot hang the command.
-pub fn inspect(path: &Path) -> Result<PluginInfo, PluginError> {
+pub fn inspect(path: &Path) -> Result<PluginCheck, PluginError> {
     let engine = wasm::engine::PluginEngine::new(wasm::engine::MIN_POOLED_INSTANCES)?;
     let plugin = Arc::new(wasm::component::LoadedPlugin::load_cached(
         &engine,
@@ -274,7 +286,12 @@ pub fn inspect(path: &Path) -> Result<PluginInfo, PluginError> {
     let shared = wasm::host_api::TenantShared::new(TenantId::none());
     let mut instance =
         wasm::instance::WasmInstance::instantiate(&plugin, &shared, &Limits::default())?;
-    instance
+    let info = instance
         .info()
-        .map_err(|message| PluginError::bad_plugin(path, format!("info() failed: {message}")))
+        .map_err(|message| PluginError::bad_plugin(path, format!("info() failed: {message}")))?;
+    Ok(PluginCheck {
+        info,
+        contract: plugin.contract().to_owned(),
+        digest: plugin.digest().to_owned(),
+    })
 }

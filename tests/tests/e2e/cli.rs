@@ -153,6 +153,20 @@ fn plugin_check_prints_info() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("name:    route-by-aggregate"), "{text}");
     assert!(text.contains("topic_prefix"), "config schema shown: {text}");
+    // The contract version read from the component's export, and the file's digest as
+    // coreutils' sha256sum computes it.
+    assert!(
+        text.contains(": OK (exports sluice:plugin/transformer@0.1.0)"),
+        "{text}"
+    );
+    let sum = std::process::Command::new("sha256sum")
+        .arg(&plugin)
+        .output()
+        .expect("sha256sum");
+    let sum = String::from_utf8_lossy(&sum.stdout);
+    let hex = sum.split_whitespace().next().unwrap_or_default();
+    assert_eq!(hex.len(), 64, "{sum}");
+    assert!(text.contains(&format!("digest:  sha256:{hex}")), "{text}");
 }
 
 #[test]

@@ -32,11 +32,10 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PluginCommand::Check { file } => {
-            let info = sluice::plugin::inspect(&file)?;
-            println!(
-                "{}: OK (exports sluice:plugin/transformer@0.1.0)",
-                file.display()
-            );
+            let check = sluice::plugin::inspect(&file)?;
+            println!("{}: OK (exports {})", file.display(), check.contract);
+            println!("digest:  {}", check.digest);
+            let info = check.info;
             println!("name:    {}", info.name);
             println!("version: {}", info.version);
             if let Some(schema) = info.config_schema {

@@ -15,6 +15,9 @@ use crate::plugin::wasm::imports::{self, Refused};
 use crate::plugin::{ComponentError, PluginError};
 use crate::text::{MAX_LOGGED, bounded};
 
+/// What every contract export's name starts with (`<package>/<interface>@<version>`).
+const CONTRACT_PACKAGE: &str = "sluice:plugin/";
+
 /// A compiled, linked plugin file. Cheap to instantiate many times.
 pub(crate) struct LoadedPlugin {
     path: PathBuf,
@@ -22,6 +25,9 @@ pub(crate) struct LoadedPlugin {
     pre: PluginPre<HostState>,
     /// `sha256:` and the hex SHA-256 of the file as loaded (metrics, `/status`).
     digest: String,
+    /// The contract interface the component exports, with its version
+    /// (`sluice:plugin/transformer@0.1.0`): the WIT it was built against.
+    contract: String,
     /// The version the plugin reports in `info()`, asked once by its first instance.
     version: OnceLock<String>,
 }
@@ -80,6 +86,13 @@ impl LoadedPlugin {
             .linker()
             .instantiate_pre(&component)
             .map_err(|e| refused("imports do not match the sluice:plugin world", e))?;
+        let contract = component
+            .component_type()
+            .exports(engine.engine())
+            .map(|(name, _)| name)
+            .find(|name| name.starts_with(CONTRACT_PACKAGE))
+            .unwrap_or(CONTRACT_PACKAGE)
+            .to_owned();
         let pre = PluginPre::new(instance_pre).map_err(|e| {
             refused(
                 "does not export sluice:plugin/transformer@0.1.0 as the world requires",
@@ -91,6 +104,7 @@ impl LoadedPlugin {
             engine: Arc::clone(engine),
             pre,
             digest,
+            contract,
             version: OnceLock::new(),
         })
     }
@@ -102,6 +116,11 @@ impl LoadedPlugin {
     /// The file's content hash as loaded: changes with every reload of a new build.
     pub(crate) fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The contract interface it exports, versioned (`sluice:plugin/transformer@0.1.0`).
+    pub(crate) fn contract(&self) -> &str {
+        &self.contract
     }
 
     /// The version from the plugin's `info()` (empty when `info()` failed); `None` until an
