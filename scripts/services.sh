@@ -121,11 +121,13 @@ ensure_tansu() {
     start_tansu "$TANSU_PORT" "$SLUICE_STATE_DIR/tansu.log"
 }
 
-# create_topics NAME... : 3 partitions each; existing topics are left alone.
+# create_topics NAME... : 3 partitions each; existing topics are left alone. Works without
+# ensure_tansu in the same shell (a broker started earlier), as long as tansu is installed.
 create_topics() {
-    local topic out
+    local topic out bin="${TANSU_BIN:-$(tansu_bin)}"
+    [ -n "$bin" ] || die "tansu is not installed under $TANSU_ROOT: run ensure_tansu (scripts/test does)"
     for topic in "$@"; do
-        if ! out="$("$TANSU_BIN" topic create "$topic" --broker "tcp://127.0.0.1:$TANSU_PORT" --partitions 3 2>&1)"; then
+        if ! out="$("$bin" topic create "$topic" --broker "tcp://127.0.0.1:$TANSU_PORT" --partitions 3 2>&1)"; then
             case "$out" in
                 *xist*) ;;
                 *) die "cannot create topic $topic: $out" ;;
