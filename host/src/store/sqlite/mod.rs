@@ -219,12 +219,14 @@ impl StoreDriver for LiteStore {
         let token = self.next_token();
         let now = now_ms();
         let s = &self.statements;
+        // Serialised once: with `relay.fair_share` two statements bind it.
+        let paused_json = Self::paused_json(paused);
         let lease = |sql: &Arc<str>, limit: usize| {
             sqlx::query(AssertSqlSafe(Arc::clone(sql)))
                 .bind(token.clone())
                 .bind(now.saturating_add(millis(self.lease)))
                 .bind(now)
-                .bind(Self::paused_json(paused))
+                .bind(paused_json.clone())
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         };
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
