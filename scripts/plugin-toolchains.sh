@@ -7,6 +7,10 @@
 #   ensure_componentize_qjs  componentize-qjs $COMPONENTIZE_QJS_VERSION (JavaScript on QuickJS:
 #                            the supported JS path; it is what `jco componentize --backend
 #                            quickjs` runs, without jco's 140 other packages)
+#   ensure_confluent_kafka_python
+#                            PyPI confluent-kafka $CONFLUENT_KAFKA_VERSION with its Schema
+#                            Registry extras (Avro, Protobuf, JSON Schema deserializers) in a
+#                            venv, for the schema-registry e2e tests; sets SLUICE_CONFLUENT_PYTHON
 #   ensure_componentize_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
 #                            preview2-shim dependency (JavaScript on SpiderMonkey: works, but
 #                            bigger and slower; see docs/plugin-languages.md)
@@ -18,6 +22,7 @@ COMPONENTIZE_PY_VERSION="0.25.1"
 COMPONENTIZE_QJS_VERSION="0.4.5"
 COMPONENTIZE_JS_VERSION="0.23.0"
 PREVIEW2_SHIM_VERSION="0.25.0"
+CONFLUENT_KAFKA_VERSION="2.16.1"
 
 SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
 
@@ -52,6 +57,23 @@ ensure_componentize_py() {
         touch "$dir/.complete"
     fi
     export PATH="$dir/bin:$PATH"
+}
+
+# ensure_confluent_kafka_python: afterwards SLUICE_CONFLUENT_PYTHON is a Python that imports
+# confluent_kafka.schema_registry with fastavro, protobuf and jsonschema.
+ensure_confluent_kafka_python() {
+    local dir="$SLUICE_TOOLCHAINS/confluent-kafka-$CONFLUENT_KAFKA_VERSION"
+    if [ ! -f "$dir/.complete" ]; then
+        local python
+        python="$(_toolchain_python)" || return 1
+        _toolchain_log "installing confluent-kafka $CONFLUENT_KAFKA_VERSION into $dir (once per machine)"
+        rm -rf "$dir"
+        "$python" -m venv "$dir" || return 1
+        "$dir/bin/pip" install --quiet --disable-pip-version-check \
+            "confluent-kafka[avro,json,protobuf,schemaregistry]==$CONFLUENT_KAFKA_VERSION" || return 1
+        touch "$dir/.complete"
+    fi
+    export SLUICE_CONFLUENT_PYTHON="$dir/bin/python"
 }
 
 # _ensure_npm_tools DIR PACKAGE@VERSION...: a private node_modules with exactly these pins.

@@ -19,6 +19,7 @@ use crate::relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
+use crate::schema::RegistrySettings;
 use crate::store::{
     AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering,
     StoreOptions, TableSpec, TenantColumn, validate_channel,
@@ -91,6 +92,9 @@ pub struct Config {
     /// `[telemetry]`: metrics and health endpoints (off unless `listen` is set).
     #[serde(default)]
     pub telemetry: TelemetrySettings,
+    /// `[schema_registry]`: where `value_format`/`key_format` schemas come from.
+    #[serde(default)]
+    pub schema_registry: Option<RegistrySettings>,
     /// `${env:…}`/`${file:…}` references that could not be resolved (see [`crate::secret`]),
     /// reported first by [`Config::problems`].
     #[serde(skip)]
@@ -289,12 +293,23 @@ impl Config {
         if let Some(p) = self.plugins.default.as_mut().and_then(|d| d.path.as_mut()) {
             resolve(p);
         }
+        if let Some(default) = self.plugins.default.as_mut() {
+            default.resolve_schema_paths(base);
+        }
+        if let Some(ca) = self
+            .schema_registry
+            .as_mut()
+            .and_then(|r| r.ca_location.as_mut())
+        {
+            resolve(ca);
+        }
         if let Some(dir) = &mut self.plugins.cache_dir
             && !dir.as_os_str().is_empty()
         {
             resolve(dir);
         }
         for tenant in self.tenants.values_mut() {
+            tenant.resolve_schema_paths(base);
             if let Some(p) = &mut tenant.path {
                 resolve(p);
             }
@@ -429,6 +444,7 @@ impl Config {
         }
         problems.extend(self.telemetry.problems());
         problems.extend(self.plugins.problems());
+        problems.extend(self.format_problems());
         for (name, tenant) in &self.tenants {
             if name.is_empty() {
                 problems.push(Problem::new("tenants", "tenant names must not be empty"));
@@ -445,6 +461,37 @@ impl Config {
                 ));
             }
             problems.extend(tenant.problems(&key, false));
+        }
+        problems
+    }
+
+    /// `[schema_registry]`, and each section's format keys (as its tenants inherit them):
+    /// encoding needs a registry.
+    fn format_problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if let Some(registry) = &self.schema_registry {
+            problems.extend(registry.problems());
+        }
+        let default = self.plugins.default.as_ref();
+        let sections = default
+            .map(|d| ("plugins.default".to_owned(), d.formats()))
+            .into_iter()
+            .chain(self.tenants.iter().map(|(name, t)| {
+                (
+                    format!("tenants.{name}"),
+                    t.formats()
+                        .or(&default.map(PluginSpec::formats).unwrap_or_default()),
+                )
+            }));
+        for (key, formats) in sections {
+            if let Err(found) = formats.resolve(&key) {
+                problems.extend(found);
+            } else if formats.encodes() && self.schema_registry.is_none() {
+                problems.push(Problem::new(
+                    format!("{key}.value_format"),
+                    "encoding with a schema needs a [schema_registry] section with its url",
+                ));
+            }
         }
         problems
     }

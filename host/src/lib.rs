@@ -21,6 +21,7 @@ pub mod model;
 pub mod plugin;
 mod problem;
 pub mod relay;
+pub mod schema;
 pub mod secret;
 pub mod shutdown;
 mod sink;

@@ -132,4 +132,7 @@ pub struct OutboundMessage {
     pub headers: Headers,
     /// Partition to publish to; `None`: the producer's partitioner picks.
     pub partition: Option<i32>,
+    /// How key and value are still to be encoded (the tenant's `key_format`/`value_format`);
+    /// `None`: published as they are.
+    pub formats: Option<std::sync::Arc<crate::schema::MessageFormats>>,
 }

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::maintenance::pruner::Retention;
 use crate::plugin::{PluginRouter, TenantState};
 use crate::relay::Relay;
+use crate::schema::{RegistryClient, SchemaEncoder, SchemaSource};
 use crate::shutdown::Shutdown;
 use crate::sink::KafkaSink;
 use crate::store::{self, MarkMode, Store};
@@ -34,6 +35,8 @@ pub(super) struct Parts {
     pub relay: Arc<AppRelay>,
     /// With `[telemetry] listen`: what the relay records into.
     pub metrics: Option<Arc<Metrics>>,
+    /// With `[schema_registry]`: its client (for the readiness check).
+    pub registry: Option<Arc<RegistryClient>>,
 }
 
 /// Loads the plugins, then connects the database and the producer. Returns `None` when
@@ -85,6 +88,20 @@ pub(super) async fn assemble(
             sink,
             config.relay.settings(),
         );
+        let registry = match &config.schema_registry {
+            Some(settings) => {
+                let client = Arc::new(RegistryClient::new(settings).map_err(anyhow::Error::msg)?);
+                // Not fatal: rows to be encoded wait (and /readyz says why) until it answers.
+                if let Err(e) = client.check().await {
+                    tracing::warn!(error = %e, url = %settings.url, "the schema registry does not answer yet");
+                }
+                let source: Arc<dyn SchemaSource> = Arc::clone(&client) as Arc<dyn SchemaSource>;
+                relay =
+                    relay.with_schemas(Arc::new(SchemaEncoder::new(source, settings.latest_ttl)));
+                Some(client)
+            }
+            None => None,
+        };
         if let Some(metrics) = &metrics {
             router.record_into(Arc::clone(metrics));
             let mode = match config.relay.mark {
@@ -98,6 +115,7 @@ pub(super) async fn assemble(
             store,
             relay: Arc::new(relay),
             metrics,
+            registry,
         })
     };
     tokio::select! {

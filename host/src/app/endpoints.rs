@@ -13,6 +13,7 @@ use super::services::Services;
 use super::status::StatusReport;
 use crate::config::Config;
 use crate::plugin::{PluginRouter, TenantState};
+use crate::schema::{RegistryClient, RegistryState};
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
 use crate::telemetry::metrics::Dependency;
@@ -28,6 +29,7 @@ pub(super) async fn start(
     store: &Arc<Store>,
     relay: &Arc<AppRelay>,
     router: &Arc<PluginRouter>,
+    registry: Option<Arc<RegistryClient>>,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<Option<Arc<SharedAccess>>> {
     let settings = config.telemetry.clone();
@@ -51,6 +53,7 @@ pub(super) async fn start(
         last: Arc::clone(&last),
         settings: settings.clone(),
         workers: config.relay.workers,
+        registry: registry.as_ref().map(|r| Arc::clone(r.state())),
     });
     let served = Arc::clone(&access);
     services.start("telemetry server", move |stop| {
@@ -58,7 +61,7 @@ pub(super) async fn start(
     });
     let (store, relay) = (Arc::clone(store), Arc::clone(relay));
     services.start("backlog sampler", move |stop| {
-        sampler::sample(store, relay, metrics, last, settings, stop)
+        sampler::sample(store, relay, registry, metrics, last, settings, stop)
     });
     Ok(Some(access))
 }
@@ -71,6 +74,8 @@ struct AppEndpoints {
     settings: TelemetrySettings,
     /// Worker loops the relay runs.
     workers: usize,
+    /// With `[schema_registry]`: whether it answered last.
+    registry: Option<Arc<RegistryState>>,
 }
 
 impl Endpoints for AppEndpoints {
@@ -119,14 +124,22 @@ impl Endpoints for AppEndpoints {
             .unwrap_or_else(|p| p.into_inner())
             .kafka_error
             .clone();
+        // A registry that does not answer holds back only the rows to be encoded (or not
+        // even those, with their schemas cached), but a relay that cannot encode is not ready.
+        let registry = self.registry.as_ref().map(|r| r.up());
+        let mut body = json!({
+            "database": database,
+            "kafka": kafka,
+            "kafka_error": kafka_error,
+            "paused_tenants": paused,
+        });
+        if let (Some(up), Some(state)) = (registry, &self.registry) {
+            body["schema_registry"] = json!(up);
+            body["schema_registry_error"] = json!(state.error());
+        }
         Check {
-            ok: database && kafka,
-            body: json!({
-                "database": database,
-                "kafka": kafka,
-                "kafka_error": kafka_error,
-                "paused_tenants": paused,
-            }),
+            ok: database && kafka && registry.unwrap_or(true),
+            body,
         }
     }
 
@@ -166,6 +179,7 @@ mod tests {
             last: Arc::default(),
             settings: TelemetrySettings::default(),
             workers,
+            registry: None,
         }
     }
 
@@ -222,5 +236,35 @@ mod tests {
             e.ready().body["kafka_error"],
             "authentication with the broker failed: SASL"
         );
+    }
+
+    #[test]
+    fn readyz_is_not_ready_while_the_schema_registry_does_not_answer() {
+        use crate::schema::RegistryError;
+        let mut e = endpoints(1);
+        let state = Arc::new(RegistryState::default());
+        e.registry = Some(Arc::clone(&state));
+        e.metrics
+            .health
+            .set_dependency_up(Dependency::Database, true);
+        e.metrics.health.set_dependency_up(Dependency::Kafka, true);
+        assert!(e.ready().ok, "not asked yet: nothing known to be wrong");
+        state.record::<()>(&Err(RegistryError::Unreachable(
+            "connection refused".into(),
+        )));
+        let check = e.ready();
+        assert!(!check.ok);
+        assert_eq!(check.body["schema_registry"], false);
+        assert_eq!(
+            check.body["schema_registry_error"],
+            "schema registry unreachable: connection refused"
+        );
+        // A 404 is an answer: the registry is up.
+        state.record::<()>(&Err(RegistryError::NotFound("no such subject".into())));
+        assert!(e.ready().ok);
+        assert_eq!(e.ready().body["schema_registry"], true);
+        // Without [schema_registry] the body does not mention it.
+        e.registry = None;
+        assert!(e.ready().body.get("schema_registry").is_none());
     }
 }

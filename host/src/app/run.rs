@@ -109,11 +109,21 @@ impl Started {
             store,
             relay,
             metrics,
+            registry,
         } = parts;
         let mut services = Services::default();
         let access = match metrics {
             Some(metrics) => {
-                endpoints::start(&mut services, config, &store, &relay, &router, metrics).await?
+                endpoints::start(
+                    &mut services,
+                    config,
+                    &store,
+                    &relay,
+                    &router,
+                    registry,
+                    metrics,
+                )
+                .await?
             }
             None => None,
         };

@@ -8,6 +8,7 @@ use chrono::Utc;
 
 use crate::plugin::RowTransformer;
 use crate::relay::Relay;
+use crate::schema::RegistryClient;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::store::{OutboxStore, Store, TenantBacklog};
@@ -29,6 +30,7 @@ pub(super) struct LastSample {
 pub(super) async fn sample<T: RowTransformer, K: Sink>(
     store: Arc<Store>,
     relay: Arc<Relay<Store, T, K>>,
+    registry: Option<Arc<RegistryClient>>,
     metrics: Arc<Metrics>,
     last: Arc<Mutex<LastSample>>,
     settings: TelemetrySettings,
@@ -38,6 +40,12 @@ pub(super) async fn sample<T: RowTransformer, K: Sink>(
         tokio::select! {
             () = sample_once(&store, &relay, &metrics, &last, &settings) => {}
             _ = stop.recv() => return,
+        }
+        if let Some(registry) = &registry {
+            tokio::select! {
+                () = check_registry(registry, &metrics) => {}
+                _ = stop.recv() => return,
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(settings.sample_interval) => {}
@@ -118,5 +126,25 @@ async fn sample_once<T: RowTransformer, K: Sink>(
             None => tracing::info!("the broker answers the readiness check again"),
         }
         last.kafka_error = kafka_error;
+    }
+}
+
+/// Asks the schema registry whether it answers; logs when that changes.
+async fn check_registry(registry: &RegistryClient, metrics: &Metrics) {
+    let was_up = registry.state().up();
+    let result = registry.check().await;
+    metrics.health.set_dependency_up(
+        Dependency::SchemaRegistry,
+        !matches!(&result, Err(e) if e.is_outage()),
+    );
+    match &result {
+        Err(e) if e.is_outage() && was_up => {
+            tracing::warn!(error = %e, "the schema registry did not answer the readiness check");
+        }
+        Err(e) if !e.is_outage() => {
+            tracing::warn!(error = %e, "the schema registry refused the readiness check");
+        }
+        Ok(()) if !was_up => tracing::info!("the schema registry answers again"),
+        _ => {}
     }
 }

@@ -21,7 +21,13 @@ pub fn outcome_label(result: &RowResult) -> Option<PluginOutcome> {
         Err(TransformFailure::InvalidOutput(_)) => PluginOutcome::InvalidOutput,
         Err(TransformFailure::NoPlugin(_)) => PluginOutcome::NoPlugin,
         Err(TransformFailure::Unavailable(_)) => PluginOutcome::Unavailable,
-        Err(TransformFailure::Deferred(_) | TransformFailure::Paused { .. }) => return None,
+        // Encoding follows the plugin call: its failures are not the plugin's outcome.
+        Err(
+            TransformFailure::Deferred(_)
+            | TransformFailure::Paused { .. }
+            | TransformFailure::SchemaMismatch(_)
+            | TransformFailure::SchemaUnavailable(_),
+        ) => return None,
     })
 }
 

@@ -123,6 +123,14 @@ pub enum TransformFailure {
     /// Neither a `[tenants.<name>]` entry nor `[plugins.default]` covers the row's tenant.
     #[error("no plugin for tenant {0:?}: add [tenants.{0}] or [plugins.default]")]
     NoPlugin(TenantId),
+    /// The message does not fit its registry schema (`value_format`/`key_format`): the row's
+    /// own fault, dead at once like a permanent plugin error.
+    #[error("schema mismatch: {0}")]
+    SchemaMismatch(String),
+    /// No schema to encode with (registry down, subject or version missing, schema of another
+    /// format): retried without counting an attempt, never dead-lettered.
+    #[error("schema unavailable: {0}")]
+    SchemaUnavailable(String),
     /// The tenant's instance could not be (re)created.
     #[error("plugin unavailable: {0}")]
     Unavailable(String),

@@ -6,11 +6,14 @@
 //! Kafka topic names; header names must not carry control characters (a NUL ends a name in
 //! librdkafka, so `sluice-tenant\0x` would reach consumers as a second `sluice-tenant`).
 
+use std::sync::Arc;
+
 use crate::model::OutboundMessage;
 use crate::model::OutboxRow;
 use crate::plugin::limits::Limits;
 use crate::plugin::wasm::bindings::types as wit;
 use crate::plugin::{RowResult, TransformFailure};
+use crate::schema::MessageFormats;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// Header names the host owns: whatever a plugin sets under these names is replaced.
@@ -126,7 +129,25 @@ fn accept_message(
         payload: m.payload,
         headers: stamp_headers(m.headers, row),
         partition: m.partition,
+        formats: None,
     })
+}
+
+/// [`accept`], then marks each message with the tenant's `key_format`/`value_format`, for
+/// the relay's encoding step.
+pub fn accept_formatted(
+    limits: &Limits,
+    formats: Option<&Arc<MessageFormats>>,
+    row: &OutboxRow,
+    answer: Result<Vec<wit::OutputMessage>, wit::TransformError>,
+) -> RowResult {
+    let mut messages = accept(limits, row, answer)?;
+    if let Some(formats) = formats {
+        for m in &mut messages {
+            m.formats = Some(Arc::clone(formats));
+        }
+    }
+    Ok(messages)
 }
 
 /// A topic must be a valid Kafka topic name before it may be checked against the allow-list

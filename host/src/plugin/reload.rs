@@ -34,7 +34,8 @@ fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTempla
         PluginCode::Wasm(Arc::clone(plugin)),
         old.config.clone(),
         old.limits.clone(),
-    );
+    )
+    .with_formats(old.formats.clone());
     Arc::new(match old.quarantine.watch() {
         Some(watch) => renewed.watched_by(watch),
         None => renewed,

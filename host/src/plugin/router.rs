@@ -26,6 +26,7 @@ use crate::plugin::wasm::engine::{MAX_POOLED_INSTANCES, PluginEngine};
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, metrics};
 use crate::problem::Problem;
+use crate::schema::MessageFormats;
 use crate::telemetry::Metrics;
 use crate::text::{MAX_LOGGED, bounded};
 
@@ -169,6 +170,7 @@ impl PluginRouter {
                     Limits::resolve(&spec.limits())
                         .map_err(limits_err("plugins.default".into()))?,
                 )
+                .with_formats(formats_of(spec, "plugins.default")?)
                 .watched_by(&watch),
             )),
             None => None,
@@ -200,6 +202,7 @@ impl PluginRouter {
                     Limits::resolve(&spec.limits())
                         .map_err(limits_err(format!("tenants.{name}")))?,
                 )
+                .with_formats(formats_of(&spec, &format!("tenants.{name}"))?)
                 .watched_by(&watch),
             );
             let id = TenantId::named(name.as_str());
@@ -498,6 +501,17 @@ impl RowTransformer for PluginRouter {
             .map(|r| r.unwrap_or_else(|| Err(TransformFailure::Unavailable("no result".into()))))
             .collect()
     }
+}
+
+/// A section's `key_format`/`value_format`, checked and with its schema files read; the first
+/// problem when they cannot work.
+fn formats_of(spec: &PluginSpec, key: &str) -> Result<Option<Arc<MessageFormats>>, Problem> {
+    spec.formats().resolve(key).map_err(|problems| {
+        problems
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Problem::new(key, "invalid"))
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::plugin::TopicPattern;
 use crate::plugin::builtin::Builtin;
 use crate::plugin::wasm::engine::MAX_POOLED_INSTANCES;
 use crate::problem::Problem;
+use crate::schema::settings::{Format, FormatsSpec, SchemaVersion, SubjectStrategy};
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
@@ -188,6 +189,38 @@ pub struct PluginSpec {
     #[serde(default, with = "humantime_serde")]
     /// `circuit_breaker_cooldown`: how long the tenant stays paused, e.g. `"30s"` (default 30 s).
     pub circuit_breaker_cooldown: Option<Duration>,
+    // Schema Registry encoding (docs/schema-registry.md; inlined like the limits).
+    /// `value_format`: `raw` (default), `avro`, `protobuf` or `json-schema`.
+    #[serde(default)]
+    pub value_format: Option<Format>,
+    /// `key_format`: as `value_format`.
+    #[serde(default)]
+    pub key_format: Option<Format>,
+    /// `subject_strategy`: `topic-name` (default), `record-name`, `topic-record-name`.
+    #[serde(default)]
+    pub subject_strategy: Option<SubjectStrategy>,
+    /// `value_record`: the record's (message's) full name, for the record strategies.
+    #[serde(default)]
+    pub value_record: Option<String>,
+    /// `key_record`: as `value_record`.
+    #[serde(default)]
+    pub key_record: Option<String>,
+    /// `value_schema_version`: `"latest"` (default) or a version number.
+    #[serde(default)]
+    pub value_schema_version: Option<SchemaVersion>,
+    /// `key_schema_version`: as `value_schema_version`.
+    #[serde(default)]
+    pub key_schema_version: Option<SchemaVersion>,
+    /// `value_schema`: a schema file, registered (`auto_register`) or looked up under the
+    /// subject instead of reading the subject's versions.
+    #[serde(default)]
+    pub value_schema: Option<PathBuf>,
+    /// `key_schema`: as `value_schema`.
+    #[serde(default)]
+    pub key_schema: Option<PathBuf>,
+    /// `auto_register`: register `value_schema`/`key_schema` (default false).
+    #[serde(default)]
+    pub auto_register: Option<bool>,
     /// Rows per plugin call from the first row on (1: `transform` only); `None`: the relay's
     /// probation, then `transform-batch` chunks. Not a config key: set by `sluice plugin test
     /// --batch-size`.
@@ -314,6 +347,7 @@ impl PluginSpec {
             true => self.config.clone(),
             false => self.config.clone().or_else(|| default.config.clone()),
         };
+        let formats = self.formats().or(&default.formats());
         PluginSpec {
             path,
             builtin,
@@ -329,7 +363,53 @@ impl PluginSpec {
             circuit_breaker_failures: limits.circuit_breaker_failures,
             circuit_breaker_cooldown: limits.circuit_breaker_cooldown,
             call_batch_rows: limits.call_batch_rows,
+            value_format: formats.value_format,
+            key_format: formats.key_format,
+            subject_strategy: formats.subject_strategy,
+            value_record: formats.value_record,
+            key_record: formats.key_record,
+            value_schema_version: formats.value_schema_version,
+            key_schema_version: formats.key_schema_version,
+            value_schema: formats.value_schema,
+            key_schema: formats.key_schema,
+            auto_register: formats.auto_register,
         }
+    }
+
+    /// This entry's format keys, unresolved.
+    pub fn formats(&self) -> FormatsSpec {
+        FormatsSpec {
+            value_format: self.value_format,
+            key_format: self.key_format,
+            subject_strategy: self.subject_strategy,
+            value_record: self.value_record.clone(),
+            key_record: self.key_record.clone(),
+            value_schema_version: self.value_schema_version,
+            key_schema_version: self.key_schema_version,
+            value_schema: self.value_schema.clone(),
+            key_schema: self.key_schema.clone(),
+            auto_register: self.auto_register,
+        }
+    }
+
+    /// Replaces this entry's format keys.
+    pub fn set_formats(&mut self, formats: FormatsSpec) {
+        self.value_format = formats.value_format;
+        self.key_format = formats.key_format;
+        self.subject_strategy = formats.subject_strategy;
+        self.value_record = formats.value_record;
+        self.key_record = formats.key_record;
+        self.value_schema_version = formats.value_schema_version;
+        self.key_schema_version = formats.key_schema_version;
+        self.value_schema = formats.value_schema;
+        self.key_schema = formats.key_schema;
+        self.auto_register = formats.auto_register;
+    }
+
+    /// Resolves relative schema file paths against the config file's directory.
+    pub fn resolve_schema_paths(&mut self, base: &Path) {
+        FormatsSpec::resolve_paths(&mut self.value_schema, base);
+        FormatsSpec::resolve_paths(&mut self.key_schema, base);
     }
 
     /// Whether this entry names its own plugin (`path` or `builtin`).

@@ -10,7 +10,7 @@ use super::outcome::Outcomes;
 use super::stats::BatchReport;
 use super::{BatchError, Relay, batch_metrics, dead_letter};
 use crate::model::{OutboundMessage, OutboxId, OutboxRow};
-use crate::plugin::RowTransformer;
+use crate::plugin::{RowResult, RowTransformer, TransformFailure};
 use crate::sink::{Sink, SinkError};
 use crate::store::{
     BatchOutcome, Claim, ClaimedBatch, Disposition, OutboxStore, RowFailure, Settlement, StoreError,
@@ -86,6 +86,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         } else {
             self.transformer.transform(Arc::clone(&rows)).await
         };
+        let results = self.encode(results).await;
         let mut outcomes = match Outcomes::build(&rows, results, &self.settings.retry) {
             Ok(outcomes) => outcomes,
             Err(mismatch) => {
@@ -255,6 +256,34 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             settlement.skipped = again.skipped;
         }
         Ok(settlement)
+    }
+
+    /// The schema-encoding step: messages whose tenant set `key_format`/`value_format` are
+    /// encoded; without an encoder, their rows fail closed (never published raw).
+    async fn encode(&self, results: Vec<RowResult>) -> Vec<RowResult> {
+        let wants_encoding = |r: &RowResult| {
+            r.as_ref()
+                .is_ok_and(|ms| ms.iter().any(|m| m.formats.is_some()))
+        };
+        if !results.iter().any(wants_encoding) {
+            return results;
+        }
+        match &self.schemas {
+            Some(schemas) => schemas.encode_rows(results).await,
+            None => results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(ms) if ms.iter().any(|m| m.formats.is_some()) => {
+                        Err(TransformFailure::SchemaUnavailable(
+                            "the tenant's messages are to be encoded, but this relay has no \
+                             [schema_registry]"
+                                .into(),
+                        ))
+                    }
+                    other => other,
+                })
+                .collect(),
+        }
     }
 
     /// Tells each tenant's health what publishing did with its rows.

@@ -75,5 +75,6 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMes
         payload: Some(row.payload.clone()),
         headers,
         partition: None,
+        formats: None,
     }
 }

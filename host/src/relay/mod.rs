@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::plugin::RowTransformer;
+use crate::schema::SchemaEncoder;
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{OutboxStore, StoreError};
@@ -108,6 +109,8 @@ pub struct Relay<S, T, K> {
     held_back: HeldBack,
     /// Where batches record what they did, when metrics are on.
     metrics: Option<Recording>,
+    /// Encodes messages whose tenant set `key_format`/`value_format` (`[schema_registry]`).
+    schemas: Option<Arc<SchemaEncoder>>,
 }
 
 /// The relay's metrics and the `mode` label of its mark timings.
@@ -180,7 +183,14 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             counters: Arc::default(),
             held_back: HeldBack::default(),
             metrics: None,
+            schemas: None,
         }
+    }
+
+    /// Encodes messages against `[schema_registry]` schemas before publishing.
+    pub fn with_schemas(mut self, schemas: Arc<SchemaEncoder>) -> Self {
+        self.schemas = Some(schemas);
+        self
     }
 
     /// Records what the relay does into `metrics`; `mark_mode` labels the mark timings

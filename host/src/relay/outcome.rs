@@ -244,12 +244,32 @@ fn missing_report() -> SinkError {
 }
 
 fn transform_failure(row: &OutboxRow, failure: TransformFailure, retry: &RetryPolicy) -> Failure {
-    let permanent = matches!(failure, TransformFailure::Permanent { .. });
-    Failure {
-        error: failure.to_string(),
-        disposition: retry.after_failure(row.attempts, permanent),
-        refused: false,
-        permanent,
+    match failure {
+        // The registry is down or has no schema for the subject: nobody's fault of the row's
+        // or the tenant's; retried without using up attempts, and the breaker is not told.
+        TransformFailure::SchemaUnavailable(_) => Failure {
+            error: failure.to_string(),
+            disposition: retry.after_transient_failure(),
+            refused: false,
+            permanent: false,
+        },
+        // The payload does not fit its schema: the row can never succeed. Like a plugin's
+        // `permanent` error, it is the row's fault, not the tenant's: the breaker is not told.
+        TransformFailure::SchemaMismatch(_) => Failure {
+            error: failure.to_string(),
+            disposition: retry.after_failure(row.attempts, true),
+            refused: false,
+            permanent: true,
+        },
+        failure => {
+            let permanent = matches!(failure, TransformFailure::Permanent { .. });
+            Failure {
+                error: failure.to_string(),
+                disposition: retry.after_failure(row.attempts, permanent),
+                refused: false,
+                permanent,
+            }
+        }
     }
 }
 
@@ -296,6 +316,7 @@ mod tests {
             payload: None,
             headers: Vec::new(),
             partition: None,
+            formats: None,
         }
     }
 

@@ -696,6 +696,7 @@ mod tests {
             payload: Some(b"{}".to_vec()),
             headers: Vec::new(),
             partition: None,
+            formats: None,
         }
     }
 

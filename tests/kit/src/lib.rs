@@ -11,6 +11,7 @@ pub mod config;
 pub mod db;
 pub mod env;
 pub mod kafka;
+pub mod registry;
 pub mod relay;
 pub mod scenario;
 pub mod scrape;

@@ -27,6 +27,7 @@ mod retry;
 mod rotation;
 mod sandbox;
 mod sandbox_breaches;
+mod schema_registry;
 mod schemas;
 mod secrets;
 mod secure_kafka;

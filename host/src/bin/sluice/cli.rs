@@ -1,5 +1,6 @@
 //! The command line's shape: every command, argument and its help text.
 
+use sluice::schema::Format;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -241,6 +242,8 @@ pub(crate) enum PluginCommand {
         /// `transform-batch` with up to 64 rows).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
         batch_size: Option<u64>,
+        #[command(flatten)]
+        encoding: Box<EncodingArgs>,
     },
 }
 
@@ -253,4 +256,30 @@ pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
     }
+}
+
+/// `plugin test`'s encoding flags (boxed in the command: they would make every other command
+/// as large).
+#[derive(Debug, clap::Args)]
+pub(crate) struct EncodingArgs {
+    /// Encode each message's value as `sluice run` does with `value_format` (avro,
+    /// protobuf, json-schema; raw: as returned): against --value-schema FILE without a
+    /// registry (schema id 0), else the --config file's [schema_registry].
+    #[arg(long, value_name = "FORMAT")]
+    pub value_format: Option<Format>,
+    /// The schema file to encode the value with (Avro JSON, .proto text, JSON Schema).
+    #[arg(long, value_name = "FILE")]
+    pub value_schema: Option<PathBuf>,
+    /// The record (Protobuf: message) full name, as `value_record`.
+    #[arg(long, value_name = "NAME")]
+    pub value_record: Option<String>,
+    /// As --value-format, for the key.
+    #[arg(long, value_name = "FORMAT")]
+    pub key_format: Option<Format>,
+    /// As --value-schema, for the key.
+    #[arg(long, value_name = "FILE")]
+    pub key_schema: Option<PathBuf>,
+    /// As --value-record, for the key.
+    #[arg(long, value_name = "NAME")]
+    pub key_record: Option<String>,
 }

@@ -1,6 +1,7 @@
 //! `sluice plugin new|check|test`: create a plugin project, validate a component, run rows
 //! through a plugin on the relay's code path (optionally against a golden file).
 
+use sluice::schema::FormatsSpec;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -55,6 +56,7 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             call_timeout,
             recycle_memory_percent,
             batch_size,
+            encoding,
         } => {
             let source = match (file, builtin) {
                 (Some(file), _) => Some(PluginSource::Wasm(file)),
@@ -92,6 +94,15 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
                 recycle_memory_percent,
                 batch_size: batch_size.and_then(|n| usize::try_from(n).ok()),
                 tenant,
+                formats: FormatsSpec {
+                    value_format: encoding.value_format,
+                    value_schema: encoding.value_schema,
+                    value_record: encoding.value_record,
+                    key_format: encoding.key_format,
+                    key_schema: encoding.key_schema,
+                    key_record: encoding.key_record,
+                    ..FormatsSpec::default()
+                },
             };
             plugin_test(&options, &input, expect.as_deref())
         }

@@ -272,7 +272,7 @@ impl TenantRunner {
                 }
             }
         };
-        output::accept(&template.limits, row, answer)
+        output::accept_formatted(&template.limits, template.formats.as_ref(), row, answer)
     }
 
     /// One `transform-batch` call for `rows`; `None` when it trapped (the instance is
@@ -302,11 +302,11 @@ impl TenantRunner {
             Ok(answers) => {
                 self.batch.after_batch(true);
                 self.recycle_if_grown();
-                let limits = &self.template.limits;
+                let (limits, formats) = (&self.template.limits, self.template.formats.as_ref());
                 let results: Vec<RowResult> = rows
                     .iter()
                     .zip(answers)
-                    .map(|(row, answer)| output::accept(limits, row, answer))
+                    .map(|(row, answer)| output::accept_formatted(limits, formats, row, answer))
                     .collect();
                 for r in &results {
                     self.record(r);
@@ -386,7 +386,10 @@ impl TenantRunner {
                 | TransformFailure::InvalidOutput(_)
                 | TransformFailure::Deferred(_)
                 | TransformFailure::Paused { .. }
-                | TransformFailure::NoPlugin(_),
+                | TransformFailure::NoPlugin(_)
+                // Encoding follows the plugin call and never reaches here.
+                | TransformFailure::SchemaMismatch(_)
+                | TransformFailure::SchemaUnavailable(_),
             ) => Transition::None,
         });
         log_transition(&self.tenant, &self.template, transition);

@@ -12,6 +12,7 @@ use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::wasm::instance::WasmInstance;
 use crate::problem::Problem;
+use crate::schema::MessageFormats;
 
 /// A tenant's transform logic as configured: everything needed to (re)create its
 /// [`PluginInstance`].
@@ -19,6 +20,8 @@ pub(crate) struct TenantTemplate {
     pub(crate) code: PluginCode,
     pub(crate) config: Vec<(String, String)>,
     pub(crate) limits: Limits,
+    /// `key_format`/`value_format` of the tenant's section (`None`: both raw).
+    pub(crate) formats: Option<Arc<MessageFormats>>,
     /// Set while this plugin + config cannot start; shared by every tenant using the template.
     pub(crate) quarantine: Quarantine,
     /// How the plugin is named in logs, statuses and metric labels (made once: it is read
@@ -51,9 +54,16 @@ impl TenantTemplate {
             code,
             config,
             limits,
+            formats: None,
             quarantine: Quarantine::default(),
             described,
         }
+    }
+
+    /// The template with the section's message formats.
+    pub(crate) fn with_formats(mut self, formats: Option<Arc<MessageFormats>>) -> Self {
+        self.formats = formats;
+        self
     }
 
     /// The template, its quarantine an event of `watch` (see [`Watch`]).

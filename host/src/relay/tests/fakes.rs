@@ -92,6 +92,7 @@ pub(super) fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
         payload: Some(row.payload.clone()),
         headers: Vec::new(),
         partition: None,
+        formats: None,
     }
 }
 

@@ -17,6 +17,8 @@ label_values! {
     pub enum Dependency {
         Database => "database",
         Kafka => "kafka",
+        /// Only with `[schema_registry]`.
+        SchemaRegistry => "schema_registry",
     }
 }
 
@@ -44,7 +46,8 @@ impl Default for HealthMetrics {
             workers_started: AtomicI64::new(0),
             batches_in_hand: Mutex::default(),
         };
-        for &dependency in Dependency::ALL {
+        // The registry's gauge appears once it is checked: a relay without one has none.
+        for &dependency in &[Dependency::Database, Dependency::Kafka] {
             let _ = m
                 .dependency_up
                 .get_or_create(&DependencyLabel { dependency });
@@ -57,7 +60,7 @@ impl HealthMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "dependency_up",
-            "Whether the last check of a dependency (database, kafka) succeeded",
+            "Whether the last check of a dependency (database, kafka, schema_registry) succeeded",
             self.dependency_up.clone(),
         );
         r.register(

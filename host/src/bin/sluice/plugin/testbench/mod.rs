@@ -22,6 +22,10 @@ use sluice::plugin::{
     PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowResult, RowTransformer,
     TransformFailure,
 };
+use sluice::schema::settings::DEFAULT_LATEST_TTL;
+use sluice::schema::{
+    FileSchemas, FormatsSpec, RegistryClient, RegistrySettings, SchemaEncoder, SchemaSource,
+};
 
 pub(crate) use diff::unified as diff_expected;
 
@@ -82,6 +86,8 @@ pub(crate) struct TestOptions {
     pub batch_size: Option<usize>,
     /// Run every row as this tenant of a `sluice.toml`.
     pub tenant: Option<ConfiguredTenant>,
+    /// `--value-format`, `--value-schema`, … : on top of the tenant's format keys.
+    pub formats: FormatsSpec,
 }
 
 /// A tenant of a `sluice.toml` as `sluice run` resolves it: its own `[tenants.<name>]` entry
@@ -96,6 +102,8 @@ pub(crate) struct ConfiguredTenant {
     pub configured: bool,
     /// The file's `[plugins]` (its compile cache, instance cap).
     plugins: PluginsSettings,
+    /// The file's `[schema_registry]`, for a tenant whose messages are encoded.
+    registry: Option<RegistrySettings>,
 }
 
 impl ConfiguredTenant {
@@ -132,6 +140,7 @@ impl ConfiguredTenant {
             spec,
             configured,
             plugins: config.plugins.clone(),
+            registry: config.schema_registry.clone(),
         })
     }
 }
@@ -164,7 +173,31 @@ impl TestOptions {
         spec.call_timeout = self.call_timeout.or(spec.call_timeout);
         spec.recycle_memory_percent = self.recycle_memory_percent.or(spec.recycle_memory_percent);
         spec.call_batch_rows = self.batch_size;
+        spec.set_formats(self.formats.clone().or(&spec.formats()));
         Ok(spec)
+    }
+
+    /// What encodes the messages, when the spec asks for it: the schema files given on the
+    /// command line (no registry), else the config file's registry, else the spec's own
+    /// schema files.
+    fn encoder(&self, spec: &PluginSpec) -> anyhow::Result<Option<SchemaEncoder>> {
+        let formats = spec.formats();
+        if !formats.encodes() {
+            return Ok(None);
+        }
+        if let Err(problems) = formats.resolve("plugin") {
+            let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            anyhow::bail!("{}", problems.join("; "));
+        }
+        let from_files = self.formats.value_schema.is_some() || self.formats.key_schema.is_some();
+        let registry = self.tenant.as_ref().and_then(|t| t.registry.as_ref());
+        let source: Arc<dyn SchemaSource> = match registry {
+            Some(settings) if !from_files => {
+                Arc::new(RegistryClient::new(settings).map_err(anyhow::Error::msg)?)
+            }
+            _ => Arc::new(FileSchemas),
+        };
+        Ok(Some(SchemaEncoder::new(source, DEFAULT_LATEST_TTL)))
     }
 
     /// The plugin settings the router starts from: a tenant with its own entry runs as a
@@ -223,6 +256,7 @@ pub(crate) fn run(
     if let Some(problem) = spec.problems("plugin", true).into_iter().next() {
         anyhow::bail!("{problem}");
     }
+    let encoder = options.encoder(&spec)?;
     let (settings, tenants) = options.settings(spec);
     let router = PluginRouter::from_settings(&settings, &tenants)?;
     let tenant = options.tenant.as_ref().map(|t| t.name.as_str());
@@ -252,6 +286,7 @@ pub(crate) fn run(
             run_chunk(
                 &runtime,
                 &router,
+                encoder.as_ref(),
                 std::mem::take(&mut chunk),
                 &mut summary,
                 &mut out,
@@ -259,7 +294,14 @@ pub(crate) fn run(
             rows_in_chunk = 0;
         }
     }
-    run_chunk(&runtime, &router, chunk, &mut summary, &mut out)?;
+    run_chunk(
+        &runtime,
+        &router,
+        encoder.as_ref(),
+        chunk,
+        &mut summary,
+        &mut out,
+    )?;
     Ok(summary)
 }
 
@@ -268,6 +310,7 @@ pub(crate) fn run(
 fn run_chunk(
     runtime: &tokio::runtime::Runtime,
     router: &PluginRouter,
+    encoder: Option<&SchemaEncoder>,
     chunk: Vec<Entry>,
     summary: &mut TestSummary,
     out: &mut impl Write,
@@ -296,6 +339,21 @@ fn run_chunk(
         }
         pending = deferred;
     }
+    let results: Vec<RowResult> = results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(TransformFailure::Unavailable(
+                    "deferred again and again: the plugin made no progress".into(),
+                ))
+            })
+        })
+        .collect();
+    // Encoded as the relay does between plugin and sink.
+    let results = match encoder {
+        Some(encoder) => runtime.block_on(encoder.encode_rows(results)),
+        None => results,
+    };
     let mut results = results.into_iter();
     for entry in &chunk {
         match entry {
@@ -305,11 +363,9 @@ fn run_chunk(
             }
             Entry::Row(row) => {
                 summary.rows += 1;
-                let result = results.next().flatten().unwrap_or_else(|| {
-                    Err(TransformFailure::Unavailable(
-                        "deferred again and again: the plugin made no progress".into(),
-                    ))
-                });
+                let result = results
+                    .next()
+                    .unwrap_or_else(|| Err(TransformFailure::Unavailable("no result".into())));
                 write_result(row, result, summary, out)?;
             }
         }
@@ -354,7 +410,9 @@ fn kind(failure: &TransformFailure) -> &'static str {
         TransformFailure::Permanent { .. } => "permanent",
         TransformFailure::Trapped(_) | TransformFailure::DeadlineExceeded(_) => "trap",
         TransformFailure::InvalidOutput(_) => "invalid-output",
-        TransformFailure::NoPlugin(_)
+        TransformFailure::SchemaMismatch(_) => "schema-mismatch",
+        TransformFailure::SchemaUnavailable(_)
+        | TransformFailure::NoPlugin(_)
         | TransformFailure::Unavailable(_)
         | TransformFailure::Paused { .. }
         | TransformFailure::Deferred(_) => "unavailable",
@@ -439,12 +497,22 @@ fn bytes_json(bytes: &[u8]) -> Value {
 }
 
 fn message_json(m: &OutboundMessage) -> Value {
+    // Encoded bytes are binary even when they happen to be UTF-8: always base64.
+    let encoded = |bytes: &[u8], is: bool| match is {
+        true => json!({ "base64": BASE64.encode(bytes) }),
+        false => bytes_json(bytes),
+    };
+    let formats = m.formats.as_deref();
+    let (key_encoded, value_encoded) = (
+        formats.is_some_and(|f| f.key.is_some()),
+        formats.is_some_and(|f| f.value.is_some()),
+    );
     json!({
         "row": m.row,
         "topic": m.topic,
         "partition": m.partition,
-        "key": m.key.as_deref().map(bytes_json),
-        "payload": m.payload.as_deref().map(bytes_json),
+        "key": m.key.as_deref().map(|k| encoded(k, key_encoded)),
+        "payload": m.payload.as_deref().map(|p| encoded(p, value_encoded)),
         "headers": m.headers.iter().map(|(k, v)| json!([k, bytes_json(v)])).collect::<Vec<_>>(),
     })
 }
@@ -536,6 +604,7 @@ mod tests {
             recycle_memory_percent: None,
             batch_size: None,
             tenant: Some(acme),
+            formats: FormatsSpec::default(),
         };
         let spec = options.spec().unwrap();
         assert_eq!(spec.source(), Some(PluginSource::Wasm("acme.wasm".into())));
@@ -594,5 +663,56 @@ mod tests {
     fn binary_bytes_are_base64_in_output() {
         assert_eq!(bytes_json(b"hi"), json!("hi"));
         assert_eq!(bytes_json(&[0xff]), json!({ "base64": "/w==" }));
+    }
+
+    #[test]
+    fn values_are_encoded_with_a_schema_file_and_misfits_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = dir.path().join("order.avsc");
+        std::fs::write(
+            &schema,
+            r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
+        )
+        .unwrap();
+        let options = TestOptions {
+            source: Some(PluginSource::Builtin("route-by-aggregate".into())),
+            config: vec![],
+            memory_mb: None,
+            call_timeout: None,
+            recycle_memory_percent: None,
+            batch_size: None,
+            tenant: None,
+            formats: FormatsSpec {
+                value_format: Some(sluice::schema::Format::Avro),
+                value_schema: Some(schema),
+                ..FormatsSpec::default()
+            },
+        };
+        let input = concat!(
+            r#"{"aggregate_type": "order", "aggregate_id": "a", "event_type": "E", "payload": {"n": 1}}"#,
+            "\n",
+            r#"{"aggregate_type": "order", "aggregate_id": "b", "event_type": "E", "payload": {"n": "one"}}"#,
+            "\n"
+        );
+        let mut out = Vec::new();
+        let summary = run(&options, input.as_bytes(), &mut out).unwrap();
+        assert_eq!((summary.messages, summary.failed_rows), (1, 1));
+        let lines: Vec<Value> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // Magic 0, schema id 0 (no registry), then n = 1 as a zigzag varint (2).
+        assert_eq!(
+            lines[0]["payload"],
+            json!({ "base64": BASE64.encode([0, 0, 0, 0, 0, 2]) })
+        );
+        assert_eq!(lines[0]["key"], json!("a"), "the key stays raw");
+        assert_eq!(lines[1]["kind"], "schema-mismatch");
+        let error = lines[1]["error"].as_str().unwrap();
+        assert!(
+            error.contains("order-value") && error.contains("$.n: expected an integer"),
+            "{error}"
+        );
     }
 }

@@ -1,0 +1,570 @@
+//! The relay's encoding step, between the plugins and the sink: each message whose tenant set
+//! `key_format`/`value_format` gets its JSON encoded against the subject's schema and framed.
+//! Schemas are cached: ids and parsed schemas for good (a registry id never changes its
+//! schema), a subject's latest version for `latest_ttl`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+use super::avro::AvroSchema;
+use super::json_schema::JsonSchema;
+use super::protobuf::ProtoSchema;
+use super::registry::{RegisteredSchema, RegistryError, SchemaSource};
+use super::settings::{FieldEncoding, Format, SchemaVersion};
+use super::wire;
+use crate::model::OutboundMessage;
+use crate::plugin::{RowResult, TransformFailure};
+
+/// Why a message could not be encoded.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EncodeError {
+    /// The message does not fit its schema: the row's own fault (never published, dead at
+    /// once).
+    #[error("{field} does not fit subject {subject}{version} (schema id {id}): {detail}")]
+    Mismatch {
+        /// `key` or `value`.
+        field: &'static str,
+        /// The registry subject.
+        subject: String,
+        /// ` version <n>`, or empty when the version is not known (a schema looked up or
+        /// registered by its text, a schema file).
+        version: String,
+        /// The schema's registry id.
+        id: u32,
+        /// Where in the JSON and why.
+        detail: String,
+    },
+    /// No schema to encode with: the registry is down or refused, the subject has no such
+    /// version, the schema is not of the configured format. Not the row's fault: retried.
+    #[error("{field}: {detail}")]
+    NoSchema {
+        /// `key` or `value`.
+        field: &'static str,
+        /// The registry's answer, or why the schema cannot be used.
+        detail: String,
+    },
+}
+
+impl From<EncodeError> for TransformFailure {
+    fn from(e: EncodeError) -> Self {
+        match e {
+            EncodeError::Mismatch { .. } => TransformFailure::SchemaMismatch(e.to_string()),
+            EncodeError::NoSchema { .. } => TransformFailure::SchemaUnavailable(e.to_string()),
+        }
+    }
+}
+
+/// A schema ready to encode with.
+#[derive(Debug)]
+enum Parsed {
+    Avro(AvroSchema),
+    Protobuf(ProtoSchema),
+    Json(JsonSchema),
+}
+
+/// A subject's schema as used: registry id and version, and the parsed schema.
+#[derive(Debug)]
+struct Resolved {
+    id: u32,
+    version: Option<u32>,
+    parsed: Arc<Parsed>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Lookup {
+    Version(SchemaVersion),
+    /// The configured schema file's text: registered (`auto_register`) or looked up.
+    Find {
+        schema: Arc<str>,
+        register: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SubjectKey {
+    subject: String,
+    lookup: Lookup,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ParsedKey {
+    id: u32,
+    format: Format,
+    record: Option<String>,
+}
+
+struct Cached {
+    resolved: Arc<Resolved>,
+    fetched: Instant,
+}
+
+/// Encodes messages against registry schemas, with the caches.
+pub struct SchemaEncoder {
+    source: Arc<dyn SchemaSource>,
+    latest_ttl: Duration,
+    subjects: Mutex<HashMap<SubjectKey, Cached>>,
+    parsed: Mutex<HashMap<ParsedKey, Arc<Parsed>>>,
+}
+
+impl SchemaEncoder {
+    /// An encoder asking `source`, trusting a subject's latest version for `latest_ttl`.
+    pub fn new(source: Arc<dyn SchemaSource>, latest_ttl: Duration) -> Self {
+        Self {
+            source,
+            latest_ttl,
+            subjects: Mutex::default(),
+            parsed: Mutex::default(),
+        }
+    }
+
+    /// Encodes the messages of every transformed row; a row with a message that cannot be
+    /// encoded fails as a whole (nothing of it is published, raw or otherwise).
+    pub async fn encode_rows(&self, results: Vec<RowResult>) -> Vec<RowResult> {
+        let mut out = Vec::with_capacity(results.len());
+        // Subjects without a schema in this batch: asked once, not once per row (a registry
+        // that times out would otherwise hold the batch for a timeout per row).
+        let mut missing = HashMap::new();
+        for result in results {
+            out.push(match result {
+                Ok(mut messages) => match self.encode_all(&mut messages, &mut missing).await {
+                    Ok(()) => Ok(messages),
+                    Err(e) => Err(e.into()),
+                },
+                failed => failed,
+            });
+        }
+        out
+    }
+
+    async fn encode_all(
+        &self,
+        messages: &mut [OutboundMessage],
+        missing: &mut HashMap<String, EncodeError>,
+    ) -> Result<(), EncodeError> {
+        for m in messages.iter_mut() {
+            let Some(formats) = m.formats.clone() else {
+                continue;
+            };
+            if let (Some(enc), Some(key)) = (&formats.key, &m.key) {
+                m.key = Some(self.encode_once(enc, &m.topic, key, missing).await?);
+            }
+            if let (Some(enc), Some(value)) = (&formats.value, &m.payload) {
+                m.payload = Some(self.encode_once(enc, &m.topic, value, missing).await?);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`SchemaEncoder::encode`], unless the subject already had no schema in this batch.
+    async fn encode_once(
+        &self,
+        enc: &FieldEncoding,
+        topic: &str,
+        bytes: &[u8],
+        missing: &mut HashMap<String, EncodeError>,
+    ) -> Result<Vec<u8>, EncodeError> {
+        let subject = enc.subject(topic);
+        if let Some(e) = missing.get(&subject) {
+            return Err(e.clone());
+        }
+        let encoded = self.encode(enc, topic, bytes).await;
+        if let Err(e @ EncodeError::NoSchema { .. }) = &encoded {
+            missing.insert(subject, e.clone());
+        }
+        encoded
+    }
+
+    /// `bytes` (the plugin's JSON) encoded and framed for `topic`'s subject.
+    pub async fn encode(
+        &self,
+        enc: &FieldEncoding,
+        topic: &str,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, EncodeError> {
+        let field = enc.field.name();
+        let subject = enc.subject(topic);
+        let resolved = self
+            .resolve(enc, &subject)
+            .await
+            .map_err(|detail| EncodeError::NoSchema { field, detail })?;
+        let mismatch = |detail: String| EncodeError::Mismatch {
+            field,
+            subject: subject.clone(),
+            version: resolved
+                .version
+                .map_or_else(String::new, |v| format!(" version {v}")),
+            id: resolved.id,
+            detail,
+        };
+        match &*resolved.parsed {
+            Parsed::Avro(schema) => {
+                let json = match serde_json::from_slice::<Json>(bytes) {
+                    Ok(json) => json,
+                    // A `string` key may be the plain text the plugin returned.
+                    Err(_) if schema.takes_text() => match std::str::from_utf8(bytes) {
+                        Ok(text) => Json::String(text.to_owned()),
+                        Err(_) => return Err(mismatch("not UTF-8 text".into())),
+                    },
+                    Err(e) => return Err(mismatch(not_json(&e))),
+                };
+                let data = schema.encode(&json).map_err(mismatch)?;
+                Ok(wire::frame(resolved.id, None, &data))
+            }
+            Parsed::Protobuf(schema) => {
+                let data = schema.encode(bytes).map_err(mismatch)?;
+                Ok(wire::frame(resolved.id, Some(schema.indexes()), &data))
+            }
+            Parsed::Json(schema) => {
+                let json: Json =
+                    serde_json::from_slice(bytes).map_err(|e| mismatch(not_json(&e)))?;
+                schema.validate(&json).map_err(mismatch)?;
+                Ok(wire::frame(resolved.id, None, bytes))
+            }
+        }
+    }
+
+    async fn resolve(&self, enc: &FieldEncoding, subject: &str) -> Result<Arc<Resolved>, String> {
+        let lookup = match &enc.schema {
+            Some(schema) => Lookup::Find {
+                schema: Arc::clone(schema),
+                register: enc.auto_register,
+            },
+            None => Lookup::Version(enc.version),
+        };
+        let key = SubjectKey {
+            subject: subject.to_owned(),
+            lookup,
+        };
+        let stale = {
+            let subjects = self.subjects.lock().unwrap_or_else(|p| p.into_inner());
+            match subjects.get(&key) {
+                Some(c) if !self.expired(&key.lookup, c.fetched) => {
+                    return Ok(Arc::clone(&c.resolved));
+                }
+                Some(c) => Some(Arc::clone(&c.resolved)),
+                None => None,
+            }
+        };
+        let fetched = match &key.lookup {
+            Lookup::Version(v) => self.source.version(subject, *v).await,
+            Lookup::Find { schema, register } => {
+                let schema_type = enc.format.schema_type().unwrap_or("AVRO");
+                self.source
+                    .find(subject, schema_type, schema, *register)
+                    .await
+            }
+        };
+        let registered = match fetched {
+            Ok(r) => r,
+            // A subject's latest version that was known keeps encoding while the registry is
+            // down: a registry outage does not stop a drain.
+            Err(e) if e.is_outage() && stale.is_some() => {
+                tracing::warn!(subject, error = %e,
+                    "schema registry unavailable; encoding with the latest version seen");
+                return stale.ok_or_else(|| e.to_string());
+            }
+            Err(e) => return Err(explain(e, enc, subject)),
+        };
+        let resolved = Arc::new(self.parse(enc, subject, &registered)?);
+        if stale.as_ref().is_some_and(|s| s.id != resolved.id) {
+            tracing::info!(subject, id = resolved.id, version = ?resolved.version,
+                "subject's latest schema changed");
+        }
+        self.subjects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                key,
+                Cached {
+                    resolved: Arc::clone(&resolved),
+                    fetched: Instant::now(),
+                },
+            );
+        Ok(resolved)
+    }
+
+    fn expired(&self, lookup: &Lookup, fetched: Instant) -> bool {
+        matches!(lookup, Lookup::Version(SchemaVersion::Latest))
+            && fetched.elapsed() >= self.latest_ttl
+    }
+
+    fn parse(
+        &self,
+        enc: &FieldEncoding,
+        subject: &str,
+        registered: &RegisteredSchema,
+    ) -> Result<Resolved, String> {
+        let expected = enc.format.schema_type().unwrap_or("AVRO");
+        let version = registered
+            .version
+            .map_or_else(String::new, |v| format!(" version {v}"));
+        if !registered.schema_type.eq_ignore_ascii_case(expected) {
+            return Err(format!(
+                "subject {subject}{version} holds a {} schema, but {}_format is {}",
+                registered.schema_type,
+                enc.field.name(),
+                enc.format.name()
+            ));
+        }
+        let key = ParsedKey {
+            id: registered.id,
+            format: enc.format,
+            record: enc.record.clone(),
+        };
+        let cached = self
+            .parsed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let parsed = match cached {
+            Some(p) => p,
+            None => {
+                let text = &registered.schema;
+                let parsed = match enc.format {
+                    Format::Protobuf => {
+                        ProtoSchema::parse(text, enc.record.as_deref()).map(Parsed::Protobuf)
+                    }
+                    Format::JsonSchema => JsonSchema::parse(text).map(Parsed::Json),
+                    _ => AvroSchema::parse(text).map(Parsed::Avro),
+                }
+                .map_err(|e| {
+                    format!(
+                        "subject {subject}{version} (schema id {}): {e}",
+                        registered.id
+                    )
+                })?;
+                let parsed = Arc::new(parsed);
+                self.parsed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, Arc::clone(&parsed));
+                parsed
+            }
+        };
+        Ok(Resolved {
+            id: registered.id,
+            version: registered.version,
+            parsed,
+        })
+    }
+}
+
+fn not_json(e: &serde_json::Error) -> String {
+    format!("the plugin's output is not JSON ({e})")
+}
+
+/// A registry error with what to do about it.
+fn explain(e: RegistryError, enc: &FieldEncoding, subject: &str) -> String {
+    match (&e, &enc.schema, enc.version) {
+        (RegistryError::NotFound(_), None, SchemaVersion::Latest) => format!(
+            "{e} (register a schema under subject {subject}, or give {}_schema with \
+             auto_register = true)",
+            enc.field.name()
+        ),
+        (RegistryError::NotFound(_), Some(_), _) if !enc.auto_register => format!(
+            "{e} ({}_schema is not registered under subject {subject}; register it, or set \
+             auto_register = true)",
+            enc.field.name()
+        ),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::schema::settings::{Field, MessageFormats, SubjectStrategy};
+
+    /// A registry in memory: one subject per schema, counting the requests.
+    struct Fake {
+        schemas: Mutex<HashMap<String, RegisteredSchema>>,
+        requests: AtomicUsize,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl Fake {
+        fn new(subject: &str, id: u32, schema_type: &str, schema: &str) -> Arc<Self> {
+            let fake = Arc::new(Self {
+                schemas: Mutex::default(),
+                requests: AtomicUsize::new(0),
+                down: Default::default(),
+            });
+            fake.set(subject, id, schema_type, schema);
+            fake
+        }
+
+        fn set(&self, subject: &str, id: u32, schema_type: &str, schema: &str) {
+            self.schemas.lock().unwrap().insert(
+                subject.to_owned(),
+                RegisteredSchema {
+                    id,
+                    version: Some(id),
+                    schema_type: schema_type.into(),
+                    schema: schema.into(),
+                },
+            );
+        }
+    }
+
+    impl SchemaSource for Fake {
+        fn version(
+            &self,
+            subject: &str,
+            _version: SchemaVersion,
+        ) -> BoxFuture<'_, Result<RegisteredSchema, RegistryError>> {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            let answer = if self.down.load(Ordering::SeqCst) {
+                Err(RegistryError::Unreachable("connection refused".into()))
+            } else {
+                self.schemas
+                    .lock()
+                    .unwrap()
+                    .get(subject)
+                    .cloned()
+                    .ok_or_else(|| RegistryError::NotFound(format!("subject {subject} not found")))
+            };
+            Box::pin(async move { answer })
+        }
+
+        fn find(
+            &self,
+            _subject: &str,
+            _schema_type: &str,
+            _schema: &str,
+            _register: bool,
+        ) -> BoxFuture<'_, Result<RegisteredSchema, RegistryError>> {
+            Box::pin(async { Err(RegistryError::Refused("not in this fake".into())) })
+        }
+    }
+
+    const ORDER: &str =
+        r#"{"type":"record","name":"Order","fields":[{"name":"id","type":"long"}]}"#;
+
+    fn avro_value() -> FieldEncoding {
+        FieldEncoding {
+            format: Format::Avro,
+            field: Field::Value,
+            strategy: SubjectStrategy::TopicName,
+            record: None,
+            version: SchemaVersion::Latest,
+            auto_register: false,
+            schema: None,
+        }
+    }
+
+    fn message(payload: &[u8]) -> OutboundMessage {
+        OutboundMessage {
+            row: crate::model::OutboxId::Int(1),
+            topic: "orders".into(),
+            key: Some(b"k".to_vec()),
+            payload: Some(payload.to_vec()),
+            headers: Vec::new(),
+            partition: None,
+            formats: Some(Arc::new(MessageFormats {
+                key: None,
+                value: Some(avro_value()),
+            })),
+        }
+    }
+
+    fn encoder(fake: &Arc<Fake>, ttl: Duration) -> SchemaEncoder {
+        SchemaEncoder::new(Arc::clone(fake) as Arc<dyn SchemaSource>, ttl)
+    }
+
+    #[tokio::test]
+    async fn one_registry_request_serves_many_rows_until_the_ttl_runs_out() {
+        let fake = Fake::new("orders-value", 3, "AVRO", ORDER);
+        let encoder = encoder(&fake, Duration::from_secs(3600));
+        let rows: Vec<RowResult> = (0..100)
+            .map(|_| Ok(vec![message(b"{\"id\": 1}")]))
+            .collect();
+        let out = encoder.encode_rows(rows).await;
+        assert!(out.iter().all(Result::is_ok));
+        assert_eq!(fake.requests.load(Ordering::SeqCst), 1);
+        let Ok(first) = &out[0] else { unreachable!() };
+        assert_eq!(first[0].payload.as_deref(), Some(&[0, 0, 0, 0, 3, 2][..]));
+        // The key stays raw: only the value is encoded.
+        assert_eq!(first[0].key.as_deref(), Some(&b"k"[..]));
+
+        // With a zero TTL, a new latest version is read on the next message.
+        let encoder =
+            super::SchemaEncoder::new(Arc::clone(&fake) as Arc<dyn SchemaSource>, Duration::ZERO);
+        encoder
+            .encode_rows(vec![Ok(vec![message(b"{\"id\": 1}")])])
+            .await;
+        fake.set("orders-value", 4, "AVRO", ORDER);
+        let out = encoder
+            .encode_rows(vec![Ok(vec![message(b"{\"id\": 1}")])])
+            .await;
+        let Ok(m) = &out[0] else { unreachable!() };
+        assert_eq!(m[0].payload.as_deref().unwrap()[4], 4);
+    }
+
+    #[tokio::test]
+    async fn a_misfit_fails_the_row_as_its_own_fault_and_an_outage_as_nobodys() {
+        let fake = Fake::new("orders-value", 3, "AVRO", ORDER);
+        let encoder = encoder(&fake, Duration::ZERO);
+        let out = encoder
+            .encode_rows(vec![
+                Ok(vec![message(b"{\"id\": \"x\"}")]),
+                Ok(vec![message(b"nope")]),
+            ])
+            .await;
+        match &out[0] {
+            Err(TransformFailure::SchemaMismatch(e)) => assert_eq!(
+                e,
+                "value does not fit subject orders-value version 3 (schema id 3): \
+                 $.id: expected an integer, found a string"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(&out[1], Err(TransformFailure::SchemaMismatch(e)) if e.contains("not JSON"))
+        );
+
+        // Down with a cached latest version: keeps encoding with it.
+        fake.down.store(true, Ordering::SeqCst);
+        let out = encoder
+            .encode_rows(vec![Ok(vec![message(b"{\"id\": 1}")])])
+            .await;
+        assert!(out[0].is_ok(), "{:?}", out[0]);
+        // Down with nothing cached: the row waits.
+        let fresh =
+            super::SchemaEncoder::new(Arc::clone(&fake) as Arc<dyn SchemaSource>, Duration::ZERO);
+        let out = fresh
+            .encode_rows(vec![Ok(vec![message(b"{\"id\": 1}")])])
+            .await;
+        assert!(
+            matches!(&out[0], Err(TransformFailure::SchemaUnavailable(e)) if e.contains("unreachable")),
+            "{:?}",
+            out[0]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_schema_of_another_format_is_not_the_rows_fault() {
+        let fake = Fake::new(
+            "orders-value",
+            3,
+            "PROTOBUF",
+            "syntax = \"proto3\"; message M {}",
+        );
+        let out = encoder(&fake, Duration::ZERO)
+            .encode_rows(vec![Ok(vec![message(b"{}")])])
+            .await;
+        assert!(
+            matches!(&out[0], Err(TransformFailure::SchemaUnavailable(e))
+                if e.contains("holds a PROTOBUF schema, but value_format is avro")),
+            "{:?}",
+            out[0]
+        );
+    }
+}

@@ -1,0 +1,336 @@
+//! The Schema Registry's REST API as Sluice uses it (the Confluent API, which Karapace,
+//! Apicurio's `ccompat` and Redpanda serve too): a subject's version, looking a schema up under a
+//! subject, registering one. [`SchemaSource`] is the seam: the relay asks a [`RegistryClient`],
+//! `sluice plugin test` a schema file.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::Deserialize;
+
+use super::settings::{RegistrySettings, SchemaVersion};
+use super::state::RegistryState;
+
+/// The registry's media type (plain JSON is accepted too).
+const MEDIA_TYPE: &str = "application/vnd.schemaregistry.v1+json";
+
+/// A schema as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredSchema {
+    /// Global id: what the wire format carries.
+    pub id: u32,
+    /// The subject's version (`None` when only the id is known).
+    pub version: Option<u32>,
+    /// `AVRO`, `PROTOBUF` or `JSON`.
+    pub schema_type: String,
+    /// The schema text.
+    pub schema: String,
+}
+
+/// Why the registry gave no schema.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// No answer: connection refused, timeout, TLS failure.
+    #[error("schema registry unreachable: {0}")]
+    Unreachable(String),
+    /// A 5xx answer, or one that is not the registry's JSON.
+    #[error("schema registry failed: {0}")]
+    Failed(String),
+    /// 401/403: the credentials are wrong or lack a permission.
+    #[error("schema registry refused the credentials: {0}")]
+    Unauthorized(String),
+    /// 404: no such subject, version or schema.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409/422 and other 4xx: the request was refused (incompatible or invalid schema).
+    #[error("schema registry refused: {0}")]
+    Refused(String),
+    /// The schema uses something Sluice does not support (references).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl RegistryError {
+    /// Whether the registry itself is down (for `/readyz` and `sluice_dependency_up`); a 404
+    /// or a refusal is an answer.
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            RegistryError::Unreachable(_) | RegistryError::Failed(_)
+        )
+    }
+}
+
+/// Where schemas come from.
+pub trait SchemaSource: Send + Sync {
+    /// `subject`'s latest or pinned version.
+    fn version(
+        &self,
+        subject: &str,
+        version: SchemaVersion,
+    ) -> BoxFuture<'_, Result<RegisteredSchema, RegistryError>>;
+
+    /// The id of `schema` under `subject`: registered now if `register`, else looked up.
+    fn find(
+        &self,
+        subject: &str,
+        schema_type: &str,
+        schema: &str,
+        register: bool,
+    ) -> BoxFuture<'_, Result<RegisteredSchema, RegistryError>>;
+}
+
+/// An HTTP client of one registry.
+pub struct RegistryClient {
+    http: reqwest::Client,
+    base: reqwest::Url,
+    auth: Auth,
+    state: Arc<RegistryState>,
+}
+
+enum Auth {
+    None,
+    Basic(String, String),
+    Bearer(String),
+}
+
+/// A registry answer with a schema (fields absent from some answers are optional).
+#[derive(Deserialize)]
+struct SchemaAnswer {
+    id: Option<u32>,
+    version: Option<u32>,
+    #[serde(rename = "schemaType")]
+    schema_type: Option<String>,
+    schema: Option<String>,
+    #[serde(default)]
+    references: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    error_code: Option<i64>,
+    message: Option<String>,
+}
+
+impl RegistryClient {
+    /// A client for `settings` (reads the CA file).
+    pub fn new(settings: &RegistrySettings) -> Result<Self, String> {
+        let base = reqwest::Url::parse(&settings.url)
+            .map_err(|e| format!("schema_registry.url: not a URL ({e})"))?;
+        let mut builder = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.timeout.min(Duration::from_secs(5)));
+        if let Some(ca) = &settings.ca_location {
+            let pem = std::fs::read(ca).map_err(|e| {
+                format!(
+                    "schema_registry.ca_location: cannot read {}: {e}",
+                    ca.display()
+                )
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                format!(
+                    "schema_registry.ca_location: {} is not a PEM certificate: {e}",
+                    ca.display()
+                )
+            })?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| format!("schema_registry: cannot build an HTTP client: {e}"))?;
+        let auth = match (
+            &settings.username,
+            &settings.password,
+            &settings.bearer_token,
+        ) {
+            (Some(u), Some(p), _) => Auth::Basic(u.clone(), p.clone()),
+            (_, _, Some(t)) => Auth::Bearer(t.clone()),
+            _ => Auth::None,
+        };
+        Ok(Self {
+            http,
+            base,
+            auth,
+            state: Arc::default(),
+        })
+    }
+
+    /// Whether the registry answered the last request.
+    pub fn state(&self) -> &Arc<RegistryState> {
+        &self.state
+    }
+
+    fn url(&self, segments: &[&str]) -> reqwest::Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(segments);
+        }
+        url
+    }
+
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let request = request.header(reqwest::header::ACCEPT, MEDIA_TYPE);
+        match &self.auth {
+            Auth::None => request,
+            Auth::Basic(u, p) => request.basic_auth(u, Some(p)),
+            Auth::Bearer(t) => request.bearer_auth(t),
+        }
+    }
+
+    /// Asks whether the registry answers at all (`GET /subjects`), for the readiness check.
+    pub async fn check(&self) -> Result<(), RegistryError> {
+        let result = async {
+            let request = self.authorized(self.http.get(self.url(&["subjects"])));
+            let response = request.send().await.map_err(unreachable)?;
+            match response.status().as_u16() {
+                200..=299 => Ok(()),
+                status => Err(error_of(status, response, "GET /subjects").await),
+            }
+        }
+        .await;
+        self.state.record(&result);
+        result
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<SchemaAnswer, RegistryError> {
+        let result = self.exchange(request, what).await;
+        self.state.record(&result);
+        result
+    }
+
+    async fn exchange(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<SchemaAnswer, RegistryError> {
+        let response = self.authorized(request).send().await.map_err(unreachable)?;
+        let status = response.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(error_of(status, response, what).await);
+        }
+        let answer: SchemaAnswer = response
+            .json()
+            .await
+            .map_err(|e| RegistryError::Failed(format!("{what}: not the registry's JSON: {e}")))?;
+        if !answer.references.is_empty() {
+            return Err(RegistryError::Unsupported(format!(
+                "{what}: the schema has references to other subjects, which Sluice does not \
+                 resolve yet; register it self-contained"
+            )));
+        }
+        Ok(answer)
+    }
+}
+
+fn unreachable(e: reqwest::Error) -> RegistryError {
+    // reqwest's Display leaves out the cause (connection refused, timed out).
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    RegistryError::Unreachable(text)
+}
+
+async fn error_of(status: u16, response: reqwest::Response, what: &str) -> RegistryError {
+    let body = response.text().await.unwrap_or_default();
+    let detail = match serde_json::from_str::<ErrorAnswer>(&body) {
+        Ok(ErrorAnswer {
+            error_code: Some(code),
+            message: Some(message),
+        }) => format!("{what}: HTTP {status}, error {code}: {message}"),
+        _ => format!(
+            "{what}: HTTP {status}: {}",
+            crate::text::bounded(body.trim(), 200)
+        ),
+    };
+    match status {
+        401 | 403 => RegistryError::Unauthorized(detail),
+        404 => RegistryError::NotFound(detail),
+        400..=499 => RegistryError::Refused(detail),
+        _ => RegistryError::Failed(detail),
+    }
+}
+
+fn registered(
+    answer: SchemaAnswer,
+    fallback_type: &str,
+    fallback_schema: Option<&str>,
+    what: &str,
+) -> Result<RegisteredSchema, RegistryError> {
+    let missing = |field: &str| RegistryError::Failed(format!("{what}: the answer has no {field}"));
+    Ok(RegisteredSchema {
+        id: answer.id.ok_or_else(|| missing("id"))?,
+        version: answer.version,
+        // Confluent leaves `schemaType` out for Avro.
+        schema_type: answer
+            .schema_type
+            .unwrap_or_else(|| fallback_type.to_owned()),
+        schema: match answer.schema {
+            Some(s) => s,
+            None => fallback_schema.ok_or_else(|| missing("schema"))?.to_owned(),
+        },
+    })
+}
+
+impl SchemaSource for RegistryClient {
+    fn version(
+        &self,
+        subject: &str,
+        version: SchemaVersion,
+    ) -> BoxFuture<'_, Result<RegisteredSchema, RegistryError>> {
+        let subject = subject.to_owned();
+        Box::pin(async move {
+            let v = match version {
+                SchemaVersion::Latest => "latest".to_owned(),
+                SchemaVersion::Pinned(v) => v.to_string(),
+            };
+            let what = format!("subject {subject} version {v}");
+            let url = self.url(&["subjects", &subject, "versions", &v]);
+            let answer = self.send(self.http.get(url), &what).await?;
+            registered(answer, "AVRO", None, &what)
+        })
+    }
+
+    fn find(
+        &self,
+        subject: &str,
+        schema_type: &str,
+        schema: &str,
+        register: bool,
+    ) -> BoxFuture<'_, Result<RegisteredSchema, RegistryError>> {
+        let (subject, schema_type, schema) = (
+            subject.to_owned(),
+            schema_type.to_owned(),
+            schema.to_owned(),
+        );
+        Box::pin(async move {
+            let body = serde_json::json!({"schema": schema, "schemaType": schema_type});
+            let (url, what) = if register {
+                (
+                    self.url(&["subjects", &subject, "versions"]),
+                    format!("registering the schema under subject {subject}"),
+                )
+            } else {
+                (
+                    self.url(&["subjects", &subject]),
+                    format!("looking the schema up under subject {subject}"),
+                )
+            };
+            let request = self
+                .http
+                .post(url)
+                .header(reqwest::header::CONTENT_TYPE, MEDIA_TYPE)
+                .body(body.to_string());
+            let answer = self.send(request, &what).await?;
+            registered(answer, &schema_type, Some(&schema), &what)
+        })
+    }
+}

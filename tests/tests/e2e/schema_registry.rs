@@ -1,0 +1,540 @@
+//! `value_format`/`key_format` with a Schema Registry (the test registry of
+//! `sluice_testkit::registry`, over HTTP): what `sluice run` publishes is read back with
+//! Confluent's own Python deserializers (PyPI confluent-kafka), not with Sluice's code; a
+//! payload that does not fit goes dead naming the field and the subject; a registry that fails
+//! holds rows back without dead-lettering them; a new latest version is picked up within the
+//! TTL; and the schema lookups are cached (a handful of requests, not one per row).
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sluice_testkit::registry::TestRegistry;
+use sluice_testkit::*;
+
+/// The Python with confluent-kafka that `scripts/test` installs (see
+/// scripts/plugin-toolchains.sh, `ensure_confluent_kafka_python`).
+fn python() -> String {
+    std::env::var("SLUICE_CONFLUENT_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_CONFLUENT_PYTHON is not set: run the tests through scripts/test, or \
+             `. scripts/plugin-toolchains.sh; ensure_confluent_kafka_python` first"
+        )
+    })
+}
+
+/// Each message's `field` bytes decoded by confluent-kafka's deserializer for `format`:
+/// `Ok(value)` or `Err(what it raised)`.
+fn deserialize(
+    registry: &str,
+    auth: Option<&str>,
+    format: &str,
+    topic: &str,
+    field: &str,
+    messages: &[Option<Vec<u8>>],
+) -> Vec<Result<Value, String>> {
+    let script = repo_root().join("tests/registry/deserialize.py");
+    let mut command = Command::new(python());
+    command.arg(script).args([
+        "--registry",
+        registry,
+        "--format",
+        format,
+        "--topic",
+        topic,
+        "--field",
+        field,
+    ]);
+    if let Some(auth) = auth {
+        command.args(["--auth", auth]);
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the Python deserializer");
+    let mut input = String::new();
+    for m in messages {
+        if let Some(bytes) = m {
+            for b in bytes {
+                input.push_str(&format!("{b:02x}"));
+            }
+        }
+        input.push('\n');
+    }
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write to the deserializer");
+    let out = child.wait_with_output().expect("run the deserializer");
+    assert!(
+        out.status.success(),
+        "deserializer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).expect("a JSON line");
+            match v.get("ok") {
+                Some(ok) => Ok(ok.clone()),
+                None => Err(v["error"].as_str().unwrap_or_default().to_owned()),
+            }
+        })
+        .collect()
+}
+
+const ORDER_AVRO: &str = r#"{"type": "record", "name": "OrderCreated", "namespace": "com.acme",
+  "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+    {"name": "total", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+    {"name": "note", "type": ["null", "string"], "default": null},
+    {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line",
+      "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}}}
+  ]}"#;
+
+const SHOP_PROTO: &str = r#"syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Customer {
+  int64 id = 1;
+  string name = 2;
+  google.protobuf.Timestamp since = 3;
+  message Address { string city = 1; }
+  Address address = 4;
+}
+message Refund { int64 order_id = 1; }
+"#;
+
+const INVOICE_JSON: &str = r#"{"$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Invoice", "type": "object", "required": ["id", "amount"],
+  "properties": {"id": {"type": "integer"}, "amount": {"type": "number", "minimum": 0},
+                 "email": {"type": "string"}},
+  "additionalProperties": false}"#;
+
+/// Inserts a row of `tenant` for topic suffix `aggregate` with `payload`.
+async fn insert(s: &Scenario, tenant: &str, aggregate: &str, id: &str, payload: &Value) {
+    s.table
+        .execute(&format!(
+            "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('{tenant}', '{aggregate}', '{id}', 'Created', '{}')",
+            payload.to_string().replace('\'', "''")
+        ))
+        .await;
+}
+
+/// The `last_error` of the row with `aggregate_id` `id`, which must be dead.
+async fn dead_error(s: &Scenario, id: &str) -> String {
+    let dead =
+        format!("SELECT COUNT(*) FROM {{t}} WHERE aggregate_id = '{id}' AND dead_at IS NOT NULL");
+    assert_eq!(s.table.scalar_i64(&dead).await, 1, "{id} is dead");
+    let rows = s
+        .table
+        .text_rows(&format!(
+            "SELECT last_error FROM {{t}} WHERE aggregate_id = '{id}'"
+        ))
+        .await;
+    rows[0][0].clone().unwrap_or_default()
+}
+
+fn section(tenant: &str, keys: &str) -> String {
+    format!("[tenants.{tenant}]\n{keys}\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn avro_protobuf_and_json_schema_messages_are_read_by_confluents_deserializers() {
+    let s = Scenario::new("sr_formats", &["order", "customer", "refund", "invoice"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    let topic = |suffix: &str| format!("{}{suffix}", s.prefix);
+    let order_id = registry.register(&format!("{}-value", topic("order")), "AVRO", ORDER_AVRO);
+    registry.register(&format!("{}-key", topic("order")), "AVRO", "\"string\"");
+    registry.register(
+        &format!("{}-value", topic("customer")),
+        "PROTOBUF",
+        SHOP_PROTO,
+    );
+    // RecordName strategy: the subject is the message's full name.
+    registry.register("shop.Refund", "PROTOBUF", SHOP_PROTO);
+    registry.register(&format!("{}-value", topic("invoice")), "JSON", INVOICE_JSON);
+
+    let tenants = [
+        section("avro", "value_format = \"avro\"\nkey_format = \"avro\""),
+        section("proto", "value_format = \"protobuf\""),
+        section(
+            "refunds",
+            "value_format = \"protobuf\"\nsubject_strategy = \"record-name\"\n\
+             value_record = \"shop.Refund\"",
+        ),
+        section("json", "value_format = \"json-schema\""),
+        format!("[schema_registry]\nurl = \"{}\"\n", registry.url()),
+    ]
+    .concat();
+    let config = s.config("", &tenants);
+
+    for i in 0..20 {
+        let order = json!({"id": i, "status": if i % 2 == 0 { "NEW" } else { "PAID" },
+            "total": format!("{i}.25"), "lines": [{"sku": format!("S{i}"), "qty": i}],
+            "note": if i % 3 == 0 { Value::Null } else { json!(format!("n{i}")) }});
+        insert(&s, "avro", "order", &format!("o{i}"), &order).await;
+        let customer = json!({"id": i.to_string(), "name": format!("c{i}"),
+            "since": "2026-12-05T10:00:00Z", "address": {"city": "Oslo"}});
+        insert(&s, "proto", "customer", &format!("c{i}"), &customer).await;
+        insert(
+            &s,
+            "refunds",
+            "refund",
+            &format!("r{i}"),
+            &json!({"order_id": i}),
+        )
+        .await;
+        insert(
+            &s,
+            "json",
+            "invoice",
+            &format!("i{i}"),
+            &json!({"id": i, "amount": 9.5}),
+        )
+        .await;
+    }
+    // Misfits: each the row's own fault.
+    insert(
+        &s,
+        "avro",
+        "order",
+        "bad-missing",
+        &json!({"id": 1, "status": "NEW", "lines": []}),
+    )
+    .await;
+    insert(
+        &s,
+        "avro",
+        "order",
+        "bad-enum",
+        &json!({"id": 1, "status": "LOST", "total": 1, "lines": []}),
+    )
+    .await;
+    insert(
+        &s,
+        "proto",
+        "customer",
+        "bad-field",
+        &json!({"id": 1, "colour": "red"}),
+    )
+    .await;
+    insert(
+        &s,
+        "json",
+        "invoice",
+        "bad-amount",
+        &json!({"id": 1, "amount": -3}),
+    )
+    .await;
+
+    let before = registry.requests();
+    s.relay_until(&config, || async {
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    let requests = registry.requests() - before;
+
+    // Dead misfits, each naming the field and the subject with its version.
+    let order_subject = format!("{}-value version 1 (schema id {order_id})", topic("order"));
+    let missing = dead_error(&s, "bad-missing").await;
+    assert!(
+        missing.contains(&order_subject) && missing.contains("$.total: missing field"),
+        "{missing}"
+    );
+    let symbol = dead_error(&s, "bad-enum").await;
+    assert!(
+        symbol.contains("$.status: unknown symbol \"LOST\""),
+        "{symbol}"
+    );
+    let field = dead_error(&s, "bad-field").await;
+    assert!(
+        field.contains("colour") && field.contains("shop.Customer"),
+        "{field}"
+    );
+    let amount = dead_error(&s, "bad-amount").await;
+    assert!(
+        amount.contains("$ at /amount") && amount.contains("invoice-value"),
+        "{amount}"
+    );
+
+    // Every good row once, read by the Python deserializers.
+    let got = s.consume(80, Duration::from_secs(2));
+    assert_eq!(got.len(), 80, "80 messages");
+    let of = |suffix: &str| -> Vec<&Received> {
+        let mut v: Vec<&Received> = got.iter().filter(|m| m.topic == topic(suffix)).collect();
+        v.sort_by_key(|m| {
+            m.header("sluice-outbox-id")
+                .and_then(|i| i.parse::<i64>().ok())
+        });
+        v
+    };
+    let url = registry.url();
+    let values = |ms: &[&Received]| ms.iter().map(|m| m.payload.clone()).collect::<Vec<_>>();
+
+    let orders = of("order");
+    let decoded = deserialize(
+        &url,
+        None,
+        "avro",
+        &topic("order"),
+        "value",
+        &values(&orders),
+    );
+    let keys: Vec<Option<Vec<u8>>> = orders.iter().map(|m| m.key.clone()).collect();
+    let decoded_keys = deserialize(&url, None, "avro", &topic("order"), "key", &keys);
+    for (i, (value, key)) in decoded.iter().zip(&decoded_keys).enumerate() {
+        let value = value.as_ref().unwrap_or_else(|e| panic!("order {i}: {e}"));
+        assert_eq!(value["id"], json!(i));
+        assert_eq!(
+            value["status"],
+            json!(if i % 2 == 0 { "NEW" } else { "PAID" })
+        );
+        assert_eq!(
+            value["total"],
+            json!(format!("{i}.25")),
+            "decimal as Python's Decimal"
+        );
+        assert_eq!(value["lines"][0]["sku"], json!(format!("S{i}")));
+        let note = if i % 3 == 0 {
+            Value::Null
+        } else {
+            json!(format!("n{i}"))
+        };
+        assert_eq!(value["note"], note);
+        assert_eq!(
+            key.as_ref().unwrap(),
+            &json!(format!("o{i}")),
+            "the key as an Avro string"
+        );
+    }
+
+    let customers = deserialize(
+        &url,
+        None,
+        "protobuf",
+        &topic("customer"),
+        "value",
+        &values(&of("customer")),
+    );
+    for (i, c) in customers.iter().enumerate() {
+        let c = c.as_ref().unwrap_or_else(|e| panic!("customer {i}: {e}"));
+        assert_eq!(c["type"], "shop.Customer");
+        assert_eq!(
+            c["message"]["id"],
+            json!(i.to_string()),
+            "int64 as proto3 JSON"
+        );
+        assert_eq!(c["message"]["since"], "2026-12-05T10:00:00Z");
+        assert_eq!(c["message"]["address"]["city"], "Oslo");
+    }
+    let refunds = deserialize(
+        &url,
+        None,
+        "protobuf",
+        &topic("refund"),
+        "value",
+        &values(&of("refund")),
+    );
+    for (i, r) in refunds.iter().enumerate() {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("refund {i}: {e}"));
+        // The second message of the file: found through the frame's message indexes.
+        assert_eq!(r["type"], "shop.Refund");
+        assert_eq!(r["message"]["order_id"], json!(i.to_string()));
+    }
+    let invoices = deserialize(
+        &url,
+        None,
+        "json-schema",
+        &topic("invoice"),
+        "value",
+        &values(&of("invoice")),
+    );
+    for (i, v) in invoices.iter().enumerate() {
+        assert_eq!(
+            v.as_ref().unwrap_or_else(|e| panic!("invoice {i}: {e}")),
+            &json!({"id": i, "amount": 9.5})
+        );
+    }
+
+    // 84 rows, five subjects: a handful of lookups, not one per row.
+    assert!(requests <= 12, "{requests} registry requests for 84 rows");
+    println!("registry requests during the drain: {requests}");
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_registry_holds_rows_back_and_a_new_latest_version_is_picked_up() {
+    let s = Scenario::new("sr_outage", &["order"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    registry.require_basic_auth("relay", "s3cret-pw");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("registry-password");
+    std::fs::write(&password, "s3cret-pw\n").unwrap();
+    let subject = format!("{}order-value", s.prefix);
+    let v1 = r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#;
+    let first = registry.register(&subject, "AVRO", v1);
+    let config = s
+        .config(
+            "",
+            &format!(
+                "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
+                 password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n",
+                registry.url(),
+                password.display()
+            ),
+        )
+        // Every tenant (the default plugin's section) encodes its values.
+        .replacen(
+            "[plugins.default]\n",
+            "[plugins.default]\nvalue_format = \"avro\"\n",
+            1,
+        );
+
+    registry.fail(true);
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    insert(&s, "t", "order", "a", &json!({"n": 1})).await;
+    let waiting = wait_until(Duration::from_secs(20), || async {
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE last_error LIKE '%schema registry failed%'")
+            .await
+            == 1
+    })
+    .await;
+    assert!(
+        waiting,
+        "the row did not wait for the registry: {}",
+        relay.log()
+    );
+    assert_eq!(
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NOT NULL")
+            .await,
+        0,
+        "a registry outage dead-letters nothing"
+    );
+
+    registry.fail(false);
+    let sent = wait_until(Duration::from_secs(30), || async {
+        s.table.count().await == 0
+    })
+    .await;
+    assert!(
+        sent,
+        "not delivered once the registry answered: {}",
+        relay.log()
+    );
+
+    // Version 2 (a field with a default: BACKWARD compatible); after the 1 s TTL new rows use it.
+    let v2 = r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"},
+        {"name":"tag","type":"string","default":"none"}]}"#;
+    let second = registry.register(&subject, "AVRO", v2);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    insert(&s, "t", "order", "b", &json!({"n": 2, "tag": "x"})).await;
+    let sent = wait_until(Duration::from_secs(30), || async {
+        s.table.count().await == 0
+    })
+    .await;
+    assert!(sent, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    assert!(
+        !exit.log.contains("s3cret-pw"),
+        "the password stays out of the log"
+    );
+
+    let got = s.consume(2, Duration::from_secs(1));
+    let mut ids: Vec<u32> = got
+        .iter()
+        .map(|m| {
+            let p = m.payload.as_deref().unwrap();
+            u32::from_be_bytes([p[1], p[2], p[3], p[4]])
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(ids, [first, second]);
+    let decoded = deserialize(
+        &registry.url(),
+        Some("relay:s3cret-pw"),
+        "avro",
+        subject.trim_end_matches("-value"),
+        "value",
+        &got.iter().map(|m| m.payload.clone()).collect::<Vec<_>>(),
+    );
+    let mut values: Vec<Value> = decoded.into_iter().map(|d| d.unwrap()).collect();
+    values.sort_by_key(|v| v["n"].as_i64());
+    assert_eq!(values, [json!({"n": 1}), json!({"n": 2, "tag": "x"})]);
+    s.finish().await;
+}
+
+/// Through `sluice run` on `kind`: every row's value published as Avro and read back by
+/// confluent-kafka's `AvroDeserializer` (encoding happens between plugin and sink, the same
+/// on every database; this proves the whole path on each).
+async fn avro_values_on(kind: Database) {
+    const ROWS: i64 = 200;
+    let table = DbTable::create(kind, "sr_db").await;
+    let bootstrap = kafka_bootstrap();
+    let (prefix, topics) = crate::databases::topics_for(&table, &bootstrap).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    let event = r#"{"type":"record","name":"Event","fields":[{"name":"n","type":"long"}]}"#;
+    for topic in &topics {
+        registry.register(&format!("{topic}-value"), "AVRO", event);
+    }
+    let extra = format!("[schema_registry]\nurl = \"{}\"\n", registry.url());
+    let config = table.config(&bootstrap, &prefix, "", "", &extra).replacen(
+        "[plugins.default]\n",
+        "[plugins.default]\nvalue_format = \"avro\"\n",
+        1,
+    );
+    table.insert_rows(ROWS, None).await;
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let drained = wait_until(SCENARIO_WAIT, || async { table.count().await == 0 }).await;
+    assert!(drained, "{kind:?}: {}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let got = consume(
+        &bootstrap,
+        &topics,
+        ROWS as usize,
+        SCENARIO_WAIT,
+        Duration::from_secs(1),
+    )
+    .expect("consume");
+    assert_eq!(got.len(), ROWS as usize, "{kind:?}: every row once");
+    let mut seen = Vec::new();
+    for topic in &topics {
+        let values: Vec<Option<Vec<u8>>> = got
+            .iter()
+            .filter(|m| &m.topic == topic)
+            .map(|m| m.payload.clone())
+            .collect();
+        for decoded in deserialize(&registry.url(), None, "avro", topic, "value", &values) {
+            let value = decoded.unwrap_or_else(|e| panic!("{kind:?} {topic}: {e}"));
+            seen.push(value["n"].as_i64().expect("n"));
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=ROWS).collect::<Vec<_>>(), "{kind:?}");
+    table.drop_table().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_mariadb_values_are_published_as_avro() {
+    avro_values_on(Database::Mariadb).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_sqlite_values_are_published_as_avro() {
+    avro_values_on(Database::Sqlite).await;
+}
