@@ -46,33 +46,32 @@ _toolchain_python() {
 # ensure_componentize_py: afterwards `componentize-py` is on PATH.
 ensure_componentize_py() {
     local dir="$SLUICE_TOOLCHAINS/componentize-py-$COMPONENTIZE_PY_VERSION"
-    if [ ! -f "$dir/.complete" ]; then
-        local python
-        python="$(_toolchain_python)" || return 1
-        _toolchain_log "installing componentize-py $COMPONENTIZE_PY_VERSION into $dir (once per machine)"
-        rm -rf "$dir"
-        "$python" -m venv "$dir" || return 1
-        "$dir/bin/pip" install --quiet --disable-pip-version-check \
-            "componentize-py==$COMPONENTIZE_PY_VERSION" || return 1
-        touch "$dir/.complete"
-    fi
+    _ensure_venv "$dir" "componentize-py==$COMPONENTIZE_PY_VERSION" || return 1
     export PATH="$dir/bin:$PATH"
+}
+
+# _ensure_venv DIR REQUIREMENT...: a venv at DIR with these pip requirements, made once.
+_ensure_venv() {
+    local dir="$1"
+    shift
+    if [ -f "$dir/.complete" ]; then
+        return
+    fi
+    local python
+    python="$(_toolchain_python)" || return 1
+    _toolchain_log "installing $* into $dir (once per machine)"
+    rm -rf "$dir"
+    "$python" -m venv "$dir" || return 1
+    "$dir/bin/pip" install --quiet --disable-pip-version-check "$@" || return 1
+    touch "$dir/.complete"
 }
 
 # ensure_confluent_kafka_python: afterwards SLUICE_CONFLUENT_PYTHON is a Python that imports
 # confluent_kafka.schema_registry with fastavro, protobuf and jsonschema.
 ensure_confluent_kafka_python() {
     local dir="$SLUICE_TOOLCHAINS/confluent-kafka-$CONFLUENT_KAFKA_VERSION"
-    if [ ! -f "$dir/.complete" ]; then
-        local python
-        python="$(_toolchain_python)" || return 1
-        _toolchain_log "installing confluent-kafka $CONFLUENT_KAFKA_VERSION into $dir (once per machine)"
-        rm -rf "$dir"
-        "$python" -m venv "$dir" || return 1
-        "$dir/bin/pip" install --quiet --disable-pip-version-check \
-            "confluent-kafka[avro,json,protobuf,schemaregistry]==$CONFLUENT_KAFKA_VERSION" || return 1
-        touch "$dir/.complete"
-    fi
+    _ensure_venv "$dir" \
+        "confluent-kafka[avro,json,protobuf,schemaregistry]==$CONFLUENT_KAFKA_VERSION" || return 1
     export SLUICE_CONFLUENT_PYTHON="$dir/bin/python"
 }
 

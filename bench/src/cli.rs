@@ -106,6 +106,11 @@ pub enum Command {
     /// `relay.fair_share = 50` (issue #23), on PostgreSQL or (--database) MariaDB or SQLite.
     /// Target: the small tenant's p99 ≤ 1 s with fair_share. Not part of `all`.
     Fairness,
+    /// Drains of the same backlog (--rows, default 200,000) with the WASM reference plugin,
+    /// values published raw and as Avro through the test Schema Registry (issue #24),
+    /// alternating 3 times: rows/s, relay CPU per 1,000 rows, the ratio avro / raw (target
+    /// ≥ 0.8) and registry requests per drain. Not part of `all`.
+    SchemaRegistry,
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
     Databases,

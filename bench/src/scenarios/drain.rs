@@ -63,6 +63,7 @@ pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Fi
         plugin,
         rows: settings.rows,
         cache_dir: None,
+        extra: None,
     };
     run_median(settings, &drain).await
 }
@@ -78,6 +79,9 @@ pub struct Drain<'a> {
     pub rows: u64,
     /// `[plugins] cache_dir`; `None` keeps Sluice's default.
     pub cache_dir: Option<PathBuf>,
+    /// Raw lines for `[plugins.default]` and raw sections for the end of the config (the
+    /// schema-registry scenario's `value_format` and `[schema_registry]`).
+    pub extra: Option<(String, String)>,
 }
 
 /// Drains `drain.rows` through `drain.plugin` [`RUNS`] times; returns the median run's
@@ -151,6 +155,8 @@ pub(super) fn relay_config(
         tenants: sections,
         relay: settings.relay.clone(),
         telemetry: settings.telemetry.clone(),
+        default_plugin_extra: drain.extra.as_ref().map(|(plugin, _)| plugin.clone()),
+        extra: drain.extra.as_ref().map(|(_, sections)| sections.clone()),
         ..RelayConfig::default()
     }
 }

@@ -104,6 +104,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
             plugin: Plugin::Wasm(plugin),
             rows: settings.language_rows,
             cache_dir: Some(cache.path().to_path_buf()),
+            extra: None,
         };
         figures.extend(run_median(settings, &drain).await?);
     }

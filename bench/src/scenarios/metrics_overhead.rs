@@ -165,6 +165,7 @@ async fn measure(
         plugin: plugin.clone(),
         rows: settings.rows,
         cache_dir: None,
+        extra: None,
     };
     let figures = drain::measure(&settings, &drain, table).await?;
     let value = |name: &str| {

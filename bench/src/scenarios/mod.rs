@@ -14,6 +14,7 @@ mod pgbench;
 mod pipeline;
 mod ratios;
 mod scale_out;
+mod schema_registry;
 mod sql_ceiling;
 mod stages;
 mod startup;
@@ -64,6 +65,7 @@ enum Step {
     Languages,
     Tenants,
     Fairness,
+    SchemaRegistry,
     /// sql-ceiling on MariaDB or SQLite.
     SqlCeilingOn(Database),
     /// drain-native on MariaDB or SQLite.
@@ -103,6 +105,7 @@ impl Step {
             Self::Languages => languages::NAME,
             Self::Tenants => tenants::NAME,
             Self::Fairness => fairness::NAME,
+            Self::SchemaRegistry => schema_registry::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
         }
     }
@@ -130,6 +133,7 @@ impl Step {
             Self::Languages => languages::run(settings).await,
             Self::Tenants => tenants::run(settings).await,
             Self::Fairness => fairness::run(settings).await,
+            Self::SchemaRegistry => schema_registry::run(settings).await,
         }
     }
 }
@@ -174,6 +178,7 @@ fn steps(command: Command) -> Vec<Step> {
         Command::Languages => vec![Step::Languages],
         Command::Tenants => vec![Step::Tenants],
         Command::Fairness => vec![Step::Fairness],
+        Command::SchemaRegistry => vec![Step::SchemaRegistry],
         Command::Databases => vec![
             Step::SqlCeiling,
             Step::DrainNative,

@@ -212,6 +212,7 @@ async fn runs(settings: &Settings, table: &DbTable, plugin: &Plugin) -> anyhow::
                 plugin: plugin.clone(),
                 rows: settings.rows,
                 cache_dir: None,
+                extra: None,
             };
             let figures = drain::measure_twice(&settings, &drain, table).await;
             table.truncate().await?;

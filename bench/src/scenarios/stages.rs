@@ -130,6 +130,7 @@ async fn measure(
         plugin: plugin.clone(),
         rows: settings.rows,
         cache_dir: None,
+        extra: None,
     };
     let (figures, metrics) = drain::measure_with_metrics(&settings, &drain, table).await?;
     let metrics = metrics.context("the relay's metrics were not scraped")?;

@@ -140,6 +140,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
         plugin: Plugin::Wasm(plugin.clone()),
         rows: settings.tenant_rows,
         cache_dir: Some(cache.path().to_path_buf()),
+        extra: None,
     };
     let table = outbox::create(settings, NAME, None).await?;
     let measured = measure(settings, &table, &drain, &plugin).await;
@@ -241,6 +242,7 @@ async fn startup(
         plugin: drain.plugin.clone(),
         rows: drain.rows,
         cache_dir: Some(cache.path().to_path_buf()),
+        extra: None,
     };
     let config = drain::relay_config(
         &settings,

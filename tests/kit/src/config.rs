@@ -45,6 +45,8 @@ pub struct RelayConfig {
     pub cache_dir: Option<PathBuf>,
     /// `[plugins.default]`, with `config = { topic_prefix = … }`.
     pub default_plugin: Option<(Plugin, String)>,
+    /// Raw lines at the end of `[plugins.default]` (e.g. `value_format = "avro"`).
+    pub default_plugin_extra: Option<String>,
     pub tenants: Vec<Tenant>,
     /// `[telemetry] listen` (metrics on).
     pub telemetry: Option<String>,
@@ -93,9 +95,11 @@ impl RelayConfig {
             };
             let _ = writeln!(
                 out,
-                "[plugins.default]\n{source}\nconfig = {{ topic_prefix = {} }}\n",
+                "[plugins.default]\n{source}\nconfig = {{ topic_prefix = {} }}",
                 toml_string(prefix)
             );
+            push_raw(&mut out, self.default_plugin_extra.as_deref());
+            out.push('\n');
         }
         for tenant in &self.tenants {
             let config: Vec<String> = tenant

@@ -538,3 +538,75 @@ async fn on_mariadb_values_are_published_as_avro() {
 async fn on_sqlite_values_are_published_as_avro() {
     avro_values_on(Database::Sqlite).await;
 }
+
+/// A registry that accepts connections and never answers (a hung server, a partition): each
+/// request gives up after `timeout`, the rows wait without being dead-lettered (one timeout
+/// per subject and batch, not per row), and they go out once it answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
+    let s = Scenario::new("sr_stall", &["order"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    let subject = format!("{}order-value", s.prefix);
+    registry.register(
+        &subject,
+        "AVRO",
+        r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
+    );
+    let address = registry.url().trim_start_matches("http://").to_owned();
+    let proxy = sluice_testkit::stall::StallingProxy::start(&address).expect("start the proxy");
+    proxy.freeze();
+    let config = s
+        .config(
+            "",
+            &format!(
+                "[schema_registry]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"500ms\"\n",
+                proxy.port()
+            ),
+        )
+        .replacen(
+            "[plugins.default]\n",
+            "[plugins.default]\nvalue_format = \"avro\"\n",
+            1,
+        );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    for i in 0..50 {
+        insert(&s, "t", "order", &format!("a{i}"), &json!({"n": i})).await;
+    }
+    let waiting = wait_until(Duration::from_secs(20), || async {
+        s.table
+            .scalar_i64(
+                "SELECT COUNT(*) FROM {t} WHERE last_error LIKE '%schema registry unreachable%'",
+            )
+            .await
+            == 50
+    })
+    .await;
+    assert!(
+        waiting,
+        "the rows did not wait for the registry: {}",
+        relay.log()
+    );
+    assert_eq!(
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NOT NULL")
+            .await,
+        0,
+        "a stalled registry dead-letters nothing"
+    );
+    proxy.thaw();
+    let sent = wait_until(Duration::from_secs(30), || async {
+        s.table.count().await == 0
+    })
+    .await;
+    assert!(
+        sent,
+        "not delivered once the registry answered: {}",
+        relay.log()
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let got = s.consume(50, Duration::from_secs(1));
+    assert_eq!(count_by_id(&got).len(), 50, "every row once");
+    s.finish().await;
+}
