@@ -135,4 +135,9 @@ pub struct OutboundMessage {
     /// How key and value are still to be encoded (the tenant's `key_format`/`value_format`);
     /// `None`: published as they are.
     pub formats: Option<std::sync::Arc<crate::schema::MessageFormats>>,
+    /// The record the plugin named for the value (contract 0.2.0 `value-record`), in place of
+    /// the section's `value_record`.
+    pub value_record: Option<String>,
+    /// As `value_record`, for the key.
+    pub key_record: Option<String>,
 }

@@ -1,4 +1,4 @@
-// Guest SDK for Sluice plugins written in JavaScript (`sluice:plugin@0.1.0`).
+// Guest SDK for Sluice plugins written in JavaScript (`sluice:plugin@0.2.0`).
 //
 // The JavaScript counterpart of the Rust SDK in plugins/sdk: extend `Plugin`, then export the
 // interface object componentize-qjs looks for:
@@ -40,7 +40,7 @@
 // `[name, Uint8Array]`, `option` is the value or null. `row.id` is the outbox id as a string
 // ("42" for an integer id, a uuid's canonical text, a text id as stored).
 
-import * as host from "sluice:plugin/host@0.1.0";
+import * as host from "sluice:plugin/host@0.2.0";
 
 // ---- bytes ------------------------------------------------------------------------------
 
@@ -174,6 +174,8 @@ export class Message {
     this._payload = null;
     this._headers = [];
     this._partition = null;
+    this._valueRecord = null;
+    this._keyRecord = null;
   }
 
   key(key) {
@@ -203,6 +205,19 @@ export class Message {
     return this;
   }
 
+  /** With `value_format` set for the tenant: the Avro record or Protobuf message (full name)
+   * the value is encoded as, in place of the section's `value_record`. */
+  valueRecord(record) {
+    this._valueRecord = String(record);
+    return this;
+  }
+
+  /** As `valueRecord`, for the key (`key_format`). */
+  keyRecord(record) {
+    this._keyRecord = String(record);
+    return this;
+  }
+
   /** The WIT `output-message` record. */
   toWit() {
     return {
@@ -211,6 +226,8 @@ export class Message {
       payload: this._payload,
       headers: this._headers,
       partition: this._partition,
+      valueRecord: this._valueRecord,
+      keyRecord: this._keyRecord,
     };
   }
 }

@@ -76,6 +76,8 @@ impl Builtin {
                     payload: Some(row.payload.clone()),
                     headers,
                     partition: None,
+                    value_record: None,
+                    key_record: None,
                 }])
             }
         }

@@ -274,7 +274,7 @@ pub struct PluginCheck {
     /// Its `info()`, the text escaped and cut.
     pub info: PluginInfo,
     /// The contract interface it exports, with the version of the WIT it was built against
-    /// (`sluice:plugin/transformer@0.1.0`).
+    /// (`sluice:plugin/transformer@0.2.0`).
     pub contract: String,
     /// `sha256:` and the file's SHA-256 in hex, as `/status` and `sluice_plugin_info` show it.
     pub digest: String,

@@ -114,6 +114,21 @@ fn accept_message(
             bounded(name, MAX_QUOTED)
         )));
     }
+    for (field, record) in [
+        ("value-record", &m.value_record),
+        ("key-record", &m.key_record),
+    ] {
+        if let Some(record) = record
+            && !is_record_name(record)
+        {
+            return Err(invalid(format!(
+                "plugin returned {field} \"{}\", which is not a record name (dot-separated \
+                 names of ASCII letters, digits and '_', not starting with a digit, at most \
+                 {MAX_QUOTED} bytes)",
+                bounded(record, MAX_QUOTED)
+            )));
+        }
+    }
     let size = message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers);
     if size > limits.max_message_bytes {
         return Err(invalid(format!(
@@ -130,6 +145,8 @@ fn accept_message(
         headers: stamp_headers(m.headers, row),
         partition: m.partition,
         formats: None,
+        value_record: m.value_record,
+        key_record: m.key_record,
     })
 }
 
@@ -148,6 +165,18 @@ pub fn accept_formatted(
         }
     }
     Ok(messages)
+}
+
+/// An Avro full name or Protobuf message name: `com.acme.OrderCreated`. It may become a
+/// registry subject (record strategies), so nothing else is let through.
+fn is_record_name(name: &str) -> bool {
+    name.len() <= MAX_QUOTED
+        && name.split('.').all(|part| {
+            part.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
 }
 
 /// A topic must be a valid Kafka topic name before it may be checked against the allow-list
@@ -239,6 +268,34 @@ mod tests {
             payload: Some(vec![b'x'; 10]),
             headers,
             partition: None,
+            value_record: None,
+            key_record: None,
+        }
+    }
+
+    #[test]
+    fn record_names_are_kept_and_anything_else_is_refused() {
+        let named = wit::OutputMessage {
+            value_record: Some("com.acme.OrderShipped".into()),
+            key_record: Some("_K1".into()),
+            ..message("t", vec![])
+        };
+        let out = accept(&Limits::default(), &row(), Ok(vec![named])).unwrap();
+        assert_eq!(
+            out[0].value_record.as_deref(),
+            Some("com.acme.OrderShipped")
+        );
+        assert_eq!(out[0].key_record.as_deref(), Some("_K1"));
+        for bad in ["", "a..b", "1abc", "a/b", "../x", "a b", "é"] {
+            let m = wit::OutputMessage {
+                value_record: Some(bad.into()),
+                ..message("t", vec![])
+            };
+            let err = accept(&Limits::default(), &row(), Ok(vec![m])).unwrap_err();
+            assert!(
+                err.to_string().contains("not a record name"),
+                "{bad:?}: {err}"
+            );
         }
     }
 

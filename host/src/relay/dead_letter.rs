@@ -76,5 +76,7 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMes
         headers,
         partition: None,
         formats: None,
+        value_record: None,
+        key_record: None,
     }
 }

@@ -317,6 +317,8 @@ mod tests {
             headers: Vec::new(),
             partition: None,
             formats: None,
+            value_record: None,
+            key_record: None,
         }
     }
 

@@ -149,10 +149,12 @@ impl SchemaEncoder {
                 continue;
             };
             if let (Some(enc), Some(key)) = (&formats.key, &m.key) {
-                m.key = Some(self.encode_once(enc, &m.topic, key, missing).await?);
+                let enc = enc.naming(m.key_record.as_deref());
+                m.key = Some(self.encode_once(&enc, &m.topic, key, missing).await?);
             }
             if let (Some(enc), Some(value)) = (&formats.value, &m.payload) {
-                m.payload = Some(self.encode_once(enc, &m.topic, value, missing).await?);
+                let enc = enc.naming(m.value_record.as_deref());
+                m.payload = Some(self.encode_once(&enc, &m.topic, value, missing).await?);
             }
         }
         Ok(())
@@ -472,6 +474,8 @@ mod tests {
                 key: None,
                 value: Some(avro_value()),
             })),
+            value_record: None,
+            key_record: None,
         }
     }
 

@@ -412,6 +412,20 @@ pub struct FieldEncoding {
 }
 
 impl FieldEncoding {
+    /// This encoding with the record a message named (contract 0.2.0 `value-record` /
+    /// `key-record`) in place of the section's.
+    pub fn naming(&self, record: Option<&str>) -> std::borrow::Cow<'_, FieldEncoding> {
+        match record {
+            Some(r) if self.record.as_deref() != Some(r) => {
+                std::borrow::Cow::Owned(FieldEncoding {
+                    record: Some(r.to_owned()),
+                    ..self.clone()
+                })
+            }
+            _ => std::borrow::Cow::Borrowed(self),
+        }
+    }
+
     /// The registry subject of a message to `topic`.
     pub fn subject(&self, topic: &str) -> String {
         let record = self.record.as_deref().unwrap_or_default();

@@ -1,4 +1,4 @@
-"""Guest SDK for Sluice plugins written in Python (``sluice:plugin@0.1.0``).
+"""Guest SDK for Sluice plugins written in Python (``sluice:plugin@0.2.0``).
 
 The Python counterpart of the Rust SDK in ``plugins/sdk``: subclass :class:`Plugin`, then bind
 the export name componentize-py looks for::
@@ -127,15 +127,21 @@ def message(
     payload: Optional[Bytes] = None,
     headers: Iterable[Tuple[str, Bytes]] = (),
     partition: Optional[int] = None,
+    value_record: Optional[str] = None,
+    key_record: Optional[str] = None,
 ) -> Message:
     """A message to ``topic``. ``key``/``payload`` ``None`` mean no key / a tombstone; text is
-    sent as UTF-8. ``partition`` ``None`` leaves the choice to Kafka's partitioner (by key)."""
+    sent as UTF-8. ``partition`` ``None`` leaves the choice to Kafka's partitioner (by key).
+    ``value_record``/``key_record``: with ``value_format``/``key_format`` set for the tenant,
+    the Avro record or Protobuf message (full name) to encode as, in place of the section's."""
     return OutputMessage(
         topic=topic,
         key=None if key is None else _as_bytes(key),
         payload=None if payload is None else _as_bytes(payload),
         headers=[(name, _as_bytes(value)) for name, value in headers],
         partition=partition,
+        value_record=value_record,
+        key_record=key_record,
     )
 
 

@@ -1,4 +1,4 @@
-//! Guest SDK for Sluice plugins (`sluice:plugin@0.1.0`).
+//! Guest SDK for Sluice plugins (`sluice:plugin@0.2.0`).
 //!
 //! Implement [`Plugin`] for a type and register it with [`plugin!`]; build the crate as a
 //! `cdylib` with `cargo build --release --target wasm32-wasip2` and the `.wasm` file is a
@@ -145,6 +145,8 @@ impl Message {
             payload: None,
             headers: Vec::new(),
             partition: None,
+            value_record: None,
+            key_record: None,
         }
     }
 
@@ -170,6 +172,20 @@ impl Message {
 
     pub fn partition(mut self, partition: i32) -> Self {
         self.partition = Some(partition);
+        self
+    }
+
+    /// With `value_format` set for the tenant: the Avro record or Protobuf message (full
+    /// name) the value is encoded as, in place of the section's `value_record` — e.g.
+    /// `OrderCreated` and `OrderShipped` on one topic with the record-name strategy.
+    pub fn value_record(mut self, record: impl Into<String>) -> Self {
+        self.value_record = Some(record.into());
+        self
+    }
+
+    /// As [`Message::value_record`], for the key (`key_format`).
+    pub fn key_record(mut self, record: impl Into<String>) -> Self {
+        self.key_record = Some(record.into());
         self
     }
 }

@@ -63,6 +63,8 @@ class SdkProbe extends Plugin {
         const inRange = r >= 0 && r < 1 ? "yes" : "no";
         return [Message.to("s").payload(`time=${Math.trunc(Date.now() / 1000)} random-in-range=${inRange}`)];
       }
+      case "records":
+        return [Message.to("r").payload(row.payload).valueRecord("com.acme.Probe").keyRecord("com.acme.Key")];
       default:
         throw TransformError.permanent("unknown-kind", row.eventType);
     }

@@ -64,6 +64,15 @@ class SdkProbe(Plugin):
             # Documents the sandbox: clocks frozen at 0 (1970), randomness available.
             in_range = "yes" if 0 <= random.random() < 1 else "no"
             return [message("s", payload=f"time={int(time.time())} random-in-range={in_range}")]
+        if kind == "records":
+            return [
+                message(
+                    "r",
+                    payload=row.payload,
+                    value_record="com.acme.Probe",
+                    key_record="com.acme.Key",
+                )
+            ]
         raise TransformError.permanent("unknown-kind", kind)
 
 

@@ -119,10 +119,22 @@ const INVOICE_JSON: &str = r#"{"$schema": "http://json-schema.org/draft-07/schem
 
 /// Inserts a row of `tenant` for topic suffix `aggregate` with `payload`.
 async fn insert(s: &Scenario, tenant: &str, aggregate: &str, id: &str, payload: &Value) {
+    insert_event(s, tenant, aggregate, "Created", id, payload).await;
+}
+
+/// [`insert`] with event type `event`.
+async fn insert_event(
+    s: &Scenario,
+    tenant: &str,
+    aggregate: &str,
+    event: &str,
+    id: &str,
+    payload: &Value,
+) {
     s.table
         .execute(&format!(
             "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload)
-             VALUES ('{tenant}', '{aggregate}', '{id}', 'Created', '{}')",
+             VALUES ('{tenant}', '{aggregate}', '{id}', '{event}', '{}')",
             payload.to_string().replace('\'', "''")
         ))
         .await;
@@ -608,5 +620,103 @@ async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
     assert!(exit.success, "{}", exit.log);
     let got = s.consume(50, Duration::from_secs(1));
     assert_eq!(count_by_id(&got).len(), 50, "every row once");
+    s.finish().await;
+}
+
+/// Contract versions side by side: tenant `old` runs a component built against
+/// `sluice:plugin@0.1.0` as released (`wit/v0.1.0`), unchanged; tenant `new` runs one of the
+/// current contract that names each message's record (`value-record`), so `OrderCreated` and
+/// `OrderShipped` share one topic under the record-name strategy, each with its own subject
+/// and schema. `plugin check` names the version each was built for.
+#[tokio::test(flavor = "multi_thread")]
+async fn components_of_both_contract_versions_run_and_a_plugin_picks_the_record() {
+    let s = Scenario::new("sr_contract", &["order", "legacy"]).await;
+    let old = test_plugin("test_contract_v0_1");
+    let new = test_plugin("test_pick_record");
+    for (plugin, export) in [
+        (&old, "sluice:plugin/transformer@0.1.0"),
+        (&new, "sluice:plugin/transformer@0.2.0"),
+    ] {
+        let checked = sluice(&["plugin", "check", &plugin.to_string_lossy()]);
+        let said = String::from_utf8_lossy(&checked.stdout);
+        assert!(
+            checked.status.success() && said.contains(&format!("OK (exports {export})")),
+            "{said}{}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+    }
+    let registry = TestRegistry::start().expect("start the test registry");
+    let created = r#"{"type":"record","name":"OrderCreated","namespace":"com.acme",
+        "fields":[{"name":"id","type":"long"},{"name":"total","type":"double"}]}"#;
+    let shipped = r#"{"type":"record","name":"OrderShipped","namespace":"com.acme",
+        "fields":[{"name":"id","type":"long"},{"name":"carrier","type":"string"}]}"#;
+    registry.register("com.acme.OrderCreated", "AVRO", created);
+    registry.register("com.acme.OrderShipped", "AVRO", shipped);
+    let legacy = format!("{}legacy", s.prefix);
+    registry.register(&format!("{legacy}-value"), "AVRO", created);
+    let tenants = format!(
+        "[tenants.old]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{prefix}\" }}\n\
+         value_format = \"avro\"\n\
+         [tenants.new]\npath = \"{}\"\n\
+         config = {{ topic_prefix = \"{prefix}\", record_namespace = \"com.acme\" }}\n\
+         value_format = \"avro\"\nsubject_strategy = \"record-name\"\n\
+         value_record = \"com.acme.OrderCreated\"\n\
+         [schema_registry]\nurl = \"{}\"\n",
+        old.display(),
+        new.display(),
+        registry.url(),
+        prefix = s.prefix
+    );
+    let config = s.config("", &tenants);
+    for i in 0..10 {
+        let created_row = json!({"id": i, "total": 10.5});
+        let shipped_row = json!({"id": i, "carrier": "DHL"});
+        let c = format!("c{i}");
+        insert_event(&s, "new", "order", "OrderCreated", &c, &created_row).await;
+        let id = format!("s{i}");
+        insert_event(&s, "new", "order", "OrderShipped", &id, &shipped_row).await;
+        insert(&s, "old", "legacy", &format!("l{i}"), &created_row).await;
+    }
+    s.relay_until(&config, || async { s.table.count().await == 0 })
+        .await;
+
+    let got = s.consume(30, Duration::from_secs(1));
+    assert_eq!(got.len(), 30, "every row once");
+    let url = registry.url();
+    let orders: Vec<Option<Vec<u8>>> = got
+        .iter()
+        .filter(|m| m.topic == format!("{}order", s.prefix))
+        .map(|m| m.payload.clone())
+        .collect();
+    let decoded = deserialize(
+        &url,
+        None,
+        "avro",
+        &format!("{}order", s.prefix),
+        "value",
+        &orders,
+    );
+    let (mut with_total, mut with_carrier) = (0, 0);
+    for d in &decoded {
+        let v = d.as_ref().unwrap_or_else(|e| panic!("order: {e}"));
+        if v.get("total") == Some(&json!(10.5)) {
+            with_total += 1;
+        }
+        if v.get("carrier") == Some(&json!("DHL")) {
+            with_carrier += 1;
+        }
+    }
+    assert_eq!((with_total, with_carrier), (10, 10), "{decoded:?}");
+    let legacy_values: Vec<Option<Vec<u8>>> = got
+        .iter()
+        .filter(|m| m.topic == legacy)
+        .map(|m| {
+            assert_eq!(m.header("contract").as_deref(), Some("0.1.0"));
+            m.payload.clone()
+        })
+        .collect();
+    for d in deserialize(&url, None, "avro", &legacy, "value", &legacy_values) {
+        assert_eq!(d.unwrap()["total"], json!(10.5));
+    }
     s.finish().await;
 }

@@ -1,8 +1,10 @@
-//! Host bindings generated from `wit/sluice.wit` (world `plugin`). Exports are called through
-//! wasmtime's async API so that every call can be cut off at a wall-clock deadline (see
-//! [`super::call`]); the host's own imports (`log`, `counter-add`) are plain functions.
-//! Inputs to exports borrow ([`types::OutboxRow`] has `&str`/`&[u8]` fields); results are
-//! owned.
+//! Host bindings generated from the WIT of every supported contract version (world `plugin`):
+//! `sluice:plugin@0.2.0` from `wit/sluice.wit` (the current one, whose types the host works
+//! with) and, in [`v0_1`], `sluice:plugin@0.1.0` as released (`wit/v0.1.0/`), converted to the
+//! current types at the boundary ([`super::contract`]). Exports are called through wasmtime's
+//! async API so that every call can be cut off at a wall-clock deadline (see [`super::call`]);
+//! the host's own imports (`log`, `counter-add`) are plain functions. Inputs to exports borrow
+//! ([`types::OutboxRow`] has `&str`/`&[u8]` fields); results are owned.
 
 // Generated items carry the WIT file's documentation, not always on every field.
 #![allow(missing_docs)]
@@ -17,3 +19,16 @@ wasmtime::component::bindgen!({
 });
 
 pub(crate) use sluice::plugin::types;
+
+/// `sluice:plugin@0.1.0`, the first released contract: components built against it keep
+/// running.
+pub(crate) mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "../wit/v0.1.0",
+        world: "plugin",
+        exports: { default: async },
+        ownership: Borrowing { duplicate_if_necessary: true },
+    });
+
+    pub(crate) use sluice::plugin::types;
+}

@@ -1,5 +1,5 @@
 //! Loading a plugin file: compile the component, link it against the world, and keep the
-//! resulting [`PluginPre`] (one per file) from which every tenant instance is created.
+//! resulting [`Pre`] (one per file, of the contract version it was built against) from which every tenant instance is created.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -7,10 +7,9 @@ use std::sync::{Arc, OnceLock};
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
-use crate::plugin::wasm::bindings::PluginPre;
 use crate::plugin::wasm::cache::CompileCache;
+use crate::plugin::wasm::contract::Pre;
 use crate::plugin::wasm::engine::PluginEngine;
-use crate::plugin::wasm::host_api::HostState;
 use crate::plugin::wasm::imports::{self, Refused};
 use crate::plugin::{ComponentError, PluginError};
 use crate::text::{MAX_LOGGED, bounded};
@@ -22,11 +21,11 @@ const CONTRACT_PACKAGE: &str = "sluice:plugin/";
 pub(crate) struct LoadedPlugin {
     path: PathBuf,
     engine: Arc<PluginEngine>,
-    pre: PluginPre<HostState>,
+    pre: Pre,
     /// `sha256:` and the hex SHA-256 of the file as loaded (metrics, `/status`).
     digest: String,
     /// The contract interface the component exports, with its version
-    /// (`sluice:plugin/transformer@0.1.0`): the WIT it was built against.
+    /// (`sluice:plugin/transformer@0.2.0`): the WIT it was built against.
     contract: String,
     /// The version the plugin reports in `info()`, asked once by its first instance.
     version: OnceLock<String>,
@@ -93,12 +92,7 @@ impl LoadedPlugin {
             .find(|name| name.starts_with(CONTRACT_PACKAGE))
             .unwrap_or(CONTRACT_PACKAGE)
             .to_owned();
-        let pre = PluginPre::new(instance_pre).map_err(|e| {
-            refused(
-                "does not export sluice:plugin/transformer@0.1.0 as the world requires",
-                e,
-            )
-        })?;
+        let pre = Pre::new(instance_pre, &contract).map_err(|(what, e)| refused(&what, e))?;
         Ok(Self {
             path: path.to_owned(),
             engine: Arc::clone(engine),
@@ -118,7 +112,7 @@ impl LoadedPlugin {
         &self.digest
     }
 
-    /// The contract interface it exports, versioned (`sluice:plugin/transformer@0.1.0`).
+    /// The contract interface it exports, versioned (`sluice:plugin/transformer@0.2.0`).
     pub(crate) fn contract(&self) -> &str {
         &self.contract
     }
@@ -138,7 +132,7 @@ impl LoadedPlugin {
         &self.engine
     }
 
-    pub(crate) fn pre(&self) -> &PluginPre<HostState> {
+    pub(crate) fn pre(&self) -> &Pre {
         &self.pre
     }
 }

@@ -9,7 +9,7 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::plugin::PluginError;
-use crate::plugin::wasm::bindings::Plugin;
+use crate::plugin::wasm::bindings::{Plugin, v0_1};
 use crate::plugin::wasm::host_api::HostState;
 
 /// Granularity of call deadlines: the ticker bumps the engine's epoch this often.
@@ -122,7 +122,11 @@ impl PluginEngine {
         // these at start-up, but get no files, env, args, network or inherited stdio. The
         // async flavour, so a guest waiting in WASI (a sleep) can be cut off at its deadline.
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(PluginError::engine)?;
+        // The host interface of every supported contract version (docs/plugins.md, "Contract
+        // versions"): components built against 0.1.0 import sluice:plugin/host@0.1.0.
         Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(PluginError::engine)?;
+        v0_1::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PluginError::engine)?;
 
         let this = Arc::new(Self {

@@ -16,6 +16,8 @@ use crate::model::TenantId;
 use crate::plugin::limits::TenantLimiter;
 use crate::plugin::wasm::bindings::sluice::plugin::host;
 use crate::plugin::wasm::bindings::types::LogLevel;
+use crate::plugin::wasm::bindings::v0_1;
+use crate::plugin::wasm::contract;
 use crate::plugin::wasm::guest_output::GuestOutput;
 use crate::text::bounded;
 
@@ -224,6 +226,19 @@ impl WasiView for HostState {
 }
 
 impl crate::plugin::wasm::bindings::types::Host for HostState {}
+
+impl v0_1::types::Host for HostState {}
+
+/// 0.1.0 components call the same host functions.
+impl v0_1::sluice::plugin::host::Host for HostState {
+    fn log(&mut self, level: v0_1::types::LogLevel, message: String) {
+        self.shared.log(contract::log_level(level), &message);
+    }
+
+    fn counter_add(&mut self, name: String, delta: u64) {
+        lock(&self.shared.counters).add(&name, delta);
+    }
+}
 
 impl host::Host for HostState {
     fn log(&mut self, level: LogLevel, message: String) {

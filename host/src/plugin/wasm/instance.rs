@@ -10,10 +10,10 @@ use wasmtime::Trap;
 
 use crate::model::{OutboxId, OutboxRow};
 use crate::plugin::limits::{LimitExceeded, Limits};
-use crate::plugin::wasm::bindings::Plugin;
 use crate::plugin::wasm::bindings::types::{self as wit, PluginInfo};
 use crate::plugin::wasm::call::run_until;
 use crate::plugin::wasm::component::LoadedPlugin;
+use crate::plugin::wasm::contract::Exports;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::engine::deadline_ticks;
 use crate::plugin::wasm::guest_output::{GUEST_OUTPUT_TAIL, GuestOutput};
@@ -29,7 +29,7 @@ const MAX_CONFIG_SCHEMA: usize = 64 * 1024;
 /// A configured instance of a plugin for one tenant.
 pub(crate) struct WasmInstance {
     wasm_store: wasmtime::Store<HostState>,
-    bindings: Plugin,
+    bindings: Exports,
     limits: Limits,
     engine: Arc<PluginEngine>,
     /// Linear memory once instantiated and configured.
@@ -63,11 +63,7 @@ impl WasmInstance {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let configured = instance
-            .call(|bindings, wasm_store| {
-                bindings
-                    .sluice_plugin_transformer()
-                    .call_configure(wasm_store, &config)
-            })
+            .call(|bindings, wasm_store| bindings.configure(wasm_store, &config))
             .map_err(|trapped| PluginError::Instantiate {
                 path: plugin.path().to_owned(),
                 tenant: tenant.clone(),
@@ -98,7 +94,7 @@ impl WasmInstance {
         // What the host may copy out of the guest per call: results and host-call arguments.
         wasm_store.set_hostcall_fuel(limits.copy_budget());
         let deadline = Instant::now() + limits.call_timeout;
-        let instantiated = run_until(plugin.pre().instantiate_async(&mut wasm_store), deadline)
+        let instantiated = run_until(plugin.pre().instantiate(&mut wasm_store), deadline)
             .ok_or_else(|| Trapped::wall_clock(limits))
             .and_then(|r| r.map_err(|e| Trapped::from_error(&e, limits)))
             .map_err(|trapped| trapped.with_output(&wasm_store.data().output));
@@ -121,7 +117,7 @@ impl WasmInstance {
     /// (for time spent waiting in host functions), both `call_timeout`.
     fn call<'a, F, T>(
         &'a mut self,
-        f: impl FnOnce(&'a Plugin, &'a mut wasmtime::Store<HostState>) -> F,
+        f: impl FnOnce(&'a Exports, &'a mut wasmtime::Store<HostState>) -> F,
     ) -> Result<T, Trapped>
     where
         F: Future<Output = wasmtime::Result<T>> + 'a,
@@ -155,7 +151,7 @@ impl WasmInstance {
     /// The plugin's `info()`, with its text made safe to print.
     pub(crate) fn info(&mut self) -> Result<PluginInfo, String> {
         let info = self
-            .call(|bindings, wasm_store| bindings.sluice_plugin_transformer().call_info(wasm_store))
+            .call(|bindings, wasm_store| bindings.info(wasm_store))
             .map_err(|trapped| trapped.reason)?;
         Ok(PluginInfo {
             name: bounded(&info.name, MAX_INFO_FIELD).into_owned(),
@@ -172,11 +168,7 @@ impl WasmInstance {
     pub(crate) fn transform(&mut self, row: &OutboxRow) -> Result<Answer, Trapped> {
         let parts = WitParts::of(row);
         let input = parts.row(row);
-        self.call(|bindings, wasm_store| {
-            bindings
-                .sluice_plugin_transformer()
-                .call_transform(wasm_store, input)
-        })
+        self.call(|bindings, wasm_store| bindings.transform(wasm_store, input))
     }
 
     /// Runs several rows through the plugin's `transform-batch` in one call (one deadline for
@@ -188,11 +180,8 @@ impl WasmInstance {
             .zip(rows)
             .map(|(parts, row)| parts.row(row))
             .collect();
-        let answers = self.call(|bindings, wasm_store| {
-            bindings
-                .sluice_plugin_transformer()
-                .call_transform_batch(wasm_store, &input)
-        })?;
+        let answers =
+            self.call(|bindings, wasm_store| bindings.transform_batch(wasm_store, &input))?;
         if answers.len() != rows.len() {
             return Err(Trapped {
                 reason: format!(
@@ -209,8 +198,7 @@ impl WasmInstance {
     }
 }
 
-/// The plugin's own answer for one row.
-pub(crate) type Answer = Result<Vec<wit::OutputMessage>, wit::TransformError>;
+pub(crate) use crate::plugin::wasm::contract::Answer;
 
 /// A guest call that trapped; the instance must be discarded.
 #[derive(Debug, Clone, PartialEq)]

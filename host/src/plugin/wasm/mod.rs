@@ -15,6 +15,7 @@ pub(super) mod bindings;
 pub(super) mod cache;
 pub(super) mod call;
 pub(super) mod component;
+pub(super) mod contract;
 pub(super) mod engine;
 pub(super) mod guest_output;
 pub(super) mod host_api;

@@ -93,6 +93,8 @@ pub(super) fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
         headers: Vec::new(),
         partition: None,
         formats: None,
+        value_record: None,
+        key_record: None,
     }
 }
 

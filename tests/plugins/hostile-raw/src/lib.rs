@@ -18,8 +18,9 @@
 //! 20..32, headers 32..40, partition option 40..48); `result<list<output-message>,
 //! transform-error>` is 24 bytes (discriminant at 0, list at 4..12).
 
+// Written against the 0.1.0 ABI (its exports are named below): built from that contract's WIT.
 wit_bindgen::generate!({
-    path: "../../../wit",
+    path: "../../../wit/v0.1.0",
     world: "plugin",
 });
 

@@ -507,14 +507,24 @@ fn message_json(m: &OutboundMessage) -> Value {
         formats.is_some_and(|f| f.key.is_some()),
         formats.is_some_and(|f| f.value.is_some()),
     );
-    json!({
+    let mut line = json!({
         "row": m.row,
         "topic": m.topic,
         "partition": m.partition,
         "key": m.key.as_deref().map(|k| encoded(k, key_encoded)),
         "payload": m.payload.as_deref().map(|p| encoded(p, value_encoded)),
         "headers": m.headers.iter().map(|(k, v)| json!([k, bytes_json(v)])).collect::<Vec<_>>(),
-    })
+    });
+    // Only when the plugin named one (contract 0.2.0): older golden files stay valid.
+    for (name, record) in [
+        ("value_record", &m.value_record),
+        ("key_record", &m.key_record),
+    ] {
+        if let Some(record) = record {
+            line[name] = json!(record);
+        }
+    }
+    line
 }
 
 #[cfg(test)]
