@@ -720,3 +720,190 @@ async fn components_of_both_contract_versions_run_and_a_plugin_picks_the_record(
     }
     s.finish().await;
 }
+
+/// The ways a section names its schema: `auto_register` registers the schema file under the
+/// subject (once; its id in every frame), a schema file without it is looked up, a pinned
+/// version stays when a newer one is registered, and a schema file the subject's
+/// compatibility level refuses (409) holds its rows back with the registry's reason, never
+/// dead.
+#[tokio::test(flavor = "multi_thread")]
+async fn registered_looked_up_and_pinned_schemas_and_an_incompatible_one() {
+    let s = Scenario::new("sr_modes", &["reg", "look", "pin", "bad"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = r#"{"type":"record","name":"E","fields":[{"name":"n","type":"long"}]}"#;
+    let v2 = r#"{"type":"record","name":"E","fields":[{"name":"n","type":"long"},
+        {"name":"tag","type":"string","default":"none"}]}"#;
+    // Incompatible with v1 under BACKWARD: a new field without a default.
+    let breaking = r#"{"type":"record","name":"E","fields":[{"name":"n","type":"long"},
+        {"name":"must","type":"string"}]}"#;
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (v1_file, breaking_file) = (file("v1.avsc", v1), file("breaking.avsc", breaking));
+    let subject = |t: &str| format!("{}{t}-value", s.prefix);
+    let looked_up = registry.register(&subject("look"), "AVRO", v1);
+    let pinned = registry.register(&subject("pin"), "AVRO", v1);
+    registry.register(&subject("pin"), "AVRO", v2);
+    registry.register(&subject("bad"), "AVRO", v1);
+    let tenants = format!(
+        "[tenants.reg]\nvalue_format = \"avro\"\nvalue_schema = \"{v1_file}\"\nauto_register = true\n\
+         [tenants.look]\nvalue_format = \"avro\"\nvalue_schema = \"{v1_file}\"\n\
+         [tenants.pin]\nvalue_format = \"avro\"\nvalue_schema_version = 1\n\
+         [tenants.bad]\nvalue_format = \"avro\"\nvalue_schema = \"{breaking_file}\"\nauto_register = true\n\
+         [schema_registry]\nurl = \"{}\"\n",
+        registry.url()
+    );
+    let config = s.config("", &tenants);
+    for tenant in ["reg", "look", "pin", "bad"] {
+        for i in 0..5 {
+            insert(
+                &s,
+                tenant,
+                tenant,
+                &format!("{tenant}{i}"),
+                &json!({"n": i, "must": "x"}),
+            )
+            .await;
+        }
+    }
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let settled = wait_until(SCENARIO_WAIT, || async {
+        s.table.count().await == 5
+            && s.table
+                .scalar_i64(
+                    "SELECT COUNT(*) FROM {t} WHERE tenant = 'bad' AND last_error IS NOT NULL",
+                )
+                .await
+                == 5
+    })
+    .await;
+    assert!(settled, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let refused = s
+        .table
+        .text_rows("SELECT last_error FROM {t} WHERE tenant = 'bad' LIMIT 1")
+        .await[0][0]
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        refused.contains("schema unavailable")
+            && refused.contains("HTTP 409")
+            && refused.contains("incompatible"),
+        "{refused}"
+    );
+    assert_eq!(
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NOT NULL")
+            .await,
+        0,
+        "a refused registration dead-letters nothing"
+    );
+
+    let got = s.consume(15, Duration::from_secs(1));
+    let id_of = |topic: &str| -> Vec<u32> {
+        got.iter()
+            .filter(|m| m.topic == format!("{}{topic}", s.prefix))
+            .map(|m| {
+                let p = m.payload.as_deref().unwrap();
+                u32::from_be_bytes([p[1], p[2], p[3], p[4]])
+            })
+            .collect()
+    };
+    let registered = id_of("reg");
+    assert_eq!(registered.len(), 5);
+    assert!(
+        registered.iter().all(|&id| id == registered[0] && id > 0),
+        "{registered:?}"
+    );
+    // v1's text is already known to the registry (under "look" and "pin"): the same id.
+    assert_eq!(
+        registered[0], looked_up,
+        "a schema keeps its id across subjects"
+    );
+    assert_eq!(id_of("look"), vec![looked_up; 5]);
+    assert_eq!(
+        id_of("pin"),
+        vec![pinned; 5],
+        "version 1, not the latest (2)"
+    );
+    s.finish().await;
+}
+
+/// An `https://` registry whose certificate a CA of the test's own signed: without
+/// `ca_location` the relay does not trust it (rows wait, the reason names the certificate);
+/// with it, rows go out.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_registry_is_trusted_through_ca_location() {
+    use sluice_testkit::secure_broker::{TestCa, TlsProxy};
+    let s = Scenario::new("sr_tls", &["order"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    registry.register(
+        &format!("{}order-value", s.prefix),
+        "AVRO",
+        r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "registry-ca").expect("a CA");
+    let (cert, key) = ca.issue_server().expect("a server certificate");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = registry.url().trim_start_matches("http://").to_owned();
+    let proxy = TlsProxy::start(listener, &cert, &key, target).expect("TLS in front");
+    let config_with = |ca_line: &str| {
+        s.config(
+            "",
+            &format!(
+                "[schema_registry]\nurl = \"https://localhost:{}\"\n{ca_line}",
+                proxy.port()
+            ),
+        )
+        .replacen(
+            "[plugins.default]\n",
+            "[plugins.default]\nvalue_format = \"avro\"\n",
+            1,
+        )
+    };
+    insert(&s, "t", "order", "a", &json!({"n": 1})).await;
+
+    let untrusted = RelayProcess::start(&config_with("")).expect("start relay");
+    assert!(
+        untrusted.wait_started(SCENARIO_WAIT).await,
+        "{}",
+        untrusted.log()
+    );
+    let waiting = wait_until(Duration::from_secs(20), || async {
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE last_error LIKE '%schema registry unreachable%certificate%'")
+            .await
+            == 1
+    })
+    .await;
+    assert!(
+        waiting,
+        "an untrusted certificate was accepted: {}",
+        untrusted.log()
+    );
+    let exit = untrusted.stop();
+    assert!(exit.success, "{}", exit.log);
+
+    let ca_line = format!("ca_location = \"{}\"\n", ca.pem.display());
+    s.relay_until(&config_with(&ca_line), || async {
+        s.table.count().await == 0
+    })
+    .await;
+    let got = s.consume(1, Duration::from_secs(1));
+    let decoded = deserialize(
+        &registry.url(),
+        None,
+        "avro",
+        &format!("{}order", s.prefix),
+        "value",
+        &[got[0].payload.clone()],
+    );
+    assert_eq!(decoded[0].as_ref().unwrap(), &json!({"n": 1}));
+    s.finish().await;
+}
