@@ -313,7 +313,10 @@ export class Config {
 
 /** What a plugin implements. One object is made per tenant instance by `configure` and used
  * for every row of that tenant. Set `static NAME`, `static VERSION` and optionally
- * `static CONFIG_SCHEMA` (JSON Schema text shown by `sluice plugin check`). */
+ * `static CONFIG_SCHEMA` (JSON Schema text shown by `sluice plugin check`), and
+ * `static SCHEMAS` (`[{recordName, format: "avro" | "protobuf" | "json-schema", schema}]`: the
+ * schemas of the records it emits, which a tenant with `auto_register = true` and no schema
+ * file registers). */
 export class Plugin {
   /** Builds the plugin from the tenant's config; throw ConfigError (or anything) to refuse
    * it. The default accepts no keys. */
@@ -404,6 +407,8 @@ export function exportPlugin(PluginClass) {
         name: String(PluginClass.NAME ?? "unnamed"),
         version: String(PluginClass.VERSION ?? "0.0.0"),
         configSchema: PluginClass.CONFIG_SCHEMA ?? null,
+        // [{recordName, format: "avro" | "protobuf" | "json-schema", schema}]
+        schemas: PluginClass.SCHEMAS ?? [],
       };
     },
 

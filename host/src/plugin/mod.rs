@@ -43,7 +43,7 @@ pub use limits::{Limits, TopicPattern};
 pub use router::PluginRouter;
 pub use settings::{PluginSource, PluginSpec, PluginsSettings};
 pub use tenant::status::{InstanceUse, PluginInstances, TenantState, TenantStatus};
-pub use wasm::bindings::types::PluginInfo;
+pub use wasm::bindings::types::{PluginInfo, RecordSchema, SchemaFormat};
 
 use crate::model::{OutboundMessage, OutboxRow, TenantId};
 use crate::problem::Problem;

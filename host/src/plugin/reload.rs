@@ -35,7 +35,7 @@ fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTempla
         old.config.clone(),
         old.limits.clone(),
     )
-    .with_formats(old.formats.clone());
+    .with_declared_formats(old.formats.clone());
     Arc::new(match old.quarantine.watch() {
         Some(watch) => renewed.watched_by(watch),
         None => renewed,

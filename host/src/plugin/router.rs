@@ -170,7 +170,7 @@ impl PluginRouter {
                     Limits::resolve(&spec.limits())
                         .map_err(limits_err("plugins.default".into()))?,
                 )
-                .with_formats(formats_of(spec, "plugins.default")?)
+                .with_declared_formats(formats_of(spec, "plugins.default")?)
                 .watched_by(&watch),
             )),
             None => None,
@@ -202,7 +202,7 @@ impl PluginRouter {
                     Limits::resolve(&spec.limits())
                         .map_err(limits_err(format!("tenants.{name}")))?,
                 )
-                .with_formats(formats_of(&spec, &format!("tenants.{name}"))?)
+                .with_declared_formats(formats_of(&spec, &format!("tenants.{name}"))?)
                 .watched_by(&watch),
             );
             let id = TenantId::named(name.as_str());

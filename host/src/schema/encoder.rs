@@ -149,11 +149,11 @@ impl SchemaEncoder {
                 continue;
             };
             if let (Some(enc), Some(key)) = (&formats.key, &m.key) {
-                let enc = enc.naming(m.key_record.as_deref());
+                let enc = formats.with_declared(enc.naming(m.key_record.as_deref()));
                 m.key = Some(self.encode_once(&enc, &m.topic, key, missing).await?);
             }
             if let (Some(enc), Some(value)) = (&formats.value, &m.payload) {
-                let enc = enc.naming(m.value_record.as_deref());
+                let enc = formats.with_declared(enc.naming(m.value_record.as_deref()));
                 m.payload = Some(self.encode_once(&enc, &m.topic, value, missing).await?);
             }
         }
@@ -362,6 +362,16 @@ fn not_json(e: &serde_json::Error) -> String {
 /// A registry error with what to do about it.
 fn explain(e: RegistryError, enc: &FieldEncoding, subject: &str) -> String {
     match (&e, &enc.schema, enc.version) {
+        (RegistryError::NotFound(_), None, _) if enc.auto_register => format!(
+            "{e} (auto_register is set, but neither {}_schema nor the plugin declares a \
+             schema ({}) for {})",
+            enc.field.name(),
+            enc.format.name(),
+            enc.record.as_deref().map_or_else(
+                || "its messages (it declares none, or several without a record named)".to_owned(),
+                |r| format!("record {r}")
+            )
+        ),
         (RegistryError::NotFound(_), None, SchemaVersion::Latest) => format!(
             "{e} (register a schema under subject {subject}, or give {}_schema with \
              auto_register = true)",
@@ -473,6 +483,7 @@ mod tests {
             formats: Some(Arc::new(MessageFormats {
                 key: None,
                 value: Some(avro_value()),
+                declared: Default::default(),
             })),
             value_record: None,
             key_record: None,

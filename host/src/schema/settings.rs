@@ -1,6 +1,7 @@
 //! `[schema_registry]` and the per-plugin-section format keys (`value_format`, `key_format`,
 //! `subject_strategy`, …) as written, and resolved into what the encoder needs per tenant.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -278,6 +279,7 @@ impl FormatsSpec {
         Ok(Some(Arc::new(MessageFormats {
             key: message_key,
             value,
+            declared: DeclaredSchemas::default(),
         })))
     }
 
@@ -345,16 +347,6 @@ impl FormatsSpec {
             },
             None => None,
         };
-        if auto_register && schema.is_none() {
-            problems.push(Problem::new(
-                format!("{key}.{name}_schema"),
-                format!(
-                    "missing: auto_register = true registers the schema in this file under \
-                     the subject ({name}_format is {})",
-                    format.name()
-                ),
-            ));
-        }
         if auto_register && matches!(version, Some(SchemaVersion::Pinned(_))) {
             problems.push(Problem::new(
                 format!("{key}.{name}_schema_version"),
@@ -388,6 +380,55 @@ pub struct MessageFormats {
     pub key: Option<FieldEncoding>,
     /// How the value is encoded (`None`: raw).
     pub value: Option<FieldEncoding>,
+    /// The schemas the tenant's plugin declares (filled when the plugin first runs): what
+    /// `auto_register` registers when the section names no schema file.
+    pub declared: DeclaredSchemas,
+}
+
+/// A schema a plugin ships for a record it emits (contract 0.2.0 `plugin-info.schemas`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredSchema {
+    /// The record's (Protobuf: message's) full name.
+    pub record: String,
+    /// How the schema is written.
+    pub format: Format,
+    /// The schema text.
+    pub schema: Arc<str>,
+}
+
+/// A plugin's declared schemas, set once by its first instance.
+pub type DeclaredSchemas = Arc<std::sync::OnceLock<Vec<DeclaredSchema>>>;
+
+impl MessageFormats {
+    /// The declared schema to register for `enc` (a message's field): the one of its format
+    /// named by its record, or, without a record, the only one of its format.
+    pub fn declared_for(&self, enc: &FieldEncoding) -> Option<Arc<str>> {
+        let declared = self.declared.get()?;
+        let mut of_format = declared.iter().filter(|d| d.format == enc.format);
+        let found = match &enc.record {
+            Some(record) => of_format.find(|d| &d.record == record),
+            None => match (of_format.next(), of_format.next()) {
+                (Some(only), None) => Some(only),
+                _ => None,
+            },
+        };
+        found.map(|d| Arc::clone(&d.schema))
+    }
+
+    /// `enc` with the plugin's declared schema to register, when it registers
+    /// (`auto_register`) and the section names no schema file.
+    pub fn with_declared<'a>(&self, enc: Cow<'a, FieldEncoding>) -> Cow<'a, FieldEncoding> {
+        if !enc.auto_register || enc.schema.is_some() {
+            return enc;
+        }
+        match self.declared_for(&enc) {
+            Some(schema) => Cow::Owned(FieldEncoding {
+                schema: Some(schema),
+                ..enc.into_owned()
+            }),
+            None => enc,
+        }
+    }
 }
 
 /// How a message's key or value is encoded.
@@ -404,8 +445,8 @@ pub struct FieldEncoding {
     pub record: Option<String>,
     /// Which version of the subject's schema.
     pub version: SchemaVersion,
-    /// Register `schema` under the subject (or find it registered) instead of reading the
-    /// subject's versions.
+    /// Register `schema` (or, without one, the schema the plugin declares for the record)
+    /// under the subject instead of reading the subject's versions.
     pub auto_register: bool,
     /// The schema file's text (`value_schema`/`key_schema`).
     pub schema: Option<Arc<str>>,
@@ -481,7 +522,7 @@ mod tests {
     }
 
     #[test]
-    fn record_strategies_need_a_record_and_auto_register_a_schema_file() {
+    fn record_strategies_need_a_record() {
         let spec = FormatsSpec {
             value_format: Some(Format::Protobuf),
             subject_strategy: Some(SubjectStrategy::RecordName),
@@ -494,11 +535,8 @@ mod tests {
             .into_iter()
             .map(|p| p.key)
             .collect();
-        assert_eq!(
-            keys,
-            ["tenants.a.value_record", "tenants.a.value_schema"],
-            "{keys:?}"
-        );
+        // auto_register without a file registers what the plugin declares: not a problem.
+        assert_eq!(keys, ["tenants.a.value_record"], "{keys:?}");
     }
 
     #[test]
@@ -531,5 +569,41 @@ mod tests {
         assert_eq!(v.v, SchemaVersion::Pinned(3));
         assert!(toml::from_str::<V>("v = 0").is_err());
         assert!(toml::from_str::<V>("v = \"newest\"").is_err());
+    }
+
+    #[test]
+    fn a_declared_schema_is_found_by_record_or_as_the_only_one_of_its_format() {
+        let mut spec = spec(Format::Avro);
+        spec.auto_register = Some(true);
+        let formats = spec.resolve("t").unwrap().unwrap();
+        let value = formats.value.clone().unwrap();
+        let declared = |record: &str, format| DeclaredSchema {
+            record: record.into(),
+            format,
+            schema: Arc::from(format!("schema of {record}")),
+        };
+        // Nothing declared (yet): the section's own lookup stays.
+        assert_eq!(formats.with_declared(Cow::Borrowed(&value)).schema, None);
+        let _ = formats.declared.set(vec![
+            declared("a.Created", Format::Avro),
+            declared("a.Proto", Format::Protobuf),
+        ]);
+        let only = formats.with_declared(Cow::Borrowed(&value));
+        assert_eq!(
+            only.schema.as_deref(),
+            Some("schema of a.Created"),
+            "the only Avro one"
+        );
+        let named = formats.with_declared(value.naming(Some("a.Created")));
+        assert_eq!(named.schema.as_deref(), Some("schema of a.Created"));
+        let unknown = formats.with_declared(value.naming(Some("a.Shipped")));
+        assert_eq!(
+            unknown.schema, None,
+            "no schema for a record the plugin did not declare"
+        );
+        // Without auto_register nothing is registered, declared or not.
+        let mut plain = value.clone();
+        plain.auto_register = false;
+        assert_eq!(formats.with_declared(Cow::Borrowed(&plain)).schema, None);
     }
 }

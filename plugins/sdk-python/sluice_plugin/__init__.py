@@ -61,12 +61,16 @@ from wit_world.imports.types import (
     OutboxRow,
     OutputMessage,
     PluginInfo,
+    RecordSchema,
+    SchemaFormat,
     TransformError_Permanent,
     TransformError_Retryable,
 )
 
 __all__ = [
     "Config",
+    "RecordSchema",
+    "SchemaFormat",
     "ConfigError",
     "LogLevel",
     "Message",
@@ -227,6 +231,10 @@ class Plugin:
     VERSION: str = "0.0.0"
     #: JSON Schema of the accepted config, shown by ``sluice plugin check``.
     CONFIG_SCHEMA: Optional[str] = None
+    #: Schemas of the records the plugin emits, e.g.
+    #: ``[RecordSchema("com.acme.OrderCreated", SchemaFormat.AVRO, AVSC_TEXT)]``: a tenant with
+    #: ``auto_register = true`` and no schema file registers them in its Schema Registry.
+    SCHEMAS: List[RecordSchema] = []
 
     @classmethod
     def configure(cls, config: Config) -> "Plugin":
@@ -355,6 +363,7 @@ def export(plugin_class: Type[Plugin]) -> type:
                 name=plugin_class.NAME,
                 version=plugin_class.VERSION,
                 config_schema=plugin_class.CONFIG_SCHEMA,
+                schemas=list(plugin_class.SCHEMAS),
             )
 
         def configure(self, config: List[Tuple[str, str]]) -> None:

@@ -38,7 +38,8 @@ pub mod bindings {
 }
 
 pub use bindings::sluice::plugin::types::{
-    ErrorDetail, LogLevel, OutboxRow, OutputMessage as Message, PluginInfo, TransformError,
+    ErrorDetail, LogLevel, OutboxRow, OutputMessage as Message, PluginInfo, RecordSchema,
+    SchemaFormat, TransformError,
 };
 
 /// Host logging, tagged with the tenant by the host.
@@ -77,6 +78,13 @@ pub trait Plugin: Sized + Send + 'static {
     /// JSON Schema of the accepted config, shown by `sluice plugin check`.
     fn config_schema() -> Option<String> {
         None
+    }
+
+    /// Schemas of the records this plugin emits (by full name, as [`Message::value_record`]
+    /// names them): a tenant with `auto_register = true` and no schema file of its own
+    /// registers them in its Schema Registry.
+    fn schemas() -> Vec<RecordSchema> {
+        Vec::new()
     }
 
     /// Builds the plugin from the tenant's `config` table; an `Err` at start-up quarantines
@@ -255,6 +263,7 @@ pub mod __private {
             name: P::NAME.to_owned(),
             version: P::VERSION.to_owned(),
             config_schema: P::config_schema(),
+            schemas: P::schemas(),
         }
     }
 

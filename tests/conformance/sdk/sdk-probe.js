@@ -16,6 +16,13 @@ import {
 class SdkProbe extends Plugin {
   static NAME = "sdk-probe";
   static VERSION = "0.1.0";
+  static SCHEMAS = [
+    {
+      recordName: "com.acme.Probe",
+      format: "avro",
+      schema: '{"type":"record","name":"Probe","namespace":"com.acme","fields":[]}',
+    },
+  ];
 
   constructor(suffix) {
     super();

@@ -9,6 +9,8 @@ from sluice_plugin import (
     Config,
     OutboxRow,
     Plugin,
+    RecordSchema,
+    SchemaFormat,
     TransformError,
     counter_add,
     export,
@@ -18,9 +20,13 @@ from sluice_plugin import (
 )
 
 
+PROBE_SCHEMA = '{"type":"record","name":"Probe","namespace":"com.acme","fields":[]}'
+
+
 class SdkProbe(Plugin):
     NAME = "sdk-probe"
     VERSION = "0.1.0"
+    SCHEMAS = [RecordSchema("com.acme.Probe", SchemaFormat.AVRO, PROBE_SCHEMA)]
 
     def __init__(self, suffix: str):
         self.suffix = suffix

@@ -109,6 +109,18 @@ impl TestRegistry {
         self.shared.requests.load(Ordering::SeqCst)
     }
 
+    /// The subjects registered so far.
+    pub fn subjects(&self) -> Vec<String> {
+        self.shared
+            .state
+            .lock()
+            .unwrap()
+            .subjects
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Requires HTTP basic authentication from now on.
     pub fn require_basic_auth(&self, user: &str, password: &str) {
         *self.shared.credentials.lock().unwrap() = Some(format!("{user}:{password}"));

@@ -907,3 +907,85 @@ async fn an_https_registry_is_trusted_through_ca_location() {
     assert_eq!(decoded[0].as_ref().unwrap(), &json!({"n": 1}));
     s.finish().await;
 }
+
+/// A plugin ships the schemas of the records it emits (`plugin-info.schemas`, contract 0.2.0):
+/// with `auto_register = true` and no schema file, the relay registers them under each
+/// message's subject, and consumers read them back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_declares_its_schemas_and_auto_register_registers_them() {
+    let s = Scenario::new("sr_declared", &["order"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    let tenants = format!(
+        "[tenants.shop]\npath = \"{}\"\n\
+         config = {{ topic_prefix = \"{}\", record_namespace = \"com.acme\" }}\n\
+         value_format = \"avro\"\nsubject_strategy = \"record-name\"\n\
+         value_record = \"com.acme.OrderCreated\"\nauto_register = true\n\
+         [schema_registry]\nurl = \"{}\"\n",
+        test_plugin("test_pick_record").display(),
+        s.prefix,
+        registry.url()
+    );
+    for i in 0..5 {
+        let created = json!({"id": i, "total": 1.5});
+        insert_event(
+            &s,
+            "shop",
+            "order",
+            "OrderCreated",
+            &format!("c{i}"),
+            &created,
+        )
+        .await;
+        let shipped = json!({"id": i, "carrier": "UPS"});
+        insert_event(
+            &s,
+            "shop",
+            "order",
+            "OrderShipped",
+            &format!("s{i}"),
+            &shipped,
+        )
+        .await;
+    }
+    // A record the plugin declares no schema for waits, naming what is missing.
+    insert_event(&s, "shop", "order", "OrderLost", "x", &json!({"id": 9})).await;
+    let config = s.config("", &tenants);
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let settled = wait_until(SCENARIO_WAIT, || async {
+        s.table.count().await == 1
+            && s.table
+                .scalar_i64("SELECT COUNT(*) FROM {t} WHERE last_error IS NOT NULL")
+                .await
+                == 1
+    })
+    .await;
+    assert!(settled, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let mut subjects = registry.subjects();
+    subjects.sort();
+    assert_eq!(subjects, ["com.acme.OrderCreated", "com.acme.OrderShipped"]);
+    let lost = s.table.text_rows("SELECT last_error FROM {t}").await[0][0]
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        lost.contains("schema unavailable")
+            && lost.contains("the plugin declares a schema (avro) for record com.acme.OrderLost"),
+        "{lost}"
+    );
+    let got = s.consume(10, Duration::from_secs(1));
+    let values: Vec<Option<Vec<u8>>> = got.iter().map(|m| m.payload.clone()).collect();
+    let topic = format!("{}order", s.prefix);
+    let decoded = deserialize(&registry.url(), None, "avro", &topic, "value", &values);
+    let carriers = decoded
+        .iter()
+        .filter(|d| d.as_ref().unwrap()["carrier"] == json!("UPS"))
+        .count();
+    let totals = decoded
+        .iter()
+        .filter(|d| d.as_ref().unwrap()["total"] == json!(1.5))
+        .count();
+    assert_eq!((carriers, totals), (5, 5), "{decoded:?}");
+    s.finish().await;
+}

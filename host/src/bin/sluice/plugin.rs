@@ -42,6 +42,18 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             if let Some(schema) = info.config_schema {
                 println!("config schema: {schema}");
             }
+            for declared in &info.schemas {
+                println!(
+                    "record schema: {} ({}, {} bytes)",
+                    sluice::text::bounded(&declared.record_name, 256),
+                    match declared.format {
+                        sluice::plugin::SchemaFormat::Avro => "avro",
+                        sluice::plugin::SchemaFormat::Protobuf => "protobuf",
+                        sluice::plugin::SchemaFormat::JsonSchema => "json-schema",
+                    },
+                    declared.schema.len()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         PluginCommand::Test {

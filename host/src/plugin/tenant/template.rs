@@ -66,6 +66,19 @@ impl TenantTemplate {
         self
     }
 
+    /// [`TenantTemplate::with_formats`], the formats reading the schemas this template's
+    /// plugin declares (a reload's new file declares its own).
+    pub(crate) fn with_declared_formats(self, formats: Option<Arc<MessageFormats>>) -> Self {
+        let formats = formats.map(|f| match &self.code {
+            PluginCode::Wasm(plugin) => Arc::new(MessageFormats {
+                declared: Arc::clone(plugin.declared_schemas()),
+                ..(*f).clone()
+            }),
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } => f,
+        });
+        self.with_formats(formats)
+    }
+
     /// The template, its quarantine an event of `watch` (see [`Watch`]).
     pub(crate) fn watched_by(mut self, watch: &Arc<Watch>) -> Self {
         self.quarantine = Quarantine::watched_by(watch);

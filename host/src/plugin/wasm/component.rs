@@ -7,11 +7,13 @@ use std::sync::{Arc, OnceLock};
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
+use crate::plugin::wasm::bindings::types as wit;
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::contract::Pre;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::imports::{self, Refused};
 use crate::plugin::{ComponentError, PluginError};
+use crate::schema::settings::{DeclaredSchema, DeclaredSchemas, Format};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// What every contract export's name starts with (`<package>/<interface>@<version>`).
@@ -29,6 +31,9 @@ pub(crate) struct LoadedPlugin {
     contract: String,
     /// The version the plugin reports in `info()`, asked once by its first instance.
     version: OnceLock<String>,
+    /// The record schemas it declares in `info()` (contract 0.2.0), shared with the message
+    /// formats of the tenants that run it.
+    declared: DeclaredSchemas,
 }
 
 impl LoadedPlugin {
@@ -100,6 +105,7 @@ impl LoadedPlugin {
             digest,
             contract,
             version: OnceLock::new(),
+            declared: DeclaredSchemas::default(),
         })
     }
 
@@ -121,6 +127,28 @@ impl LoadedPlugin {
     /// instance was created.
     pub(crate) fn version(&self) -> Option<&str> {
         self.version.get().map(String::as_str)
+    }
+
+    /// The record schemas the plugin declares (empty until an instance asked `info()`).
+    pub(crate) fn declared_schemas(&self) -> &DeclaredSchemas {
+        &self.declared
+    }
+
+    /// Records the schemas the first instance declared; later calls change nothing.
+    pub(crate) fn set_declared_schemas(&self, schemas: &[wit::RecordSchema]) {
+        let declared = schemas
+            .iter()
+            .map(|s| DeclaredSchema {
+                record: s.record_name.clone(),
+                format: match s.format {
+                    wit::SchemaFormat::Avro => Format::Avro,
+                    wit::SchemaFormat::Protobuf => Format::Protobuf,
+                    wit::SchemaFormat::JsonSchema => Format::JsonSchema,
+                },
+                schema: Arc::from(s.schema.as_str()),
+            })
+            .collect();
+        let _ = self.declared.set(declared);
     }
 
     /// Records the version the first instance reported; later calls change nothing.

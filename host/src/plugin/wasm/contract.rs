@@ -182,6 +182,7 @@ fn info(i: v0_1::types::PluginInfo) -> wit::PluginInfo {
         name: i.name,
         version: i.version,
         config_schema: i.config_schema,
+        schemas: Vec::new(),
     }
 }
 

@@ -25,6 +25,8 @@ use crate::text::{MAX_LOGGED, bounded};
 const MAX_INFO_FIELD: usize = 256;
 /// Longest config schema kept from `info()`.
 const MAX_CONFIG_SCHEMA: usize = 64 * 1024;
+/// Most record schemas kept from `info()`.
+const MAX_DECLARED_SCHEMAS: usize = 256;
 
 /// A configured instance of a plugin for one tenant.
 pub(crate) struct WasmInstance {
@@ -49,7 +51,10 @@ impl WasmInstance {
         if plugin.version().is_none() {
             // Once per loaded file, so `sluice_plugin_info` shows the version a reload brought.
             match instance.info() {
-                Ok(info) => plugin.set_version(info.version),
+                Ok(info) => {
+                    plugin.set_declared_schemas(&info.schemas);
+                    plugin.set_version(info.version);
+                }
                 Err(_) => {
                     plugin.set_version(String::new());
                     // A failed call leaves the `wasmtime::Store` unusable: start from a fresh one.
@@ -159,6 +164,13 @@ impl WasmInstance {
             config_schema: info
                 .config_schema
                 .map(|s| bounded(&s, MAX_CONFIG_SCHEMA).into_owned()),
+            // Kept as declared (they are registered verbatim), but no more of them than a
+            // plugin can sensibly emit records of; the copy budget bounds their size.
+            schemas: info
+                .schemas
+                .into_iter()
+                .take(MAX_DECLARED_SCHEMAS)
+                .collect(),
         })
     }
 
