@@ -174,9 +174,17 @@ async fn avro_protobuf_and_json_schema_messages_are_read_by_confluents_deseriali
     registry.register("shop.Refund", "PROTOBUF", SHOP_PROTO);
     registry.register(&format!("{}-value", topic("invoice")), "JSON", INVOICE_JSON);
 
+    // A breaker that would open at the first counted failure: a misfit is the row's own
+    // fault, like a plugin's permanent error, and must not pause its tenant.
     let tenants = [
-        section("avro", "value_format = \"avro\"\nkey_format = \"avro\""),
-        section("proto", "value_format = \"protobuf\""),
+        section(
+            "avro",
+            "value_format = \"avro\"\nkey_format = \"avro\"\ncircuit_breaker_failures = 1",
+        ),
+        section(
+            "proto",
+            "value_format = \"protobuf\"\ncircuit_breaker_failures = 1",
+        ),
         section(
             "refunds",
             "value_format = \"protobuf\"\nsubject_strategy = \"record-name\"\n\
@@ -248,14 +256,16 @@ async fn avro_protobuf_and_json_schema_messages_are_read_by_confluents_deseriali
     .await;
 
     let before = registry.requests();
-    s.relay_until(&config, || async {
-        s.table
-            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NULL")
-            .await
-            == 0
-    })
-    .await;
+    let exit = s
+        .relay_until(&config, || async {
+            s.table
+                .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NULL")
+                .await
+                == 0
+        })
+        .await;
     let requests = registry.requests() - before;
+    assert!(!exit.log.contains("circuit breaker opened"), "{}", exit.log);
 
     // Dead misfits, each naming the field and the subject with its version.
     let order_subject = format!("{}-value version 1 (schema id {order_id})", topic("order"));
@@ -396,12 +406,14 @@ async fn a_failing_registry_holds_rows_back_and_a_new_latest_version_is_picked_u
     let subject = format!("{}order-value", s.prefix);
     let v1 = r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#;
     let first = registry.register(&subject, "AVRO", v1);
+    let port = sluice_testkit::free_port();
     let config = s
         .config(
             "",
             &format!(
                 "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
-                 password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n",
+                 password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n\
+                 [telemetry]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"1s\"\n",
                 registry.url(),
                 password.display()
             ),
@@ -436,8 +448,36 @@ async fn a_failing_registry_holds_rows_back_and_a_new_latest_version_is_picked_u
         0,
         "a registry outage dead-letters nothing"
     );
+    // /readyz and the dependency gauge say so, and come back with the registry.
+    let registry_state = |want_ready: bool| async move {
+        wait_until(Duration::from_secs(15), || async {
+            let ready = http_get(port, "/readyz");
+            let metrics = http_get(port, "/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_default();
+            let gauge = format!(
+                "sluice_dependency_up{{dependency=\"schema_registry\"}} {}",
+                u8::from(want_ready)
+            );
+            ready.is_some_and(|(code, body)| {
+                (code == 200) == want_ready
+                    && body.contains(&format!("\"schema_registry\":{want_ready}"))
+            }) && metrics.contains(&gauge)
+        })
+        .await
+    };
+    assert!(
+        registry_state(false).await,
+        "{:?}",
+        http_get(port, "/readyz")
+    );
 
     registry.fail(false);
+    assert!(
+        registry_state(true).await,
+        "{:?}",
+        http_get(port, "/readyz")
+    );
     let sent = wait_until(Duration::from_secs(30), || async {
         s.table.count().await == 0
     })
@@ -577,7 +617,7 @@ async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
         )
         .replacen(
             "[plugins.default]\n",
-            "[plugins.default]\nvalue_format = \"avro\"\n",
+            "[plugins.default]\nvalue_format = \"avro\"\ncircuit_breaker_failures = 1\n",
             1,
         );
     let relay = RelayProcess::start(&config).expect("start relay");
@@ -618,6 +658,9 @@ async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
     );
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
+    // A registry outage is nobody's fault: even a breaker that opens at the first counted
+    // failure stays closed.
+    assert!(!exit.log.contains("circuit breaker opened"), "{}", exit.log);
     let got = s.consume(50, Duration::from_secs(1));
     assert_eq!(count_by_id(&got).len(), 50, "every row once");
     s.finish().await;
