@@ -154,6 +154,15 @@ async fn dead_error(s: &Scenario, id: &str) -> String {
     rows[0][0].clone().unwrap_or_default()
 }
 
+/// The header of the scenario config's default plugin section.
+const DEFAULT_SECTION: &str = "[plugins.default]\n";
+
+/// `[plugins.default]`'s header with `keys` (TOML lines) after it: the scenario config's
+/// default section, with the keys every tenant inherits.
+fn default_keys(keys: &str) -> String {
+    format!("{DEFAULT_SECTION}{keys}")
+}
+
 fn section(tenant: &str, keys: &str) -> String {
     format!("[tenants.{tenant}]\n{keys}\n")
 }
@@ -420,8 +429,8 @@ async fn a_failing_registry_holds_rows_back_and_a_new_latest_version_is_picked_u
         )
         // Every tenant (the default plugin's section) encodes its values.
         .replacen(
-            "[plugins.default]\n",
-            "[plugins.default]\nvalue_format = \"avro\"\n",
+            DEFAULT_SECTION,
+            &default_keys("value_format = \"avro\"\n"),
             1,
         );
 
@@ -545,8 +554,8 @@ async fn avro_values_on(kind: Database) {
     }
     let extra = format!("[schema_registry]\nurl = \"{}\"\n", registry.url());
     let config = table.config(&bootstrap, &prefix, "", "", &extra).replacen(
-        "[plugins.default]\n",
-        "[plugins.default]\nvalue_format = \"avro\"\n",
+        DEFAULT_SECTION,
+        &default_keys("value_format = \"avro\"\n"),
         1,
     );
     table.insert_rows(ROWS, None).await;
@@ -616,8 +625,8 @@ async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
             ),
         )
         .replacen(
-            "[plugins.default]\n",
-            "[plugins.default]\nvalue_format = \"avro\"\ncircuit_breaker_failures = 1\n",
+            DEFAULT_SECTION,
+            &default_keys("value_format = \"avro\"\ncircuit_breaker_failures = 1\n"),
             1,
         );
     let relay = RelayProcess::start(&config).expect("start relay");
@@ -905,8 +914,8 @@ async fn an_https_registry_is_trusted_through_ca_location() {
             ),
         )
         .replacen(
-            "[plugins.default]\n",
-            "[plugins.default]\nvalue_format = \"avro\"\n",
+            DEFAULT_SECTION,
+            &default_keys("value_format = \"avro\"\n"),
             1,
         )
     };
