@@ -93,7 +93,8 @@ pub(super) async fn assemble(
                 let client = Arc::new(RegistryClient::new(settings).map_err(anyhow::Error::msg)?);
                 // Not fatal: rows to be encoded wait (and /readyz says why) until it answers.
                 if let Err(e) = client.check().await {
-                    tracing::warn!(error = %e, url = %settings.url, "the schema registry does not answer yet");
+                    tracing::warn!(error = %e, url = %crate::secret::redact_url(&settings.url),
+                        "the schema registry does not answer yet");
                 }
                 let source: Arc<dyn SchemaSource> = Arc::clone(&client) as Arc<dyn SchemaSource>;
                 relay =

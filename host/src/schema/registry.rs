@@ -182,7 +182,10 @@ impl RegistryClient {
     pub async fn check(&self) -> Result<(), RegistryError> {
         let result = async {
             let request = self.authorized(self.http.get(self.url(&["subjects"])));
-            let response = request.send().await.map_err(unreachable)?;
+            let response = request
+                .send()
+                .await
+                .map_err(|e| unreachable(e, "GET /subjects"))?;
             match response.status().as_u16() {
                 200..=299 => Ok(()),
                 status => Err(error_of(status, response, "GET /subjects").await),
@@ -208,7 +211,11 @@ impl RegistryClient {
         request: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<SchemaAnswer, RegistryError> {
-        let response = self.authorized(request).send().await.map_err(unreachable)?;
+        let response = self
+            .authorized(request)
+            .send()
+            .await
+            .map_err(|e| unreachable(e, what))?;
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
             return Err(error_of(status, response, what).await);
@@ -227,9 +234,12 @@ impl RegistryClient {
     }
 }
 
-fn unreachable(e: reqwest::Error) -> RegistryError {
-    // reqwest's Display leaves out the cause (connection refused, timed out).
-    let mut text = e.to_string();
+fn unreachable(e: reqwest::Error, what: &str) -> RegistryError {
+    // Without the URL, which may carry credentials (`https://user:password@…`); the caller's
+    // context names the request. reqwest's Display leaves out the cause (connection refused,
+    // timed out): appended.
+    let e = e.without_url();
+    let mut text = format!("{what}: {e}");
     let mut source = std::error::Error::source(&e);
     while let Some(cause) = source {
         text.push_str(": ");
@@ -332,5 +342,67 @@ impl SchemaSource for RegistryClient {
             let answer = self.send(request, &what).await?;
             registered(answer, &schema_type, Some(&schema), &what)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::settings::{DEFAULT_LATEST_TTL, DEFAULT_TIMEOUT};
+
+    fn settings(url: &str) -> RegistrySettings {
+        RegistrySettings {
+            url: url.into(),
+            username: None,
+            password: None,
+            bearer_token: None,
+            timeout: DEFAULT_TIMEOUT,
+            ca_location: None,
+            latest_ttl: DEFAULT_LATEST_TTL,
+        }
+    }
+
+    #[test]
+    fn a_ca_file_that_cannot_be_read_or_is_not_pem_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let e = RegistryClient::new(&RegistrySettings {
+            ca_location: Some(missing.clone()),
+            ..settings("https://registry:8081")
+        })
+        .err()
+        .unwrap();
+        assert!(
+            e.starts_with(&format!(
+                "schema_registry.ca_location: cannot read {}",
+                missing.display()
+            )),
+            "{e}"
+        );
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let e = RegistryClient::new(&RegistrySettings {
+            ca_location: Some(junk),
+            ..settings("https://registry:8081")
+        })
+        .err()
+        .unwrap();
+        assert!(e.contains("is not a PEM certificate"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_registry_is_an_outage_and_its_url_credentials_stay_out_of_the_error() {
+        // Port 1 on loopback: nothing listens, the connection is refused at once.
+        let client = RegistryClient::new(&settings("http://relay:s3cret@127.0.0.1:1")).unwrap();
+        let e = client.check().await.unwrap_err();
+        assert!(e.is_outage(), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("schema registry unreachable: GET /subjects: "),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(!client.state().up());
+        assert_eq!(client.state().error(), Some(text));
     }
 }
