@@ -19,7 +19,7 @@ use crate::relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
-use crate::schema::RegistrySettings;
+use crate::schema::{Format, RegistrySettings};
 use crate::store::{
     AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering,
     StoreOptions, TableSpec, TenantColumn, validate_channel,
@@ -487,8 +487,12 @@ impl Config {
             if let Err(found) = formats.resolve(&key) {
                 problems.extend(found);
             } else if formats.encodes() && self.schema_registry.is_none() {
+                let field = match formats.value_format {
+                    Some(f) if f != Format::Raw => "value_format",
+                    _ => "key_format",
+                };
                 problems.push(Problem::new(
-                    format!("{key}.value_format"),
+                    format!("{key}.{field}"),
                     "encoding with a schema needs a [schema_registry] section with its url",
                 ));
             }
@@ -625,6 +629,49 @@ mod tests {
         let config = Config::parse(text, Path::new("t.toml"))?;
         config.validate(Path::new("t.toml"))?;
         Ok(config)
+    }
+
+    #[test]
+    fn encoding_needs_a_registry_and_its_settings_are_checked() {
+        let base = "[database]\nurl = \"x\"\n[plugins.default]\nbuiltin = \"route-by-aggregate\"\n";
+        let keys = |c: &Config| c.problems().into_iter().map(|p| p.key).collect::<Vec<_>>();
+        // What `config check` lists: parsed, not yet refused.
+        let unchecked = |text: &str| Config::parse(text, Path::new("t.toml"));
+        let c = unchecked(&format!("{base}key_format = \"avro\"\n[tenants.a]\n")).unwrap();
+        assert_eq!(
+            keys(&c),
+            ["plugins.default.key_format", "tenants.a.key_format"],
+            "every section that encodes, inherited ones included"
+        );
+        let c = unchecked(&format!(
+            "{base}value_format = \"protobuf\"\nvalue_schema = \"s/order.proto\"\n\
+             [schema_registry]\nurl = \"ftp://r\"\nusername = \"u\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            keys(&c),
+            [
+                "schema_registry.url",
+                "schema_registry.username",
+                "plugins.default.value_schema"
+            ]
+        );
+        let default = c.plugins.default.as_ref().unwrap();
+        assert_eq!(
+            default.value_schema.as_deref(),
+            Some(Path::new("s/order.proto")),
+            "relative to the config file (here: t.toml in the working directory)"
+        );
+        let problems = c.problems();
+        assert!(
+            problems[2].message.contains("cannot read s/order.proto"),
+            "{problems:?}"
+        );
+        let c = unchecked(&format!(
+            "{base}value_format = \"json-schema\"\n[schema_registry]\nurl = \"https://r\"\n"
+        ))
+        .unwrap();
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
     }
 
     #[test]
