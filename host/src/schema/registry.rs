@@ -405,4 +405,44 @@ mod tests {
         assert!(!client.state().up());
         assert_eq!(client.state().error(), Some(text));
     }
+
+    #[tokio::test]
+    async fn bearer_and_basic_credentials_reach_the_registry_and_a_refusal_is_named() {
+        use sluice_testkit::registry::TestRegistry;
+        let registry = TestRegistry::start().unwrap();
+        registry.require_bearer("t0ken");
+        let with = |token: &str| {
+            RegistryClient::new(&RegistrySettings {
+                bearer_token: Some(token.into()),
+                ..settings(&registry.url())
+            })
+            .unwrap()
+        };
+        assert_eq!(with("t0ken").check().await, Ok(()));
+        let refused = with("wrong").check().await.unwrap_err();
+        assert!(
+            matches!(&refused, RegistryError::Unauthorized(m) if m.contains("HTTP 401, error 40101")),
+            "{refused}"
+        );
+        assert!(!refused.is_outage(), "a refusal is an answer");
+
+        let registry = TestRegistry::start().unwrap();
+        registry.require_basic_auth("relay", "pw");
+        let basic = RegistryClient::new(&RegistrySettings {
+            username: Some("relay".into()),
+            password: Some("pw".into()),
+            ..settings(&registry.url())
+        })
+        .unwrap();
+        assert_eq!(basic.check().await, Ok(()));
+        let id = registry.register("s-value", "AVRO", "\"string\"");
+        let found = basic
+            .version("s-value", SchemaVersion::Latest)
+            .await
+            .unwrap();
+        assert_eq!(
+            (found.id, found.version, found.schema_type.as_str()),
+            (id, Some(1), "AVRO")
+        );
+    }
 }

@@ -10,6 +10,8 @@
 //!   refuses it, 422 when it is not a schema)
 //! - `POST /compatibility/subjects/{s}/versions/{v|latest}`, `GET`/`PUT /config[/{s}]`
 //! - `DELETE /subjects/{s}`
+//! - HTTP basic or bearer authentication ([`TestRegistry::require_basic_auth`],
+//!   [`TestRegistry::require_bearer`])
 //! - errors 40101 (credentials), 40401 (subject), 40402 (version), 40403 (schema), 409,
 //!   42201 (invalid schema), 42202 (invalid version), 50001 (while [`TestRegistry::fail`])
 //!
@@ -46,6 +48,8 @@ struct Shared {
     failing: AtomicBool,
     /// `user:password` required, when set.
     credentials: Mutex<Option<String>>,
+    /// A bearer token required, when set.
+    token: Mutex<Option<String>>,
 }
 
 #[derive(Default)]
@@ -124,6 +128,11 @@ impl TestRegistry {
     /// Requires HTTP basic authentication from now on.
     pub fn require_basic_auth(&self, user: &str, password: &str) {
         *self.shared.credentials.lock().unwrap() = Some(format!("{user}:{password}"));
+    }
+
+    /// Requires `Authorization: Bearer <token>` from now on.
+    pub fn require_bearer(&self, token: &str) {
+        *self.shared.token.lock().unwrap() = Some(token.to_owned());
     }
 
     /// While `true`, every request gets a 500.
@@ -205,6 +214,14 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
 }
 
 fn authorized(shared: &Shared, request: &Request<Incoming>) -> bool {
+    if let Some(token) = shared.token.lock().unwrap().clone() {
+        let given = request
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        return given == Some(token.as_str());
+    }
     let Some(expected) = shared.credentials.lock().unwrap().clone() else {
         return true;
     };
