@@ -2,7 +2,8 @@
 //! references included, and a changed `[kafka]` or `database.url` takes effect without a
 //! restart: a new producer for the next batches (batches in flight finish on the old one), new
 //! database connections with the new URL (open transactions keep theirs), and new `[telemetry]`
-//! credentials for the next requests to `/metrics` and `/status`. So no row in flight is lost
+//! credentials for the next requests to `/metrics` and `/status`, and new `[schema_registry]`
+//! credentials for its next requests. So no row in flight is lost
 //! or published twice by a rotation. A reference that no longer resolves (a secret
 //! file that became unreadable) keeps the old value of its section, and the log says so.
 
@@ -15,6 +16,7 @@ use tokio::signal::unix::Signal;
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
 use crate::plugin::PluginSpec;
+use crate::schema::RegistryClient;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
@@ -30,6 +32,8 @@ pub(super) struct Applied {
     pub telemetry: Option<Arc<SharedAccess>>,
     /// The plugin settings the router was built from (read at start only).
     pub plugins: (Option<PluginSpec>, BTreeMap<String, PluginSpec>),
+    /// The schema registry's client, whose credentials a SIGHUP replaces.
+    pub registry: Option<Arc<RegistryClient>>,
 }
 
 impl Applied {
@@ -41,7 +45,13 @@ impl Applied {
             database_url: config.database_url().to_owned(),
             telemetry: None,
             plugins: (config.plugins.default.clone(), config.tenants.clone()),
+            registry: None,
         }
+    }
+
+    /// With the schema registry client whose credentials SIGHUP rotates.
+    pub(super) fn with_registry(self, registry: Option<Arc<RegistryClient>>) -> Self {
+        Self { registry, ..self }
     }
 
     /// With the credentials the telemetry server checks (`None`: no server).
@@ -98,6 +108,9 @@ async fn reload(path: &Path, applied: &mut Applied, relay: &Arc<AppRelay>, store
     if !held_back(&problems, "telemetry") {
         rotate_telemetry(&fresh, applied);
     }
+    if !held_back(&problems, "schema_registry") {
+        rotate_registry(&fresh, applied);
+    }
     changed_plugin_settings(&fresh, applied);
 }
 
@@ -118,6 +131,16 @@ fn changed_plugin_settings(fresh: &Config, applied: &Applied) {
             tracing::warn!(key = %format!("tenants.{name}"),
                 "SIGHUP: plugin settings changed; they take effect at the next restart (the plugin file itself is reloaded)");
         }
+    }
+}
+
+/// Changed `[schema_registry]` credentials: used from the next request on.
+fn rotate_registry(fresh: &Config, applied: &Applied) {
+    let (Some(client), Some(settings)) = (&applied.registry, &fresh.schema_registry) else {
+        return;
+    };
+    if client.rotate(settings) {
+        tracing::info!("SIGHUP: the schema registry's credentials were replaced");
     }
 }
 

@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::maintenance::{pruner, wakeups};
 use crate::plugin::PluginRouter;
 use crate::relay::{Counters, RelayStats};
+use crate::schema::RegistryClient;
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{Backlog, MarkMode, OutboxStore, Store};
@@ -42,6 +43,7 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         relay,
         mut services,
         access,
+        registry,
     } = started;
     // SIGHUP is listened for from here on, not from when each service's task first runs: a
     // signal sent once the relay says it started must reach both.
@@ -52,7 +54,9 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
     });
     if let Some(path) = config.origin.clone() {
         let (relay, store) = (Arc::clone(&relay), Arc::clone(&store));
-        let applied = rotate::Applied::of(&config).with_telemetry(access);
+        let applied = rotate::Applied::of(&config)
+            .with_telemetry(access)
+            .with_registry(registry);
         let rotate_hangup = hangup();
         services.start("credential rotation", move |stop| {
             rotate::run(path, applied, relay, store, rotate_hangup, stop)
@@ -96,6 +100,8 @@ struct Started {
     services: Services,
     /// The endpoints' credentials, for SIGHUP to replace.
     access: Option<Arc<SharedAccess>>,
+    /// The schema registry's client, whose credentials SIGHUP replaces.
+    registry: Option<Arc<RegistryClient>>,
 }
 
 impl Started {
@@ -120,7 +126,7 @@ impl Started {
                     &store,
                     &relay,
                     &router,
-                    registry,
+                    registry.clone(),
                     metrics,
                 )
                 .await?
@@ -133,6 +139,7 @@ impl Started {
             relay,
             services,
             access,
+            registry,
         }))
     }
 }

@@ -85,10 +85,12 @@ pub trait SchemaSource: Send + Sync {
 pub struct RegistryClient {
     http: reqwest::Client,
     base: reqwest::Url,
-    auth: Auth,
+    /// Replaced on SIGHUP when the credentials were rotated ([`RegistryClient::rotate`]).
+    auth: std::sync::RwLock<Auth>,
     state: Arc<RegistryState>,
 }
 
+#[derive(Clone, PartialEq, Eq)]
 enum Auth {
     None,
     Basic(String, String),
@@ -139,21 +141,22 @@ impl RegistryClient {
         let http = builder
             .build()
             .map_err(|e| format!("schema_registry: cannot build an HTTP client: {e}"))?;
-        let auth = match (
-            &settings.username,
-            &settings.password,
-            &settings.bearer_token,
-        ) {
-            (Some(u), Some(p), _) => Auth::Basic(u.clone(), p.clone()),
-            (_, _, Some(t)) => Auth::Bearer(t.clone()),
-            _ => Auth::None,
-        };
         Ok(Self {
             http,
             base,
-            auth,
+            auth: std::sync::RwLock::new(Auth::of(settings)),
             state: Arc::default(),
         })
+    }
+
+    /// Uses the credentials of `settings` (re-read on SIGHUP) from the next request on;
+    /// `true` when they changed. The URL, timeout and CA stay as started.
+    pub fn rotate(&self, settings: &RegistrySettings) -> bool {
+        let fresh = Auth::of(settings);
+        let mut auth = self.auth.write().unwrap_or_else(|p| p.into_inner());
+        let changed = *auth != fresh;
+        *auth = fresh;
+        changed
     }
 
     /// Whether the registry answered the last request.
@@ -171,7 +174,7 @@ impl RegistryClient {
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         let request = request.header(reqwest::header::ACCEPT, MEDIA_TYPE);
-        match &self.auth {
+        match &*self.auth.read().unwrap_or_else(|p| p.into_inner()) {
             Auth::None => request,
             Auth::Basic(u, p) => request.basic_auth(u, Some(p)),
             Auth::Bearer(t) => request.bearer_auth(t),
@@ -231,6 +234,20 @@ impl RegistryClient {
             )));
         }
         Ok(answer)
+    }
+}
+
+impl Auth {
+    fn of(settings: &RegistrySettings) -> Self {
+        match (
+            &settings.username,
+            &settings.password,
+            &settings.bearer_token,
+        ) {
+            (Some(u), Some(p), _) => Auth::Basic(u.clone(), p.clone()),
+            (_, _, Some(t)) => Auth::Bearer(t.clone()),
+            _ => Auth::None,
+        }
     }
 }
 
@@ -444,5 +461,25 @@ mod tests {
             (found.id, found.version, found.schema_type.as_str()),
             (id, Some(1), "AVRO")
         );
+    }
+
+    #[tokio::test]
+    async fn rotated_credentials_are_used_from_the_next_request() {
+        use sluice_testkit::registry::TestRegistry;
+        let registry = TestRegistry::start().unwrap();
+        registry.require_bearer("new");
+        let old = RegistrySettings {
+            bearer_token: Some("old".into()),
+            ..settings(&registry.url())
+        };
+        let client = RegistryClient::new(&old).unwrap();
+        assert!(client.check().await.is_err());
+        let new = RegistrySettings {
+            bearer_token: Some("new".into()),
+            ..old.clone()
+        };
+        assert!(client.rotate(&new));
+        assert_eq!(client.check().await, Ok(()));
+        assert!(!client.rotate(&new), "unchanged");
     }
 }

@@ -1041,3 +1041,76 @@ async fn a_plugin_declares_its_schemas_and_auto_register_registers_them() {
     assert_eq!((carriers, totals), (5, 5), "{decoded:?}");
     s.finish().await;
 }
+
+/// Rotated registry credentials: the registry now wants a new password; the rows wait (401,
+/// never dead) until the password file is rewritten and the relay gets SIGHUP, then go out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rotated_registry_password_is_used_after_sighup() {
+    let s = Scenario::new("sr_rotate", &["order"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    registry.register(
+        &format!("{}order-value", s.prefix),
+        "AVRO",
+        r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
+    );
+    registry.require_basic_auth("relay", "first-pw");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("registry-password");
+    std::fs::write(&password, "first-pw\n").unwrap();
+    let config = s
+        .config(
+            "",
+            &format!(
+                "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
+                 password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n",
+                registry.url(),
+                password.display()
+            ),
+        )
+        .replacen(
+            DEFAULT_SECTION,
+            &default_keys("value_format = \"avro\"\n"),
+            1,
+        );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    insert(&s, "t", "order", "a", &json!({"n": 1})).await;
+    let sent = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(sent, "{}", relay.log());
+
+    registry.require_basic_auth("relay", "second-pw");
+    // Past `latest_ttl`: the next row asks the registry again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    insert(&s, "t", "order", "b", &json!({"n": 2})).await;
+    let refused = wait_until(Duration::from_secs(20), || async {
+        s.table
+            .scalar_i64(
+                "SELECT COUNT(*) FROM {t} WHERE last_error LIKE '%refused the credentials%'",
+            )
+            .await
+            == 1
+    })
+    .await;
+    assert!(refused, "the old password was not refused: {}", relay.log());
+    assert_eq!(
+        s.table
+            .scalar_i64("SELECT COUNT(*) FROM {t} WHERE dead_at IS NOT NULL")
+            .await,
+        0
+    );
+    std::fs::write(&password, "second-pw\n").unwrap();
+    relay.hangup();
+    let rotated = wait_until(Duration::from_secs(20), || async {
+        relay
+            .log()
+            .contains("SIGHUP: the schema registry's credentials were replaced")
+    })
+    .await;
+    assert!(rotated, "{}", relay.log());
+    let sent = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    assert!(sent, "{}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    assert!(!exit.log.contains("second-pw") && !exit.log.contains("first-pw"));
+    s.finish().await;
+}
