@@ -262,11 +262,23 @@ impl SchemaEncoder {
         let registered = match fetched {
             Ok(r) => r,
             // A subject's latest version that was known keeps encoding while the registry is
-            // down: a registry outage does not stop a drain.
+            // down, for another `latest_ttl` before it is asked again: a registry outage does
+            // not stop a drain, nor cost a request (and its timeout) per message.
             Err(e) if e.is_outage() && stale.is_some() => {
-                tracing::warn!(subject, error = %e,
+                tracing::warn!(subject, error = %e, ttl = ?self.latest_ttl,
                     "schema registry unavailable; encoding with the latest version seen");
-                return stale.ok_or_else(|| e.to_string());
+                let stale = stale.ok_or_else(|| e.to_string())?;
+                self.subjects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(
+                        key,
+                        Cached {
+                            resolved: Arc::clone(&stale),
+                            fetched: Instant::now(),
+                        },
+                    );
+                return Ok(stale);
             }
             Err(e) => return Err(explain(e, enc, subject)),
         };
@@ -551,6 +563,25 @@ mod tests {
             .encode_rows(vec![Ok(vec![message(b"{\"id\": 1}")])])
             .await;
         assert!(out[0].is_ok(), "{:?}", out[0]);
+
+        // ... and asks again only after another TTL, not once per message.
+        let ttl = Duration::from_millis(200);
+        let cached = super::SchemaEncoder::new(Arc::clone(&fake) as Arc<dyn SchemaSource>, ttl);
+        fake.down.store(false, Ordering::SeqCst);
+        cached
+            .encode_rows(vec![Ok(vec![message(b"{\"id\": 1}")])])
+            .await;
+        tokio::time::sleep(ttl).await;
+        fake.down.store(true, Ordering::SeqCst);
+        let before = fake.requests.load(Ordering::SeqCst);
+        let rows: Vec<RowResult> = (0..50).map(|_| Ok(vec![message(b"{\"id\": 1}")])).collect();
+        let out = cached.encode_rows(rows).await;
+        assert!(out.iter().all(Result::is_ok));
+        assert_eq!(
+            fake.requests.load(Ordering::SeqCst) - before,
+            1,
+            "one request per TTL"
+        );
         // Down with nothing cached: the row waits.
         let fresh =
             super::SchemaEncoder::new(Arc::clone(&fake) as Arc<dyn SchemaSource>, Duration::ZERO);
