@@ -172,29 +172,29 @@ impl SchemaEncoder {
         if let Some(e) = missing.get(&subject) {
             return Err(e.clone());
         }
-        let encoded = self.encode(enc, topic, bytes).await;
+        let encoded = self.encode(enc, &subject, bytes).await;
         if let Err(e @ EncodeError::NoSchema { .. }) = &encoded {
             missing.insert(subject, e.clone());
         }
         encoded
     }
 
-    /// `bytes` (the plugin's JSON) encoded and framed for `topic`'s subject.
-    pub async fn encode(
+    /// `bytes` (the plugin's JSON) encoded and framed for `subject` (`enc`'s subject of the
+    /// message's topic).
+    async fn encode(
         &self,
         enc: &FieldEncoding,
-        topic: &str,
+        subject: &str,
         bytes: &[u8],
     ) -> Result<Vec<u8>, EncodeError> {
         let field = enc.field.name();
-        let subject = enc.subject(topic);
         let resolved = self
-            .resolve(enc, &subject)
+            .resolve(enc, subject)
             .await
             .map_err(|detail| EncodeError::NoSchema { field, detail })?;
         let mismatch = |detail: String| EncodeError::Mismatch {
             field,
-            subject: subject.clone(),
+            subject: subject.to_owned(),
             version: resolved
                 .version
                 .map_or_else(String::new, |v| format!(" version {v}")),
@@ -268,16 +268,7 @@ impl SchemaEncoder {
                 tracing::warn!(subject, error = %e, ttl = ?self.latest_ttl,
                     "schema registry unavailable; encoding with the latest version seen");
                 let stale = stale.ok_or_else(|| e.to_string())?;
-                self.subjects
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(
-                        key,
-                        Cached {
-                            resolved: Arc::clone(&stale),
-                            fetched: Instant::now(),
-                        },
-                    );
+                self.remember(key, &stale);
                 return Ok(stale);
             }
             Err(e) => return Err(explain(e, enc, subject)),
@@ -287,17 +278,20 @@ impl SchemaEncoder {
             tracing::info!(subject, id = resolved.id, version = ?resolved.version,
                 "subject's latest schema changed");
         }
+        self.remember(key, &resolved);
+        Ok(resolved)
+    }
+
+    /// Caches `resolved` for `key` as fetched now.
+    fn remember(&self, key: SubjectKey, resolved: &Arc<Resolved>) {
+        let cached = Cached {
+            resolved: Arc::clone(resolved),
+            fetched: Instant::now(),
+        };
         self.subjects
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                key,
-                Cached {
-                    resolved: Arc::clone(&resolved),
-                    fetched: Instant::now(),
-                },
-            );
-        Ok(resolved)
+            .insert(key, cached);
     }
 
     fn expired(&self, lookup: &Lookup, fetched: Instant) -> bool {

@@ -163,6 +163,25 @@ fn default_keys(keys: &str) -> String {
     format!("{DEFAULT_SECTION}{keys}")
 }
 
+/// Record `Order {n: long}`, the schema of the one-topic scenarios.
+const ORDER_N: &str = r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#;
+
+/// A scenario with topic `<prefix>order` and a test registry holding [`ORDER_N`] as version 1
+/// of subject `<prefix>order-value`, and that schema's id.
+async fn order_scenario(stem: &str) -> (Scenario, TestRegistry, u32) {
+    let s = Scenario::new(stem, &["order"]).await;
+    let registry = TestRegistry::start().expect("start the test registry");
+    let id = registry.register(&format!("{}order-value", s.prefix), "AVRO", ORDER_N);
+    (s, registry, id)
+}
+
+/// A file in `dir` holding `password` and a line end, as a secret file does.
+fn password_file(dir: &tempfile::TempDir, password: &str) -> std::path::PathBuf {
+    let path = dir.path().join("registry-password");
+    std::fs::write(&path, format!("{password}\n")).unwrap();
+    path
+}
+
 fn section(tenant: &str, keys: &str) -> String {
     format!("[tenants.{tenant}]\n{keys}\n")
 }
@@ -406,15 +425,11 @@ async fn avro_protobuf_and_json_schema_messages_are_read_by_confluents_deseriali
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_registry_holds_rows_back_and_a_new_latest_version_is_picked_up() {
-    let s = Scenario::new("sr_outage", &["order"]).await;
-    let registry = TestRegistry::start().expect("start the test registry");
+    let (s, registry, first) = order_scenario("sr_outage").await;
     registry.require_basic_auth("relay", "s3cret-pw");
     let dir = tempfile::tempdir().unwrap();
-    let password = dir.path().join("registry-password");
-    std::fs::write(&password, "s3cret-pw\n").unwrap();
+    let password = password_file(&dir, "s3cret-pw");
     let subject = format!("{}order-value", s.prefix);
-    let v1 = r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#;
-    let first = registry.register(&subject, "AVRO", v1);
     let port = sluice_testkit::free_port();
     let config = s
         .config(
@@ -605,14 +620,7 @@ async fn on_sqlite_values_are_published_as_avro() {
 /// per subject and batch, not per row), and they go out once it answers again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
-    let s = Scenario::new("sr_stall", &["order"]).await;
-    let registry = TestRegistry::start().expect("start the test registry");
-    let subject = format!("{}order-value", s.prefix);
-    registry.register(
-        &subject,
-        "AVRO",
-        r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
-    );
+    let (s, registry, _) = order_scenario("sr_stall").await;
     let address = registry.url().trim_start_matches("http://").to_owned();
     let proxy = sluice_testkit::stall::StallingProxy::start(&address).expect("start the proxy");
     proxy.freeze();
@@ -892,13 +900,7 @@ async fn registered_looked_up_and_pinned_schemas_and_an_incompatible_one() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_https_registry_is_trusted_through_ca_location() {
     use sluice_testkit::secure_broker::{TestCa, TlsProxy};
-    let s = Scenario::new("sr_tls", &["order"]).await;
-    let registry = TestRegistry::start().expect("start the test registry");
-    registry.register(
-        &format!("{}order-value", s.prefix),
-        "AVRO",
-        r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
-    );
+    let (s, registry, _) = order_scenario("sr_tls").await;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "registry-ca").expect("a CA");
     let (cert, key) = ca.issue_server().expect("a server certificate");
@@ -1046,17 +1048,10 @@ async fn a_plugin_declares_its_schemas_and_auto_register_registers_them() {
 /// never dead) until the password file is rewritten and the relay gets SIGHUP, then go out.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rotated_registry_password_is_used_after_sighup() {
-    let s = Scenario::new("sr_rotate", &["order"]).await;
-    let registry = TestRegistry::start().expect("start the test registry");
-    registry.register(
-        &format!("{}order-value", s.prefix),
-        "AVRO",
-        r#"{"type":"record","name":"Order","fields":[{"name":"n","type":"long"}]}"#,
-    );
+    let (s, registry, _) = order_scenario("sr_rotate").await;
     registry.require_basic_auth("relay", "first-pw");
     let dir = tempfile::tempdir().unwrap();
-    let password = dir.path().join("registry-password");
-    std::fs::write(&password, "first-pw\n").unwrap();
+    let password = password_file(&dir, "first-pw");
     let config = s
         .config(
             "",
