@@ -154,13 +154,11 @@ async fn dead_error(s: &Scenario, id: &str) -> String {
     rows[0][0].clone().unwrap_or_default()
 }
 
-/// The header of the scenario config's default plugin section.
-const DEFAULT_SECTION: &str = "[plugins.default]\n";
-
-/// `[plugins.default]`'s header with `keys` (TOML lines) after it: the scenario config's
-/// default section, with the keys every tenant inherits.
-fn default_keys(keys: &str) -> String {
-    format!("{DEFAULT_SECTION}{keys}")
+/// `config` (a test kit config) with `keys` (TOML lines) added to its `[plugins.default]`,
+/// which every tenant inherits.
+fn with_default_keys(config: &str, keys: &str) -> String {
+    const DEFAULT_SECTION: &str = "[plugins.default]\n";
+    config.replacen(DEFAULT_SECTION, &format!("{DEFAULT_SECTION}{keys}"), 1)
 }
 
 /// Record `Order {n: long}`, the schema of the one-topic scenarios.
@@ -180,6 +178,19 @@ fn password_file(dir: &tempfile::TempDir, password: &str) -> std::path::PathBuf 
     let path = dir.path().join("registry-password");
     std::fs::write(&path, format!("{password}\n")).unwrap();
     path
+}
+
+/// The scenario's config with `default` (TOML lines) in its default plugin section, which every
+/// tenant inherits, and `sections` at the end.
+fn encoding_config(s: &Scenario, default: &str, sections: &str) -> String {
+    with_default_keys(&s.config("", sections), default)
+}
+
+/// A relay on `config`, started.
+async fn started(config: &str) -> RelayProcess {
+    let relay = RelayProcess::start(config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    relay
 }
 
 fn section(tenant: &str, keys: &str) -> String {
@@ -431,27 +442,21 @@ async fn a_failing_registry_holds_rows_back_and_a_new_latest_version_is_picked_u
     let password = password_file(&dir, "s3cret-pw");
     let subject = format!("{}order-value", s.prefix);
     let port = sluice_testkit::free_port();
-    let config = s
-        .config(
-            "",
-            &format!(
-                "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
-                 password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n\
-                 [telemetry]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"1s\"\n",
-                registry.url(),
-                password.display()
-            ),
-        )
-        // Every tenant (the default plugin's section) encodes its values.
-        .replacen(
-            DEFAULT_SECTION,
-            &default_keys("value_format = \"avro\"\n"),
-            1,
-        );
+    // Every tenant (the default plugin's section) encodes its values.
+    let config = encoding_config(
+        &s,
+        "value_format = \"avro\"\n",
+        &format!(
+            "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
+             password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n\
+             [telemetry]\nlisten = \"127.0.0.1:{port}\"\nsample_interval = \"1s\"\n",
+            registry.url(),
+            password.display()
+        ),
+    );
 
     registry.fail(true);
-    let relay = RelayProcess::start(&config).expect("start relay");
-    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let relay = started(&config).await;
     insert(&s, "t", "order", "a", &json!({"n": 1})).await;
     let waiting = wait_until(Duration::from_secs(20), || async {
         s.table
@@ -568,10 +573,9 @@ async fn avro_values_on(kind: Database) {
         registry.register(&format!("{topic}-value"), "AVRO", event);
     }
     let extra = format!("[schema_registry]\nurl = \"{}\"\n", registry.url());
-    let config = table.config(&bootstrap, &prefix, "", "", &extra).replacen(
-        DEFAULT_SECTION,
-        &default_keys("value_format = \"avro\"\n"),
-        1,
+    let config = with_default_keys(
+        &table.config(&bootstrap, &prefix, "", "", &extra),
+        "value_format = \"avro\"\n",
     );
     table.insert_rows(ROWS, None).await;
     let relay = RelayProcess::start(&config).expect("start relay");
@@ -624,21 +628,15 @@ async fn a_registry_that_stalls_holds_rows_back_until_it_answers() {
     let address = registry.url().trim_start_matches("http://").to_owned();
     let proxy = sluice_testkit::stall::StallingProxy::start(&address).expect("start the proxy");
     proxy.freeze();
-    let config = s
-        .config(
-            "",
-            &format!(
-                "[schema_registry]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"500ms\"\n",
-                proxy.port()
-            ),
-        )
-        .replacen(
-            DEFAULT_SECTION,
-            &default_keys("value_format = \"avro\"\ncircuit_breaker_failures = 1\n"),
-            1,
-        );
-    let relay = RelayProcess::start(&config).expect("start relay");
-    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let config = encoding_config(
+        &s,
+        "value_format = \"avro\"\ncircuit_breaker_failures = 1\n",
+        &format!(
+            "[schema_registry]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"500ms\"\n",
+            proxy.port()
+        ),
+    );
+    let relay = started(&config).await;
     for i in 0..50 {
         insert(&s, "t", "order", &format!("a{i}"), &json!({"n": i})).await;
     }
@@ -829,8 +827,7 @@ async fn registered_looked_up_and_pinned_schemas_and_an_incompatible_one() {
             .await;
         }
     }
-    let relay = RelayProcess::start(&config).expect("start relay");
-    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let relay = started(&config).await;
     let settled = wait_until(SCENARIO_WAIT, || async {
         s.table.count().await == 5
             && s.table
@@ -908,17 +905,13 @@ async fn an_https_registry_is_trusted_through_ca_location() {
     let target = registry.url().trim_start_matches("http://").to_owned();
     let proxy = TlsProxy::start(listener, &cert, &key, target).expect("TLS in front");
     let config_with = |ca_line: &str| {
-        s.config(
-            "",
+        encoding_config(
+            &s,
+            "value_format = \"avro\"\n",
             &format!(
                 "[schema_registry]\nurl = \"https://localhost:{}\"\n{ca_line}",
                 proxy.port()
             ),
-        )
-        .replacen(
-            DEFAULT_SECTION,
-            &default_keys("value_format = \"avro\"\n"),
-            1,
         )
     };
     insert(&s, "t", "order", "a", &json!({"n": 1})).await;
@@ -1004,8 +997,7 @@ async fn a_plugin_declares_its_schemas_and_auto_register_registers_them() {
     // A record the plugin declares no schema for waits, naming what is missing.
     insert_event(&s, "shop", "order", "OrderLost", "x", &json!({"id": 9})).await;
     let config = s.config("", &tenants);
-    let relay = RelayProcess::start(&config).expect("start relay");
-    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let relay = started(&config).await;
     let settled = wait_until(SCENARIO_WAIT, || async {
         s.table.count().await == 1
             && s.table
@@ -1052,23 +1044,17 @@ async fn a_rotated_registry_password_is_used_after_sighup() {
     registry.require_basic_auth("relay", "first-pw");
     let dir = tempfile::tempdir().unwrap();
     let password = password_file(&dir, "first-pw");
-    let config = s
-        .config(
-            "",
-            &format!(
-                "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
+    let config = encoding_config(
+        &s,
+        "value_format = \"avro\"\n",
+        &format!(
+            "[schema_registry]\nurl = \"{}\"\nusername = \"relay\"\n\
                  password = \"${{file:{}}}\"\nlatest_ttl = \"1s\"\n",
-                registry.url(),
-                password.display()
-            ),
-        )
-        .replacen(
-            DEFAULT_SECTION,
-            &default_keys("value_format = \"avro\"\n"),
-            1,
-        );
-    let relay = RelayProcess::start(&config).expect("start relay");
-    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+            registry.url(),
+            password.display()
+        ),
+    );
+    let relay = started(&config).await;
     insert(&s, "t", "order", "a", &json!({"n": 1})).await;
     let sent = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
     assert!(sent, "{}", relay.log());
