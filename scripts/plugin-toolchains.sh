@@ -11,6 +11,9 @@
 #                            PyPI confluent-kafka $CONFLUENT_KAFKA_VERSION with its Schema
 #                            Registry extras (Avro, Protobuf, JSON Schema deserializers) in a
 #                            venv, for the schema-registry e2e tests; sets SLUICE_CONFLUENT_PYTHON
+#   ensure_oras_python       PyPI oras $ORAS_PY_VERSION (the ORAS project's OCI client) and
+#                            bcrypt in a venv, for the plugin supply-chain e2e tests; sets
+#                            SLUICE_ORAS_PYTHON
 #   ensure_componentize_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
 #                            preview2-shim dependency (JavaScript on SpiderMonkey: works, but
 #                            bigger and slower; see docs/plugin-languages.md)
@@ -23,6 +26,8 @@ COMPONENTIZE_QJS_VERSION="0.4.5"
 COMPONENTIZE_JS_VERSION="0.23.0"
 PREVIEW2_SHIM_VERSION="0.25.0"
 CONFLUENT_KAFKA_VERSION="2.16.1"
+ORAS_PY_VERSION="0.2.43"
+BCRYPT_VERSION="4.3.0"
 
 SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
 
@@ -73,6 +78,15 @@ ensure_confluent_kafka_python() {
     _ensure_venv "$dir" \
         "confluent-kafka[avro,json,protobuf,schemaregistry]==$CONFLUENT_KAFKA_VERSION" || return 1
     export SLUICE_CONFLUENT_PYTHON="$dir/bin/python"
+}
+
+# ensure_oras_python: afterwards SLUICE_ORAS_PYTHON is a Python that imports `oras` (the
+# ORAS project's client, an OCI client that is not ours) and `bcrypt` (htpasswd files for the
+# test registry's basic auth).
+ensure_oras_python() {
+    local dir="$SLUICE_TOOLCHAINS/oras-$ORAS_PY_VERSION"
+    _ensure_venv "$dir" "oras==$ORAS_PY_VERSION" "bcrypt==$BCRYPT_VERSION" || return 1
+    export SLUICE_ORAS_PYTHON="$dir/bin/python"
 }
 
 # _ensure_npm_tools DIR PACKAGE@VERSION...: a private node_modules with exactly these pins.

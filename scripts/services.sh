@@ -157,8 +157,36 @@ ensure_promtool() {
         || die "promtool is missing and could not be installed (apt-get install prometheus)"
 }
 
+# The plugin supply-chain tests (tests/tests/e2e/supply_chain.rs) run a real OCI registry
+# (Debian's docker-registry, started by each test on its own port) and sign with Debian's
+# minisign. Installed without starting the package's service.
+ensure_oci_tools() {
+    if command -v docker-registry >/dev/null && command -v minisign >/dev/null; then
+        return
+    fi
+    if command -v apt-get >/dev/null; then
+        log "installing docker-registry and minisign (Debian packages)"
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+            chmod +x /usr/sbin/policy-rc.d
+            local remove_policy=1
+        fi
+        { apt-get install -y --no-install-recommends docker-registry minisign >/dev/null 2>&1 \
+            || { apt-get update -qq \
+                && apt-get install -y --no-install-recommends docker-registry minisign >/dev/null; }; } \
+            || true
+        [ "${remove_policy:-0}" = 1 ] && rm -f /usr/sbin/policy-rc.d
+        # The package starts its own registry on :5000 where policy-rc.d is absent; the tests
+        # start theirs.
+        systemctl disable --now docker-registry >/dev/null 2>&1 || true
+    fi
+    command -v docker-registry >/dev/null && command -v minisign >/dev/null \
+        || die "docker-registry or minisign is missing and could not be installed (apt-get install docker-registry minisign)"
+}
+
 ensure_services() {
     ensure_promtool
+    ensure_oci_tools
     ensure_wasm_target
     ensure_postgres
     ensure_mariadb

@@ -286,7 +286,11 @@ impl Config {
 
     fn resolve_paths(&mut self, base: &Path) {
         let resolve = |p: &mut PathBuf| {
-            if p.is_relative() {
+            // `oci://…` plugin paths are references, not files.
+            let reference = p
+                .to_str()
+                .is_some_and(|s| s.starts_with(crate::plugin::supply::oci::OCI_SCHEME));
+            if p.is_relative() && !reference {
                 *p = base.join(&*p);
             }
         };

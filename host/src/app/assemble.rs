@@ -16,7 +16,7 @@ use crate::schema::{RegistryClient, SchemaEncoder, SchemaSource};
 use crate::shutdown::Shutdown;
 use crate::sink::KafkaSink;
 use crate::store::{self, MarkMode, Store};
-use crate::telemetry::metrics::PluginStates;
+use crate::telemetry::metrics::{Loaded, PluginStates};
 use crate::telemetry::{Metrics, TenantLabels};
 
 /// How long start-up keeps trying a database that is not reachable yet (restarting, a
@@ -163,8 +163,12 @@ impl Collector for RouterCollector {
             // (and rows without a tenant, which run `[plugins.default]`): bounded.
             if s.configured {
                 let version = s.version.as_deref().unwrap_or_default();
-                let digest = s.digest.as_deref().unwrap_or_default();
-                states.info(&tenant, &s.plugin, version, digest);
+                let loaded = Loaded {
+                    digest: s.digest.as_deref().unwrap_or_default(),
+                    source: s.source.as_deref().unwrap_or_default(),
+                    signer: s.signer.as_deref().unwrap_or_default(),
+                };
+                states.info(&tenant, &s.plugin, version, loaded);
                 for (&reason, &n) in &s.instantiations {
                     states.instantiations(&tenant, reason, n);
                 }

@@ -37,6 +37,13 @@ pub struct TenantReport {
     pub plugin: Option<String>,
     /// The plugin file's content hash as loaded (`sha256:…`; none for builtins).
     pub digest: Option<String>,
+    /// Where the loaded plugin came from: its file, or the OCI reference with the manifest
+    /// digest it resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The trusted key that signed it (`minisign:<key id>`), when `trusted_keys` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
     /// The version the plugin reports about itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_version: Option<String>,
@@ -164,6 +171,8 @@ pub fn tenant_reports(backlog: &[TenantBacklog], statuses: &[TenantStatus]) -> V
         r.state = Some(state_name(&s.state).to_owned());
         r.plugin = Some(s.plugin.clone());
         r.digest = s.digest.clone();
+        r.source = s.source.clone();
+        r.signer = s.signer.clone();
         r.plugin_version = s.version.clone();
         r.counters = s.counters.clone();
         match &s.state {
@@ -233,6 +242,8 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
                     r.paused_until = t.paused_until;
                     r.plugin = t.plugin.or(r.plugin.take());
                     r.digest = t.digest;
+                    r.source = t.source;
+                    r.signer = t.signer;
                     r.plugin_version = t.plugin_version;
                     r.last_error = t.last_error;
                     r.counters = t.counters;
@@ -470,6 +481,8 @@ mod tests {
             tenant: TenantId::named("acme"),
             plugin: "acme.wasm".into(),
             digest: Some("sha256:ab".into()),
+            source: Some("/srv/plugins/acme.wasm".into()),
+            signer: Some("minisign:8C8C7D4AF7386F97".into()),
             version: Some("1.2.0".into()),
             configured: true,
             state: TenantState::Paused {
@@ -487,6 +500,8 @@ mod tests {
         assert_eq!((acme.due, acme.dead), (3, 1));
         assert_eq!(acme.state.as_deref(), Some("paused"));
         assert!(acme.paused_until.is_some());
+        assert_eq!(acme.source.as_deref(), Some("/srv/plugins/acme.wasm"));
+        assert_eq!(acme.signer.as_deref(), Some("minisign:8C8C7D4AF7386F97"));
         let table = render_table(&StatusReport {
             sample_limit: 10_000,
             tenants: reports,
@@ -540,6 +555,8 @@ mod tests {
             tenant: TenantId::named("stuck"),
             plugin: "builtin:route-by-aggregate".into(),
             digest: None,
+            source: None,
+            signer: None,
             version: None,
             configured: false,
             state: TenantState::Stalled,

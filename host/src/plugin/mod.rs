@@ -17,6 +17,8 @@
 //! - [`reload`]: hot reload and quarantine retries
 //! - [`settings`]: `[plugins]`, `[plugins.default]` and `[tenants.<name>]` as written
 //! - [`inspect`]: what `sluice plugin check` asks of a file
+//! - [`supply`]: where a plugin's bytes come from (a file, an OCI registry) and whether to
+//!   trust them (`sha256` pins, minisign signatures)
 //!
 //! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
 //! file or a builtin's name), as loaded (a compiled component shared by every tenant that
@@ -31,6 +33,7 @@ pub mod output;
 mod reload;
 mod router;
 pub mod settings;
+pub mod supply;
 mod tenant;
 mod wasm;
 
@@ -225,6 +228,22 @@ pub enum PluginError {
         /// The plugin's error text (bounded).
         message: String,
     },
+    /// The file's digest is not the one the tenant's `sha256` pins: it is not loaded for
+    /// that tenant (quarantined at start-up, the old version kept on reload).
+    #[error(
+        "plugin {path} (tenant {tenant}): refused: its sha256 pin is {expected}, but the \
+         plugin's bytes are {found}"
+    )]
+    PinMismatch {
+        /// The plugin file or OCI reference.
+        path: PathBuf,
+        /// The tenant whose pin it is (the default plugin's: `[plugins.default]`).
+        tenant: String,
+        /// The pinned digest.
+        expected: String,
+        /// The digest of the bytes found.
+        found: String,
+    },
     /// A plugin setting is invalid or missing (or a builtin refused its `config`): the key
     /// (e.g. `tenants.acme.path`) and what is wrong with it.
     #[error("config {0}")]
@@ -237,7 +256,7 @@ impl PluginError {
     }
 
     /// A [`PluginError::BadPlugin`] without an underlying error.
-    fn bad_plugin(path: &Path, message: String) -> Self {
+    pub(crate) fn bad_plugin(path: &Path, message: String) -> Self {
         Self::BadPlugin {
             path: path.to_owned(),
             message,
@@ -278,17 +297,22 @@ pub struct PluginCheck {
     pub contract: String,
     /// `sha256:` and the file's SHA-256 in hex, as `/status` and `sluice_plugin_info` show it.
     pub digest: String,
+    /// The file, or the OCI reference with the manifest digest it resolved to.
+    pub source: String,
+    /// The trusted key that signed it (when `supply` has trusted keys).
+    pub signer: Option<supply::Signer>,
 }
 
-/// Validates the plugin file `path` against the world and returns what `sluice plugin check`
-/// shows of it ([`PluginCheck`]). Instantiation and `info()` are bounded
-/// by the default `call_timeout`, time spent sleeping in host calls included, so a hostile
-/// file cannot hang the command.
-pub fn inspect(path: &Path) -> Result<PluginCheck, PluginError> {
+/// Validates the plugin `path` (a file or an `oci://` reference, fetched and verified by
+/// `supply`) against the world and returns what `sluice plugin check` shows of it
+/// ([`PluginCheck`]). Instantiation and `info()` are bounded by the default `call_timeout`,
+/// time spent sleeping in host calls included, so a hostile file cannot hang the command.
+pub fn inspect(path: &Path, supply: &supply::PluginSupply) -> Result<PluginCheck, PluginError> {
     let engine = wasm::engine::PluginEngine::new(wasm::engine::MIN_POOLED_INSTANCES)?;
-    let plugin = Arc::new(wasm::component::LoadedPlugin::load_cached(
+    let plugin = Arc::new(wasm::component::LoadedPlugin::load_fetched(
         &engine,
         path,
+        supply.fetch(path)?,
         router::compile_cache(&PluginsSettings::default()).as_ref(),
     )?);
     let shared = wasm::host_api::TenantShared::new(TenantId::none());
@@ -301,5 +325,7 @@ pub fn inspect(path: &Path) -> Result<PluginCheck, PluginError> {
         info,
         contract: plugin.contract().to_owned(),
         digest: plugin.digest().to_owned(),
+        source: plugin.source().to_owned(),
+        signer: plugin.signer().cloned(),
     })
 }

@@ -35,7 +35,8 @@ fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTempla
         old.config.clone(),
         old.limits.clone(),
     )
-    .with_declared_formats(old.formats.clone());
+    .with_declared_formats(old.formats.clone())
+    .pinned(old.pin.clone());
     Arc::new(match old.quarantine.watch() {
         Some(watch) => renewed.watched_by(watch),
         None => renewed,
@@ -115,9 +116,10 @@ impl PluginRouter {
 
     /// Loads `path` again and moves every tenant using it to the new version.
     pub fn reload_file(&self, path: &Path) -> Result<ReloadOutcome, PluginError> {
-        let plugin = Arc::new(LoadedPlugin::load_cached(
+        let plugin = Arc::new(LoadedPlugin::load_fetched(
             &self.engine,
             path,
+            self.supply.fetch(path)?,
             self.cache.as_ref(),
         )?);
         let now = Instant::now();
@@ -150,6 +152,22 @@ impl PluginRouter {
                 }
                 (_, false) => renewed(&old, &plugin),
             };
+            // A file whose digest is not the tenant's pin never replaces what runs (checked
+            // before the swap: tenants without a live instance are not instantiated below).
+            if let Some(refused) =
+                template.pin_refuses(&plugin, &tenant.health.shared.tenant().to_string())
+            {
+                let reason = reason_of(&refused);
+                if not_running(&old) {
+                    template.quarantine.failed(reason, now);
+                    swap(&tenant, &old, template, None);
+                } else {
+                    tracing::error!(tenant = %tenant.health.shared.tenant(), plugin = %path.display(),
+                        reason = %reason, "new plugin version refused for this tenant; it keeps the old version");
+                    outcome.kept_old += 1;
+                }
+                continue;
+            }
             let needs_instance = tenant.configured || tenant.health.has_instance();
             if !needs_instance || template.quarantine.is_quarantined() {
                 if swap(&tenant, &old, template, None) {

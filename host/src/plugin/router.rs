@@ -14,6 +14,7 @@ use crate::model::{OutboxRow, TenantId};
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
+use crate::plugin::supply::PluginSupply;
 use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
 use crate::plugin::tenant::status::{PluginInstances, TenantStatus};
@@ -44,6 +45,8 @@ pub struct PluginRouter {
     tenants: Mutex<TenantMap>,
     pub(super) engine: Arc<PluginEngine>,
     pub(super) cache: Option<CompileCache>,
+    /// Fetches plugin files and OCI references and checks their signatures.
+    pub(super) supply: PluginSupply,
     /// What each plugin file looked like when it was loaded, to notice replacements.
     pub(super) files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
     /// The budget for instances of tenants without their own entry.
@@ -127,6 +130,11 @@ impl PluginRouter {
         };
         let engine = PluginEngine::new(u32::try_from(pooled).unwrap_or(u32::MAX))?;
         let cache = compile_cache(plugins);
+        let supply = PluginSupply::new(
+            &plugins.trusted_keys,
+            &plugins.registries,
+            cache.as_ref().map(|c| c.dir.as_path()),
+        )?;
         // Each file is loaded once; its tenants share the loaded (or broken) code.
         let mut files: HashMap<PathBuf, PluginCode> = HashMap::new();
         let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
@@ -137,7 +145,10 @@ impl PluginRouter {
             if let Some(code) = files.get(path) {
                 return Ok(code.clone());
             }
-            let code = match LoadedPlugin::load_cached(&engine, path, cache.as_ref()) {
+            let loaded = supply.fetch(path).and_then(|fetched| {
+                LoadedPlugin::load_fetched(&engine, path, fetched, cache.as_ref())
+            });
+            let code = match loaded {
                 Ok(plugin) => PluginCode::Wasm(Arc::new(plugin)),
                 Err(e) if strict => return Err(e),
                 Err(e) => {
@@ -171,6 +182,7 @@ impl PluginRouter {
                         .map_err(limits_err("plugins.default".into()))?,
                 )
                 .with_declared_formats(formats_of(spec, "plugins.default")?)
+                .pinned(spec.pin())
                 .watched_by(&watch),
             )),
             None => None,
@@ -203,6 +215,7 @@ impl PluginRouter {
                         .map_err(limits_err(format!("tenants.{name}")))?,
                 )
                 .with_declared_formats(formats_of(&spec, &format!("tenants.{name}"))?)
+                .pinned(spec.pin())
                 .watched_by(&watch),
             );
             let id = TenantId::named(name.as_str());
@@ -231,6 +244,7 @@ impl PluginRouter {
             tenants: Mutex::new(known),
             engine,
             cache,
+            supply,
             files: Mutex::new(files),
             quota: InstanceQuota::new(
                 plugins.max_unconfigured_instances,
@@ -335,6 +349,8 @@ impl PluginRouter {
                     tenant,
                     plugin: template.describe().to_owned(),
                     digest: template.digest().map(str::to_owned),
+                    source: template.source().map(str::to_owned),
+                    signer: template.signer().map(|s| s.to_string()),
                     version: template.version().map(str::to_owned),
                     configured: t.configured,
                     state: t.health.state(now),

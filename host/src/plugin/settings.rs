@@ -12,6 +12,8 @@ use serde::Deserialize;
 
 use crate::plugin::TopicPattern;
 use crate::plugin::builtin::Builtin;
+use crate::plugin::supply::Sha256Pin;
+use crate::plugin::supply::oci::{OciLocation, OciRegistrySettings};
 use crate::plugin::wasm::engine::MAX_POOLED_INSTANCES;
 use crate::problem::Problem;
 use crate::schema::settings::{Format, FormatsSpec, SchemaVersion, SubjectStrategy};
@@ -101,6 +103,15 @@ pub struct PluginsSettings {
     /// configure. `false` (default): quarantine that tenant (its rows wait) and run the others.
     #[serde(default)]
     pub strict_startup: bool,
+    /// minisign public keys (base64 lines, or whole `.pub` files, often `${file:…}`): when
+    /// set, a plugin is loaded only with a valid signature by one of them
+    /// (`plugin.wasm.minisig`, or an OCI signature layer).
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+    /// `[plugins.registries."host:port"]`: credentials and transport of OCI registries that
+    /// `oci://` plugin paths name.
+    #[serde(default)]
+    pub registries: BTreeMap<String, OciRegistrySettings>,
     /// Live instances kept for tenants without their own `[tenants.<name>]` entry.
     #[serde(default = "default_max_unconfigured_instances")]
     pub max_unconfigured_instances: usize,
@@ -119,6 +130,8 @@ impl Default for PluginsSettings {
             cache_max_mb: DEFAULT_CACHE_MAX_MB,
             default: None,
             strict_startup: false,
+            trusted_keys: Vec::new(),
+            registries: BTreeMap::new(),
             max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
             unconfigured_instances_memory_mb: DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB,
             configured_instances_memory_mb: DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB,
@@ -148,9 +161,15 @@ fn default_configured_instances_memory_mb() -> usize {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
-    /// Path to the `.wasm` component; relative paths are resolved against the config file.
+    /// Path to the `.wasm` component (relative paths are resolved against the config file), or
+    /// an OCI reference: `oci://host[:port]/repository:tag` or `…@sha256:<manifest digest>`.
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// The SHA-256 the component's bytes must have (`sluice plugin check` prints it): any
+    /// other file is refused. Goes with `path`: a tenant that runs the default plugin takes
+    /// `[plugins.default]`'s.
+    #[serde(default)]
+    pub sha256: Option<String>,
     /// A routing plugin compiled into Sluice instead of a `.wasm` file (see
     /// [`Builtin`]); exclusive with `path`.
     #[serde(default)]
@@ -303,6 +322,12 @@ impl PluginsSettings {
         if let Some(default) = &self.default {
             problems.extend(default.problems("plugins.default", true));
         }
+        if let Err((at, message)) = crate::plugin::supply::TrustedKeys::parse(&self.trusted_keys) {
+            problems.push(Problem::new(format!("plugins.trusted_keys[{at}]"), message));
+        }
+        for (host, registry) in &self.registries {
+            problems.extend(registry.problems(&format!("plugins.registries.\"{host}\"")));
+        }
         problems
     }
 
@@ -339,9 +364,13 @@ impl PluginSpec {
         if own_plugin {
             limits.allowed_topics = self.allowed_topics.clone();
         }
-        let (path, builtin) = match own_plugin {
-            true => (self.path.clone(), self.builtin.clone()),
-            false => (default.path.clone(), default.builtin.clone()),
+        let (path, sha256, builtin) = match own_plugin {
+            true => (self.path.clone(), self.sha256.clone(), self.builtin.clone()),
+            false => (
+                default.path.clone(),
+                default.sha256.clone(),
+                default.builtin.clone(),
+            ),
         };
         let config = match own_plugin {
             true => self.config.clone(),
@@ -350,6 +379,7 @@ impl PluginSpec {
         let formats = self.formats().or(&default.formats());
         PluginSpec {
             path,
+            sha256,
             builtin,
             config,
             memory_mb: limits.memory_mb,
@@ -477,6 +507,29 @@ impl PluginSpec {
         if let Err(m) = validate_source(&self.path, &self.builtin, required) {
             problems.push(Problem::new(key, m));
         }
+        if let Some(Some(Err(m))) = self
+            .path
+            .as_ref()
+            .map(|p| OciLocation::parse(&p.to_string_lossy()))
+        {
+            problems.push(Problem::new(format!("{key}.path"), m));
+        }
+        if let Some(pin) = &self.sha256 {
+            if let Err(m) = Sha256Pin::parse(pin) {
+                problems.push(Problem::new(format!("{key}.sha256"), m));
+            } else if self.path.is_none() {
+                problems.push(Problem::new(
+                    format!("{key}.sha256"),
+                    match &self.builtin {
+                        Some(_) => "pins a `.wasm` component; a builtin has none",
+                        None => {
+                            "pins the component `path` names: set `path` here too (a tenant \
+                             that runs [plugins.default] takes its pin)"
+                        }
+                    },
+                ));
+            }
+        }
         if let Some(config) = &self.config
             && let Err(problem) = validate_config_table(key, config)
         {
@@ -500,6 +553,13 @@ impl PluginSpec {
             (None, Some(b)) => Some(PluginSource::Builtin(b.clone())),
             (None, None) => None,
         }
+    }
+
+    /// The `sha256` pin, parsed (`None` when unset or malformed: validation reports that).
+    pub fn pin(&self) -> Option<Sha256Pin> {
+        self.sha256
+            .as_deref()
+            .and_then(|p| Sha256Pin::parse(p).ok())
     }
 
     /// This entry's sandbox limits, unresolved.
@@ -705,6 +765,70 @@ mod tests {
         // Without [plugins.default] an entry is what it says.
         let alone = spec("path = \"own.wasm\"\n");
         assert_eq!(alone.inherit(None).source(), alone.source());
+    }
+
+    #[test]
+    fn a_pin_goes_with_the_path_it_pins() {
+        let hex = "3f".repeat(32);
+        let default = spec(&format!("path = \"d.wasm\"\nsha256 = \"sha256:{hex}\"\n"));
+        // Running the default plugin: its pin too.
+        let follows = spec("memory_mb = 16\n").inherit(Some(&default));
+        assert_eq!(follows.pin().unwrap().as_str(), format!("sha256:{hex}"));
+        // Its own file: its own pin, or none.
+        let own = spec("path = \"own.wasm\"\n").inherit(Some(&default));
+        assert_eq!(own.pin(), None);
+        assert!(default.problems("plugins.default", true).is_empty());
+    }
+
+    #[test]
+    fn pins_without_a_file_or_malformed_are_problems_at_their_key() {
+        let hex = "ab".repeat(32);
+        let keys = |toml: &str| -> Vec<String> {
+            spec(toml)
+                .problems("tenants.acme", false)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let p = keys(&format!("sha256 = \"{hex}\"\n"));
+        assert!(
+            p[0].starts_with("tenants.acme.sha256: pins the component `path` names"),
+            "{p:?}"
+        );
+        let p = keys(&format!(
+            "builtin = \"route-by-aggregate\"\nsha256 = \"{hex}\"\n"
+        ));
+        assert!(p[0].contains("a builtin has none"), "{p:?}");
+        let p = keys("path = \"a.wasm\"\nsha256 = \"sha1:abc\"\n");
+        assert!(p[0].contains("64 hexadecimal digits"), "{p:?}");
+        let p = keys("path = \"oci://router:1\"\n");
+        assert!(
+            p[0].starts_with("tenants.acme.path: `oci://router:1` names no registry"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn trusted_keys_and_registries_are_checked() {
+        let settings: PluginsSettings = toml::from_str(
+            "trusted_keys = [\"RWSXbzj3Sn2MjGwbwAN4UYQ5yBfHQ1Ceev5EklGh0X4eYQFklU+3mWZk\", \"nope\"]\n\
+             [registries.\"reg.example.com\"]\nusername = \"ci\"\n",
+        )
+        .unwrap();
+        let problems: Vec<String> = settings
+            .problems()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("plugins.trusted_keys[1]: not a minisign public key"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("plugins.registries.\"reg.example.com\""),
+            "{problems:?}"
+        );
     }
 
     #[test]

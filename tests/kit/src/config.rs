@@ -43,6 +43,8 @@ pub struct RelayConfig {
     pub relay_extra: Option<String>,
     /// `[plugins] cache_dir`.
     pub cache_dir: Option<PathBuf>,
+    /// Raw lines in `[plugins]` (e.g. `trusted_keys = […]`).
+    pub plugins_extra: Option<String>,
     /// `[plugins.default]`, with `config = { topic_prefix = … }`.
     pub default_plugin: Option<(Plugin, String)>,
     /// Raw lines at the end of `[plugins.default]` (e.g. `value_format = "avro"`).
@@ -81,12 +83,13 @@ impl RelayConfig {
         if let Some(listen) = &self.telemetry {
             let _ = writeln!(out, "[telemetry]\nlisten = {}\n", toml_string(listen));
         }
-        if let Some(dir) = &self.cache_dir {
-            let _ = writeln!(
-                out,
-                "[plugins]\ncache_dir = {}\n",
-                toml_string(&dir.to_string_lossy())
-            );
+        if self.cache_dir.is_some() || self.plugins_extra.is_some() {
+            out.push_str("[plugins]\n");
+            if let Some(dir) = &self.cache_dir {
+                let _ = writeln!(out, "cache_dir = {}", toml_string(&dir.to_string_lossy()));
+            }
+            push_raw(&mut out, self.plugins_extra.as_deref());
+            out.push('\n');
         }
         if let Some((plugin, prefix)) = &self.default_plugin {
             let source = match plugin {

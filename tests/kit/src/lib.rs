@@ -11,6 +11,8 @@ pub mod config;
 pub mod db;
 pub mod env;
 pub mod kafka;
+pub mod minisign;
+pub mod oci_registry;
 pub mod registry;
 pub mod relay;
 pub mod scenario;
@@ -24,6 +26,8 @@ pub use broker::{OwnTansu, TansuLaunch, free_port};
 pub use config::{RelayConfig, relay_config, with_database_url};
 pub use env::*;
 pub use kafka::*;
+pub use minisign::SigningKey;
+pub use oci_registry::OciRegistry;
 pub use relay::{
     RelayExit, RelayLaunch, RelayProcess, sluice, sluice_with_config, sluice_with_env,
 };

@@ -32,4 +32,5 @@ mod schemas;
 mod secrets;
 mod secure_kafka;
 mod startup;
+mod supply_chain;
 mod telemetry;

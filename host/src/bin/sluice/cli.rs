@@ -191,8 +191,19 @@ pub(crate) enum PluginCommand {
         #[arg(long, value_name = "DEST")]
         dir: Option<PathBuf>,
     },
-    /// Validate a component against the sluice:plugin world and print its info().
-    Check { file: PathBuf },
+    /// Validate a component against the sluice:plugin world and print its info(), its digest
+    /// (to pin with `sha256 = "…"`) and, with trusted keys, its signer. FILE may be an
+    /// `oci://host/repo:tag` reference: it is pulled as `sluice run` pulls it.
+    Check {
+        file: PathBuf,
+        /// Take `[plugins] trusted_keys` and `[plugins.registries]` from this sluice.toml.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// A minisign public key (base64 line) the signature must be made with; repeatable.
+        /// With one (or trusted_keys in --config), an unsigned or wrongly signed file fails.
+        #[arg(long = "trusted-key", value_name = "KEY")]
+        trusted_keys: Vec<String>,
+    },
     /// Run rows (JSON lines with the outbox columns) through a plugin, on the relay's own code
     /// path, and print the messages; with --expect, compare them with a golden file (exit 3 on
     /// a difference). With --config sluice.toml --tenant T, run them as tenant T of that file

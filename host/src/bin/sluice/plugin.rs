@@ -32,10 +32,37 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        PluginCommand::Check { file } => {
-            let check = sluice::plugin::inspect(&file)?;
+        PluginCommand::Check {
+            file,
+            config,
+            mut trusted_keys,
+        } => {
+            let mut plugins = match &config {
+                Some(path) => Config::load(path)?.plugins,
+                None => sluice::plugin::PluginsSettings::default(),
+            };
+            trusted_keys.append(&mut plugins.trusted_keys);
+            let supply = sluice::plugin::supply::PluginSupply::new(
+                &trusted_keys,
+                &plugins.registries,
+                sluice::plugin::settings::plugin_cache_dir(plugins.cache_dir.as_deref()).as_deref(),
+            )?;
+            let check = sluice::plugin::inspect(&file, &supply)?;
             println!("{}: OK (exports {})", file.display(), check.contract);
             println!("digest:  {}", check.digest);
+            println!(
+                "pin:     sha256 = \"{}\"",
+                check.digest.trim_start_matches("sha256:")
+            );
+            if check.source != file.display().to_string() {
+                println!("source:  {}", check.source);
+            }
+            if let Some(signer) = &check.signer {
+                println!(
+                    "signer:  {signer} ({})",
+                    sluice::text::bounded(&signer.trusted_comment, 256)
+                );
+            }
             let info = check.info;
             println!("name:    {}", info.name);
             println!("version: {}", info.version);

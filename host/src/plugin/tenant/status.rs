@@ -41,6 +41,11 @@ pub struct TenantStatus {
     /// The plugin file's content hash as loaded (`sha256:…`; none for builtins and files that
     /// failed to load).
     pub digest: Option<String>,
+    /// Where the loaded bytes came from: the file, or the OCI reference with the manifest
+    /// digest it resolved to (none for builtins and files that failed to load).
+    pub source: Option<String>,
+    /// The trusted key that signed them (`minisign:<key id>`), when `trusted_keys` is set.
+    pub signer: Option<String>,
     /// The version the plugin reports about itself (`info()`; Sluice's for builtins); `None`
     /// before it ever started.
     pub version: Option<String>,

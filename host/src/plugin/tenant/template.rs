@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::plugin::PluginError;
 use crate::plugin::builtin::Builtin;
 use crate::plugin::limits::Limits;
+use crate::plugin::supply::Sha256Pin;
 use crate::plugin::tenant::quarantine::Quarantine;
 use crate::plugin::tenant::watch::Watch;
 use crate::plugin::wasm::component::LoadedPlugin;
@@ -22,6 +23,8 @@ pub(crate) struct TenantTemplate {
     pub(crate) limits: Limits,
     /// `key_format`/`value_format` of the tenant's section (`None`: both raw).
     pub(crate) formats: Option<Arc<MessageFormats>>,
+    /// The section's `sha256`: no instance is made of a file with another digest.
+    pub(crate) pin: Option<Sha256Pin>,
     /// Set while this plugin + config cannot start; shared by every tenant using the template.
     pub(crate) quarantine: Quarantine,
     /// How the plugin is named in logs, statuses and metric labels (made once: it is read
@@ -55,6 +58,7 @@ impl TenantTemplate {
             config,
             limits,
             formats: None,
+            pin: None,
             quarantine: Quarantine::default(),
             described,
         }
@@ -79,6 +83,23 @@ impl TenantTemplate {
         self.with_formats(formats)
     }
 
+    /// The template with its section's `sha256` pin.
+    pub(crate) fn pinned(mut self, pin: Option<Sha256Pin>) -> Self {
+        self.pin = pin;
+        self
+    }
+
+    /// Why `plugin` may not run for `tenant` under this template's pin, if it may not.
+    pub(crate) fn pin_refuses(&self, plugin: &LoadedPlugin, tenant: &str) -> Option<PluginError> {
+        let pin = self.pin.as_ref()?;
+        (!pin.matches(plugin.digest())).then(|| PluginError::PinMismatch {
+            path: plugin.path().to_owned(),
+            tenant: tenant.to_owned(),
+            expected: pin.to_string(),
+            found: plugin.digest().to_owned(),
+        })
+    }
+
     /// The template, its quarantine an event of `watch` (see [`Watch`]).
     pub(crate) fn watched_by(mut self, watch: &Arc<Watch>) -> Self {
         self.quarantine = Quarantine::watched_by(watch);
@@ -98,6 +119,22 @@ impl TenantTemplate {
     pub(crate) fn digest(&self) -> Option<&str> {
         match &self.code {
             PluginCode::Wasm(plugin) => Some(plugin.digest()),
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+        }
+    }
+
+    /// Where the loaded bytes came from (WASM plugins): the file or the OCI reference.
+    pub(crate) fn source(&self) -> Option<&str> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => Some(plugin.source()),
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+        }
+    }
+
+    /// The trusted key that signed the loaded bytes.
+    pub(crate) fn signer(&self) -> Option<&crate::plugin::supply::Signer> {
+        match &self.code {
+            PluginCode::Wasm(plugin) => plugin.signer(),
             PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
         }
     }
@@ -133,6 +170,11 @@ impl PluginInstance {
     ) -> Result<Self, PluginError> {
         match &template.code {
             PluginCode::Wasm(plugin) => {
+                // Checked here, where every instance is made: start-up, reloads, retries,
+                // and tenants first seen later all go through it.
+                if let Some(refused) = template.pin_refuses(plugin, &shared.tenant().to_string()) {
+                    return Err(refused);
+                }
                 WasmInstance::create(plugin, shared, &template.config, &template.limits)
                     .map(|i| Self::Wasm(Box::new(i)))
             }

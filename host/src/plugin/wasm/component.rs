@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
+use crate::plugin::supply::{Fetched, Signer};
 use crate::plugin::wasm::bindings::types as wit;
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::contract::Pre;
@@ -26,6 +26,10 @@ pub(crate) struct LoadedPlugin {
     pre: Pre,
     /// `sha256:` and the hex SHA-256 of the file as loaded (metrics, `/status`).
     digest: String,
+    /// The file, or the OCI reference and the manifest digest it resolved to.
+    source: String,
+    /// The trusted key that signed the bytes (`None` without `[plugins] trusted_keys`).
+    signer: Option<Signer>,
     /// The contract interface the component exports, with its version
     /// (`sluice:plugin/transformer@0.2.0`): the WIT it was built against.
     contract: String,
@@ -37,13 +41,27 @@ pub(crate) struct LoadedPlugin {
 }
 
 impl LoadedPlugin {
-    /// Compiles and links `path`, reusing (and filling) the compile cache: compiled code is
-    /// stored per content hash and engine compatibility hash, so unchanged plugins start
-    /// without recompiling (large Python/JS components take seconds to compile). Imports the
-    /// sandbox lacks are refused before compiling.
+    /// Reads the file `path` (no signature or pin checks) and loads it as
+    /// [`LoadedPlugin::load_fetched`] does.
+    #[cfg(test)]
     pub(crate) fn load_cached(
         engine: &Arc<PluginEngine>,
         path: &Path,
+        cache: Option<&CompileCache>,
+    ) -> Result<Self, PluginError> {
+        let fetched = crate::plugin::supply::PluginSupply::default().fetch(path)?;
+        Self::load_fetched(engine, path, fetched, cache)
+    }
+
+    /// Compiles and links the bytes fetched from `path` (a file or an `oci://` location),
+    /// reusing (and filling) the compile cache: compiled code is stored per content hash and
+    /// engine compatibility hash, so unchanged plugins start without recompiling (large
+    /// Python/JS components take seconds to compile). Imports the sandbox lacks are refused
+    /// before compiling.
+    pub(crate) fn load_fetched(
+        engine: &Arc<PluginEngine>,
+        path: &Path,
+        fetched: Fetched,
         cache: Option<&CompileCache>,
     ) -> Result<Self, PluginError> {
         // wasmtime's errors quote names from inside the file (imports, exports): escape and
@@ -55,10 +73,12 @@ impl LoadedPlugin {
             let message = bounded(&format!("{what}: {e:#}"), MAX_LOGGED).into_owned();
             bad_because(path, message, Box::new(ComponentError(e)))
         };
-        let bytes = std::fs::read(path).map_err(|e| {
-            let message = bounded(&format!("cannot read file: {e}"), MAX_LOGGED).into_owned();
-            bad_because(path, message, Box::new(e))
-        })?;
+        let Fetched {
+            bytes,
+            digest,
+            source,
+            signer,
+        } = fetched;
         if wasmparser_is_core_module(&bytes) {
             return Err(bad(
                 "this is a core WebAssembly module, not a component; build it for \
@@ -79,7 +99,6 @@ impl LoadedPlugin {
                 Refused::Imports(_) => bad(message),
             }
         })?;
-        let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
         let component = match cache {
             Some(cache) => compile_cached(engine, &bytes, path, cache)?,
             None => {
@@ -103,6 +122,8 @@ impl LoadedPlugin {
             engine: Arc::clone(engine),
             pre,
             digest,
+            source,
+            signer,
             contract,
             version: OnceLock::new(),
             declared: DeclaredSchemas::default(),
@@ -116,6 +137,16 @@ impl LoadedPlugin {
     /// The file's content hash as loaded: changes with every reload of a new build.
     pub(crate) fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The file, or the OCI reference with the manifest digest it resolved to.
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The trusted key that signed it.
+    pub(crate) fn signer(&self) -> Option<&Signer> {
+        self.signer.as_ref()
     }
 
     /// The contract interface it exports, versioned (`sluice:plugin/transformer@0.2.0`).
@@ -179,10 +210,6 @@ fn bad_because(
         message,
         source: Some(source),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn compile_cached(

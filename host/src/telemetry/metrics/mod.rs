@@ -33,7 +33,7 @@ use super::labels::TenantLabels;
 use crate::model::TenantId;
 pub(crate) use backlog::{BacklogMetrics, TenantSample};
 pub(crate) use health::{Dependency, HealthMetrics};
-pub(crate) use plugin::{NO_PLUGIN, PluginMetrics, PluginOutcome, PluginStates};
+pub(crate) use plugin::{Loaded, NO_PLUGIN, PluginMetrics, PluginOutcome, PluginStates};
 pub(crate) use relay::{DeadReason, RelayMetrics, RowOutcome, WakeCause};
 pub(crate) use sink::{ProduceError, SinkMetrics};
 

@@ -135,6 +135,17 @@ struct PluginInfo {
     plugin: String,
     plugin_version: String,
     digest: String,
+    source: String,
+    signer: String,
+}
+
+/// What identifies a loaded plugin's bytes in `sluice_plugin_info` (empty strings for
+/// builtins).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Loaded<'a> {
+    pub(crate) digest: &'a str,
+    pub(crate) source: &'a str,
+    pub(crate) signer: &'a str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -199,14 +210,17 @@ impl PluginStates {
             .set(1);
     }
 
-    /// The plugin `tenant` runs: its name, its version and the loaded file's digest.
-    pub(crate) fn info(&self, tenant: &Arc<str>, plugin: &str, version: &str, digest: &str) {
+    /// The plugin `tenant` runs: its name, its version, the loaded bytes' digest, where they
+    /// came from and who signed them.
+    pub(crate) fn info(&self, tenant: &Arc<str>, plugin: &str, version: &str, loaded: Loaded<'_>) {
         self.info
             .get_or_create(&PluginInfo {
                 tenant: Arc::clone(tenant),
                 plugin: plugin.to_owned(),
                 plugin_version: version.to_owned(),
-                digest: digest.to_owned(),
+                digest: loaded.digest.to_owned(),
+                source: loaded.source.to_owned(),
+                signer: loaded.signer.to_owned(),
             })
             .set(1);
     }
@@ -253,7 +267,7 @@ impl PluginStates {
         encode_family(
             e,
             "sluice_plugin_info",
-            "The plugin a tenant runs: its version (from its info()) and the loaded file's digest, both change on hot reload",
+            "The plugin a tenant runs: its version (from its info()), the loaded bytes' digest, their source (file, or OCI reference with the manifest digest) and signer (minisign key id, empty without trusted_keys); they change on hot reload",
             &self.info,
         )?;
         encode_family(
