@@ -10,6 +10,8 @@
 #     listening); its path is exported as TANSU_BIN for the tests and the benchmarks
 #   - promtool (Debian's `prometheus` package, installed with apt-get if missing): checks the
 #     shipped alert rules and the /metrics exposition
+#   - docker-registry and minisign (Debian packages, installed if missing): the plugin
+#     supply-chain tests start their own OCI registry and sign with minisign
 
 # The checkout this file is in, unless the sourcing script set it (plugins are built there).
 REPO="${REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
@@ -136,50 +138,41 @@ create_topics() {
     done
 }
 
+# apt_install_tools PACKAGE...: installs Debian packages for their tools only: a package's
+# service must not start here (policy-rc.d refuses it while apt runs).
+apt_install_tools() {
+    command -v apt-get >/dev/null || return 0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        local remove_policy=1
+    fi
+    { apt-get install -y --no-install-recommends "$@" >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y --no-install-recommends "$@" >/dev/null; }; } \
+        || true
+    [ "${remove_policy:-0}" = 1 ] && rm -f /usr/sbin/policy-rc.d
+    return 0
+}
+
 ensure_promtool() {
     if command -v promtool >/dev/null; then
         return
     fi
-    if command -v apt-get >/dev/null; then
-        log "installing promtool (Debian package prometheus)"
-        # Only the tools are wanted: the package's service must not start here.
-        if [ ! -e /usr/sbin/policy-rc.d ]; then
-            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-            chmod +x /usr/sbin/policy-rc.d
-            local remove_policy=1
-        fi
-        { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
-            || { apt-get update -qq && apt-get install -y --no-install-recommends prometheus >/dev/null; }; } \
-            || true
-        [ "${remove_policy:-0}" = 1 ] && rm -f /usr/sbin/policy-rc.d
-    fi
+    log "installing promtool (Debian package prometheus)"
+    apt_install_tools prometheus
     command -v promtool >/dev/null \
         || die "promtool is missing and could not be installed (apt-get install prometheus)"
 }
 
 # The plugin supply-chain tests (tests/tests/e2e/supply_chain.rs) run a real OCI registry
 # (Debian's docker-registry, started by each test on its own port) and sign with Debian's
-# minisign. Installed without starting the package's service.
+# minisign.
 ensure_oci_tools() {
     if command -v docker-registry >/dev/null && command -v minisign >/dev/null; then
         return
     fi
-    if command -v apt-get >/dev/null; then
-        log "installing docker-registry and minisign (Debian packages)"
-        if [ ! -e /usr/sbin/policy-rc.d ]; then
-            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-            chmod +x /usr/sbin/policy-rc.d
-            local remove_policy=1
-        fi
-        { apt-get install -y --no-install-recommends docker-registry minisign >/dev/null 2>&1 \
-            || { apt-get update -qq \
-                && apt-get install -y --no-install-recommends docker-registry minisign >/dev/null; }; } \
-            || true
-        [ "${remove_policy:-0}" = 1 ] && rm -f /usr/sbin/policy-rc.d
-        # The package starts its own registry on :5000 where policy-rc.d is absent; the tests
-        # start theirs.
-        systemctl disable --now docker-registry >/dev/null 2>&1 || true
-    fi
+    log "installing docker-registry and minisign (Debian packages)"
+    apt_install_tools docker-registry minisign
     command -v docker-registry >/dev/null && command -v minisign >/dev/null \
         || die "docker-registry or minisign is missing and could not be installed (apt-get install docker-registry minisign)"
 }

@@ -28,9 +28,27 @@ fn pin_of(file: &Path) -> String {
         .to_owned()
 }
 
-/// The topics of `got`, one per message.
-fn topics_of(got: &[Received]) -> Vec<String> {
-    got.iter().map(|m| m.topic.clone()).collect()
+/// `[tenants.<name>]` running the plugin at `path` (a file or an `oci://` reference) with the
+/// scenario's topic prefix, and `lines` (e.g. a pin).
+fn tenant_entry(s: &Scenario, name: &str, path: &str, lines: &str) -> String {
+    format!(
+        "[tenants.{name}]\npath = \"{path}\"\n{lines}config = {{ topic_prefix = \"{}\" }}\n",
+        s.prefix
+    )
+}
+
+/// Reads `n` messages and checks that the first version (the reference plugin: topics
+/// order/customer) made all of them, none the fan-out build it was swapped for (a/b).
+fn assert_all_from_the_first_version(s: &Scenario, n: usize) {
+    let got = s.consume(n, Duration::from_secs(2));
+    assert_eq!(got.len(), n);
+    let topics: Vec<&str> = got.iter().map(|m| m.topic.as_str()).collect();
+    assert!(
+        topics
+            .iter()
+            .all(|t| !t.ends_with(".a") && !t.ends_with(".b")),
+        "{topics:?}"
+    );
 }
 
 /// Replaces `path` atomically, as a deployment would.
@@ -115,15 +133,7 @@ async fn a_pinned_file_swapped_after_plugin_check_is_refused_and_the_old_version
     assert!(line.contains("tenant"), "{line}");
 
     // Every row went through the pinned version (order/customer), none through the swap (a/b).
-    let got = s.consume(20, Duration::from_secs(2));
-    assert_eq!(got.len(), 20);
-    let topics = topics_of(&got);
-    assert!(
-        topics
-            .iter()
-            .all(|t| !t.ends_with(".a") && !t.ends_with(".b")),
-        "{topics:?}"
-    );
+    assert_all_from_the_first_version(&s, 20);
     s.finish().await;
 }
 
@@ -136,12 +146,9 @@ async fn a_pin_that_does_not_match_at_start_quarantines_its_tenant_or_stops_a_st
     let wrong = pin_of(&test_plugin("test_fanout"));
     // acme pins another digest; beta runs the same file unpinned (a file is loaded once, a
     // pin is checked per tenant).
-    let acme = format!(
-        "[tenants.acme]\npath = \"{path}\"\nsha256 = \"{wrong}\"\nconfig = {{ topic_prefix = \"{prefix}\" }}\n\
-         [tenants.beta]\npath = \"{path}\"\nconfig = {{ topic_prefix = \"{prefix}\" }}\n",
-        path = plugin.display(),
-        prefix = s.prefix
-    );
+    let path = plugin.display().to_string();
+    let acme = tenant_entry(&s, "acme", &path, &format!("sha256 = \"{wrong}\"\n"))
+        + &tenant_entry(&s, "beta", &path, "");
     let config = s.config("", &acme);
 
     let (ok, text) = config_check(&config);
@@ -201,13 +208,7 @@ async fn with_trusted_keys_only_plugins_signed_by_one_of_them_load() {
     replace(&tampered, &test_plugin("test_fanout"));
     let unsigned = copy_in(dir.path(), "unsigned.wasm", &reference_plugin());
 
-    let tenant = |name: &str, path: &Path| {
-        format!(
-            "[tenants.{name}]\npath = \"{}\"\nconfig = {{ topic_prefix = \"{}\" }}\n",
-            path.display(),
-            s.prefix
-        )
-    };
+    let tenant = |name: &str, path: &Path| tenant_entry(&s, name, &path.display().to_string(), "");
     let port = free_port();
     let extra = format!(
         "{}{}{}[telemetry]\nlisten = \"127.0.0.1:{port}\"\n",
@@ -453,15 +454,7 @@ async fn a_plugin_pulled_by_tag_runs_from_the_cache_when_the_registry_is_down_an
         .await;
     assert!(exit.log.contains("using the cached copy"), "{}", exit.log);
 
-    let got = s.consume(30, Duration::from_secs(2));
-    assert_eq!(got.len(), 30);
-    let topics = topics_of(&got);
-    assert!(
-        topics
-            .iter()
-            .all(|t| !t.ends_with(".a") && !t.ends_with(".b")),
-        "{topics:?}"
-    );
+    assert_all_from_the_first_version(&s, 30);
     s.finish().await;
 }
 
@@ -497,12 +490,7 @@ async fn a_registry_that_serves_wrong_or_cut_blobs_is_refused_and_other_tenants_
     std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
 
     let host = registry.host();
-    let tenant = |name: &str, path: String| {
-        format!(
-            "[tenants.{name}]\npath = \"{path}\"\nconfig = {{ topic_prefix = \"{}\" }}\n",
-            s.prefix
-        )
-    };
+    let tenant = |name: &str, path: String| tenant_entry(&s, name, &path, "");
     let cache = tempfile::tempdir().unwrap();
     let extra = [
         tenant("flipped", format!("oci://{host}/acme/flipped:1")),
