@@ -64,22 +64,38 @@ pub struct PluginRouter {
 }
 
 /// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
-/// or rewriting it (new mtime or size), changes the stamp.
+/// or rewriting it (new mtime or size), changes the stamp. A plugin's stamp includes its
+/// signature file's, so a signature deployed after its component still triggers a reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct FileStamp {
+    file: MetaStamp,
+    signature: Option<MetaStamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MetaStamp {
     inode: u64,
     len: u64,
     modified: Option<std::time::SystemTime>,
 }
 
-impl FileStamp {
-    pub(super) fn of(path: &std::path::Path) -> Option<Self> {
+impl MetaStamp {
+    fn of(path: &std::path::Path) -> Option<Self> {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).ok()?;
         Some(Self {
             inode: meta.ino(),
             len: meta.len(),
             modified: meta.modified().ok(),
+        })
+    }
+}
+
+impl FileStamp {
+    pub(super) fn of(path: &std::path::Path) -> Option<Self> {
+        Some(Self {
+            file: MetaStamp::of(path)?,
+            signature: MetaStamp::of(&crate::plugin::supply::signature_file(path)),
         })
     }
 }

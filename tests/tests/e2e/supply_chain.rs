@@ -600,3 +600,51 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_build_deployed_before_its_signature_is_refused_until_the_signature_arrives() {
+    let s = Scenario::new("signed_reload", &["order", "customer", "a", "b"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = SigningKey::generate().unwrap();
+    let plugin = copy_in(dir.path(), "router.wasm", &reference_plugin());
+    key.sign(&plugin, "router 1").unwrap();
+    let config = RelayConfig {
+        plugins_extra: Some(format!("trusted_keys = [\"{}\"]", key.public())),
+        ..RelayConfig::for_tests(&s.table.name, &kafka_bootstrap(), &s.prefix)
+    }
+    .render();
+    let config = default_plugin(&config, &format!("path = \"{}\"", plugin.display()));
+    let relay = RelayProcess::start(&config).unwrap();
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+
+    // The new build lands first: its old signature does not cover it.
+    let next = copy_in(dir.path(), "next.wasm", &test_plugin("test_fanout"));
+    let next_signature = key.sign(&next, "router 2").unwrap();
+    replace(&plugin, &next);
+    let refused = wait_until(SCENARIO_WAIT, || async {
+        relay.log().contains("does not match these bytes")
+    })
+    .await;
+    assert!(refused, "{}", relay.log());
+    s.table.insert_rows(5, None).await;
+    assert!(wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await);
+    assert_all_from_the_first_version(&s, 5);
+
+    // Then its signature: the watcher notices it and loads the build.
+    let mut signature = plugin.as_os_str().to_owned();
+    signature.push(".minisig");
+    replace(Path::new(&signature), &next_signature);
+    let reloaded = wait_until(SCENARIO_WAIT, || async {
+        relay.log().contains("plugin reloaded")
+    })
+    .await;
+    assert!(reloaded, "{}", relay.log());
+    s.table.insert_rows(5, None).await;
+    assert!(wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await);
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    let fanned = s.consume(15, Duration::from_secs(2));
+    let to_a = fanned.iter().filter(|m| m.topic.ends_with(".a")).count();
+    assert_eq!(to_a, 5, "the new build fans each row out to a and b");
+    s.finish().await;
+}

@@ -107,8 +107,8 @@ impl PluginSupply {
     }
 }
 
-/// `<file>.minisig`, minisign's own name for a file's signature; `None` when there is none.
-fn signature_file(location: &Path) -> PathBuf {
+/// `<file>.minisig`, minisign's own name for a file's signature.
+pub(crate) fn signature_file(location: &Path) -> PathBuf {
     let mut name = location.as_os_str().to_owned();
     name.push(".minisig");
     PathBuf::from(name)
