@@ -146,6 +146,20 @@ impl OciRegistry {
         Ok(digest.to_owned())
     }
 
+    /// Pulls `target` (`repository:tag`) with oras into `outdir`: each layer's media type and
+    /// bytes, in the manifest's order.
+    pub fn pull(&self, target: &str, outdir: &Path) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let script = repo_root().join("tests/oci/pull.py").display().to_string();
+        let out = outdir.display().to_string();
+        let listing = python_output(&[&script, &self.host(), target, &out])?;
+        let mut layers = Vec::new();
+        for line in listing.lines().filter(|l| !l.starts_with("config ")) {
+            let (media_type, path) = line.split_once(' ').context("unexpected oras output")?;
+            layers.push((media_type.to_owned(), std::fs::read(path)?));
+        }
+        Ok(layers)
+    }
+
     /// The file the registry serves blob `digest` from (`sha256:…`): rewrite it to make the
     /// registry serve other bytes under that digest.
     pub fn blob_file(&self, digest: &str) -> PathBuf {

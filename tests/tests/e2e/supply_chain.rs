@@ -648,3 +648,60 @@ async fn a_new_build_deployed_before_its_signature_is_refused_until_the_signatur
     assert_eq!(to_a, 5, "the new build fans each row out to a and b");
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sluice_plugin_push_writes_what_oras_reads_and_the_relay_pulls() {
+    let registry = OciRegistry::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = SigningKey::generate().unwrap();
+    let router = copy_in(dir.path(), "router.wasm", &reference_plugin());
+    let signature = key.sign(&router, "router 1").unwrap();
+    let s = Scenario::new("oci_push", &["order", "customer"]).await;
+    let cache = tempfile::tempdir().unwrap();
+    let reference = format!("oci://{}/acme/pushed:1", registry.host());
+    let config = oci_config(
+        &s,
+        &registry_lines(
+            &registry,
+            cache.path(),
+            &format!("trusted_keys = [\"{}\"]", key.public()),
+        ),
+        &reference,
+        "",
+        "",
+    );
+
+    let out = sluice_with_config(
+        &["plugin", "push", &router.display().to_string(), &reference],
+        &config,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("sha256 = \"{}\"", pin_of(&router))),
+        "{stdout}"
+    );
+
+    // oras reads the component and its signature back byte for byte.
+    let layers = registry
+        .pull("acme/pushed:1", &dir.path().join("pulled"))
+        .unwrap();
+    assert_eq!(layers.len(), 2, "{layers:?}");
+    assert_eq!(layers[0].0, "application/wasm");
+    assert_eq!(layers[0].1, std::fs::read(&router).unwrap());
+    assert_eq!(layers[1].0, SIGNATURE_MEDIA_TYPE);
+    assert_eq!(layers[1].1, std::fs::read(&signature).unwrap());
+
+    // And the relay pulls it, signature checked.
+    s.table.insert_rows(3, None).await;
+    let exit = s
+        .relay_until(&config, || async { s.table.count().await == 0 })
+        .await;
+    assert!(exit.log.contains("pulled plugin"), "{}", exit.log);
+    assert_eq!(s.consume(3, Duration::from_secs(1)).len(), 3);
+    s.finish().await;
+}

@@ -204,6 +204,18 @@ pub(crate) enum PluginCommand {
         #[arg(long = "trusted-key", value_name = "KEY")]
         trusted_keys: Vec<String>,
     },
+    /// Push a component to an OCI registry (one application/wasm layer, as `wkg oci push`
+    /// does), with FILE.minisig as a signature layer when it exists; prints the manifest
+    /// digest and the component's pin.
+    Push {
+        file: PathBuf,
+        /// oci://host[:port]/repository:tag
+        to: String,
+        /// Take `[plugins.registries]` (credentials, plain_http, ca_location) from this
+        /// sluice.toml.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Run rows (JSON lines with the outbox columns) through a plugin, on the relay's own code
     /// path, and print the messages; with --expect, compare them with a golden file (exit 3 on
     /// a difference). With --config sluice.toml --tenant T, run them as tenant T of that file

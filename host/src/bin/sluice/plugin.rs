@@ -15,6 +15,24 @@ use crate::cli::PluginCommand;
 pub(crate) mod scaffold;
 pub(crate) mod testbench;
 
+/// The plugin supply of `--config FILE`'s `[plugins]` (registries, trusted keys, cache), with
+/// `trusted_keys` added.
+fn supply(
+    config: Option<&Path>,
+    mut trusted_keys: Vec<String>,
+) -> anyhow::Result<sluice::plugin::supply::PluginSupply> {
+    let mut plugins = match config {
+        Some(path) => Config::load(path)?.plugins,
+        None => sluice::plugin::PluginsSettings::default(),
+    };
+    trusted_keys.append(&mut plugins.trusted_keys);
+    Ok(sluice::plugin::supply::PluginSupply::new(
+        &trusted_keys,
+        &plugins.registries,
+        sluice::plugin::settings::plugin_cache_dir(plugins.cache_dir.as_deref()).as_deref(),
+    )?)
+}
+
 /// Exit status of `sluice plugin test --expect` when the output differs from the golden file
 /// (1 is any error, 2 a usage error).
 const EXPECT_DIFFERS: u8 = 3;
@@ -32,21 +50,24 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        PluginCommand::Push { file, to, config } => {
+            let supply = supply(config.as_deref(), Vec::new())?;
+            let manifest = supply.push(&file, &to)?;
+            let digest = sluice::plugin::supply::sha256_digest(&std::fs::read(&file)?);
+            println!("pushed {} to {to}@{manifest}", file.display());
+            println!("digest:  {digest}");
+            println!(
+                "pin:     sha256 = \"{}\"",
+                digest.trim_start_matches("sha256:")
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         PluginCommand::Check {
             file,
             config,
-            mut trusted_keys,
+            trusted_keys,
         } => {
-            let mut plugins = match &config {
-                Some(path) => Config::load(path)?.plugins,
-                None => sluice::plugin::PluginsSettings::default(),
-            };
-            trusted_keys.append(&mut plugins.trusted_keys);
-            let supply = sluice::plugin::supply::PluginSupply::new(
-                &trusted_keys,
-                &plugins.registries,
-                sluice::plugin::settings::plugin_cache_dir(plugins.cache_dir.as_deref()).as_deref(),
-            )?;
+            let supply = supply(config.as_deref(), trusted_keys)?;
             let check = sluice::plugin::inspect(&file, &supply)?;
             println!("{}: OK (exports {})", file.display(), check.contract);
             println!("digest:  {}", check.digest);

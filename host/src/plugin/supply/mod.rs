@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use crate::plugin::PluginError;
 use crate::text::{MAX_LOGGED, bounded};
-use oci::{OciLocation, OciPuller, OciRegistrySettings};
+use oci::{OciLocation, OciRegistries, OciRegistrySettings};
 pub use pin::{Sha256Pin, sha256_digest};
 pub use signature::{Signer, TrustedKeys};
 
@@ -34,7 +34,7 @@ pub struct Fetched {
 #[derive(Debug, Default)]
 pub struct PluginSupply {
     trusted: TrustedKeys,
-    oci: OciPuller,
+    oci: OciRegistries,
 }
 
 impl PluginSupply {
@@ -50,8 +50,28 @@ impl PluginSupply {
         })?;
         Ok(Self {
             trusted,
-            oci: OciPuller::new(registries.clone(), cache_dir),
+            oci: OciRegistries::new(registries.clone(), cache_dir),
         })
+    }
+
+    /// Pushes the component `file` (with `file.minisig` when there is one) to the `oci://`
+    /// reference `to`; returns the manifest's digest.
+    pub fn push(&self, file: &Path, to: &str) -> Result<String, PluginError> {
+        let location = match OciLocation::parse(to) {
+            Some(parsed) => parsed.map_err(|m| refused(Path::new(to), m))?,
+            None => {
+                return Err(refused(
+                    Path::new(to),
+                    format!("not an {} reference", oci::OCI_SCHEME),
+                ));
+            }
+        };
+        let component =
+            std::fs::read(file).map_err(|e| refused(file, format!("cannot read file: {e}")))?;
+        let signature = read_signature(file)?;
+        self.oci
+            .push(&location, component, signature)
+            .map_err(|e| refused(Path::new(to), e.message))
     }
 
     /// Whether signatures are required.

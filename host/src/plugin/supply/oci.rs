@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::client::{
+    Certificate, CertificateEncoding, ClientConfig, ClientProtocol, Config, ImageLayer,
+};
 use oci_client::errors::{DigestError, OciDistributionError};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
@@ -26,6 +28,8 @@ use crate::text::{MAX_LOGGED, bounded};
 pub const OCI_SCHEME: &str = "oci://";
 /// The component's layer (wkg, oras with `file.wasm:application/wasm`).
 pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+/// The config blob `wkg oci push` gives a component.
+pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 /// A minisign signature of the component's bytes, pushed as a second layer.
 pub const SIGNATURE_MEDIA_TYPE: &str = "application/vnd.sluice.plugin.signature.minisign";
 /// Largest component accepted from a registry: Python and JavaScript components are 20–40 MB.
@@ -161,16 +165,16 @@ struct CachedRef {
     signature: Option<String>,
 }
 
-/// Pulls plugins from the registries `[plugins.registries]` configures (any other one
-/// anonymously over HTTPS).
+/// Pulls plugins from (and pushes them to) the registries `[plugins.registries]` configures
+/// (any other one anonymously over HTTPS).
 #[derive(Debug, Default)]
-pub struct OciPuller {
+pub struct OciRegistries {
     registries: BTreeMap<String, OciRegistrySettings>,
     /// `<plugins cache>/oci`; `None`: no cache (the compile cache is off).
     cache: Option<PathBuf>,
 }
 
-impl OciPuller {
+impl OciRegistries {
     /// Pulls with `registries`' settings, caching under `<cache_dir>/oci` (none without).
     pub fn new(
         registries: BTreeMap<String, OciRegistrySettings>,
@@ -210,26 +214,30 @@ impl OciPuller {
     }
 
     fn pull_remote(&self, location: &OciLocation) -> Result<Pulled, PullError> {
-        let settings = self
-            .registries
+        let settings = self.settings(location);
+        let reference = location.reference.clone();
+        on_own_runtime(async move { pull_async(&settings, &reference).await })
+    }
+
+    /// Pushes `component` (and its minisign `signature`) to `location` as `wkg oci push`
+    /// lays a component out (one `application/wasm` layer, a `application/vnd.wasm.config.v0+json`
+    /// config), the signature as a second layer; returns the manifest's digest.
+    pub fn push(
+        &self,
+        location: &OciLocation,
+        component: Vec<u8>,
+        signature: Option<String>,
+    ) -> Result<String, PullError> {
+        let settings = self.settings(location);
+        let reference = location.reference.clone();
+        on_own_runtime(async move { push_async(&settings, &reference, component, signature).await })
+    }
+
+    fn settings(&self, location: &OciLocation) -> OciRegistrySettings {
+        self.registries
             .get(location.registry())
             .cloned()
-            .unwrap_or_default();
-        let reference = location.reference.clone();
-        // The loaders run on blocking threads, inside and outside a Tokio runtime: the pull
-        // gets a thread and a runtime of its own.
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| PullError::refused(format!("cannot start a runtime: {e}")))?;
-                    runtime.block_on(pull_async(&settings, &reference))
-                })
-                .join()
-                .unwrap_or_else(|_| Err(PullError::refused("the pull panicked")))
-        })
+            .unwrap_or_default()
     }
 
     fn ref_file(&self, location: &OciLocation) -> Option<PathBuf> {
@@ -299,6 +307,75 @@ impl OciPuller {
     }
 }
 
+/// Runs `work` to completion on a thread and runtime of its own: the loaders run on blocking
+/// threads, inside and outside a Tokio runtime.
+fn on_own_runtime<T, F>(work: F) -> Result<T, PullError>
+where
+    T: Send,
+    F: std::future::Future<Output = Result<T, PullError>> + Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| PullError::refused(format!("cannot start a runtime: {e}")))?;
+                runtime.block_on(work)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(PullError::refused("the registry client panicked")))
+    })
+}
+
+fn auth(settings: &OciRegistrySettings) -> RegistryAuth {
+    match (&settings.username, &settings.password) {
+        (Some(user), Some(password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+        _ => RegistryAuth::Anonymous,
+    }
+}
+
+async fn push_async(
+    settings: &OciRegistrySettings,
+    reference: &Reference,
+    component: Vec<u8>,
+    signature: Option<String>,
+) -> Result<String, PullError> {
+    let client = client(settings, reference.registry())?;
+    let auth = auth(settings);
+    let component_digest = sha256_digest(&component);
+    let mut layers = vec![ImageLayer::new(
+        component,
+        WASM_LAYER_MEDIA_TYPE.to_owned(),
+        None,
+    )];
+    if let Some(text) = signature {
+        layers.push(ImageLayer::new(
+            text.into_bytes(),
+            SIGNATURE_MEDIA_TYPE.to_owned(),
+            None,
+        ));
+    }
+    let config = serde_json::json!({
+        "architecture": "wasm",
+        "os": "wasip2",
+        "layerDigests": [component_digest],
+    });
+    let config = Config::new(
+        config.to_string().into_bytes(),
+        WASM_CONFIG_MEDIA_TYPE.to_owned(),
+        None,
+    );
+    client
+        .push(reference, &layers, config, &auth, None)
+        .await
+        .map_err(|e| from_client("cannot push", e))?;
+    client
+        .fetch_manifest_digest(reference, &auth)
+        .await
+        .map_err(|e| from_client("pushed, but cannot read the manifest digest back", e))
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -352,10 +429,7 @@ async fn pull_async(
     reference: &Reference,
 ) -> Result<Pulled, PullError> {
     let client = client(settings, reference.registry())?;
-    let auth = match (&settings.username, &settings.password) {
-        (Some(user), Some(password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-        _ => RegistryAuth::Anonymous,
-    };
+    let auth = auth(settings);
     // oci-client checks the manifest against a `@sha256:` reference and the registry's
     // Docker-Content-Digest header.
     let (manifest, manifest_digest) = client
@@ -514,7 +588,7 @@ mod tests {
     #[test]
     fn the_cache_serves_only_bytes_that_still_match() {
         let dir = tempfile::tempdir().unwrap();
-        let puller = OciPuller::new(BTreeMap::new(), Some(dir.path()));
+        let puller = OciRegistries::new(BTreeMap::new(), Some(dir.path()));
         let loc = OciLocation::parse("oci://127.0.0.1:1/acme/router:1")
             .unwrap()
             .unwrap();
@@ -538,7 +612,7 @@ mod tests {
 
     #[test]
     fn a_registry_that_does_not_answer_falls_back_to_nothing_without_a_cache() {
-        let puller = OciPuller::new(
+        let puller = OciRegistries::new(
             BTreeMap::from([(
                 "127.0.0.1:1".to_owned(),
                 OciRegistrySettings {
