@@ -705,3 +705,48 @@ async fn sluice_plugin_push_writes_what_oras_reads_and_the_relay_pulls() {
     assert_eq!(s.consume(3, Duration::from_secs(1)).len(), 3);
     s.finish().await;
 }
+
+/// An `https://` registry whose certificate a CA of the test's own signed: trusted only through
+/// `[plugins.registries."…"] ca_location`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_registry_is_trusted_through_ca_location() {
+    use sluice_testkit::secure_broker::{TestCa, TlsProxy};
+    let registry = OciRegistry::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let router = copy_in(dir.path(), "router.wasm", &reference_plugin());
+    registry
+        .push("acme/router:1", &[(&router, "application/wasm")])
+        .unwrap();
+    let ca = TestCa::new(dir.path(), "registry-ca").expect("a CA");
+    let (cert, key) = ca.issue_server().expect("a server certificate");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = TlsProxy::start(listener, &cert, &key, registry.host()).expect("TLS in front");
+    let host = format!("localhost:{}", proxy.port());
+    let s = Scenario::new("oci_tls", &["order", "customer"]).await;
+    let cache = tempfile::tempdir().unwrap();
+    let config_with = |ca_line: &str| {
+        oci_config(
+            &s,
+            &format!(
+                "cache_dir = \"{}\"\n\n[plugins.registries.\"{host}\"]\n{ca_line}",
+                cache.path().display()
+            ),
+            &format!("oci://{host}/acme/router:1"),
+            "",
+            "",
+        )
+    };
+
+    let (ok, text) = config_check(&config_with(""));
+    assert!(!ok, "an untrusted certificate was accepted: {text}");
+    assert!(text.contains("cannot read the manifest"), "{text}");
+
+    let trusted = config_with(&format!("ca_location = \"{}\"\n", ca.pem.display()));
+    let (ok, text) = config_check(&trusted);
+    assert!(ok, "{text}");
+    s.table.insert_rows(3, None).await;
+    s.relay_until(&trusted, || async { s.table.count().await == 0 })
+        .await;
+    assert_eq!(s.consume(3, Duration::from_secs(1)).len(), 3);
+    s.finish().await;
+}

@@ -137,17 +137,17 @@ pub struct Pulled {
     pub from_cache: bool,
 }
 
-/// Why a pull failed: `outage` when the registry did not answer (or answered 5xx), so a
+/// Why a pull or push failed: `outage` when the registry did not answer (or answered 5xx), so a
 /// cached copy may stand in; otherwise the registry answered, and what it answered is refused.
 #[derive(Debug)]
-pub struct PullError {
+pub struct OciError {
     /// What went wrong, naming the blob or manifest.
     pub message: String,
     /// Whether the registry did not answer (a cached copy may stand in).
     pub outage: bool,
 }
 
-impl PullError {
+impl OciError {
     fn refused(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
@@ -188,7 +188,7 @@ impl OciRegistries {
 
     /// Resolves `location` and fetches its component (and signature), from the registry, or
     /// from the cache when the registry does not answer.
-    pub fn pull(&self, location: &OciLocation) -> Result<Pulled, PullError> {
+    pub fn pull(&self, location: &OciLocation) -> Result<Pulled, OciError> {
         match self.pull_remote(location) {
             Ok(pulled) => {
                 if let Err(e) = self.store(location, &pulled) {
@@ -204,7 +204,7 @@ impl OciRegistries {
                         "registry did not answer; using the cached copy it last resolved to");
                     Ok(pulled)
                 }
-                None => Err(PullError {
+                None => Err(OciError {
                     message: format!("{} (and no cached copy)", e.message),
                     outage: true,
                 }),
@@ -213,7 +213,7 @@ impl OciRegistries {
         }
     }
 
-    fn pull_remote(&self, location: &OciLocation) -> Result<Pulled, PullError> {
+    fn pull_remote(&self, location: &OciLocation) -> Result<Pulled, OciError> {
         let settings = self.settings(location);
         let reference = location.reference.clone();
         on_own_runtime(async move { pull_async(&settings, &reference).await })
@@ -227,7 +227,7 @@ impl OciRegistries {
         location: &OciLocation,
         component: Vec<u8>,
         signature: Option<String>,
-    ) -> Result<String, PullError> {
+    ) -> Result<String, OciError> {
         let settings = self.settings(location);
         let reference = location.reference.clone();
         on_own_runtime(async move { push_async(&settings, &reference, component, signature).await })
@@ -309,10 +309,10 @@ impl OciRegistries {
 
 /// Runs `work` to completion on a thread and runtime of its own: the loaders run on blocking
 /// threads, inside and outside a Tokio runtime.
-fn on_own_runtime<T, F>(work: F) -> Result<T, PullError>
+fn on_own_runtime<T, F>(work: F) -> Result<T, OciError>
 where
     T: Send,
-    F: std::future::Future<Output = Result<T, PullError>> + Send,
+    F: std::future::Future<Output = Result<T, OciError>> + Send,
 {
     std::thread::scope(|scope| {
         scope
@@ -320,11 +320,11 @@ where
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .map_err(|e| PullError::refused(format!("cannot start a runtime: {e}")))?;
+                    .map_err(|e| OciError::refused(format!("cannot start a runtime: {e}")))?;
                 runtime.block_on(work)
             })
             .join()
-            .unwrap_or_else(|_| Err(PullError::refused("the registry client panicked")))
+            .unwrap_or_else(|_| Err(OciError::refused("the registry client panicked")))
     })
 }
 
@@ -340,7 +340,7 @@ async fn push_async(
     reference: &Reference,
     component: Vec<u8>,
     signature: Option<String>,
-) -> Result<String, PullError> {
+) -> Result<String, OciError> {
     let client = client(settings, reference.registry())?;
     let auth = auth(settings);
     let component_digest = sha256_digest(&component);
@@ -385,11 +385,11 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-fn client(settings: &OciRegistrySettings, registry: &str) -> Result<Client, PullError> {
+fn client(settings: &OciRegistrySettings, registry: &str) -> Result<Client, OciError> {
     let mut extra_root_certificates = Vec::new();
     if let Some(ca) = &settings.ca_location {
         let data = std::fs::read(ca).map_err(|e| {
-            PullError::refused(format!(
+            OciError::refused(format!(
                 "cannot read [plugins.registries.\"{registry}\"] ca_location {}: {e}",
                 ca.display()
             ))
@@ -412,13 +412,13 @@ fn client(settings: &OciRegistrySettings, registry: &str) -> Result<Client, Pull
     }))
 }
 
-fn from_client(what: &str, e: OciDistributionError) -> PullError {
+fn from_client(what: &str, e: OciDistributionError) -> OciError {
     let outage = match &e {
         OciDistributionError::RequestError(_) | OciDistributionError::IoError(_) => true,
         OciDistributionError::ServerError { code, .. } => *code >= 500,
         _ => false,
     };
-    PullError {
+    OciError {
         message: bounded(&format!("{what}: {e}"), MAX_LOGGED).into_owned(),
         outage,
     }
@@ -427,7 +427,7 @@ fn from_client(what: &str, e: OciDistributionError) -> PullError {
 async fn pull_async(
     settings: &OciRegistrySettings,
     reference: &Reference,
-) -> Result<Pulled, PullError> {
+) -> Result<Pulled, OciError> {
     let client = client(settings, reference.registry())?;
     let auth = auth(settings);
     // oci-client checks the manifest against a `@sha256:` reference and the registry's
@@ -436,14 +436,14 @@ async fn pull_async(
         .pull_image_manifest(reference, &auth)
         .await
         .map_err(|e| from_client("cannot read the manifest", e))?;
-    let layer = |media_type: &str| -> Result<Option<&OciDescriptor>, PullError> {
+    let layer = |media_type: &str| -> Result<Option<&OciDescriptor>, OciError> {
         let mut found = manifest
             .layers
             .iter()
             .filter(|l| l.media_type == media_type);
         let first = found.next();
         if found.next().is_some() {
-            return Err(PullError::refused(format!(
+            return Err(OciError::refused(format!(
                 "manifest {manifest_digest} has more than one {media_type} layer"
             )));
         }
@@ -455,7 +455,7 @@ async fn pull_async(
             .iter()
             .map(|l| l.media_type.as_str())
             .collect();
-        return Err(PullError::refused(format!(
+        return Err(OciError::refused(format!(
             "manifest {manifest_digest} has no {WASM_LAYER_MEDIA_TYPE} layer (its layers: {}): \
              push the component with `wkg oci push` or `oras push … plugin.wasm:{WASM_LAYER_MEDIA_TYPE}`",
             if types.is_empty() {
@@ -470,7 +470,7 @@ async fn pull_async(
         Some(sig) => {
             let bytes = blob(&client, reference, sig, MAX_SIGNATURE_BYTES).await?;
             Some(String::from_utf8(bytes).map_err(|_| {
-                PullError::refused(format!("signature layer {} is not text", sig.digest))
+                OciError::refused(format!("signature layer {} is not text", sig.digest))
             })?)
         }
         None => None,
@@ -490,16 +490,16 @@ async fn blob(
     reference: &Reference,
     layer: &OciDescriptor,
     max: u64,
-) -> Result<Vec<u8>, PullError> {
+) -> Result<Vec<u8>, OciError> {
     let digest = &layer.digest;
     let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
     if size > max {
-        return Err(PullError::refused(format!(
+        return Err(OciError::refused(format!(
             "blob {digest} is {size} bytes, more than the {max} accepted"
         )));
     }
     if !digest.starts_with("sha256:") {
-        return Err(PullError::refused(format!(
+        return Err(OciError::refused(format!(
             "blob {} is not named by a sha256 digest",
             bounded(digest, 100)
         )));
@@ -517,7 +517,7 @@ async fn blob(
             // cut short), not the registry unreachable.
             Err(e) if e.get_ref().is_some_and(|inner| inner.is::<DigestError>()) => break,
             Err(e) => {
-                return Err(PullError {
+                return Err(OciError {
                     message: format!(
                         "download of blob {digest} broke off after {} bytes: {e}",
                         bytes.len()
@@ -527,21 +527,21 @@ async fn blob(
             }
         };
         if (bytes.len() + chunk.len()) as u64 > size {
-            return Err(PullError::refused(format!(
+            return Err(OciError::refused(format!(
                 "blob {digest} is longer than the {size} bytes its manifest says"
             )));
         }
         bytes.extend_from_slice(&chunk);
     }
     if (bytes.len() as u64) < size {
-        return Err(PullError::refused(format!(
+        return Err(OciError::refused(format!(
             "blob {digest} is truncated: {} of the {size} bytes its manifest says",
             bytes.len()
         )));
     }
     let found = sha256_digest(&bytes);
     if found != *digest {
-        return Err(PullError::refused(format!(
+        return Err(OciError::refused(format!(
             "blob {digest} does not match its digest: the registry served bytes whose digest is {found}"
         )));
     }
