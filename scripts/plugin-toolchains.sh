@@ -14,6 +14,9 @@
 #   ensure_oras_python       PyPI oras $ORAS_PY_VERSION (the ORAS project's OCI client) and
 #                            bcrypt in a venv, for the plugin supply-chain e2e tests; sets
 #                            SLUICE_ORAS_PYTHON
+#   ensure_kubernetes_validate
+#                            PyPI kubernetes-validate $KUBERNETES_VALIDATE_VERSION in a venv, for
+#                            the offline check of deploy/kubernetes/ in scripts/test
 #   ensure_componentize_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
 #                            preview2-shim dependency (JavaScript on SpiderMonkey: works, but
 #                            bigger and slower; see docs/plugin-languages.md)
@@ -27,6 +30,7 @@ COMPONENTIZE_JS_VERSION="0.23.0"
 PREVIEW2_SHIM_VERSION="0.25.0"
 CONFLUENT_KAFKA_VERSION="2.16.1"
 ORAS_PY_VERSION="0.2.43"
+KUBERNETES_VALIDATE_VERSION="1.37.0"
 BCRYPT_VERSION="4.3.0"
 
 SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
@@ -87,6 +91,14 @@ ensure_oras_python() {
     local dir="$SLUICE_TOOLCHAINS/oras-$ORAS_PY_VERSION"
     _ensure_venv "$dir" "oras==$ORAS_PY_VERSION" "bcrypt==$BCRYPT_VERSION" || return 1
     export SLUICE_ORAS_PYTHON="$dir/bin/python"
+}
+
+# ensure_kubernetes_validate: afterwards `kubernetes-validate` (PyPI; Kubernetes' own
+# OpenAPI schemas, bundled: validates offline) is on PATH.
+ensure_kubernetes_validate() {
+    local dir="$SLUICE_TOOLCHAINS/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+    _ensure_venv "$dir" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || return 1
+    export PATH="$dir/bin:$PATH"
 }
 
 # _ensure_npm_tools DIR PACKAGE@VERSION...: a private node_modules with exactly these pins.
