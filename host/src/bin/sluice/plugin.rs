@@ -52,8 +52,7 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
         }
         PluginCommand::Push { file, to, config } => {
             let supply = supply(config.as_deref(), Vec::new())?;
-            let manifest = supply.push(&file, &to)?;
-            let digest = sluice::plugin::supply::sha256_digest(&std::fs::read(&file)?);
+            let (manifest, digest) = supply.push(&file, &to)?;
             println!("pushed {} to {to}@{manifest}", file.display());
             println!("digest:  {digest}");
             println!(

@@ -55,8 +55,9 @@ impl PluginSupply {
     }
 
     /// Pushes the component `file` (with `file.minisig` when there is one) to the `oci://`
-    /// reference `to`; returns the manifest's digest.
-    pub fn push(&self, file: &Path, to: &str) -> Result<String, PluginError> {
+    /// reference `to`; returns the manifest's digest and the digest of the component's bytes
+    /// as pushed.
+    pub fn push(&self, file: &Path, to: &str) -> Result<(String, String), PluginError> {
         let location = match OciLocation::parse(to) {
             Some(parsed) => parsed.map_err(|m| refused(Path::new(to), m))?,
             None => {
@@ -69,9 +70,12 @@ impl PluginSupply {
         let component =
             std::fs::read(file).map_err(|e| refused(file, format!("cannot read file: {e}")))?;
         let signature = read_signature(file)?;
-        self.oci
+        let digest = sha256_digest(&component);
+        let manifest = self
+            .oci
             .push(&location, component, signature)
-            .map_err(|e| refused(Path::new(to), e.message))
+            .map_err(|e| refused(Path::new(to), e.message))?;
+        Ok((manifest, digest))
     }
 
     /// Whether signatures are required.
