@@ -4,7 +4,7 @@
 //! PostgreSQL refuses a NUL byte in `text`; a terminal interprets escape sequences; a log
 //! collector chokes on multi-megabyte lines. Every guest-influenced string goes through
 //! [`bounded`] before it is stored or logged. And [`toml_scalar`]: configuration values as
-//! the text libraries expect.
+//! the text libraries expect; [`error_chain`]: an error with the causes its message leaves out.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -83,9 +83,53 @@ fn needs_escape(c: char) -> bool {
     c.is_control()
 }
 
+/// The error and its causes, `: `-separated, each cause left out when the text so far already
+/// says it. Many errors (sqlx's, and ours that wrap them) repeat their cause in their own
+/// message, and `{:#}` would print it two or three times; others (reqwest's) leave out the
+/// cause that says what went wrong, e.g. `certificate verify failed`.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut next = Some(error);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Like reqwest's errors: the message does not say why; the cause does.
+    #[derive(Debug, thiserror::Error)]
+    #[error("error sending request")]
+    struct Terse(#[source] std::io::Error);
+
+    /// Like sqlx's: the message repeats its cause.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect: {0}")]
+    struct Verbose(#[source] Terse);
+
+    #[test]
+    fn an_error_chain_adds_the_causes_a_message_leaves_out_and_no_cause_twice() {
+        let io = || std::io::Error::other("certificate verify failed");
+        assert_eq!(
+            error_chain(&Terse(io())),
+            "error sending request: certificate verify failed"
+        );
+        assert_eq!(
+            error_chain(&Verbose(Terse(io()))),
+            "cannot connect: error sending request: certificate verify failed"
+        );
+        assert_eq!(error_chain(&io()), "certificate verify failed");
+    }
 
     #[test]
     fn secrets_are_scrubbed_before_newlines_are_folded_and_long_text_is_cut() {

@@ -2,13 +2,15 @@
 """Prepares the OCI runtime bundle `umoci unpack` wrote from Sluice's image to run one command
 under runc the way a restrictive runtime runs a pod (`scripts/package --check image`).
 
-    runtime-bundle.py BUNDLE --user UID:GID --seccomp PROFILE [--env NAME=VALUE]... [-- ARGS...]
+    runtime-bundle.py BUNDLE --user UID:GID --seccomp PROFILE [--env NAME=VALUE]...
+                      [--mount SOURCE:DESTINATION]... [-- ARGS...]
 
 BUNDLE/config.json keeps what the image says (its arguments, environment, user, working
 directory: umoci derived them from the image's configuration); the image's own configuration is
 kept the first time as config.image.json and every call starts from it. Then:
 - the process runs ARGS (the image's entrypoint and command without them), with the image's
-  environment plus each --env;
+  environment plus each --env, and each --mount's host file or directory read-only at its
+  DESTINATION;
 - the image's user must be UID:GID (exits non-zero naming both otherwise);
 - no capabilities, no_new_privs, a read-only root, empty tmpfs at /tmp and /var/cache/sluice
   (Kubernetes: readOnlyRootFilesystem, capabilities drop ALL, an emptyDir for the cache);
@@ -71,6 +73,7 @@ def main():
     parser.add_argument("--user", required=True)
     parser.add_argument("--seccomp", required=True)
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--mount", action="append", default=[])
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     options = parser.parse_args(argv[:split])
@@ -103,6 +106,11 @@ def main():
         {"destination": "/var/cache/sluice", "type": "tmpfs", "source": "tmpfs",
          "options": ["nosuid", "nodev", "mode=0750", f"uid={uid}", f"gid={gid}"]},
     ]
+    for mount in options.mount:
+        source, destination = mount.split(":", 1)
+        config["mounts"].append({"destination": destination, "type": "bind",
+                                 "source": os.path.abspath(source),
+                                 "options": ["bind", "ro", "nosuid", "nodev"]})
     linux = config["linux"]
     linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
     with open(options.seccomp) as f:

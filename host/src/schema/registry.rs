@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::settings::{RegistrySettings, SchemaVersion};
 use super::state::RegistryState;
+use crate::text::error_chain;
 
 /// The registry's media type (plain JSON is accepted too).
 const MEDIA_TYPE: &str = "application/vnd.schemaregistry.v1+json";
@@ -256,14 +257,7 @@ fn unreachable(e: reqwest::Error, what: &str) -> RegistryError {
     // context names the request. reqwest's Display leaves out the cause (connection refused,
     // timed out): appended.
     let e = e.without_url();
-    let mut text = format!("{what}: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    RegistryError::Unreachable(text)
+    RegistryError::Unreachable(format!("{what}: {}", error_chain(&e)))
 }
 
 async fn error_of(status: u16, response: reqwest::Response, what: &str) -> RegistryError {

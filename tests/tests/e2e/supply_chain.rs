@@ -740,6 +740,8 @@ async fn an_https_registry_is_trusted_through_ca_location() {
     let (ok, text) = config_check(&config_with(""));
     assert!(!ok, "an untrusted certificate was accepted: {text}");
     assert!(text.contains("cannot read the manifest"), "{text}");
+    // Why, not only that the request failed.
+    assert!(text.contains("certificate verify failed"), "{text}");
 
     let trusted = config_with(&format!("ca_location = \"{}\"\n", ca.pem.display()));
     let (ok, text) = config_check(&trusted);

@@ -42,22 +42,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The error and its causes, `: `-separated, each cause left out when the text so far already
-/// says it: many errors (sqlx's, and ours that wrap them) repeat their cause in their own
-/// message, and `{:#}` would print it two or three times.
+/// The error and its causes (see [`sluice::text::error_chain`]).
 fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    sluice::text::error_chain(e.as_ref())
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {

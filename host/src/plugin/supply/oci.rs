@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plugin::supply::pin::sha256_digest;
 use crate::problem::Problem;
-use crate::text::{MAX_LOGGED, bounded};
+use crate::text::{MAX_LOGGED, bounded, error_chain};
 
 /// What `path` starts with for a plugin in an OCI registry.
 pub const OCI_SCHEME: &str = "oci://";
@@ -419,7 +419,9 @@ fn from_client(what: &str, e: OciDistributionError) -> OciError {
         _ => false,
     };
     OciError {
-        message: bounded(&format!("{what}: {e}"), MAX_LOGGED).into_owned(),
+        // With its causes: reqwest's message alone says "error sending request", not why
+        // (connection refused, certificate verify failed).
+        message: bounded(&format!("{what}: {}", error_chain(&e)), MAX_LOGGED).into_owned(),
         outage,
     }
 }
@@ -519,8 +521,9 @@ async fn blob(
             Err(e) => {
                 return Err(OciError {
                     message: format!(
-                        "download of blob {digest} broke off after {} bytes: {e}",
-                        bytes.len()
+                        "download of blob {digest} broke off after {} bytes: {}",
+                        bytes.len(),
+                        error_chain(&e)
                     ),
                     outage: true,
                 });
