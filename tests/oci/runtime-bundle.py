@@ -24,18 +24,26 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 
-# Docker profile architecture names by Python's machine name, and the runtime spec's names.
+# By Python's machine name: the profile's (and the runtime spec's) architecture, and the name
+# a profile's includes/excludes use for it.
 PROFILE_ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
 GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
+def kernel_at_least(minimum):
+    """Whether the running kernel is `minimum` ("5.8") or newer."""
+    running = [int(n) for n in re.findall(r"\d+", platform.release())[:2]]
+    return running >= [int(n) for n in minimum.split(".")[:2]]
+
+
 def seccomp_for(profile, machine):
     """The runtime spec's linux.seccomp for a Docker-format profile, for a process without
-    capabilities on `machine` (entries that need a capability or another architecture drop
-    out, entries excluded only for holders of a capability stay)."""
+    capabilities on `machine` (entries that need a capability, another architecture or a newer
+    kernel drop out, entries excluded only for holders of a capability stay)."""
     native = PROFILE_ARCH[machine]
     arches = [native]
     for entry in profile.get("archMap") or []:
@@ -45,7 +53,9 @@ def seccomp_for(profile, machine):
     syscalls = []
     for rule in profile["syscalls"]:
         includes, excludes = rule.get("includes") or {}, rule.get("excludes") or {}
-        if includes.get("caps") or includes.get("minKernel"):
+        if includes.get("caps"):
+            continue
+        if includes.get("minKernel") and not kernel_at_least(includes["minKernel"]):
             continue
         if includes.get("arches") and go_arch not in includes["arches"]:
             continue
