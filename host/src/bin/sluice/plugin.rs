@@ -52,12 +52,12 @@ pub(crate) fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
         }
         PluginCommand::Push { file, to, config } => {
             let supply = supply(config.as_deref(), Vec::new())?;
-            let (manifest, digest) = supply.push(&file, &to)?;
-            println!("pushed {} to {to}@{manifest}", file.display());
-            println!("digest:  {digest}");
+            let pushed = supply.push(&file, &to)?;
+            println!("pushed {} to {to}@{}", file.display(), pushed.manifest);
+            println!("digest:  {}", pushed.component);
             println!(
                 "pin:     sha256 = \"{}\"",
-                digest.trim_start_matches("sha256:")
+                pushed.component.trim_start_matches("sha256:")
             );
             Ok(ExitCode::SUCCESS)
         }

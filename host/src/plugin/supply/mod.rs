@@ -55,9 +55,8 @@ impl PluginSupply {
     }
 
     /// Pushes the component `file` (with `file.minisig` when there is one) to the `oci://`
-    /// reference `to`; returns the manifest's digest and the digest of the component's bytes
-    /// as pushed.
-    pub fn push(&self, file: &Path, to: &str) -> Result<(String, String), PluginError> {
+    /// reference `to`; returns the digests of the manifest and of the bytes pushed.
+    pub fn push(&self, file: &Path, to: &str) -> Result<oci::Pushed, PluginError> {
         let location = match OciLocation::parse(to) {
             Some(parsed) => parsed.map_err(|m| refused(Path::new(to), m))?,
             None => {
@@ -70,12 +69,9 @@ impl PluginSupply {
         let component =
             std::fs::read(file).map_err(|e| refused(file, format!("cannot read file: {e}")))?;
         let signature = read_signature(file)?;
-        let digest = sha256_digest(&component);
-        let manifest = self
-            .oci
+        self.oci
             .push(&location, component, signature)
-            .map_err(|e| refused(Path::new(to), e.message))?;
-        Ok((manifest, digest))
+            .map_err(|e| refused(Path::new(to), e.message))
     }
 
     /// Whether signatures are required.

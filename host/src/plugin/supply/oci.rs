@@ -137,6 +137,15 @@ pub struct Pulled {
     pub from_cache: bool,
 }
 
+/// What a push wrote: the digests of the manifest and of the component's layer.
+#[derive(Debug)]
+pub struct Pushed {
+    /// `sha256:…` of the manifest (what `oci://…@sha256:…` pins).
+    pub manifest: String,
+    /// `sha256:…` of the component's bytes (what a `sha256` pin says).
+    pub component: String,
+}
+
 /// Why a pull or push failed: `outage` when the registry did not answer (or answered 5xx), so a
 /// cached copy may stand in; otherwise the registry answered, and what it answered is refused.
 #[derive(Debug)]
@@ -221,13 +230,13 @@ impl OciRegistries {
 
     /// Pushes `component` (and its minisign `signature`) to `location` as `wkg oci push`
     /// lays a component out (one `application/wasm` layer, a `application/vnd.wasm.config.v0+json`
-    /// config), the signature as a second layer; returns the manifest's digest.
+    /// config), the signature as a second layer.
     pub fn push(
         &self,
         location: &OciLocation,
         component: Vec<u8>,
         signature: Option<String>,
-    ) -> Result<String, OciError> {
+    ) -> Result<Pushed, OciError> {
         let settings = self.settings(location);
         let reference = location.reference.clone();
         on_own_runtime(async move { push_async(&settings, &reference, component, signature).await })
@@ -340,7 +349,7 @@ async fn push_async(
     reference: &Reference,
     component: Vec<u8>,
     signature: Option<String>,
-) -> Result<String, OciError> {
+) -> Result<Pushed, OciError> {
     let client = client(settings, reference.registry())?;
     let auth = auth(settings);
     let component_digest = sha256_digest(&component);
@@ -370,10 +379,14 @@ async fn push_async(
         .push(reference, &layers, config, &auth, None)
         .await
         .map_err(|e| from_client("cannot push", e))?;
-    client
+    let manifest = client
         .fetch_manifest_digest(reference, &auth)
         .await
-        .map_err(|e| from_client("pushed, but cannot read the manifest digest back", e))
+        .map_err(|e| from_client("pushed, but cannot read the manifest digest back", e))?;
+    Ok(Pushed {
+        manifest,
+        component: component_digest,
+    })
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
