@@ -154,28 +154,33 @@ apt_install_tools() {
     return 0
 }
 
-ensure_promtool() {
-    if command -v promtool >/dev/null; then
-        return
-    fi
-    log "installing promtool (Debian package prometheus)"
-    apt_install_tools prometheus
-    command -v promtool >/dev/null \
-        || die "promtool is missing and could not be installed (apt-get install prometheus)"
+# ensure_debian_tools "NEEDED..." PACKAGE...: every NEEDED (a command, or the absolute path of
+# a file) present, else PACKAGEs installed from Debian (apt_install_tools) and checked again.
+ensure_debian_tools() {
+    local needed="$1"
+    shift
+    debian_tools_present() {
+        local each
+        for each in $needed; do
+            case "$each" in
+                /*) [ -e "$each" ] || return 1 ;;
+                *) command -v "$each" >/dev/null || return 1 ;;
+            esac
+        done
+    }
+    debian_tools_present && return
+    log "installing $* (Debian packages)"
+    apt_install_tools "$@"
+    debian_tools_present \
+        || die "${needed// / or } is missing and could not be installed (apt-get install $*)"
 }
+
+ensure_promtool() { ensure_debian_tools promtool prometheus; }
 
 # The plugin supply-chain tests (tests/tests/e2e/supply_chain.rs) run a real OCI registry
 # (Debian's docker-registry, started by each test on its own port) and sign with Debian's
 # minisign.
-ensure_oci_tools() {
-    if command -v docker-registry >/dev/null && command -v minisign >/dev/null; then
-        return
-    fi
-    log "installing docker-registry and minisign (Debian packages)"
-    apt_install_tools docker-registry minisign
-    command -v docker-registry >/dev/null && command -v minisign >/dev/null \
-        || die "docker-registry or minisign is missing and could not be installed (apt-get install docker-registry minisign)"
-}
+ensure_oci_tools() { ensure_debian_tools "docker-registry minisign" docker-registry minisign; }
 
 ensure_services() {
     ensure_promtool
