@@ -13,13 +13,13 @@ use serde::Deserialize;
 pub use crate::problem::Problem;
 use crate::secret;
 
+use crate::encoding::{Format, RegistrySettings};
 use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
 use crate::plugin::{PluginSpec, PluginsSettings};
 use crate::relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
-use crate::schema::{Format, RegistrySettings};
 use crate::store::{
     AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering,
     StoreOptions, TableSpec, TenantColumn, validate_channel,
@@ -478,13 +478,14 @@ impl Config {
         }
         let default = self.plugins.default.as_ref();
         let sections = default
-            .map(|d| ("plugins.default".to_owned(), d.formats()))
+            .map(|d| ("plugins.default".to_owned(), d.formats.clone()))
             .into_iter()
             .chain(self.tenants.iter().map(|(name, t)| {
                 (
                     format!("tenants.{name}"),
-                    t.formats()
-                        .or(&default.map(PluginSpec::formats).unwrap_or_default()),
+                    t.formats
+                        .clone()
+                        .or(&default.map(|d| d.formats.clone()).unwrap_or_default()),
                 )
             }));
         for (key, formats) in sections {
@@ -662,7 +663,7 @@ mod tests {
         );
         let default = c.plugins.default.as_ref().unwrap();
         assert_eq!(
-            default.value_schema.as_deref(),
+            default.formats.value_schema.as_deref(),
             Some(Path::new("s/order.proto")),
             "relative to the config file (here: t.toml in the working directory)"
         );
@@ -1058,8 +1059,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.plugins.cache_max_mb, 64);
-        let default = c.plugins.default.as_ref().unwrap().limits();
-        let acme = c.tenants["acme"].limits().or(&default);
+        let default = c.plugins.default.as_ref().unwrap().limits.clone();
+        let acme = c.tenants["acme"].limits.clone().or(&default);
         assert_eq!(acme.recycle_memory_percent, Some(90), "inherited");
         let defaults = parse("[database]\nurl = \"x\"\n").unwrap();
         assert_eq!(defaults.plugins.cache_max_mb, 1024);
@@ -1097,8 +1098,8 @@ mod tests {
         .unwrap();
         assert!(c.plugins.strict_startup);
         assert_eq!(c.plugins.max_unconfigured_instances, 3);
-        let default = c.plugins.default.as_ref().unwrap().limits();
-        let acme = c.tenants["acme"].limits().or(&default);
+        let default = c.plugins.default.as_ref().unwrap().limits.clone();
+        let acme = c.tenants["acme"].limits.clone().or(&default);
         assert_eq!(acme.max_headers_per_message, Some(7), "inherited");
         assert_eq!(acme.max_batch_output_bytes, Some(1000));
         for (bad, key) in [

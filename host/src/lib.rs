@@ -16,13 +16,14 @@
 
 pub mod app;
 pub mod config;
+pub mod encoding;
 mod maintenance;
 pub mod model;
 pub mod plugin;
 mod problem;
 pub mod relay;
-pub mod schema;
 pub mod secret;
+mod setting_group;
 pub mod shutdown;
 mod sink;
 pub mod store;

@@ -1,6 +1,9 @@
 //! The values every part of Sluice talks about: an outbox row as claimed, its id, its tenant,
-//! its headers. Nothing here knows about databases, plugins or brokers.
+//! its headers; the messages a row becomes, or why it became none. Nothing here knows about
+//! databases, plugins, encodings or brokers.
 
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -134,10 +137,143 @@ pub struct OutboundMessage {
     pub partition: Option<i32>,
     /// How key and value are still to be encoded (the tenant's `key_format`/`value_format`);
     /// `None`: published as they are.
-    pub formats: Option<std::sync::Arc<crate::schema::MessageFormats>>,
+    pub encoding: Option<Encoding>,
     /// The record the plugin named for the value (contract 0.2.0 `value-record`), in place of
     /// the section's `value_record`.
     pub value_record: Option<String>,
     /// As `value_record`, for the key.
     pub key_record: Option<String>,
+}
+
+/// How a message's key and value are still to be encoded, in the encoding layer's own type
+/// (`encoding::MessageFormats`): the plugin host attaches its tenant's formats, the encoder
+/// reads them back with [`Encoding::get`], and everything between only carries them, so the
+/// model knows nothing of encodings.
+#[derive(Clone)]
+pub struct Encoding(Arc<dyn EncodingPlan>);
+
+/// What an [`Encoding`] may hold: a value that can be printed and compared.
+pub trait EncodingPlan: Any + fmt::Debug + Send + Sync {
+    /// Whether `other` holds an equal value of the same type.
+    fn same_as(&self, other: &dyn EncodingPlan) -> bool;
+}
+
+impl<T: Any + fmt::Debug + PartialEq + Send + Sync> EncodingPlan for T {
+    fn same_as(&self, other: &dyn EncodingPlan) -> bool {
+        (other as &dyn Any).downcast_ref::<T>() == Some(self)
+    }
+}
+
+impl Encoding {
+    /// Carries `plan`.
+    pub fn new<T: EncodingPlan>(plan: Arc<T>) -> Self {
+        Self(plan)
+    }
+
+    /// The plan, if it is a `T` (the encoder fails a message whose plan is not its own type,
+    /// rather than publish it unencoded).
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        (&*self.0 as &dyn Any).downcast_ref()
+    }
+}
+
+impl fmt::Debug for Encoding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for Encoding {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same_as(&*other.0)
+    }
+}
+
+/// The messages of one row, or why the row could not be transformed.
+pub type RowResult = Result<Vec<OutboundMessage>, TransformFailure>;
+
+/// Why a row was not transformed. Every variant fails the row closed: nothing of it is
+/// published.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TransformFailure {
+    /// The plugin reported a transient error: the row is retried with back-off.
+    #[error("plugin error (retryable) {code}: {message}")]
+    Retryable {
+        /// The plugin's error code (bounded).
+        code: String,
+        /// The plugin's error text (bounded).
+        message: String,
+    },
+    /// The plugin refused the row for good: it goes dead at once.
+    #[error("plugin error (permanent) {code}: {message}")]
+    Permanent {
+        /// The plugin's error code (bounded).
+        code: String,
+        /// The plugin's error text (bounded).
+        message: String,
+    },
+    /// Trap or memory cap; the instance was discarded.
+    #[error("{0}")]
+    Trapped(String),
+    /// The call ran into its `call_timeout`; the instance was discarded and the tenant paused.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// Not run in this batch: the tenant's plugin used up the batch's time budget, or was busy
+    /// in another batch. The row is put back untouched (no attempt counted).
+    #[error("deferred: {0}")]
+    Deferred(String),
+    /// The plugin returned something the host refuses to publish.
+    #[error("invalid plugin output: {0}")]
+    InvalidOutput(String),
+    /// Neither a `[tenants.<name>]` entry nor `[plugins.default]` covers the row's tenant.
+    #[error("no plugin for tenant {0:?}: add [tenants.{0}] or [plugins.default]")]
+    NoPlugin(TenantId),
+    /// The message does not fit its registry schema (`value_format`/`key_format`): the row's
+    /// own fault, dead at once like a permanent plugin error.
+    #[error("schema mismatch: {0}")]
+    SchemaMismatch(String),
+    /// No schema to encode with (registry down, subject or version missing, schema of another
+    /// format): retried without counting an attempt, never dead-lettered.
+    #[error("schema unavailable: {0}")]
+    SchemaUnavailable(String),
+    /// The tenant's instance could not be (re)created.
+    #[error("plugin unavailable: {0}")]
+    Unavailable(String),
+    /// The tenant's circuit breaker is open, or the tenant is quarantined; the row was not
+    /// run and waits `remaining` without an attempt being counted.
+    #[error("{}", paused_message(tenant, remaining, reason))]
+    Paused {
+        /// The paused tenant.
+        tenant: TenantId,
+        /// Time left until its rows are tried again.
+        remaining: std::time::Duration,
+        /// Breaker or quarantine.
+        reason: PauseReason,
+    },
+}
+
+/// Why a tenant's rows are not run for now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PauseReason {
+    /// Its circuit breaker is open.
+    CircuitBreaker,
+    /// Its plugin failed to load, instantiate or configure (the reason, bounded); retried
+    /// with back-off and on reload.
+    Quarantined(String),
+}
+
+fn paused_message(
+    tenant: &TenantId,
+    remaining: &std::time::Duration,
+    reason: &PauseReason,
+) -> String {
+    let remaining = humantime::format_duration(*remaining);
+    match reason {
+        PauseReason::CircuitBreaker => {
+            format!("tenant {tenant} paused by its circuit breaker for another {remaining}")
+        }
+        PauseReason::Quarantined(why) => format!(
+            "tenant {tenant} quarantined: its plugin failed to start ({why}); next try in {remaining}"
+        ),
+    }
 }

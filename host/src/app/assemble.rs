@@ -9,10 +9,10 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::config::Config;
+use crate::encoding::{RegistryClient, SchemaEncoder, SchemaSource};
 use crate::maintenance::pruner::Retention;
 use crate::plugin::{PluginRouter, TenantState};
 use crate::relay::Relay;
-use crate::schema::{RegistryClient, SchemaEncoder, SchemaSource};
 use crate::shutdown::Shutdown;
 use crate::sink::KafkaSink;
 use crate::store::{self, MarkMode, Store};

@@ -12,8 +12,8 @@ use super::sampler::{self, LastSample};
 use super::services::Services;
 use super::status::StatusReport;
 use crate::config::Config;
+use crate::encoding::{RegistryClient, RegistryState};
 use crate::plugin::{PluginRouter, TenantState};
-use crate::schema::{RegistryClient, RegistryState};
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
 use crate::telemetry::metrics::Dependency;
@@ -240,7 +240,7 @@ mod tests {
 
     #[test]
     fn readyz_is_not_ready_while_the_schema_registry_does_not_answer() {
-        use crate::schema::RegistryError;
+        use crate::encoding::RegistryError;
         let mut e = endpoints(1);
         let state = Arc::new(RegistryState::default());
         e.registry = Some(Arc::clone(&state));

@@ -15,8 +15,8 @@ use tokio::signal::unix::Signal;
 
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
+use crate::encoding::RegistryClient;
 use crate::plugin::PluginSpec;
-use crate::schema::RegistryClient;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 
+use crate::encoding::RegistryClient;
 use crate::plugin::RowTransformer;
 use crate::relay::Relay;
-use crate::schema::RegistryClient;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::store::{OutboxStore, Store, TenantBacklog};

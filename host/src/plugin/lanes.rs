@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 use crate::model::OutboxRow;
+use crate::model::{RowResult, TransformFailure};
 use crate::plugin::tenant::health::STALL_AFTER;
 use crate::plugin::tenant::{LOCK_POLL, Tenant, lock};
-use crate::plugin::{RowResult, TransformFailure};
 
 /// Lanes a batch may grow to when its lanes are stuck in stalled calls.
 const MAX_LANES: usize = 32;

@@ -6,11 +6,84 @@ use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
 
-use crate::plugin::settings::{
-    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_MAX_BATCH_OUTPUT_BYTES, DEFAULT_MAX_HEADERS_PER_MESSAGE, DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_MAX_OUTPUTS_PER_ROW, DEFAULT_MEMORY_MB, DEFAULT_RECYCLE_MEMORY_PERCENT, LimitsSpec,
-};
+use crate::setting_group::{Humantime, setting_group};
+
+setting_group! {
+    /// A plugin section's sandbox limits as written (`[plugins.default]`, `[tenants.<name>]`);
+    /// unset keys inherit from `[plugins.default]` (`allowed_topics` only for a tenant that
+    /// runs the default plugin: [`PluginSpec::inherit`](crate::plugin::PluginSpec::inherit)),
+    /// then take the defaults here. The defaults' reasons: `memory_mb` — Python/JS guests need
+    /// tens of MiB at start-up; `recycle_memory_percent` — runtimes that leak (componentize-py
+    /// 0.24/0.25 never frees what a call returns) are renewed before they reach the cap, trap
+    /// and fail a row; `call_timeout` — a Rust `transform` takes microseconds, this only stops
+    /// runaway guests; `max_outputs_per_row` — a runaway fan-out must not flood the broker;
+    /// `max_message_bytes` — Kafka's own default `message.max.bytes` is 1 MiB;
+    /// `max_headers_per_message` — each header costs the producer and every consumer an
+    /// allocation; `max_batch_output_bytes` — a fan-out-heavy tenant cannot hold the relay's
+    /// memory for everyone.
+    pub struct LimitsSpec => LimitValues {
+        /// Linear memory cap of each tenant instance, all of its memories together; growing past it traps.
+        memory_mb: u64 = 128 => "`128`", check above_zero;
+        /// Wall-clock budget of one plugin call (instantiation, `configure`, `transform`, … — time spent waiting in host calls such as sleeps included), and the tenant's time budget per batch: rows left when it is used up are put back for the next batch. A call that runs into it also pauses the tenant at once (circuit breaker).
+        call_timeout: Duration as Humantime = Duration::from_millis(500) => "`\"500ms\"`", check above_zero;
+        /// After a call, an instance whose memory has grown past this share of `memory_mb` is replaced by a fresh one (configured again) before the next row, so plugins whose runtime leaks (componentize-py) or only grows are renewed before they trap. Not for an instance that started above it. 1–100; `100` turns it off ([plugins.md](plugins.md#the-sandbox-and-its-limits)).
+        recycle_memory_percent: u8 = 75 => "`75`", check percent;
+        /// Topics the plugin may route to: exact names or `prefix*` patterns such as `"acme.*"` (`["*"]`: any topic). A message to another topic fails its row. Not taken by a tenant with its own plugin ([below](#tenantsname)).
+        allowed_topics: Vec<String> => "any topic", check topic_patterns;
+        /// Messages one row may produce; more fails the row.
+        max_outputs_per_row: usize = 100 => "`100`";
+        /// Largest message a plugin may produce, counting key + payload + each header's name and value + 32 bytes per header; larger fails the row.
+        max_message_bytes: usize = 1024 * 1024 => "`1048576`", check above_zero;
+        /// Headers one message may carry (the host's `sluice-tenant` and `sluice-outbox-id` come on top); more fails the row. At most 10000.
+        max_headers_per_message: usize = 100 => "`100`", check at_most_max_headers;
+        /// Bytes of messages the tenant's rows may produce in one batch; rows past it are put back untouched for the next batch (the first row always passes). Twice this is also the most the host copies out of the plugin for one call; a call returning more fails as a trap.
+        max_batch_output_bytes: usize = 64 * 1024 * 1024 => "`67108864` (64 MiB)", check above_zero;
+        /// Consecutive failures of the tenant's plugin instance (trap, memory cap, `retryable` error, failed instantiation) — or consecutive rows whose publish the broker refused (missing topic, too large) — after which the tenant is paused. A row's own `permanent` error or refused output does not count.
+        circuit_breaker_failures: u32 = 5 => "`5`", check at_least_one;
+        /// How long a paused tenant's rows are skipped before one row is tried again.
+        circuit_breaker_cooldown: Duration as Humantime = Duration::from_secs(30) => "`\"30s\"`";
+    }
+}
+
+/// Highest `max_headers_per_message` accepted: librdkafka-based consumers handle tens of
+/// thousands, but every header is an allocation on each of them.
+pub const MAX_HEADERS_PER_MESSAGE: usize = 10_000;
+
+fn above_zero<T: Default + PartialEq>(value: &T) -> Result<(), String> {
+    match *value == T::default() {
+        true => Err("must be greater than 0".into()),
+        false => Ok(()),
+    }
+}
+
+fn at_least_one(value: &u32) -> Result<(), String> {
+    match value {
+        0 => Err("must be at least 1".into()),
+        _ => Ok(()),
+    }
+}
+
+fn percent(value: &u8) -> Result<(), String> {
+    match value {
+        1..=100 => Ok(()),
+        p => Err(format!("must be 1 to 100 (100: never replace), got {p}")),
+    }
+}
+
+fn at_most_max_headers(value: &usize) -> Result<(), String> {
+    match *value {
+        n if n > MAX_HEADERS_PER_MESSAGE => Err(format!(
+            "must be at most {MAX_HEADERS_PER_MESSAGE}, got {n}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn topic_patterns(patterns: &Vec<String>) -> Result<(), String> {
+    patterns
+        .iter()
+        .try_for_each(|p| TopicPattern::parse(p).map(drop))
+}
 
 /// Core module instances one `wasmtime::Store` may create. A Rust component has a handful; a
 /// componentize-py one a few dozen (one per linked library plus shims).
@@ -86,43 +159,41 @@ impl CallBatching {
 }
 
 impl Limits {
-    /// Resolves a (validated) spec, filling unset fields with Sluice's defaults.
-    pub fn resolve(spec: &LimitsSpec) -> Result<Self, String> {
-        let memory_mb = spec.memory_mb.unwrap_or(DEFAULT_MEMORY_MB);
+    /// Resolves (validated) limits, filling unset keys with Sluice's defaults; `call_batch_rows`:
+    /// fixed rows per call (`plugin test --batch-size`), `None`: the relay's batching.
+    pub fn resolve(spec: &LimitsSpec, call_batch_rows: Option<usize>) -> Result<Self, String> {
+        let values = spec.values();
+        let memory_mb = values.memory_mb;
         let memory_bytes = usize::try_from(memory_mb.saturating_mul(1024 * 1024))
             .map_err(|_| format!("memory_mb {memory_mb} is too large"))?;
-        let allowed_topics = spec
+        let allowed_topics = values
             .allowed_topics
             .as_ref()
             .map(|patterns| patterns.iter().map(|p| TopicPattern::parse(p)).collect())
             .transpose()?;
-        Ok(Self {
+        let batching = call_batch_rows.map_or(CallBatching::RELAY, CallBatching::fixed);
+        Ok(Self::with(values, memory_bytes, allowed_topics, batching))
+    }
+
+    fn with(
+        values: LimitValues,
+        memory_bytes: usize,
+        allowed_topics: Option<Vec<TopicPattern>>,
+        batching: CallBatching,
+    ) -> Self {
+        Self {
             memory_bytes,
-            call_timeout: spec.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
-            recycle_memory_percent: spec
-                .recycle_memory_percent
-                .unwrap_or(DEFAULT_RECYCLE_MEMORY_PERCENT),
+            call_timeout: values.call_timeout,
+            recycle_memory_percent: values.recycle_memory_percent,
             allowed_topics,
-            max_outputs_per_row: spec
-                .max_outputs_per_row
-                .unwrap_or(DEFAULT_MAX_OUTPUTS_PER_ROW),
-            max_message_bytes: spec.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
-            max_headers_per_message: spec
-                .max_headers_per_message
-                .unwrap_or(DEFAULT_MAX_HEADERS_PER_MESSAGE),
-            max_batch_output_bytes: spec
-                .max_batch_output_bytes
-                .unwrap_or(DEFAULT_MAX_BATCH_OUTPUT_BYTES),
-            breaker_failures: spec
-                .circuit_breaker_failures
-                .unwrap_or(DEFAULT_BREAKER_FAILURES),
-            breaker_cooldown: spec
-                .circuit_breaker_cooldown
-                .unwrap_or(DEFAULT_BREAKER_COOLDOWN),
-            batching: spec
-                .call_batch_rows
-                .map_or(CallBatching::RELAY, CallBatching::fixed),
-        })
+            max_outputs_per_row: values.max_outputs_per_row,
+            max_message_bytes: values.max_message_bytes,
+            max_headers_per_message: values.max_headers_per_message,
+            max_batch_output_bytes: values.max_batch_output_bytes,
+            breaker_failures: values.circuit_breaker_failures,
+            breaker_cooldown: values.circuit_breaker_cooldown,
+            batching,
+        }
     }
 
     /// Memory past which an instance is replaced between calls; at or above the cap when
@@ -164,20 +235,14 @@ const MIN_COPY_BUDGET: usize = 1024 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
-        // The default spec always resolves.
-        Self::resolve(&LimitsSpec::default()).unwrap_or(Self {
-            memory_bytes: 0,
-            call_timeout: DEFAULT_CALL_TIMEOUT,
-            recycle_memory_percent: DEFAULT_RECYCLE_MEMORY_PERCENT,
-            allowed_topics: None,
-            max_outputs_per_row: DEFAULT_MAX_OUTPUTS_PER_ROW,
-            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            max_headers_per_message: DEFAULT_MAX_HEADERS_PER_MESSAGE,
-            max_batch_output_bytes: DEFAULT_MAX_BATCH_OUTPUT_BYTES,
-            breaker_failures: DEFAULT_BREAKER_FAILURES,
-            breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
-            batching: CallBatching::RELAY,
-        })
+        let values = LimitValues::default();
+        let memory_bytes = usize::try_from(values.memory_mb.saturating_mul(1024 * 1024));
+        Self::with(
+            values,
+            memory_bytes.unwrap_or(usize::MAX),
+            None,
+            CallBatching::RELAY,
+        )
     }
 }
 
@@ -423,18 +488,21 @@ mod tests {
 
     #[test]
     fn unset_allow_list_allows_everything_and_defaults_apply() {
-        let limits = Limits::resolve(&LimitsSpec::default()).unwrap();
+        let limits = Limits::resolve(&LimitsSpec::default(), None).unwrap();
         assert!(limits.topic_allowed("anything"));
-        assert_eq!(limits.call_timeout, DEFAULT_CALL_TIMEOUT);
-        assert_eq!(limits.memory_bytes as u64, DEFAULT_MEMORY_MB * 1024 * 1024);
+        assert_eq!(limits.call_timeout, Duration::from_millis(500));
+        assert_eq!(limits.memory_bytes, 128 * 1024 * 1024);
     }
 
     #[test]
     fn the_recycle_threshold_is_a_share_of_the_memory_cap() {
-        let limits = Limits::resolve(&LimitsSpec {
-            memory_mb: Some(100),
-            ..LimitsSpec::default()
-        })
+        let limits = Limits::resolve(
+            &LimitsSpec {
+                memory_mb: Some(100),
+                ..LimitsSpec::default()
+            },
+            None,
+        )
         .unwrap();
         assert_eq!(limits.recycle_memory_bytes(), 75 * 1024 * 1024);
         let off = Limits {
@@ -450,7 +518,7 @@ mod tests {
             allowed_topics: Some(vec!["acme.*".into(), "audit".into()]),
             ..LimitsSpec::default()
         };
-        let limits = Limits::resolve(&spec).unwrap();
+        let limits = Limits::resolve(&spec, None).unwrap();
         assert!(limits.topic_allowed("acme.x"));
         assert!(limits.topic_allowed("audit"));
         assert!(!limits.topic_allowed("outbox.event.x"));

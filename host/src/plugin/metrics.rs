@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::model::TenantId;
-use crate::plugin::{RowResult, TransformFailure};
+use crate::model::{RowResult, TransformFailure};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{NO_PLUGIN, PluginOutcome};
 

@@ -48,12 +48,9 @@ pub use settings::{PluginSource, PluginSpec, PluginsSettings};
 pub use tenant::status::{InstanceUse, PluginInstances, TenantState, TenantStatus};
 pub use wasm::bindings::types::{PluginInfo, RecordSchema, SchemaFormat};
 
-use crate::model::{OutboundMessage, OutboxRow, TenantId};
+use crate::model::{OutboxRow, RowResult, TenantId};
 use crate::problem::Problem;
 use crate::text::{MAX_LOGGED, bounded};
-
-/// The messages of one row, or why the row could not be transformed.
-pub type RowResult = Result<Vec<OutboundMessage>, TransformFailure>;
 
 /// Turns claimed rows into messages. Implementations: [`PluginRouter`] (WASM plugins).
 pub trait RowTransformer: Send + Sync + 'static {
@@ -87,92 +84,6 @@ impl<T: RowTransformer> RowTransformer for Arc<T> {
 
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
         T::record_publish(self, tenant, delivered, refused)
-    }
-}
-
-/// Why a row was not transformed. Every variant fails the row closed: nothing of it is
-/// published.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum TransformFailure {
-    /// The plugin reported a transient error: the row is retried with back-off.
-    #[error("plugin error (retryable) {code}: {message}")]
-    Retryable {
-        /// The plugin's error code (bounded).
-        code: String,
-        /// The plugin's error text (bounded).
-        message: String,
-    },
-    /// The plugin refused the row for good: it goes dead at once.
-    #[error("plugin error (permanent) {code}: {message}")]
-    Permanent {
-        /// The plugin's error code (bounded).
-        code: String,
-        /// The plugin's error text (bounded).
-        message: String,
-    },
-    /// Trap or memory cap; the instance was discarded.
-    #[error("{0}")]
-    Trapped(String),
-    /// The call ran into its `call_timeout`; the instance was discarded and the tenant paused.
-    #[error("{0}")]
-    DeadlineExceeded(String),
-    /// Not run in this batch: the tenant's plugin used up the batch's time budget, or was busy
-    /// in another batch. The row is put back untouched (no attempt counted).
-    #[error("deferred: {0}")]
-    Deferred(String),
-    /// The plugin returned something the host refuses to publish.
-    #[error("invalid plugin output: {0}")]
-    InvalidOutput(String),
-    /// Neither a `[tenants.<name>]` entry nor `[plugins.default]` covers the row's tenant.
-    #[error("no plugin for tenant {0:?}: add [tenants.{0}] or [plugins.default]")]
-    NoPlugin(TenantId),
-    /// The message does not fit its registry schema (`value_format`/`key_format`): the row's
-    /// own fault, dead at once like a permanent plugin error.
-    #[error("schema mismatch: {0}")]
-    SchemaMismatch(String),
-    /// No schema to encode with (registry down, subject or version missing, schema of another
-    /// format): retried without counting an attempt, never dead-lettered.
-    #[error("schema unavailable: {0}")]
-    SchemaUnavailable(String),
-    /// The tenant's instance could not be (re)created.
-    #[error("plugin unavailable: {0}")]
-    Unavailable(String),
-    /// The tenant's circuit breaker is open, or the tenant is quarantined; the row was not
-    /// run and waits `remaining` without an attempt being counted.
-    #[error("{}", paused_message(tenant, remaining, reason))]
-    Paused {
-        /// The paused tenant.
-        tenant: TenantId,
-        /// Time left until its rows are tried again.
-        remaining: std::time::Duration,
-        /// Breaker or quarantine.
-        reason: PauseReason,
-    },
-}
-
-/// Why a tenant's rows are not run for now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PauseReason {
-    /// Its circuit breaker is open.
-    CircuitBreaker,
-    /// Its plugin failed to load, instantiate or configure (the reason, bounded); retried
-    /// with back-off and on reload.
-    Quarantined(String),
-}
-
-fn paused_message(
-    tenant: &TenantId,
-    remaining: &std::time::Duration,
-    reason: &PauseReason,
-) -> String {
-    let remaining = humantime::format_duration(*remaining);
-    match reason {
-        PauseReason::CircuitBreaker => {
-            format!("tenant {tenant} paused by its circuit breaker for another {remaining}")
-        }
-        PauseReason::Quarantined(why) => format!(
-            "tenant {tenant} quarantined: its plugin failed to start ({why}); next try in {remaining}"
-        ),
     }
 }
 

@@ -8,12 +8,10 @@
 
 use std::sync::Arc;
 
-use crate::model::OutboundMessage;
-use crate::model::OutboxRow;
+use crate::encoding::MessageFormats;
+use crate::model::{Encoding, OutboundMessage, OutboxRow, RowResult, TransformFailure};
 use crate::plugin::limits::Limits;
 use crate::plugin::wasm::bindings::types as wit;
-use crate::plugin::{RowResult, TransformFailure};
-use crate::schema::MessageFormats;
 use crate::text::{MAX_LOGGED, bounded};
 
 /// Header names the host owns: whatever a plugin sets under these names is replaced.
@@ -144,7 +142,7 @@ fn accept_message(
         payload: m.payload,
         headers: stamp_headers(m.headers, row),
         partition: m.partition,
-        formats: None,
+        encoding: None,
         value_record: m.value_record,
         key_record: m.key_record,
     })
@@ -161,7 +159,7 @@ pub fn accept_formatted(
     let mut messages = accept(limits, row, answer)?;
     if let Some(formats) = formats {
         for m in &mut messages {
-            m.formats = Some(Arc::clone(formats));
+            m.encoding = Some(Encoding::new(Arc::clone(formats)));
         }
     }
     Ok(messages)
@@ -245,7 +243,7 @@ fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(S
 mod tests {
     use super::*;
     use crate::model::{OutboxId, TenantId};
-    use crate::plugin::settings::LimitsSpec;
+    use crate::plugin::limits::LimitsSpec;
 
     fn row() -> OutboxRow {
         OutboxRow {
@@ -300,7 +298,7 @@ mod tests {
     }
 
     fn limits(spec: LimitsSpec) -> Limits {
-        Limits::resolve(&spec).unwrap()
+        Limits::resolve(&spec, None).unwrap()
     }
 
     #[test]

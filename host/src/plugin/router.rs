@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use crate::encoding::MessageFormats;
 use crate::model::{OutboxRow, TenantId};
+use crate::model::{RowResult, TransformFailure};
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
@@ -25,9 +27,8 @@ use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::engine::{MAX_POOLED_INSTANCES, PluginEngine};
 use crate::plugin::wasm::host_api::TenantShared;
-use crate::plugin::{PluginError, RowResult, RowTransformer, TransformFailure, metrics};
+use crate::plugin::{PluginError, RowTransformer, metrics};
 use crate::problem::Problem;
-use crate::schema::MessageFormats;
 use crate::telemetry::Metrics;
 use crate::text::{MAX_LOGGED, bounded};
 
@@ -194,7 +195,7 @@ impl PluginRouter {
                         Problem::new("plugins.default", "needs `path` or `builtin`")
                     })?)?,
                     spec.config_pairs(),
-                    Limits::resolve(&spec.limits())
+                    Limits::resolve(&spec.limits, spec.call_batch_rows)
                         .map_err(limits_err("plugins.default".into()))?,
                 )
                 .with_declared_formats(formats_of(spec, "plugins.default")?)
@@ -227,7 +228,7 @@ impl PluginRouter {
                 TenantTemplate::new(
                     load(&source)?,
                     spec.config_pairs(),
-                    Limits::resolve(&spec.limits())
+                    Limits::resolve(&spec.limits, spec.call_batch_rows)
                         .map_err(limits_err(format!("tenants.{name}")))?,
                 )
                 .with_declared_formats(formats_of(&spec, &format!("tenants.{name}"))?)
@@ -538,7 +539,7 @@ impl RowTransformer for PluginRouter {
 /// A section's `key_format`/`value_format`, checked and with its schema files read; the first
 /// problem when they cannot work.
 fn formats_of(spec: &PluginSpec, key: &str) -> Result<Option<Arc<MessageFormats>>, Problem> {
-    spec.formats().resolve(key).map_err(|problems| {
+    spec.formats.resolve(key).map_err(|problems| {
         problems
             .into_iter()
             .next()
@@ -651,7 +652,7 @@ mod tests {
         assert!(matches!(
             &results[0],
             Err(TransformFailure::Paused {
-                reason: crate::plugin::PauseReason::Quarantined(_),
+                reason: crate::model::PauseReason::Quarantined(_),
                 ..
             })
         ));

@@ -6,17 +6,18 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use serde::Deserialize;
+use serde::de::{self, MapAccess};
+use serde::{Deserialize, Deserializer};
 
-use crate::plugin::TopicPattern;
+use crate::encoding::FormatsSpec;
 use crate::plugin::builtin::Builtin;
+use crate::plugin::limits::LimitsSpec;
 use crate::plugin::supply::Sha256Pin;
 use crate::plugin::supply::oci::{OciLocation, OciRegistrySettings};
 use crate::plugin::wasm::engine::MAX_POOLED_INSTANCES;
 use crate::problem::Problem;
-use crate::schema::settings::{Format, FormatsSpec, SchemaVersion, SubjectStrategy};
+use crate::setting_group::{SettingGroup, concat_keys};
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
@@ -43,26 +44,6 @@ pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
 /// every rebuild of one adds an entry (hot reloads keep the old ones until pruned).
 pub const DEFAULT_CACHE_MAX_MB: u64 = 1024;
 
-/// Wall-clock budget for one plugin call (and one instantiation). A Rust `transform` takes
-/// microseconds; this only stops runaway guests.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
-/// Linear-memory cap per tenant instance. Python/JS guests need tens of MiB at start-up.
-pub const DEFAULT_MEMORY_MB: u64 = 128;
-/// Share of `memory_mb` past which an instance is replaced between two calls: runtimes that
-/// leak (componentize-py 0.24/0.25 never frees what a call returns) are renewed before they
-/// reach the cap, trap and fail a row. 100 turns replacement off.
-pub const DEFAULT_RECYCLE_MEMORY_PERCENT: u8 = 75;
-/// Messages one row may produce; more fails the row (a runaway fan-out must not flood Kafka).
-pub const DEFAULT_MAX_OUTPUTS_PER_ROW: usize = 100;
-/// Largest message (key + payload + headers) a plugin may produce: Kafka's own default
-/// `message.max.bytes` is 1 MiB.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
-/// Headers one plugin message may carry (the host's own two come on top). Kafka sets no limit,
-/// but each header costs the producer and every consumer an allocation.
-pub const DEFAULT_MAX_HEADERS_PER_MESSAGE: usize = 100;
-/// Bytes of messages one tenant's plugin may produce in one batch: rows past it wait for the
-/// next batch, so a fan-out-heavy tenant cannot hold the relay's memory for everyone.
-pub const DEFAULT_MAX_BATCH_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 /// Live plugin instances kept for tenant values without a `[tenants.<name>]` entry (rows carry
 /// free-form tenant values); the least recently used idle one is dropped beyond this.
 pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 1024;
@@ -78,11 +59,6 @@ pub const DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB: usize = 512;
 /// number configured. 2 GiB keeps ~1,800 instances of the Rust reference plugin (1.11 MiB of
 /// linear memory each) or ~150 of the Python one (13.2 MiB each).
 pub const DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB: usize = 2048;
-/// Consecutive plugin failures after which a tenant is paused.
-pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
-/// How long a tripped tenant stays paused before one row is tried again.
-pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
-
 /// `[plugins]`: the default plugin, the compile cache and what start-up does with a plugin
 /// that fails.
 #[derive(Debug, Clone, Deserialize)]
@@ -157,123 +133,71 @@ fn default_configured_instances_memory_mb() -> usize {
 
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
 /// a `path` or `builtin`) and `[tenants.<name>]` (keys left out are taken from
-/// `[plugins.default]` as [`PluginSpec::inherit`] says).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[plugins.default]` as [`PluginSpec::inherit`] says). The limit and format keys are
+/// written at the section's top level, beside `path`; each group is declared once
+/// ([`LimitsSpec`], [`FormatsSpec`]).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PluginSpec {
     /// Path to the `.wasm` component (relative paths are resolved against the config file), or
     /// an OCI reference: `oci://host[:port]/repository:tag` or `…@sha256:<manifest digest>`.
-    #[serde(default)]
     pub path: Option<PathBuf>,
     /// The SHA-256 the component's bytes must have (`sluice plugin check` prints it): any
     /// other file is refused. Goes with `path`: a tenant that runs the default plugin takes
     /// `[plugins.default]`'s.
-    #[serde(default)]
     pub sha256: Option<String>,
     /// A routing plugin compiled into Sluice instead of a `.wasm` file (see
     /// [`Builtin`]); exclusive with `path`.
-    #[serde(default)]
     pub builtin: Option<String>,
     /// Passed to the plugin's `configure` as string pairs.
-    #[serde(default)]
     pub config: Option<BTreeMap<String, toml::Value>>,
-    // Sandbox limits (inlined: serde cannot combine `flatten` with `deny_unknown_fields`).
-    #[serde(default)]
-    /// `memory_mb`: linear-memory cap per instance, MiB (default 128).
-    pub memory_mb: Option<u64>,
-    #[serde(default, with = "humantime_serde")]
-    /// `call_timeout`: wall-clock budget per call, e.g. `"500ms"` (default 500 ms).
-    pub call_timeout: Option<Duration>,
-    /// Replace the instance between calls once its memory passes this share of `memory_mb`.
-    #[serde(default)]
-    pub recycle_memory_percent: Option<u8>,
-    /// Topics the plugin may route to: exact names, or `prefix.*` patterns.
-    #[serde(default)]
-    pub allowed_topics: Option<Vec<String>>,
-    #[serde(default)]
-    /// `max_outputs_per_row`: messages one row may produce (default 100).
-    pub max_outputs_per_row: Option<usize>,
-    #[serde(default)]
-    /// `max_message_bytes`: largest message, key + payload + headers (default 1 MiB).
-    pub max_message_bytes: Option<usize>,
-    #[serde(default)]
-    /// `max_headers_per_message`: plugin headers per message (default 100, at most 10,000).
-    pub max_headers_per_message: Option<usize>,
-    #[serde(default)]
-    /// `max_batch_output_bytes`: message bytes per tenant and batch (default 64 MiB).
-    pub max_batch_output_bytes: Option<usize>,
-    #[serde(default)]
-    /// `circuit_breaker_failures`: consecutive failures that pause the tenant (default 5).
-    pub circuit_breaker_failures: Option<u32>,
-    #[serde(default, with = "humantime_serde")]
-    /// `circuit_breaker_cooldown`: how long the tenant stays paused, e.g. `"30s"` (default 30 s).
-    pub circuit_breaker_cooldown: Option<Duration>,
-    // Schema Registry encoding (docs/schema-registry.md; inlined like the limits).
-    /// `value_format`: `raw` (default), `avro`, `protobuf` or `json-schema`.
-    #[serde(default)]
-    pub value_format: Option<Format>,
-    /// `key_format`: as `value_format`.
-    #[serde(default)]
-    pub key_format: Option<Format>,
-    /// `subject_strategy`: `topic-name` (default), `record-name`, `topic-record-name`.
-    #[serde(default)]
-    pub subject_strategy: Option<SubjectStrategy>,
-    /// `value_record`: the record's (message's) full name, for the record strategies.
-    #[serde(default)]
-    pub value_record: Option<String>,
-    /// `key_record`: as `value_record`.
-    #[serde(default)]
-    pub key_record: Option<String>,
-    /// `value_schema_version`: `"latest"` (default) or a version number.
-    #[serde(default)]
-    pub value_schema_version: Option<SchemaVersion>,
-    /// `key_schema_version`: as `value_schema_version`.
-    #[serde(default)]
-    pub key_schema_version: Option<SchemaVersion>,
-    /// `value_schema`: a schema file, registered (`auto_register`) or looked up under the
-    /// subject instead of reading the subject's versions.
-    #[serde(default)]
-    pub value_schema: Option<PathBuf>,
-    /// `key_schema`: as `value_schema`.
-    #[serde(default)]
-    pub key_schema: Option<PathBuf>,
-    /// `auto_register`: register `value_schema`/`key_schema` (default false).
-    #[serde(default)]
-    pub auto_register: Option<bool>,
+    /// The sandbox limits (`memory_mb`, `call_timeout`, `allowed_topics`, `max_*`, the
+    /// circuit breaker).
+    pub limits: LimitsSpec,
+    /// The Schema Registry keys (`value_format`, `subject_strategy`, …; docs/schema-registry.md).
+    pub formats: FormatsSpec,
     /// Rows per plugin call from the first row on (1: `transform` only); `None`: the relay's
     /// probation, then `transform-batch` chunks. Not a config key: set by `sluice plugin test
     /// --batch-size`.
-    #[serde(skip)]
     pub call_batch_rows: Option<usize>,
 }
 
-/// Sandbox limits as written; unset fields inherit from `[plugins.default]` (`allowed_topics`
-/// only for a tenant that runs the default plugin: [`PluginSpec::inherit`]), then from
-/// Sluice's defaults.
-#[derive(Debug, Clone, Default)]
-pub struct LimitsSpec {
-    /// Linear-memory cap per instance, MiB.
-    pub memory_mb: Option<u64>,
-    /// Wall-clock budget per call.
-    pub call_timeout: Option<Duration>,
-    /// Share of `memory_mb` past which the instance is replaced between calls.
-    pub recycle_memory_percent: Option<u8>,
-    /// Topic allow-list patterns; `None`: any topic.
-    pub allowed_topics: Option<Vec<String>>,
-    /// Messages one row may produce.
-    pub max_outputs_per_row: Option<usize>,
-    /// Largest message in bytes.
-    pub max_message_bytes: Option<usize>,
-    /// Plugin headers per message.
-    pub max_headers_per_message: Option<usize>,
-    /// Message bytes per tenant and batch.
-    pub max_batch_output_bytes: Option<usize>,
-    /// Consecutive failures that open the breaker.
-    pub circuit_breaker_failures: Option<u32>,
-    /// How long an open breaker pauses the tenant.
-    pub circuit_breaker_cooldown: Option<Duration>,
-    /// Fixed rows per call (`plugin test --batch-size`); `None`: the relay's batching.
-    pub call_batch_rows: Option<usize>,
+/// A plugin section's own keys; the groups' follow, in the order an unknown key's error
+/// lists them.
+const OWN_KEYS: &[&str] = &["path", "sha256", "builtin", "config"];
+const KEY_COUNT: usize = OWN_KEYS.len() + LimitsSpec::KEYS.len() + FormatsSpec::KEYS.len();
+static PLUGIN_KEYS: [&str; KEY_COUNT] =
+    concat_keys(&[OWN_KEYS, LimitsSpec::KEYS, FormatsSpec::KEYS]);
+
+impl<'de> Deserialize<'de> for PluginSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = PluginSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("struct PluginSpec")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PluginSpec, A::Error> {
+                let mut spec = PluginSpec::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "path" => spec.path = Some(map.next_value()?),
+                        "sha256" => spec.sha256 = Some(map.next_value()?),
+                        "builtin" => spec.builtin = Some(map.next_value()?),
+                        "config" => spec.config = Some(map.next_value()?),
+                        other => {
+                            if !spec.limits.read_key(other, &mut map)?
+                                && !spec.formats.read_key(other, &mut map)?
+                            {
+                                return Err(de::Error::unknown_field(other, &PLUGIN_KEYS));
+                            }
+                        }
+                    }
+                }
+                Ok(spec)
+            }
+        }
+        deserializer.deserialize_struct("PluginSpec", &PLUGIN_KEYS, Visitor)
+    }
 }
 
 /// Where a tenant's transform logic comes from.
@@ -360,9 +284,9 @@ impl PluginSpec {
             return self.clone();
         };
         let own_plugin = self.names_plugin();
-        let mut limits = self.limits().or(&default.limits());
+        let mut limits = self.limits.clone().or(&default.limits);
         if own_plugin {
-            limits.allowed_topics = self.allowed_topics.clone();
+            limits.allowed_topics = self.limits.allowed_topics.clone();
         }
         let (path, sha256, builtin) = match own_plugin {
             true => (self.path.clone(), self.sha256.clone(), self.builtin.clone()),
@@ -376,70 +300,21 @@ impl PluginSpec {
             true => self.config.clone(),
             false => self.config.clone().or_else(|| default.config.clone()),
         };
-        let formats = self.formats().or(&default.formats());
         PluginSpec {
             path,
             sha256,
             builtin,
             config,
-            memory_mb: limits.memory_mb,
-            call_timeout: limits.call_timeout,
-            recycle_memory_percent: limits.recycle_memory_percent,
-            allowed_topics: limits.allowed_topics,
-            max_outputs_per_row: limits.max_outputs_per_row,
-            max_message_bytes: limits.max_message_bytes,
-            max_headers_per_message: limits.max_headers_per_message,
-            max_batch_output_bytes: limits.max_batch_output_bytes,
-            circuit_breaker_failures: limits.circuit_breaker_failures,
-            circuit_breaker_cooldown: limits.circuit_breaker_cooldown,
-            call_batch_rows: limits.call_batch_rows,
-            value_format: formats.value_format,
-            key_format: formats.key_format,
-            subject_strategy: formats.subject_strategy,
-            value_record: formats.value_record,
-            key_record: formats.key_record,
-            value_schema_version: formats.value_schema_version,
-            key_schema_version: formats.key_schema_version,
-            value_schema: formats.value_schema,
-            key_schema: formats.key_schema,
-            auto_register: formats.auto_register,
+            limits,
+            formats: self.formats.clone().or(&default.formats),
+            call_batch_rows: self.call_batch_rows.or(default.call_batch_rows),
         }
-    }
-
-    /// This entry's format keys, unresolved.
-    pub fn formats(&self) -> FormatsSpec {
-        FormatsSpec {
-            value_format: self.value_format,
-            key_format: self.key_format,
-            subject_strategy: self.subject_strategy,
-            value_record: self.value_record.clone(),
-            key_record: self.key_record.clone(),
-            value_schema_version: self.value_schema_version,
-            key_schema_version: self.key_schema_version,
-            value_schema: self.value_schema.clone(),
-            key_schema: self.key_schema.clone(),
-            auto_register: self.auto_register,
-        }
-    }
-
-    /// Replaces this entry's format keys.
-    pub fn set_formats(&mut self, formats: FormatsSpec) {
-        self.value_format = formats.value_format;
-        self.key_format = formats.key_format;
-        self.subject_strategy = formats.subject_strategy;
-        self.value_record = formats.value_record;
-        self.key_record = formats.key_record;
-        self.value_schema_version = formats.value_schema_version;
-        self.key_schema_version = formats.key_schema_version;
-        self.value_schema = formats.value_schema;
-        self.key_schema = formats.key_schema;
-        self.auto_register = formats.auto_register;
     }
 
     /// Resolves relative schema file paths against the config file's directory.
     pub fn resolve_schema_paths(&mut self, base: &Path) {
-        FormatsSpec::resolve_paths(&mut self.value_schema, base);
-        FormatsSpec::resolve_paths(&mut self.key_schema, base);
+        FormatsSpec::resolve_paths(&mut self.formats.value_schema, base);
+        FormatsSpec::resolve_paths(&mut self.formats.key_schema, base);
     }
 
     /// Whether this entry names its own plugin (`path` or `builtin`).
@@ -468,7 +343,9 @@ impl PluginSpec {
                     ),
                 ));
             }
-            if let (None, Some(inherited)) = (&self.allowed_topics, &default.allowed_topics) {
+            if let (None, Some(inherited)) =
+                (&self.limits.allowed_topics, &default.limits.allowed_topics)
+            {
                 warnings.push(Problem::new(
                     format!("{key}.allowed_topics"),
                     format!(
@@ -535,9 +412,8 @@ impl PluginSpec {
         {
             problems.push(problem);
         }
-        if let Err(problem) = validate_limits(key, &self.limits()) {
-            problems.push(problem);
-        }
+        problems.extend(self.limits.problems(key));
+        problems.extend(self.formats.problems(key));
         problems
     }
 
@@ -561,59 +437,7 @@ impl PluginSpec {
             .as_deref()
             .and_then(|p| Sha256Pin::parse(p).ok())
     }
-
-    /// This entry's sandbox limits, unresolved.
-    pub fn limits(&self) -> LimitsSpec {
-        LimitsSpec {
-            memory_mb: self.memory_mb,
-            call_timeout: self.call_timeout,
-            recycle_memory_percent: self.recycle_memory_percent,
-            allowed_topics: self.allowed_topics.clone(),
-            max_outputs_per_row: self.max_outputs_per_row,
-            max_message_bytes: self.max_message_bytes,
-            max_headers_per_message: self.max_headers_per_message,
-            max_batch_output_bytes: self.max_batch_output_bytes,
-            circuit_breaker_failures: self.circuit_breaker_failures,
-            circuit_breaker_cooldown: self.circuit_breaker_cooldown,
-            call_batch_rows: self.call_batch_rows,
-        }
-    }
 }
-
-impl LimitsSpec {
-    /// Fills unset fields from `fallback`.
-    pub fn or(self, fallback: &LimitsSpec) -> LimitsSpec {
-        LimitsSpec {
-            memory_mb: self.memory_mb.or(fallback.memory_mb),
-            call_timeout: self.call_timeout.or(fallback.call_timeout),
-            recycle_memory_percent: self
-                .recycle_memory_percent
-                .or(fallback.recycle_memory_percent),
-            allowed_topics: self
-                .allowed_topics
-                .or_else(|| fallback.allowed_topics.clone()),
-            max_outputs_per_row: self.max_outputs_per_row.or(fallback.max_outputs_per_row),
-            max_message_bytes: self.max_message_bytes.or(fallback.max_message_bytes),
-            max_headers_per_message: self
-                .max_headers_per_message
-                .or(fallback.max_headers_per_message),
-            max_batch_output_bytes: self
-                .max_batch_output_bytes
-                .or(fallback.max_batch_output_bytes),
-            circuit_breaker_failures: self
-                .circuit_breaker_failures
-                .or(fallback.circuit_breaker_failures),
-            circuit_breaker_cooldown: self
-                .circuit_breaker_cooldown
-                .or(fallback.circuit_breaker_cooldown),
-            call_batch_rows: self.call_batch_rows.or(fallback.call_batch_rows),
-        }
-    }
-}
-
-/// Highest `max_headers_per_message` accepted: librdkafka-based consumers handle tens of
-/// thousands, but every header is an allocation on each of them.
-pub const MAX_HEADERS_PER_MESSAGE: usize = 10_000;
 
 /// A `config` table's keys for a message: `topic_prefix` or `keys a, b`. Names only: the
 /// values may be secrets.
@@ -659,58 +483,12 @@ fn validate_source(
     }
 }
 
-/// `key`'s sandbox limits.
-fn validate_limits(key: &str, limits: &LimitsSpec) -> Result<(), Problem> {
-    let at = |limit: &str| format!("{key}.{limit}");
-    if limits.memory_mb == Some(0) {
-        return Err(Problem::new(at("memory_mb"), "must be greater than 0"));
-    }
-    if limits.call_timeout.is_some_and(|d| d.is_zero()) {
-        return Err(Problem::new(at("call_timeout"), "must be greater than 0"));
-    }
-    if let Some(p) = limits.recycle_memory_percent
-        && !(1..=100).contains(&p)
-    {
-        return Err(Problem::new(
-            at("recycle_memory_percent"),
-            format!("must be 1 to 100 (100: never replace), got {p}"),
-        ));
-    }
-    if limits.circuit_breaker_failures == Some(0) {
-        return Err(Problem::new(
-            at("circuit_breaker_failures"),
-            "must be at least 1",
-        ));
-    }
-    if limits.max_message_bytes == Some(0) {
-        return Err(Problem::new(
-            at("max_message_bytes"),
-            "must be greater than 0",
-        ));
-    }
-    if let Some(n) = limits.max_headers_per_message
-        && n > MAX_HEADERS_PER_MESSAGE
-    {
-        return Err(Problem::new(
-            at("max_headers_per_message"),
-            format!("must be at most {MAX_HEADERS_PER_MESSAGE}, got {n}"),
-        ));
-    }
-    if limits.max_batch_output_bytes == Some(0) {
-        return Err(Problem::new(
-            at("max_batch_output_bytes"),
-            "must be greater than 0",
-        ));
-    }
-    for pattern in limits.allowed_topics.iter().flatten() {
-        TopicPattern::parse(pattern).map_err(|m| Problem::new(at("allowed_topics"), m))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::setting_group::KeyDoc;
 
     fn spec(toml: &str) -> PluginSpec {
         toml::from_str(toml).unwrap()
@@ -728,11 +506,14 @@ mod tests {
             assert_eq!(resolved.source(), tenant.source(), "{own}");
             assert_eq!(resolved.config, None, "{own}: not the default's config");
             assert!(resolved.config_pairs().is_empty(), "{own}");
-            assert_eq!(resolved.allowed_topics, None, "{own}: any topic");
-            assert_eq!(resolved.memory_mb, Some(64), "{own}: platform limit");
-            assert_eq!(resolved.call_timeout, Some(Duration::from_millis(50)));
+            assert_eq!(resolved.limits.allowed_topics, None, "{own}: any topic");
+            assert_eq!(resolved.limits.memory_mb, Some(64), "{own}: platform limit");
             assert_eq!(
-                resolved.max_outputs_per_row,
+                resolved.limits.call_timeout,
+                Some(Duration::from_millis(50))
+            );
+            assert_eq!(
+                resolved.limits.max_outputs_per_row,
                 Some(3),
                 "{own}: its own limit"
             );
@@ -742,7 +523,10 @@ mod tests {
             spec("path = \"own.wasm\"\nconfig = { x = 1 }\nallowed_topics = [\"own.*\"]\n");
         let resolved = tenant.inherit(Some(&default));
         assert_eq!(resolved.config_pairs(), vec![("x".into(), "1".into())]);
-        assert_eq!(resolved.allowed_topics, Some(vec!["own.*".to_owned()]));
+        assert_eq!(
+            resolved.limits.allowed_topics,
+            Some(vec!["own.*".to_owned()])
+        );
     }
 
     #[test]
@@ -754,14 +538,17 @@ mod tests {
             resolved.config_pairs(),
             vec![("topic_prefix".into(), "d.".into())]
         );
-        assert_eq!(resolved.allowed_topics, Some(vec!["d.*".to_owned()]));
-        assert_eq!(resolved.memory_mb, Some(16));
-        assert_eq!(resolved.call_timeout, Some(Duration::from_millis(50)));
+        assert_eq!(resolved.limits.allowed_topics, Some(vec!["d.*".to_owned()]));
+        assert_eq!(resolved.limits.memory_mb, Some(16));
+        assert_eq!(
+            resolved.limits.call_timeout,
+            Some(Duration::from_millis(50))
+        );
         // `config` and `allowed_topics` replace the default's as a whole.
         let resolved =
             spec("config = { other = \"o\" }\nallowed_topics = [\"t\"]\n").inherit(Some(&default));
         assert_eq!(resolved.config_pairs(), vec![("other".into(), "o".into())]);
-        assert_eq!(resolved.allowed_topics, Some(vec!["t".to_owned()]));
+        assert_eq!(resolved.limits.allowed_topics, Some(vec!["t".to_owned()]));
         // Without [plugins.default] an entry is what it says.
         let alone = spec("path = \"own.wasm\"\n");
         assert_eq!(alone.inherit(None).source(), alone.source());
@@ -851,6 +638,22 @@ mod tests {
             "{too_many:?}"
         );
         assert_eq!(problems(0).len(), 1);
+    }
+
+    #[test]
+    fn the_reference_lists_every_plugin_key_as_declared() {
+        let reference = include_str!("../../../docs/configuration.md");
+        let rows: Vec<String> = LimitsSpec::docs()
+            .iter()
+            .chain(FormatsSpec::docs().iter())
+            .map(KeyDoc::row)
+            .collect();
+        let block = rows.join("\n");
+        assert!(
+            reference.contains(&format!("\n{block}\n")),
+            "docs/configuration.md's [plugins.default] table must hold these rows, as declared \
+             (plugin/limits.rs, encoding/settings.rs):\n{block}"
+        );
     }
 
     fn warned(tenant: &str, default: &str) -> Vec<String> {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::outcome::Outcomes;
 use super::stats::BatchReport;
 use super::{BatchError, Relay, batch_metrics, dead_letter};
-use crate::model::{OutboundMessage, OutboxId, OutboxRow};
-use crate::plugin::{RowResult, RowTransformer, TransformFailure};
+use crate::model::{OutboundMessage, OutboxId, OutboxRow, RowResult, TransformFailure};
+use crate::plugin::RowTransformer;
 use crate::sink::{Sink, SinkError};
 use crate::store::{
     BatchOutcome, Claim, ClaimedBatch, Disposition, OutboxStore, RowFailure, Settlement, StoreError,
@@ -263,7 +263,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     async fn encode(&self, results: Vec<RowResult>) -> Vec<RowResult> {
         let wants_encoding = |r: &RowResult| {
             r.as_ref()
-                .is_ok_and(|ms| ms.iter().any(|m| m.formats.is_some()))
+                .is_ok_and(|ms| ms.iter().any(|m| m.encoding.is_some()))
         };
         if !results.iter().any(wants_encoding) {
             return results;
@@ -273,7 +273,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             None => results
                 .into_iter()
                 .map(|r| match r {
-                    Ok(ms) if ms.iter().any(|m| m.formats.is_some()) => {
+                    Ok(ms) if ms.iter().any(|m| m.encoding.is_some()) => {
                         Err(TransformFailure::SchemaUnavailable(
                             "the tenant's messages are to be encoded, but this relay has no \
                              [schema_registry]"

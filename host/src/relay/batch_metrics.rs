@@ -156,7 +156,7 @@ pub(super) fn record_completed(
 mod tests {
     use super::*;
     use crate::model::OutboxRow;
-    use crate::plugin::TransformFailure;
+    use crate::model::TransformFailure;
     use crate::relay::{RetryPolicy, RetrySettings};
     use crate::telemetry::TenantLabels;
     use crate::telemetry::metrics::tests::sample_value as sample;

@@ -75,7 +75,7 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMes
         payload: Some(row.payload.clone()),
         headers,
         partition: None,
-        formats: None,
+        encoding: None,
         value_record: None,
         key_record: None,
     }

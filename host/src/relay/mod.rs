@@ -34,8 +34,8 @@ mod tests;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::encoding::Encoder;
 use crate::plugin::RowTransformer;
-use crate::schema::SchemaEncoder;
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{OutboxStore, StoreError};
@@ -110,7 +110,7 @@ pub struct Relay<S, T, K> {
     /// Where batches record what they did, when metrics are on.
     metrics: Option<Recording>,
     /// Encodes messages whose tenant set `key_format`/`value_format` (`[schema_registry]`).
-    schemas: Option<Arc<SchemaEncoder>>,
+    schemas: Option<Arc<dyn Encoder>>,
 }
 
 /// The relay's metrics and the `mode` label of its mark timings.
@@ -188,7 +188,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
     }
 
     /// Encodes messages against `[schema_registry]` schemas before publishing.
-    pub fn with_schemas(mut self, schemas: Arc<SchemaEncoder>) -> Self {
+    pub fn with_schemas(mut self, schemas: Arc<dyn Encoder>) -> Self {
         self.schemas = Some(schemas);
         self
     }

@@ -10,7 +10,7 @@ use super::BatchReport;
 use super::retry::RetryPolicy;
 use crate::model::OutboundMessage;
 use crate::model::{OutboxId, OutboxRow, TenantId};
-use crate::plugin::{RowResult, TransformFailure};
+use crate::model::{RowResult, TransformFailure};
 use crate::sink::{PublishFault, SinkError};
 use crate::store::{BatchOutcome, Disposition, RowFailure};
 
@@ -316,7 +316,7 @@ mod tests {
             payload: None,
             headers: Vec::new(),
             partition: None,
-            formats: None,
+            encoding: None,
             value_record: None,
             key_record: None,
         }

@@ -696,7 +696,7 @@ mod tests {
             payload: Some(b"{}".to_vec()),
             headers: Vec::new(),
             partition: None,
-            formats: None,
+            encoding: None,
             value_record: None,
             key_record: None,
         }

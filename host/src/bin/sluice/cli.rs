@@ -1,6 +1,6 @@
 //! The command line's shape: every command, argument and its help text.
 
-use sluice::schema::Format;
+use sluice::encoding::Format;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `sluice plugin new|check|test`: create a plugin project, validate a component, run rows
 //! through a plugin on the relay's code path (optionally against a golden file).
 
-use sluice::schema::FormatsSpec;
+use sluice::encoding::FormatsSpec;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -248,7 +248,7 @@ fn configured_tenant(
         (None, Some(source)) => describe(&source),
         (None, None) => "none".to_owned(),
     };
-    let topics = match &tenant.spec.allowed_topics {
+    let topics = match &tenant.spec.limits.allowed_topics {
         Some(patterns) => patterns.join(", "),
         None => "any".to_owned(),
     };

@@ -3,8 +3,9 @@
 //! call, and the output byte budget of a tenant per batch.
 
 use crate::model::{OutboxRow, TenantId};
+use crate::model::{RowResult, TransformFailure};
 use crate::plugin::limits::CallBatching;
-use crate::plugin::{RowResult, TransformFailure, output};
+use crate::plugin::output;
 
 /// Most payload bytes handed to one `transform-batch` call (rows: the tenant's
 /// [`CallBatching`]): the rows are copied into the guest's memory at once, which must

@@ -7,6 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::model::{OutboxRow, TenantId};
+use crate::model::{PauseReason, RowResult, TransformFailure};
+use crate::plugin::output;
 use crate::plugin::tenant::batching::{BatchMode, OutputBudget, batch_chunk};
 use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::health::{TenantHealth, log_transition};
@@ -14,7 +16,6 @@ use crate::plugin::tenant::quota::{InstanceQuota, QuotaPermit};
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
 use crate::plugin::tenant::watch::Watch;
 use crate::plugin::wasm::instance::Trapped;
-use crate::plugin::{PauseReason, RowResult, TransformFailure, output};
 
 /// Longest a row of a quarantined tenant that was already claimed waits before it is looked
 /// at again (later claims leave the tenant out altogether while it is quarantined).

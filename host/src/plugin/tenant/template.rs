@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::encoding::MessageFormats;
 use crate::plugin::PluginError;
 use crate::plugin::builtin::Builtin;
 use crate::plugin::limits::Limits;
@@ -13,7 +14,6 @@ use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::wasm::instance::WasmInstance;
 use crate::problem::Problem;
-use crate::schema::MessageFormats;
 
 /// A tenant's transform logic as configured: everything needed to (re)create its
 /// [`PluginInstance`].

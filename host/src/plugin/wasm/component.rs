@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use wasmtime::component::Component;
 
+use crate::encoding::settings::{DeclaredSchema, DeclaredSchemas, Format};
 use crate::plugin::supply::{Fetched, Signer};
 use crate::plugin::wasm::bindings::types as wit;
 use crate::plugin::wasm::cache::CompileCache;
@@ -13,7 +14,6 @@ use crate::plugin::wasm::contract::Pre;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::imports::{self, Refused};
 use crate::plugin::{ComponentError, PluginError};
-use crate::schema::settings::{DeclaredSchema, DeclaredSchemas, Format};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// What every contract export's name starts with (`<package>/<interface>@<version>`).

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use wasmtime::Trap;
 
+use crate::model::TransformFailure;
 use crate::model::{OutboxId, OutboxRow};
+use crate::plugin::PluginError;
 use crate::plugin::limits::{LimitExceeded, Limits};
 use crate::plugin::wasm::bindings::types::{self as wit, PluginInfo};
 use crate::plugin::wasm::call::run_until;
@@ -18,7 +20,6 @@ use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::engine::deadline_ticks;
 use crate::plugin::wasm::guest_output::{GUEST_OUTPUT_TAIL, GuestOutput};
 use crate::plugin::wasm::host_api::{HostState, TenantShared};
-use crate::plugin::{PluginError, TransformFailure};
 use crate::text::{MAX_LOGGED, bounded};
 
 /// Longest plugin name or version kept from `info()`.

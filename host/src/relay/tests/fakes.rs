@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::model::OutboundMessage;
+use crate::model::RowResult;
 use crate::model::{OutboxId, OutboxRow, TenantId};
-use crate::plugin::{RowResult, RowTransformer};
+use crate::plugin::RowTransformer;
 use crate::sink::{PublishFault, Sink, SinkError};
 use crate::store::memory::MemoryStore;
 use crate::store::{MarkMode, StoreOptions};
@@ -92,7 +93,7 @@ pub(super) fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
         payload: Some(row.payload.clone()),
         headers: Vec::new(),
         partition: None,
-        formats: None,
+        encoding: None,
         value_record: None,
         key_record: None,
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use fakes::{RecordingSink, ScriptedTransformer, empty_store, message, outbox_row, publish_error};
 
 use super::*;
+use crate::model::TransformFailure;
 use crate::model::{OutboundMessage, OutboxId, OutboxRow};
-use crate::plugin::TransformFailure;
 use crate::relay::RetrySettings;
 use crate::sink::PublishFault;
 use crate::store::memory::{CommitFailure, MemoryStore};

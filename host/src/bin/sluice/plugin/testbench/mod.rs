@@ -16,16 +16,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use sluice::config::Config;
+use sluice::encoding::registry::settings::DEFAULT_LATEST_TTL;
+use sluice::encoding::{
+    Encoder, FileSchemas, FormatsSpec, MessageFormats, RegistryClient, RegistrySettings,
+    SchemaEncoder, SchemaSource,
+};
 use sluice::model::OutboundMessage;
-use sluice::model::{OutboxId, OutboxRow, TenantId};
-use sluice::plugin::{
-    PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowResult, RowTransformer,
-    TransformFailure,
-};
-use sluice::schema::settings::DEFAULT_LATEST_TTL;
-use sluice::schema::{
-    FileSchemas, FormatsSpec, RegistryClient, RegistrySettings, SchemaEncoder, SchemaSource,
-};
+use sluice::model::{OutboxId, OutboxRow, RowResult, TenantId, TransformFailure};
+use sluice::plugin::{PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowTransformer};
 
 pub(crate) use diff::unified as diff_expected;
 
@@ -169,11 +167,13 @@ impl TestOptions {
         for (k, v) in &self.config {
             config.insert(k.clone(), toml::Value::String(v.clone()));
         }
-        spec.memory_mb = self.memory_mb.or(spec.memory_mb);
-        spec.call_timeout = self.call_timeout.or(spec.call_timeout);
-        spec.recycle_memory_percent = self.recycle_memory_percent.or(spec.recycle_memory_percent);
+        spec.limits.memory_mb = self.memory_mb.or(spec.limits.memory_mb);
+        spec.limits.call_timeout = self.call_timeout.or(spec.limits.call_timeout);
+        spec.limits.recycle_memory_percent = self
+            .recycle_memory_percent
+            .or(spec.limits.recycle_memory_percent);
         spec.call_batch_rows = self.batch_size;
-        spec.set_formats(self.formats.clone().or(&spec.formats()));
+        spec.formats = self.formats.clone().or(&spec.formats);
         Ok(spec)
     }
 
@@ -181,7 +181,7 @@ impl TestOptions {
     /// command line (no registry), else the config file's registry, else the spec's own
     /// schema files.
     fn encoder(&self, spec: &PluginSpec) -> anyhow::Result<Option<SchemaEncoder>> {
-        let formats = spec.formats();
+        let formats = &spec.formats;
         if !formats.encodes() {
             return Ok(None);
         }
@@ -502,7 +502,7 @@ fn message_json(m: &OutboundMessage) -> Value {
         true => json!({ "base64": BASE64.encode(bytes) }),
         false => bytes_json(bytes),
     };
-    let formats = m.formats.as_deref();
+    let formats = m.encoding.as_ref().and_then(|e| e.get::<MessageFormats>());
     let (key_encoded, value_encoded) = (
         formats.is_some_and(|f| f.key.is_some()),
         formats.is_some_and(|f| f.value.is_some()),
@@ -626,10 +626,10 @@ mod tests {
             ],
             "--set overrides the tenant's key and keeps the others"
         );
-        assert_eq!(spec.allowed_topics, Some(vec!["a.*".to_owned()]));
-        assert_eq!(spec.memory_mb, Some(64), "the platform limit");
+        assert_eq!(spec.limits.allowed_topics, Some(vec!["a.*".to_owned()]));
+        assert_eq!(spec.limits.memory_mb, Some(64), "the platform limit");
         assert_eq!(
-            spec.call_timeout,
+            spec.limits.call_timeout,
             Some(Duration::from_millis(5)),
             "the flag"
         );
@@ -643,11 +643,17 @@ mod tests {
         };
         let spec = replaced.spec().unwrap();
         assert_eq!(spec.path, None);
-        assert_eq!(spec.allowed_topics, Some(vec!["a.*".to_owned()]));
+        assert_eq!(spec.limits.allowed_topics, Some(vec!["a.*".to_owned()]));
 
         let plain = ConfiguredTenant::of(&file, "plain").unwrap();
-        assert_eq!(plain.spec.allowed_topics, Some(vec!["d.*".to_owned()]));
-        assert_eq!(plain.spec.call_timeout, Some(Duration::from_millis(20)));
+        assert_eq!(
+            plain.spec.limits.allowed_topics,
+            Some(vec!["d.*".to_owned()])
+        );
+        assert_eq!(
+            plain.spec.limits.call_timeout,
+            Some(Duration::from_millis(20))
+        );
         // A name without an entry runs [plugins.default], as in `sluice run`.
         let other = ConfiguredTenant::of(&file, "other").unwrap();
         assert!(!other.configured);
@@ -693,7 +699,7 @@ mod tests {
             batch_size: None,
             tenant: None,
             formats: FormatsSpec {
-                value_format: Some(sluice::schema::Format::Avro),
+                value_format: Some(sluice::encoding::Format::Avro),
                 value_schema: Some(schema),
                 ..FormatsSpec::default()
             },

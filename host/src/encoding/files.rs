@@ -4,8 +4,8 @@
 
 use futures::future::BoxFuture;
 
-use super::registry::{RegisteredSchema, RegistryError, SchemaSource};
 use super::settings::SchemaVersion;
+use super::source::{RegisteredSchema, RegistryError, SchemaSource};
 
 /// The schema id files get (no registry assigned one).
 pub const FILE_SCHEMA_ID: u32 = 0;

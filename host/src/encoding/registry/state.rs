@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use super::registry::RegistryError;
+use crate::encoding::source::RegistryError;
 
 /// The last answer (or the lack of one) from the registry.
 #[derive(Debug, Default)]

@@ -1,91 +1,14 @@
-//! `[schema_registry]` and the per-plugin-section format keys (`value_format`, `key_format`,
-//! `subject_strategy`, …) as written, and resolved into what the encoder needs per tenant.
+//! The per-plugin-section format keys (`value_format`, `key_format`, `subject_strategy`, …) as
+//! written, and resolved into what the encoder needs per tenant.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
 use crate::problem::Problem;
-
-/// How long a subject's latest version is trusted before it is asked for again.
-pub const DEFAULT_LATEST_TTL: Duration = Duration::from_secs(60);
-/// Budget of one registry request (connect + answer).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `[schema_registry]`: a Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's
-/// `ccompat` API, Redpanda).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegistrySettings {
-    /// Base URL, e.g. `http://registry:8081` (a path prefix is kept: Apicurio serves the
-    /// Confluent API under `/apis/ccompat/v7`).
-    pub url: String,
-    /// Basic authentication (with `password`).
-    #[serde(default)]
-    pub username: Option<String>,
-    /// Basic authentication (with `username`); `${file:…}` keeps it out of the file.
-    #[serde(default)]
-    pub password: Option<String>,
-    /// Bearer authentication instead of basic.
-    #[serde(default)]
-    pub bearer_token: Option<String>,
-    /// Budget of one request, e.g. `"5s"`.
-    #[serde(default = "default_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// PEM file of the CA that signed the registry's certificate (`https://` URLs), trusted in
-    /// addition to the system's.
-    #[serde(default)]
-    pub ca_location: Option<PathBuf>,
-    /// How long a subject's latest version is used before the registry is asked again: a
-    /// newly registered version is picked up within it.
-    #[serde(default = "default_latest_ttl", with = "humantime_serde")]
-    pub latest_ttl: Duration,
-}
-
-fn default_timeout() -> Duration {
-    DEFAULT_TIMEOUT
-}
-
-fn default_latest_ttl() -> Duration {
-    DEFAULT_LATEST_TTL
-}
-
-impl RegistrySettings {
-    /// Values that cannot work, each with its key.
-    pub fn problems(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        match reqwest::Url::parse(&self.url) {
-            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
-            Ok(url) => problems.push(Problem::new(
-                "schema_registry.url",
-                format!("scheme {:?} is not http or https", url.scheme()),
-            )),
-            Err(e) => problems.push(Problem::new(
-                "schema_registry.url",
-                format!("not a URL ({e})"),
-            )),
-        }
-        if self.username.is_some() != self.password.is_some() {
-            problems.push(Problem::new(
-                "schema_registry.username",
-                "basic authentication needs both username and password",
-            ));
-        }
-        if self.bearer_token.is_some() && self.username.is_some() {
-            problems.push(Problem::new(
-                "schema_registry.bearer_token",
-                "set either bearer_token or username/password, not both",
-            ));
-        }
-        if self.timeout.is_zero() {
-            problems.push(Problem::new("schema_registry.timeout", "must be above 0"));
-        }
-        problems
-    }
-}
+use crate::setting_group::setting_group;
 
 /// What the bytes of a message's key or value are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -205,49 +128,34 @@ impl Field {
     }
 }
 
-/// The format keys of one plugin section as written (unset: inherited from
-/// `[plugins.default]`, then raw).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FormatsSpec {
-    /// `value_format`.
-    pub value_format: Option<Format>,
-    /// `key_format`.
-    pub key_format: Option<Format>,
-    /// `subject_strategy`.
-    pub subject_strategy: Option<SubjectStrategy>,
-    /// `value_record`.
-    pub value_record: Option<String>,
-    /// `key_record`.
-    pub key_record: Option<String>,
-    /// `value_schema_version`.
-    pub value_schema_version: Option<SchemaVersion>,
-    /// `key_schema_version`.
-    pub key_schema_version: Option<SchemaVersion>,
-    /// `value_schema`.
-    pub value_schema: Option<PathBuf>,
-    /// `key_schema`.
-    pub key_schema: Option<PathBuf>,
-    /// `auto_register`.
-    pub auto_register: Option<bool>,
+setting_group! {
+    /// The format keys of one plugin section as written (unset: inherited from
+    /// `[plugins.default]`, then raw); [`FormatsSpec::resolve`] checks them together.
+    pub struct FormatsSpec => FormatValues {
+        /// `raw` publishes the plugin's bytes as they are; `avro`, `protobuf` and `json-schema` encode the plugin's JSON against the subject's schema from `[schema_registry]`, in Confluent's wire format ([schema-registry.md](schema-registry.md)). Inherited by every tenant that does not set it.
+        value_format: Format = Format::Raw => "`\"raw\"`";
+        /// As `value_format`, for the message key.
+        key_format: Format = Format::Raw => "`\"raw\"`";
+        /// `topic-name` (`<topic>-value`), `record-name`, `topic-record-name` ([schema-registry.md](schema-registry.md#configuration)).
+        subject_strategy: SubjectStrategy = SubjectStrategy::TopicName => "`\"topic-name\"`";
+        /// The record's (Protobuf message's) full name, for the record strategies and to pick a Protobuf message.
+        value_record: String => "—";
+        /// As `value_record`, for the key.
+        key_record: String => "—";
+        /// `"latest"` (re-read after `latest_ttl`) or a version number.
+        value_schema_version: SchemaVersion = SchemaVersion::Latest => "`\"latest\"`";
+        /// As `value_schema_version`, for the key.
+        key_schema_version: SchemaVersion = SchemaVersion::Latest => "`\"latest\"`";
+        /// A schema file, looked up under the subject (or registered with `auto_register`).
+        value_schema: PathBuf => "—";
+        /// As `value_schema`, for the key.
+        key_schema: PathBuf => "—";
+        /// Register `value_schema`/`key_schema` under the subject — or, without a file, the schema the plugin declares for the record.
+        auto_register: bool = false => "`false`";
+    }
 }
 
 impl FormatsSpec {
-    /// Fills unset keys from `fallback`.
-    pub fn or(self, fallback: &FormatsSpec) -> FormatsSpec {
-        FormatsSpec {
-            value_format: self.value_format.or(fallback.value_format),
-            key_format: self.key_format.or(fallback.key_format),
-            subject_strategy: self.subject_strategy.or(fallback.subject_strategy),
-            value_record: self.value_record.or_else(|| fallback.value_record.clone()),
-            key_record: self.key_record.or_else(|| fallback.key_record.clone()),
-            value_schema_version: self.value_schema_version.or(fallback.value_schema_version),
-            key_schema_version: self.key_schema_version.or(fallback.key_schema_version),
-            value_schema: self.value_schema.or_else(|| fallback.value_schema.clone()),
-            key_schema: self.key_schema.or_else(|| fallback.key_schema.clone()),
-            auto_register: self.auto_register.or(fallback.auto_register),
-        }
-    }
-
     /// Whether any of key and value is encoded.
     pub fn encodes(&self) -> bool {
         [self.value_format, self.key_format]
@@ -284,23 +192,27 @@ impl FormatsSpec {
     }
 
     fn field(&self, key: &str, field: Field, problems: &mut Vec<Problem>) -> Option<FieldEncoding> {
-        let (format, record, version, schema) = match field {
+        let values = self.values();
+        // `version` as written (is it set?), `version_used` with its default.
+        let (format, record, version, version_used, schema) = match field {
             Field::Value => (
-                self.value_format,
+                values.value_format,
                 &self.value_record,
                 self.value_schema_version,
+                values.value_schema_version,
                 &self.value_schema,
             ),
             Field::Key => (
-                self.key_format,
+                values.key_format,
                 &self.key_record,
                 self.key_schema_version,
+                values.key_schema_version,
                 &self.key_schema,
             ),
         };
         let name = field.name();
         let format = match format {
-            None | Some(Format::Raw) => {
+            Format::Raw => {
                 for (set, sub) in [
                     (record.is_some(), "record"),
                     (version.is_some(), "schema_version"),
@@ -315,9 +227,9 @@ impl FormatsSpec {
                 }
                 return None;
             }
-            Some(f) => f,
+            f => f,
         };
-        let strategy = self.subject_strategy.unwrap_or_default();
+        let strategy = values.subject_strategy;
         if strategy != SubjectStrategy::TopicName && record.is_none() {
             problems.push(Problem::new(
                 format!("{key}.{name}_record"),
@@ -333,7 +245,7 @@ impl FormatsSpec {
         {
             problems.push(Problem::new(format!("{key}.{name}_record"), "is empty"));
         }
-        let auto_register = self.auto_register.unwrap_or(false);
+        let auto_register = values.auto_register;
         let schema_text = match schema {
             Some(path) => match std::fs::read_to_string(path) {
                 Ok(text) => Some(Arc::<str>::from(text)),
@@ -358,7 +270,7 @@ impl FormatsSpec {
             field,
             strategy,
             record: record.clone(),
-            version: version.unwrap_or_default(),
+            version: version_used,
             auto_register,
             schema: schema_text,
         })

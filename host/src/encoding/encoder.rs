@@ -7,16 +7,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use serde_json::Value as Json;
 
-use super::avro::AvroSchema;
-use super::json_schema::JsonSchema;
-use super::protobuf::ProtoSchema;
-use super::registry::{RegisteredSchema, RegistryError, SchemaSource};
-use super::settings::{FieldEncoding, Format, SchemaVersion};
-use super::wire;
+use super::Encoder;
+use super::format::{AvroSchema, JsonSchema, ProtoSchema};
+use super::framing;
+use super::settings::{FieldEncoding, Format, MessageFormats, SchemaVersion};
+use super::source::{RegisteredSchema, RegistryError, SchemaSource};
 use crate::model::OutboundMessage;
-use crate::plugin::{RowResult, TransformFailure};
+use crate::model::{RowResult, TransformFailure};
 
 /// Why a message could not be encoded.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -109,6 +109,27 @@ pub struct SchemaEncoder {
     parsed: Mutex<HashMap<ParsedKey, Arc<Parsed>>>,
 }
 
+impl Encoder for SchemaEncoder {
+    fn encode_rows(&self, results: Vec<RowResult>) -> BoxFuture<'_, Vec<RowResult>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(results.len());
+            // Subjects without a schema in this batch: asked once, not once per row (a
+            // registry that times out would otherwise hold the batch for a timeout per row).
+            let mut missing = HashMap::new();
+            for result in results {
+                out.push(match result {
+                    Ok(mut messages) => match self.encode_all(&mut messages, &mut missing).await {
+                        Ok(()) => Ok(messages),
+                        Err(e) => Err(e.into()),
+                    },
+                    failed => failed,
+                });
+            }
+            out
+        })
+    }
+}
+
 impl SchemaEncoder {
     /// An encoder asking `source`, trusting a subject's latest version for `latest_ttl`.
     pub fn new(source: Arc<dyn SchemaSource>, latest_ttl: Duration) -> Self {
@@ -120,33 +141,21 @@ impl SchemaEncoder {
         }
     }
 
-    /// Encodes the messages of every transformed row; a row with a message that cannot be
-    /// encoded fails as a whole (nothing of it is published, raw or otherwise).
-    pub async fn encode_rows(&self, results: Vec<RowResult>) -> Vec<RowResult> {
-        let mut out = Vec::with_capacity(results.len());
-        // Subjects without a schema in this batch: asked once, not once per row (a registry
-        // that times out would otherwise hold the batch for a timeout per row).
-        let mut missing = HashMap::new();
-        for result in results {
-            out.push(match result {
-                Ok(mut messages) => match self.encode_all(&mut messages, &mut missing).await {
-                    Ok(()) => Ok(messages),
-                    Err(e) => Err(e.into()),
-                },
-                failed => failed,
-            });
-        }
-        out
-    }
-
     async fn encode_all(
         &self,
         messages: &mut [OutboundMessage],
         missing: &mut HashMap<String, EncodeError>,
     ) -> Result<(), EncodeError> {
         for m in messages.iter_mut() {
-            let Some(formats) = m.formats.clone() else {
+            let Some(encoding) = m.encoding.clone() else {
                 continue;
+            };
+            // Never published unencoded: a plan of another type is a bug, and fails the row.
+            let Some(formats) = encoding.get::<MessageFormats>() else {
+                return Err(EncodeError::NoSchema {
+                    field: "value",
+                    detail: format!("{encoding:?} is not a schema encoding"),
+                });
             };
             if let (Some(enc), Some(key)) = (&formats.key, &m.key) {
                 let enc = formats.with_declared(enc.naming(m.key_record.as_deref()));
@@ -213,17 +222,17 @@ impl SchemaEncoder {
                     Err(e) => return Err(mismatch(not_json(&e))),
                 };
                 let data = schema.encode(&json).map_err(mismatch)?;
-                Ok(wire::frame(resolved.id, None, &data))
+                Ok(framing::frame(resolved.id, None, &data))
             }
             Parsed::Protobuf(schema) => {
                 let data = schema.encode(bytes).map_err(mismatch)?;
-                Ok(wire::frame(resolved.id, Some(schema.indexes()), &data))
+                Ok(framing::frame(resolved.id, Some(schema.indexes()), &data))
             }
             Parsed::Json(schema) => {
                 let json: Json =
                     serde_json::from_slice(bytes).map_err(|e| mismatch(not_json(&e)))?;
                 schema.validate(&json).map_err(mismatch)?;
-                Ok(wire::frame(resolved.id, None, bytes))
+                Ok(framing::frame(resolved.id, None, bytes))
             }
         }
     }
@@ -399,7 +408,8 @@ mod tests {
     use futures::future::BoxFuture;
 
     use super::*;
-    use crate::schema::settings::{Field, MessageFormats, SubjectStrategy};
+    use crate::encoding::settings::{Field, SubjectStrategy};
+    use crate::model::Encoding;
 
     /// A registry in memory: one subject per schema, counting the requests.
     struct Fake {
@@ -486,11 +496,11 @@ mod tests {
             payload: Some(payload.to_vec()),
             headers: Vec::new(),
             partition: None,
-            formats: Some(Arc::new(MessageFormats {
+            encoding: Some(Encoding::new(Arc::new(MessageFormats {
                 key: None,
                 value: Some(avro_value()),
                 declared: Default::default(),
-            })),
+            }))),
             value_record: None,
             key_record: None,
         }
