@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use crate::problem::Problem;
-use crate::secret;
+pub use crate::store::DATABASE_URL_ENV;
 
 use crate::encoding::{Format, RegistrySettings};
 use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
@@ -20,18 +20,13 @@ use crate::relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
+use crate::secret;
+use crate::sink::KafkaSettings;
 use crate::store::{
-    AfterDead, ColumnsSettings, DEFAULT_LEASE, Driver, LEASE_MARGIN, MarkMode, Ordering,
-    StoreOptions, TableSpec, TenantColumn, validate_channel,
+    AfterDead, DEFAULT_LEASE, DatabaseSettings, LEASE_MARGIN, MarkMode, Ordering, StoreOptions,
+    TenantColumn, validate_channel,
 };
 use crate::telemetry::TelemetrySettings;
-use crate::text::toml_scalar;
-
-/// Environment variable that overrides `database.url`, so secrets can stay out of the file.
-pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
-/// The producer's `message.timeout.ms` unless `[kafka]` sets it: Sluice's own default (see
-/// `sink::kafka::DEFAULT_PROPERTIES`).
-const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Problems loading or validating a configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -75,14 +70,13 @@ fn list(problems: &[Problem]) -> String {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[database]`: the database and the outbox table (required).
-    pub database: DatabaseConfig,
+    pub database: DatabaseSettings,
     /// `[relay]`: batching, polling, marking, ordering and retries; every key has a default.
     #[serde(default)]
     pub relay: RelayConfig,
-    /// librdkafka properties, passed through unchanged (values may be strings, numbers or
-    /// booleans).
+    /// `[kafka]`: librdkafka properties, passed through unchanged.
     #[serde(default)]
-    pub kafka: BTreeMap<String, toml::Value>,
+    pub kafka: KafkaSettings,
     /// `[plugins]`: the compiled-plugin cache, start-up strictness and `[plugins.default]`.
     #[serde(default)]
     pub plugins: PluginsSettings,
@@ -102,43 +96,6 @@ pub struct Config {
     /// The file this configuration was loaded from (re-read on SIGHUP for rotated secrets).
     #[serde(skip)]
     pub origin: Option<PathBuf>,
-}
-
-/// `[database]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatabaseConfig {
-    /// Connection URL (`postgres://…`, `mysql://…`, `sqlite://PATH`); `SLUICE_DATABASE_URL`
-    /// overrides it.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// SQLite only: how long a claim's lease keeps its rows from other relays.
-    #[serde(default, with = "humantime_serde")]
-    pub lease: Option<Duration>,
-    /// Outbox table name, optionally schema-qualified (`schema.table`).
-    #[serde(default = "default_table")]
-    pub table: String,
-    /// `[database.columns]`: which column holds what, for a table the application created
-    /// with its own names (e.g. Debezium's).
-    #[serde(default)]
-    pub columns: ColumnsSettings,
-}
-
-fn default_table() -> String {
-    "outbox".to_owned()
-}
-
-impl DatabaseConfig {
-    /// The outbox table with its column mapping, validated (names are identifiers, no column
-    /// mapped twice or onto a bookkeeping column).
-    pub fn table_spec(&self) -> Result<TableSpec, Problem> {
-        TableSpec::from_settings(&self.table, &self.columns)
-    }
-
-    /// The database `url` names, if it names one Sluice knows.
-    pub fn driver(&self) -> Option<Driver> {
-        self.url.as_deref().and_then(|url| Driver::of(url).ok())
-    }
 }
 
 /// `[relay]`; unset keys take their values from [`RelayConfig::default`].
@@ -188,6 +145,26 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
+    /// What is wrong with `[relay]`'s own keys that the loop's settings do not check
+    /// ([`RelaySettings::problems`]): the pruner's interval, the notification channel's name,
+    /// `[relay.retry]`.
+    fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.prune_interval.is_zero() {
+            problems.push(Problem::new(
+                "relay.prune_interval",
+                "must be greater than 0",
+            ));
+        }
+        if let Some(channel) = &self.notify_channel
+            && let Err(message) = validate_channel(channel)
+        {
+            problems.push(Problem::new("relay.notify_channel", message));
+        }
+        problems.extend(self.retry.problems());
+        problems
+    }
+
     /// The loop's settings.
     pub fn settings(&self) -> RelaySettings {
         RelaySettings {
@@ -346,50 +323,11 @@ impl Config {
         problems
     }
 
+    /// Each section's own problems, then the rules between sections.
     fn value_problems(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        match &self.database.url {
-            None => problems.push(Problem::new(
-                "database.url",
-                format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
-            )),
-            Some(url) if url.trim().is_empty() => {
-                problems.push(Problem::new("database.url", "is empty"))
-            }
-            Some(_) => {}
-        }
-        problems.extend(self.database.table_spec().err());
-        let driver = self.database.driver();
-        match (driver, self.database.lease) {
-            (Some(d), Some(_)) if !d.leases() => problems.push(Problem::new(
-                "database.lease",
-                format!(
-                    "only SQLite claims rows with a lease; {} holds row locks instead \
-                     (remove the key)",
-                    d.name()
-                ),
-            )),
-            (Some(d), lease) if d.leases() => {
-                let lease = lease.unwrap_or(DEFAULT_LEASE);
-                let timeout = self.message_timeout();
-                if lease < timeout + LEASE_MARGIN {
-                    problems.push(Problem::new(
-                        "database.lease",
-                        format!(
-                            "{} is too short: a lease must outlast a batch, i.e. the \
-                             producer's message.timeout.ms ({}) plus {} for the rest of the \
-                             batch; otherwise another relay claims and publishes the rows \
-                             again while this one still waits for the broker",
-                            humantime::format_duration(lease),
-                            humantime::format_duration(timeout),
-                            humantime::format_duration(LEASE_MARGIN),
-                        ),
-                    ));
-                }
-            }
-            _ => {}
-        }
-        if let Some(d) = driver
+        let mut problems = self.database.problems();
+        problems.extend(self.lease_problem());
+        if let Some(d) = self.database.driver()
             && !d.notifies()
             && self.relay.notify_channel.is_some()
         {
@@ -403,37 +341,9 @@ impl Config {
         }
         problems.extend(self.relay.settings().problems());
         problems.extend(self.fair_share_problem());
-        if self.relay.prune_interval.is_zero() {
-            problems.push(Problem::new(
-                "relay.prune_interval",
-                "must be greater than 0",
-            ));
-        }
-        if let Some(channel) = &self.relay.notify_channel
-            && let Err(message) = validate_channel(channel)
-        {
-            problems.push(Problem::new("relay.notify_channel", message));
-        }
-        problems.extend(self.relay.retry.problems());
-        for (key, value) in &self.kafka {
-            if let Err(message) = kafka_value_string(value) {
-                problems.push(Problem::new(format!("kafka.\"{key}\""), message));
-            }
-        }
-        // librdkafka names neither the path nor the reason when it cannot read one of these.
-        for (key, path) in self.kafka_properties() {
-            if key.ends_with(".location")
-                && path != "probe"
-                && let Err(e) = std::fs::File::open(&path)
-            {
-                problems.push(Problem::caused(
-                    format!("kafka.\"{key}\""),
-                    format!("cannot read {path}"),
-                    e,
-                ));
-            }
-        }
-        if let Some((key, value)) = self.weak_acks()
+        problems.extend(self.relay.problems());
+        problems.extend(self.kafka.problems());
+        if let Some((key, value)) = self.kafka.weak_acks()
             && !self.relay.allow_weak_acks
         {
             problems.push(Problem::new(
@@ -467,6 +377,27 @@ impl Config {
             problems.extend(tenant.problems(&key, false));
         }
         problems
+    }
+
+    /// A SQLite lease must outlast a batch, which waits up to the producer's timeout.
+    fn lease_problem(&self) -> Option<Problem> {
+        self.database.driver().filter(|d| d.leases())?;
+        let lease = self.database.lease.unwrap_or(DEFAULT_LEASE);
+        let timeout = self.kafka.message_timeout();
+        (lease < timeout + LEASE_MARGIN).then(|| {
+            Problem::new(
+                "database.lease",
+                format!(
+                    "{} is too short: a lease must outlast a batch, i.e. the producer's \
+                     message.timeout.ms ({}) plus {} for the rest of the batch; otherwise \
+                     another relay claims and publishes the rows again while this one still \
+                     waits for the broker",
+                    humantime::format_duration(lease),
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(LEASE_MARGIN),
+                ),
+            )
+        })
     }
 
     /// `[schema_registry]`, and each section's format keys (as its tenants inherit them):
@@ -570,35 +501,9 @@ impl Config {
         }
     }
 
-    /// How long the producer tries to deliver a message (`message.timeout.ms`, or its alias
-    /// `delivery.timeout.ms`; Sluice's default otherwise).
-    pub fn message_timeout(&self) -> Duration {
-        let properties = self.kafka_properties();
-        ["message.timeout.ms", "delivery.timeout.ms"]
-            .iter()
-            .find_map(|key| properties.get(*key))
-            .and_then(|ms| ms.trim().parse::<u64>().ok())
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_MESSAGE_TIMEOUT)
-    }
-
     /// The database URL (validated to be present by [`Config::load`]).
     pub fn database_url(&self) -> &str {
         self.database.url.as_deref().unwrap_or_default()
-    }
-
-    /// The `[kafka]` acknowledgement setting when it is weaker than `all`: key and value
-    /// (see [`crate::sink::weak_acks`]).
-    pub fn weak_acks(&self) -> Option<(&'static str, String)> {
-        crate::sink::weak_acks(&self.kafka_properties())
-    }
-
-    /// The librdkafka properties as strings.
-    pub fn kafka_properties(&self) -> BTreeMap<String, String> {
-        self.kafka
-            .iter()
-            .filter_map(|(k, v)| kafka_value_string(v).ok().map(|v| (k.clone(), v)))
-            .collect()
     }
 }
 
@@ -615,10 +520,6 @@ fn one_line(mut error: toml::de::Error, text: &str) -> String {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
     format!("{message} (at line {line}, column {column})")
-}
-
-fn kafka_value_string(value: &toml::Value) -> Result<String, &'static str> {
-    toml_scalar(value).ok_or("librdkafka properties must be strings, numbers or booleans")
 }
 
 #[cfg(test)]
@@ -913,7 +814,7 @@ mod tests {
             "[database]\nurl = \"x\"\n[kafka]\n\"linger.ms\" = 5\n\"enable.idempotence\" = false\n",
         )
         .unwrap();
-        let props = c.kafka_properties();
+        let props = c.kafka.properties();
         assert_eq!(props["linger.ms"], "5");
         assert_eq!(props["enable.idempotence"], "false");
     }
@@ -1033,11 +934,11 @@ mod tests {
                     "[database]\nurl = \"x\"\n[relay]\nallow_weak_acks = true\n[kafka]\n\"{key}\" = {weak}\n"
                 );
                 let c = parse(&allowed).unwrap();
-                assert_eq!(c.weak_acks().map(|(k, _)| k), Some(key));
+                assert_eq!(c.kafka.weak_acks().map(|(k, _)| k), Some(key));
             }
         }
         let c = parse("[database]\nurl = \"x\"\n").unwrap();
-        assert_eq!(c.weak_acks(), None, "Sluice's default is acks=all");
+        assert_eq!(c.kafka.weak_acks(), None, "Sluice's default is acks=all");
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub(super) async fn assemble(
         // One connection per worker's open batch, plus one for probes and maintenance.
         let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);
         let store = Arc::new(open_store(config, connections).await?);
-        if let Some((key, value)) = config.weak_acks() {
+        if let Some((key, value)) = config.kafka.weak_acks() {
             tracing::warn!(key, value = %value,
                 "kafka acks weaker than \"all\" (allowed by relay.allow_weak_acks): a broker failure can lose messages of rows already marked sent");
         }
@@ -70,7 +70,7 @@ pub(super) async fn assemble(
             .listen
             .as_ref()
             .map(|_| metrics(config, &router));
-        let properties = config.kafka_properties();
+        let properties = config.kafka.properties();
         let observed = metrics
             .clone()
             .map(|m| (m, config.telemetry.sample_interval));

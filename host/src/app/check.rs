@@ -134,7 +134,7 @@ async fn check_database(config: &Config) -> Vec<Problem> {
 }
 
 async fn check_broker(config: &Config) -> Vec<Problem> {
-    let properties = config.kafka_properties();
+    let properties = config.kafka.properties();
     let probed = tokio::task::spawn_blocking(move || {
         KafkaSink::new(&properties)?.probe(BROKER_PROBE_TIMEOUT)
     })

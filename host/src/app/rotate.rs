@@ -38,7 +38,7 @@ pub(super) struct Applied {
 
 impl Applied {
     pub(super) fn of(config: &Config) -> Self {
-        let kafka = config.kafka_properties();
+        let kafka = config.kafka.properties();
         Self {
             kafka_files: KafkaFiles::of(&kafka),
             kafka,
@@ -146,7 +146,7 @@ fn rotate_registry(fresh: &Config, applied: &Applied) {
 
 /// A changed `[kafka]`, or a changed file it names: a new producer for the next batches.
 async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRelay>) {
-    let kafka = fresh.kafka_properties();
+    let kafka = fresh.kafka.properties();
     let files = KafkaFiles::of(&kafka);
     if kafka == applied.kafka && files == applied.kafka_files {
         tracing::info!("SIGHUP: [kafka] and the files it names unchanged");

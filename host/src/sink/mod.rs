@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
-pub(crate) use kafka::{KafkaSink, librdkafka_version, weak_acks};
+pub(crate) use kafka::settings::KafkaSettings;
+pub(crate) use kafka::{KafkaSink, librdkafka_version};
 
 use crate::model::OutboundMessage;
 

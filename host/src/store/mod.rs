@@ -67,7 +67,10 @@ pub use open::{Store, StoreBatch, check_url, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
 pub use schema::SchemaError;
-pub use settings::{AfterDead, DEFAULT_LEASE, LEASE_MARGIN, MarkMode, Ordering, StoreOptions};
+pub use settings::{
+    AfterDead, DATABASE_URL_ENV, DEFAULT_LEASE, DatabaseSettings, LEASE_MARGIN, MarkMode, Ordering,
+    StoreOptions,
+};
 pub use table::{TableName, TableNameError};
 
 use crate::model::{OutboxId, OutboxRow, TenantId};

@@ -1,10 +1,86 @@
-//! How the store claims and marks rows: the `[relay]` keys that decide its SQL, and the
-//! SQLite lease (`database.lease`).
+//! `[database]` (the database, the outbox table, its columns, the SQLite lease) and what is
+//! wrong with it on its own; how the store claims and marks rows: the `[relay]` keys that
+//! decide its SQL.
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use super::columns::{ColumnsSettings, TableSpec};
+use super::dialect::Driver;
+use crate::problem::Problem;
+
+/// Environment variable that overrides `database.url`, so secrets can stay out of the file.
+pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
+
+/// `[database]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// Connection URL (`postgres://…`, `mysql://…`, `sqlite://PATH`); `SLUICE_DATABASE_URL`
+    /// overrides it.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// SQLite only: how long a claim's lease keeps its rows from other relays.
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
+    /// Outbox table name, optionally schema-qualified (`schema.table`).
+    #[serde(default = "default_table")]
+    pub table: String,
+    /// `[database.columns]`: which column holds what, for a table the application created
+    /// with its own names (e.g. Debezium's).
+    #[serde(default)]
+    pub columns: ColumnsSettings,
+}
+
+fn default_table() -> String {
+    "outbox".to_owned()
+}
+
+impl DatabaseSettings {
+    /// The outbox table with its column mapping, validated (names are identifiers, no column
+    /// mapped twice or onto a bookkeeping column).
+    pub fn table_spec(&self) -> Result<TableSpec, Problem> {
+        TableSpec::from_settings(&self.table, &self.columns)
+    }
+
+    /// The database `url` names, if it names one Sluice knows.
+    pub fn driver(&self) -> Option<Driver> {
+        self.url.as_deref().and_then(|url| Driver::of(url).ok())
+    }
+
+    /// What is wrong with `[database]` on its own: no URL, the table and its columns, a lease
+    /// where the database holds row locks instead. (How long a lease must be depends on the
+    /// producer's timeout: a rule between sections, checked by the configuration.)
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        match &self.url {
+            None => problems.push(Problem::new(
+                "database.url",
+                format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
+            )),
+            Some(url) if url.trim().is_empty() => {
+                problems.push(Problem::new("database.url", "is empty"))
+            }
+            Some(_) => {}
+        }
+        problems.extend(self.table_spec().err());
+        if let (Some(d), Some(_)) = (self.driver(), self.lease)
+            && !d.leases()
+        {
+            problems.push(Problem::new(
+                "database.lease",
+                format!(
+                    "only SQLite claims rows with a lease; {} holds row locks instead \
+                     (remove the key)",
+                    d.name()
+                ),
+            ));
+        }
+        problems
+    }
+}
 
 /// How long a SQLite claim keeps its rows from other relays (`database.lease`). It must outlast
 /// a batch — claim, transform, publish (up to the producer's `message.timeout.ms`, 30 s by

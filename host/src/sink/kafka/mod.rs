@@ -11,108 +11,27 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
-use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::statistics::Statistics;
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::util::Timeout;
 
-use super::connection::ConnectionWatch;
-use super::deliveries::{Deliveries, Opaque, Pending};
+use self::context::SinkContext;
+use self::faults::{fault_of, is_unknown_topic, producer_is_broken};
+use self::settings::kafka_client_config;
+use super::deliveries::{Opaque, Pending};
 use super::topics::{Known, TopicCache};
 use super::{PublishFault, Sink, SinkError};
 use crate::model::OutboundMessage;
 use crate::telemetry::Metrics;
 
+mod context;
+mod faults;
+pub(crate) mod settings;
+
 /// The producer, with the context that files delivery reports and reads librdkafka's
 /// statistics into the metrics. Shared by the batches that publish through it.
 type KafkaProducer = Arc<rdkafka::producer::ThreadedProducer<SinkContext>>;
-
-/// The producer's client context: delivery reports go to the batch waiting for them;
-/// librdkafka's log lines go to `tracing` as by default; its statistics (emitted only when
-/// `statistics.interval.ms` is set, i.e. with metrics on) set `sluice_producer_queue_messages`;
-/// its error events (authentication, TLS, unreachable broker) set the connection state, which
-/// is logged once per change and named by the sink's readiness probe ([`Sink::probe`]).
-#[derive(Clone, Default)]
-pub(super) struct SinkContext {
-    metrics: Option<Arc<Metrics>>,
-    deliveries: Arc<Deliveries>,
-    connection: Arc<ConnectionWatch>,
-}
-
-impl ClientContext for SinkContext {
-    fn stats(&self, statistics: Statistics) {
-        if let Some(m) = &self.metrics {
-            m.sink.set_producer_queue(statistics.msg_cnt);
-        }
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
-            Some(code) => {
-                self.connection.report(code, reason);
-            }
-            None => tracing::error!(target: "librdkafka", "librdkafka: {error}: {reason}"),
-        }
-    }
-
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        use RDKafkaLogLevel::*;
-        match level {
-            // A broker connection failing at error level ("FAIL") also arrives as an error
-            // event, which `error` logs once per change of state; logging each retry's line
-            // too would repeat it every few seconds.
-            Emerg | Alert | Critical | Error if fac == "FAIL" => {
-                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            Emerg | Alert | Critical | Error => {
-                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
-            Notice | Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
-            Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
-        }
-    }
-}
-
-#[cfg(test)]
-impl SinkContext {
-    /// No batch is waiting for reports (none left behind).
-    fn deliveries_idle(&self) -> bool {
-        self.deliveries.is_idle()
-    }
-}
-
-impl ProducerContext for SinkContext {
-    type DeliveryOpaque = Opaque;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Opaque) {
-        let report = match result {
-            Ok(_) => {
-                // An acknowledgement: whatever was wrong with the connection is over.
-                self.connection.works();
-                Ok(())
-            }
-            Err((e, _)) => Err(e.clone()),
-        };
-        self.deliveries.file(opaque, report);
-    }
-}
-
-/// Sluice's producer defaults; any `[kafka]` property overrides them.
-/// - idempotence + acks=all: no duplicates from producer retries, no loss on leader change.
-/// - message.timeout.ms: the batch's transaction stays open while we wait for reports, so give
-///   up after 30 s (librdkafka's default is 5 min) and reschedule the rows instead.
-/// - linger.ms: Sluice enqueues a whole batch at once and then waits, so librdkafka's 5 ms
-///   default only adds latency; 1 ms still lets a batch's messages share produce requests.
-pub(super) const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
-    ("enable.idempotence", "true"),
-    ("acks", "all"),
-    ("message.timeout.ms", "30000"),
-    ("linger.ms", "1"),
-];
 
 /// How long enqueueing may wait for room in librdkafka's local queue before failing the
 /// message, and how often it looks again meanwhile.
@@ -124,32 +43,6 @@ const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// Metadata requests in flight at once for one batch (each holds a blocking thread).
 const METADATA_REQUESTS: usize = 8;
-
-/// The client configuration Sluice uses: defaults, then the user's properties.
-pub(crate) fn kafka_client_config(properties: &BTreeMap<String, String>) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    for (k, v) in DEFAULT_PROPERTIES {
-        config.set(*k, *v);
-    }
-    for (k, v) in properties {
-        config.set(k, v);
-    }
-    config
-}
-
-/// The acknowledgement setting among `properties` — `acks`, or its alias
-/// `request.required.acks` — when it is weaker than `all` (`-1`): key and value. Sluice marks a
-/// row sent on the acknowledgement, so anything weaker can lose messages of rows already
-/// marked.
-pub(crate) fn weak_acks(properties: &BTreeMap<String, String>) -> Option<(&'static str, String)> {
-    ["acks", "request.required.acks"]
-        .into_iter()
-        .find_map(|key| {
-            let value = properties.get(key)?;
-            let strong = value.trim().eq_ignore_ascii_case("all") || value.trim() == "-1";
-            (!strong).then(|| (key, value.clone()))
-        })
-}
 
 /// The `statistics.interval.ms` property: librdkafka computes no statistics without it.
 const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
@@ -576,73 +469,6 @@ impl Sink for KafkaSink {
             }),
         }
     }
-}
-
-/// Whose fault a failed send is (see [`PublishFault`]).
-fn fault_of(error: &KafkaError) -> PublishFault {
-    match error.rdkafka_error_code() {
-        Some(code) if is_unavailable(code) => PublishFault::Unavailable,
-        Some(code) if is_refused(code) => PublishFault::Refused,
-        _ => PublishFault::Failed,
-    }
-}
-
-/// Errors of the broker or the connection rather than of the message: retrying the row later
-/// is all there is to do, and the failure must not count against it.
-fn is_unavailable(code: RDKafkaErrorCode) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        code,
-        MessageTimedOut
-            | AllBrokersDown
-            | BrokerTransportFailure
-            | OperationTimedOut
-            | QueueFull
-            | Retry
-            | LeaderNotAvailable
-            | NotLeaderForPartition
-            | RequestTimedOut
-            | NetworkException
-            | NotEnoughReplicas
-            | NotEnoughReplicasAfterAppend
-            | KafkaStorageError
-            | Fatal
-            | OutOfOrderSequenceNumber
-            | InvalidProducerEpoch
-            | UnknownProducerId
-            | ProducerFenced
-    )
-}
-
-/// Refusals of the message for a reason of its sender's making: where the plugin routed it,
-/// or what it put in it.
-fn is_refused(code: RDKafkaErrorCode) -> bool {
-    use RDKafkaErrorCode::*;
-    is_unknown_topic(code)
-        || matches!(
-            code,
-            UnknownPartition | MessageSizeTooLarge | TopicAuthorizationFailed | InvalidTopic
-        )
-}
-
-fn is_unknown_topic(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition
-    )
-}
-
-/// Errors after which the idempotent producer's state is unusable.
-fn producer_is_broken(code: RDKafkaErrorCode) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        code,
-        Fatal
-            | ProducerFenced
-            | InvalidProducerEpoch
-            | OutOfOrderSequenceNumber
-            | UnknownProducerId
-    )
 }
 
 #[cfg(test)]
