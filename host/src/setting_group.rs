@@ -6,7 +6,7 @@
 //! hold several groups and still refuse unknown keys, naming every key it knows), and the
 //! key's row of docs/configuration.md. Adding a key is one line here plus its use.
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess};
 
 /// One key's row in docs/configuration.md: `| key | default | purpose |` (the reference is
 /// checked against it by each group's tests).
@@ -52,6 +52,35 @@ pub(crate) trait SettingGroup: Default {
     fn docs() -> Vec<KeyDoc>;
 }
 
+/// Reads a section's key, refusing one that is not among `.0` while the key is being read, so
+/// the parser places the error at the key (line and column) as serde's derived
+/// `deny_unknown_fields` does.
+pub(crate) struct KnownKey(pub(crate) &'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KnownKey {
+    type Value = &'static str;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl de::Visitor<'_> for KnownKey {
+    type Value = &'static str;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("field identifier")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        self.0
+            .iter()
+            .find(|known| **known == key)
+            .copied()
+            .ok_or_else(|| E::unknown_field(key, self.0))
+    }
+}
+
 /// Deserializes a section made of `G` alone, refusing keys that are not `G`'s (serde's
 /// "unknown field …, expected one of …" naming every key), as `#[serde(deny_unknown_fields)]`
 /// would.
@@ -71,10 +100,8 @@ where
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<G, A::Error> {
             let mut group = G::default();
-            while let Some(key) = map.next_key::<String>()? {
-                if !group.read_key(&key, &mut map)? {
-                    return Err(de::Error::unknown_field(&key, G::KEYS));
-                }
+            while let Some(key) = map.next_key_seed(KnownKey(G::KEYS))? {
+                group.read_key(key, &mut map)?;
             }
             Ok(group)
         }

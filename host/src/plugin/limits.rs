@@ -79,7 +79,7 @@ fn at_most_max_headers(value: &usize) -> Result<(), String> {
     }
 }
 
-fn topic_patterns(patterns: &Vec<String>) -> Result<(), String> {
+fn topic_patterns(patterns: &[String]) -> Result<(), String> {
     patterns
         .iter()
         .try_for_each(|p| TopicPattern::parse(p).map(drop))

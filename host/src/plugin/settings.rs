@@ -17,7 +17,7 @@ use crate::plugin::supply::Sha256Pin;
 use crate::plugin::supply::oci::{OciLocation, OciRegistrySettings};
 use crate::plugin::wasm::engine::MAX_POOLED_INSTANCES;
 use crate::problem::Problem;
-use crate::setting_group::{SettingGroup, concat_keys};
+use crate::setting_group::{KnownKey, SettingGroup, concat_keys};
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
@@ -178,17 +178,16 @@ impl<'de> Deserialize<'de> for PluginSpec {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PluginSpec, A::Error> {
                 let mut spec = PluginSpec::default();
-                while let Some(key) = map.next_key::<String>()? {
-                    match key.as_str() {
+                while let Some(key) = map.next_key_seed(KnownKey(&PLUGIN_KEYS))? {
+                    match key {
                         "path" => spec.path = Some(map.next_value()?),
                         "sha256" => spec.sha256 = Some(map.next_value()?),
                         "builtin" => spec.builtin = Some(map.next_value()?),
                         "config" => spec.config = Some(map.next_value()?),
+                        // Known (the seed checked it), so one of the groups reads it.
                         other => {
-                            if !spec.limits.read_key(other, &mut map)?
-                                && !spec.formats.read_key(other, &mut map)?
-                            {
-                                return Err(de::Error::unknown_field(other, &PLUGIN_KEYS));
+                            if !spec.limits.read_key(other, &mut map)? {
+                                spec.formats.read_key(other, &mut map)?;
                             }
                         }
                     }
