@@ -10,7 +10,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::auth::Secret;
+use crate::secret::Secret;
 
 /// Why a GET did not return a body.
 #[derive(Debug, thiserror::Error)]

@@ -200,7 +200,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::telemetry::auth::Secret;
+    use crate::secret::Secret;
     use crate::telemetry::client::get;
 
     struct Fixed;

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::auth::{Access, Secret};
+use super::auth::Access;
 use super::listen::ListenAddr;
 use crate::problem::Problem;
+use crate::secret::Secret;
 
 /// How often the sampler reads the backlog gauges and checks the database and the broker:
 /// a fraction of a statement per second, and fresh enough for alerts that wait minutes.

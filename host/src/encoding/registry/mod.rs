@@ -16,6 +16,7 @@ use self::settings::RegistrySettings;
 use self::state::RegistryState;
 use super::settings::SchemaVersion;
 use super::source::{RegisteredSchema, RegistryError, SchemaSource};
+use crate::secret::Secret;
 use crate::text::error_chain;
 
 /// The registry's media type (plain JSON is accepted too).
@@ -30,11 +31,13 @@ pub struct RegistryClient {
     state: Arc<RegistryState>,
 }
 
+/// The credentials requests carry; exposed only where the `Authorization` header is built
+/// ([`RegistryClient::authorized`]).
 #[derive(Clone, PartialEq, Eq)]
 enum Auth {
     None,
-    Basic(String, String),
-    Bearer(String),
+    Basic(String, Secret),
+    Bearer(Secret),
 }
 
 /// A registry answer with a schema (fields absent from some answers are optional).
@@ -116,8 +119,8 @@ impl RegistryClient {
         let request = request.header(reqwest::header::ACCEPT, MEDIA_TYPE);
         match &*self.auth.read().unwrap_or_else(|p| p.into_inner()) {
             Auth::None => request,
-            Auth::Basic(u, p) => request.basic_auth(u, Some(p)),
-            Auth::Bearer(t) => request.bearer_auth(t),
+            Auth::Basic(u, p) => request.basic_auth(u, Some(p.expose())),
+            Auth::Bearer(t) => request.bearer_auth(t.expose()),
         }
     }
 

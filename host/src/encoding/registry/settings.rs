@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::problem::Problem;
+use crate::secret::Secret;
 
 /// How long a subject's latest version is trusted before it is asked for again.
 pub const DEFAULT_LATEST_TTL: Duration = Duration::from_secs(60);
@@ -13,7 +14,7 @@ pub const DEFAULT_LATEST_TTL: Duration = Duration::from_secs(60);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[schema_registry]`: a Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's
-/// `ccompat` API, Redpanda).
+/// `ccompat` API, Redpanda). (`Debug` shows no credential: they are [`Secret`]s.)
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistrySettings {
@@ -25,10 +26,10 @@ pub struct RegistrySettings {
     pub username: Option<String>,
     /// Basic authentication (with `username`); `${file:…}` keeps it out of the file.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Bearer authentication instead of basic.
     #[serde(default)]
-    pub bearer_token: Option<String>,
+    pub bearer_token: Option<Secret>,
     /// Budget of one request, e.g. `"5s"`.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,

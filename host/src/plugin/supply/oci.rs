@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plugin::supply::pin::sha256_digest;
 use crate::problem::Problem;
+use crate::secret::Secret;
 use crate::text::{MAX_LOGGED, bounded, error_chain};
 
 /// What `path` starts with for a plugin in an OCI registry.
@@ -47,7 +48,7 @@ pub struct OciRegistrySettings {
     pub username: Option<String>,
     /// Usually `${file:…}`.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Talk plain HTTP instead of HTTPS (a registry on loopback or inside a cluster).
     #[serde(default)]
     pub plain_http: bool,
@@ -339,7 +340,10 @@ where
 
 fn auth(settings: &OciRegistrySettings) -> RegistryAuth {
     match (&settings.username, &settings.password) {
-        (Some(user), Some(password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+        // The one place the password leaves its `Secret`: the client sends it.
+        (Some(user), Some(password)) => {
+            RegistryAuth::Basic(user.clone(), password.expose().to_owned())
+        }
         _ => RegistryAuth::Anonymous,
     }
 }

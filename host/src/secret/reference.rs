@@ -1,49 +1,14 @@
-//! Secrets by reference, and keeping them out of everything Sluice prints.
-//!
-//! Any string in `sluice.toml` may be, or contain, `${env:NAME}` (an environment variable) or
-//! `${file:PATH}` (a file's contents, one trailing newline removed; a relative path is relative
-//! to the config file's directory); `$${` is a literal `${`. [`resolve`] replaces them in the
-//! parsed TOML tree before the configuration is deserialised and validated, so every key gets
-//! them and `config check` checks the real values.
-//!
-//! What counts as a secret ([`Resolved::secrets`]): every `${file:}` value, every value of a
-//! secret-like key (see [`is_secret_key`]) whether written out or referenced, and the password
-//! of any URL. Those are [`register`]ed, and [`scrub`] replaces them with `[redacted]` in log
-//! lines ([`ScrubbingWriter`]), panic messages ([`install_panic_hook`]) and command output.
-//! Errors about a reference name the key and the variable or path, never a value.
+//! `${env:NAME}` and `${file:PATH}` references in `sluice.toml`: [`resolve`] replaces them in
+//! the parsed TOML tree before the configuration is deserialised and validated, and collects
+//! the values that are secrets ([`Resolved::secrets`]) for [`super::register`]. Errors about a
+//! reference name the key and the variable or path, never a value.
 
-use std::borrow::Cow;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock};
 
+use super::key::is_secret_key;
+use super::url::url_passwords;
 use crate::problem::Problem;
-
-/// What a secret is replaced with wherever Sluice prints text.
-pub const REDACTED: &str = "[redacted]";
-/// Secrets shorter than this are not scrubbed from free text: replacing every occurrence of
-/// two or three characters would garble logs without protecting anything (such a secret can
-/// be guessed). They are still never printed as a value of their key.
-pub const MIN_SCRUBBED_LEN: usize = 4;
-
-/// Words that make a key's value a secret even when written out in the file (checked against
-/// the key's last part, lower-cased): `sasl.password`, `ssl.key.password`, `api_key`,
-/// `bearer_token`, `sasl.oauthbearer.client.secret`, `ssl.key.pem`, …
-const SECRET_KEY_WORDS: &[&str] = &[
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "credential",
-    "api_key",
-    "apikey",
-    "api-key",
-    "private_key",
-    "private-key",
-    "ssl.key.pem",
-    "sasl.jaas.config",
-    "sasl.oauthbearer.config",
-];
 
 /// What [`resolve`] found: the unresolvable references, and the values that are secrets.
 #[derive(Debug, Default)]
@@ -51,7 +16,7 @@ pub struct Resolved {
     /// Each reference that could not be resolved, at its key (`kafka."sasl.password"`,
     /// `tenants.acme.config.key`): the message names the variable or the path, never a value.
     pub errors: Vec<Problem>,
-    /// Values to keep out of printed text (see [`register`]).
+    /// Values to keep out of printed text (see [`super::register`]).
     pub secrets: Vec<String>,
 }
 
@@ -205,12 +170,6 @@ fn key_name(path: &[Segment]) -> String {
     name
 }
 
-/// Whether a key's value is a secret even when written out in the file.
-pub fn is_secret_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    SECRET_KEY_WORDS.iter().any(|word| key.contains(word))
-}
-
 /// A string with its references resolved, and the parts that came from files.
 struct Expanded {
     text: String,
@@ -343,194 +302,9 @@ fn lookup(reference: &str, sources: &dyn Sources) -> Result<(String, bool), Why>
         .into()),
     }
 }
-
-/// Where the password of a `scheme://user:password@host…` URL is, as a byte range: from the
-/// userinfo's first `:` to the URL's last `@`. A password written without percent-encoding may
-/// hold `@`, `/`, `?` or `#`, which makes the URL ambiguous; this reading hides the most.
-pub fn url_password_range(url: &str) -> Option<std::ops::Range<usize>> {
-    let start = url.find("://")? + 3;
-    let at = url[start..].rfind('@')? + start;
-    let colon = url[start..at].find(':')? + start;
-    Some(colon + 1..at)
-}
-
-/// The passwords a URL may hold, as written in it: the userinfo's password read both the
-/// widest way ([`url_password_range`]) and the strict way (up to the last `@` before the
-/// path, query or fragment), and the values of secret-like query parameters
-/// (`?password=…`, `sslpassword=…`).
-pub fn url_passwords(url: &str) -> Vec<&str> {
-    let mut found = Vec::new();
-    if let Some(range) = url_password_range(url) {
-        found.push(&url[range]);
-    }
-    if let Some(start) = url.find("://").map(|i| i + 3) {
-        let end = url[start..]
-            .find(['/', '?', '#'])
-            .map_or(url.len(), |i| start + i);
-        if let Some(at) = url[start..end].rfind('@').map(|i| start + i)
-            && let Some(colon) = url[start..at].find(':').map(|i| start + i)
-        {
-            found.push(&url[colon + 1..at]);
-        }
-    }
-    found.extend(url_query_secrets(url).into_iter().map(|r| &url[r]));
-    found.retain(|p| !p.is_empty());
-    found.dedup();
-    found
-}
-
-/// Where the values of secret-like query parameters of a URL are.
-fn url_query_secrets(url: &str) -> Vec<std::ops::Range<usize>> {
-    let Some(query_start) = url.find('?').map(|i| i + 1) else {
-        return Vec::new();
-    };
-    let query_end = url[query_start..]
-        .find('#')
-        .map_or(url.len(), |i| query_start + i);
-    let mut ranges = Vec::new();
-    let mut at = query_start;
-    for pair in url[query_start..query_end].split('&') {
-        if let Some((key, value)) = pair.split_once('=')
-            && is_secret_key(key)
-        {
-            let value_start = at + key.len() + 1;
-            ranges.push(value_start..value_start + value.len());
-        }
-        at += pair.len() + 1;
-    }
-    ranges
-}
-
-/// A URL with its password and secret-like query parameters shown as `***`, for messages.
-pub fn redact_url(url: &str) -> String {
-    let mut ranges = url_query_secrets(url);
-    ranges.extend(url_password_range(url));
-    ranges.sort_by_key(|r| r.start);
-    let mut out = String::with_capacity(url.len());
-    let mut done = 0;
-    for range in ranges {
-        if range.start < done {
-            // Inside the password already hidden (a query written into it, unencoded).
-            continue;
-        }
-        out.push_str(&url[done..range.start]);
-        out.push_str("***");
-        done = range.end;
-    }
-    out.push_str(&url[done..]);
-    out
-}
-
-/// The password of a URL, as written in it (the widest reading, see [`url_password_range`]).
-pub fn url_password(url: &str) -> Option<&str> {
-    url_password_range(url)
-        .map(|r| &url[r])
-        .filter(|p| !p.is_empty())
-}
-
-/// The secrets every output is scrubbed of, in every form they can appear in.
-static REGISTRY: RwLock<Vec<String>> = RwLock::new(Vec::new());
-
-/// Adds `secrets` to what [`scrub`] removes (also their JSON-, debug- and percent-decoded
-/// forms). Secrets stay registered for the life of the process: a rotated-out password is
-/// still a password.
-pub fn register<I, S>(secrets: I)
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
-{
-    let mut registry = REGISTRY.write().unwrap_or_else(PoisonError::into_inner);
-    for secret in secrets {
-        let secret = secret.as_ref();
-        for form in forms(secret) {
-            if form.chars().count() >= MIN_SCRUBBED_LEN && !registry.contains(&form) {
-                registry.push(form);
-            }
-        }
-    }
-    // Longest first, so a secret that contains another is replaced whole.
-    registry.sort_by_key(|s| std::cmp::Reverse(s.len()));
-}
-
-/// The ways a secret can be written: as is, escaped in a JSON string or a Rust debug string,
-/// and percent-decoded (a URL password written encoded).
-fn forms(secret: &str) -> Vec<String> {
-    let mut forms = vec![secret.to_owned()];
-    if let Ok(json) = serde_json::to_string(secret) {
-        forms.push(json[1..json.len() - 1].to_owned());
-    }
-    let debug = format!("{secret:?}");
-    forms.push(debug[1..debug.len() - 1].to_owned());
-    if let Ok(decoded) = percent_encoding::percent_decode_str(secret).decode_utf8() {
-        forms.push(decoded.into_owned());
-    }
-    forms.sort();
-    forms.dedup();
-    forms
-}
-
-/// `text` with every registered secret replaced by [`REDACTED`].
-pub fn scrub(text: &str) -> Cow<'_, str> {
-    let registry = REGISTRY.read().unwrap_or_else(PoisonError::into_inner);
-    let mut text = Cow::Borrowed(text);
-    for secret in registry.iter() {
-        if text.contains(secret.as_str()) {
-            text = Cow::Owned(text.replace(secret.as_str(), REDACTED));
-        }
-    }
-    text
-}
-
-/// A writer that scrubs what passes through it of registered secrets: log lines, whoever
-/// wrote them (Sluice, librdkafka's log and error callbacks, a plugin's `log`). The log
-/// formatter writes one whole event per `write`, so a secret is never split across calls.
-pub struct ScrubbingWriter<W>(pub W);
-
-impl<W: io::Write> io::Write for ScrubbingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match std::str::from_utf8(buf) {
-            Ok(text) => self.0.write_all(scrub(text).as_bytes())?,
-            Err(_) => self
-                .0
-                .write_all(scrub(&String::from_utf8_lossy(buf)).as_bytes())?,
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
-    }
-}
-
-/// Prints panics as the default hook does, scrubbed of registered secrets (a panic message
-/// may quote any value).
-pub fn install_panic_hook() {
-    panic_hook_to(|text| eprintln!("{text}"));
-}
-
-/// Installs a panic hook that hands the scrubbed report to `write`.
-fn panic_hook_to(write: impl Fn(&str) + Send + Sync + 'static) {
-    std::panic::set_hook(Box::new(move |info| {
-        let thread = std::thread::current();
-        let name = thread.name().unwrap_or("<unnamed>");
-        let backtrace = std::backtrace::Backtrace::capture();
-        let text = match backtrace.status() {
-            std::backtrace::BacktraceStatus::Captured => {
-                format!("thread '{name}' {info}\nstack backtrace:\n{backtrace}")
-            }
-            _ => format!(
-                "thread '{name}' {info}\nnote: run with `RUST_BACKTRACE=1` environment \
-                 variable to display a backtrace"
-            ),
-        };
-        write(&scrub(&text));
-    }));
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
-    use std::io::Write;
 
     use super::*;
 
@@ -707,70 +481,5 @@ mod tests {
         ] {
             assert!(resolved.secrets.iter().any(|s| s == secret), "{secret}");
         }
-        assert!(is_secret_key("sasl.password"));
-        assert!(is_secret_key("ssl.key.password"));
-        assert!(is_secret_key("sasl.oauthbearer.client.secret"));
-        assert!(is_secret_key("API_KEY"));
-        assert!(!is_secret_key("ssl.key.location"));
-        assert!(!is_secret_key("bootstrap.servers"));
-    }
-
-    #[test]
-    fn url_passwords_are_found_however_they_are_written() {
-        assert_eq!(
-            url_passwords("postgres://app:s3cret@db:5432/app"),
-            ["s3cret"]
-        );
-        // Not percent-encoded: '#', '?', '@', '/' in the password.
-        for password in ["CANARY#frag", "CANARY?q=1", "CANARY@pw/x:y"] {
-            let url = format!("postgres://root:{password}@127.0.0.1:5432/test");
-            assert!(url_passwords(&url).contains(&password), "{url}");
-            assert_eq!(redact_url(&url), "postgres://root:***@127.0.0.1:5432/test");
-        }
-        // An '@' in the query: both readings are kept, so the real password is among them.
-        assert!(url_passwords("mysql://root:p@ss@h/db?x=a@b").contains(&"p@ss"));
-        let url = "postgres://app@db/app?sslmode=require&password=Query-Pw-1&sslpassword=Key-Pw-2";
-        assert_eq!(url_passwords(url), ["Query-Pw-1", "Key-Pw-2"]);
-        assert_eq!(
-            redact_url(url),
-            "postgres://app@db/app?sslmode=require&password=***&sslpassword=***"
-        );
-        assert!(url_passwords("postgres://app@db/app").is_empty());
-        assert!(url_passwords("sqlite:///var/app.db").is_empty());
-        assert_eq!(url_password("sqlite:///var/app.db"), None);
-    }
-
-    #[test]
-    fn panic_messages_are_scrubbed() {
-        static REPORTED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
-        register(["Panic-Secret-9"]);
-        panic_hook_to(|text| REPORTED.lock().unwrap().push_str(text));
-        let caught = std::panic::catch_unwind(|| panic!("bad value Panic-Secret-9 in key"));
-        let _ = std::panic::take_hook();
-        assert!(caught.is_err());
-        let reported = REPORTED.lock().unwrap().clone();
-        assert!(
-            reported.contains("bad value [redacted] in key")
-                && !reported.contains("Panic-Secret-9"),
-            "{reported}"
-        );
-    }
-
-    #[test]
-    fn scrubbing_removes_every_form_of_a_registered_secret() {
-        register(["Sc\"rub-Me-7", "ab", "p%40ss-Word-8"]);
-        let scrubbed = scrub(r#"a Sc"rub-Me-7 b Sc\"rub-Me-7 c p%40ss-Word-8 d p@ss-Word-8 ab"#);
-        assert_eq!(
-            scrubbed, "a [redacted] b [redacted] c [redacted] d [redacted] ab",
-            "short secrets are not scrubbed from free text"
-        );
-        let mut out = Vec::new();
-        ScrubbingWriter(&mut out)
-            .write_all(b"{\"fields\":{\"message\":\"Sc\\\"rub-Me-7\"}}\n")
-            .unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "{\"fields\":{\"message\":\"[redacted]\"}}\n"
-        );
     }
 }
