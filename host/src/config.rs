@@ -219,10 +219,9 @@ impl Config {
         })?;
         let mut config = Self::parse(&text, path)?;
         if let Ok(url) = std::env::var(DATABASE_URL_ENV) {
-            secret::register(secret::url_passwords(&url));
             // It replaces the file's value, and with it whatever was wrong with that value.
             config.unresolved.retain(|p| p.key != "database.url");
-            config.database.url = Some(url);
+            config.database.url = Some(secret::SecretUrl::read(url));
         }
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
@@ -503,7 +502,10 @@ impl Config {
 
     /// The database URL (validated to be present by [`Config::load`]).
     pub fn database_url(&self) -> &str {
-        self.database.url.as_deref().unwrap_or_default()
+        self.database
+            .url
+            .as_ref()
+            .map_or("", secret::SecretUrl::expose)
     }
 }
 

@@ -32,5 +32,5 @@ mod value;
 pub use key::is_secret_key;
 pub use reference::{Environment, MAX_FILE_BYTES, Resolved, Sources, resolve};
 pub use scrub::{MIN_SCRUBBED_LEN, REDACTED, ScrubbingWriter, install_panic_hook, register, scrub};
-pub use url::{redact_url, url_password, url_password_range, url_passwords};
+pub use url::{SecretUrl, redact_url, url_password, url_password_range, url_passwords};
 pub use value::{Secret, constant_time_eq};

@@ -1,8 +1,52 @@
 //! Passwords inside URLs (`scheme://user:password@host…`, `?password=…`): where they are, so
 //! they can be registered as secrets ([`url_passwords`]) and hidden in messages
-//! ([`redact_url`]).
+//! ([`redact_url`]); [`SecretUrl`], a URL that may hold one.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer};
 
 use super::key::is_secret_key;
+use super::scrub;
+use super::value::Secret;
+
+/// A URL that may carry a password (`database.url`): a [`Secret`] whose `Debug` and `Display`
+/// show the URL with its passwords redacted ([`redact_url`]), and whose passwords are
+/// registered with the scrubber when it is read ([`SecretUrl::read`], deserialising).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl(Secret);
+
+impl SecretUrl {
+    /// `url` read from the configuration or the environment: its passwords are registered
+    /// with the scrubber.
+    pub fn read(url: String) -> Self {
+        scrub::register(url_passwords(&url));
+        Self(Secret::new(url))
+    }
+
+    /// The whole URL, for the one place that connects with it.
+    pub fn expose(&self) -> &str {
+        self.0.expose()
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", redact_url(self.expose()))
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(self.expose()))
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretUrl {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::read)
+    }
+}
 
 /// Where the password of a `scheme://user:password@host…` URL is, as a byte range: from the
 /// userinfo's first `:` to the URL's last `@`. A password written without percent-encoding may
@@ -91,6 +135,25 @@ pub fn url_password(url: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_url_shows_itself_without_its_password() {
+        let url: SecretUrl = toml::Value::String("postgres://app:Db-Pw-5518@db:5432/shop".into())
+            .try_into()
+            .unwrap();
+        assert_eq!(url.expose(), "postgres://app:Db-Pw-5518@db:5432/shop");
+        for shown in [format!("{url}"), format!("{url:?}")] {
+            assert!(
+                !shown.contains("Db-Pw-5518") && shown.contains("db:5432/shop"),
+                "{shown}"
+            );
+        }
+        assert_eq!(
+            crate::secret::scrub("Db-Pw-5518"),
+            "[redacted]",
+            "registered when read"
+        );
+    }
 
     #[test]
     fn url_passwords_are_found_however_they_are_written() {

@@ -26,6 +26,13 @@ impl Secret {
         Self(value.into())
     }
 
+    /// `value` read from the configuration: registered with the scrubber, as deserialising
+    /// one is.
+    pub fn read(value: String) -> Self {
+        scrub::register([&value]);
+        Self(value)
+    }
+
     /// The value, for the one place that must check or send it.
     pub fn expose(&self) -> &str {
         &self.0
@@ -64,9 +71,7 @@ impl fmt::Display for Secret {
 /// scrubber on the way in.
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = String::deserialize(deserializer)?;
-        scrub::register([&value]);
-        Ok(Self(value))
+        String::deserialize(deserializer).map(Self::read)
     }
 }
 

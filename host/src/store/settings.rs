@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::columns::{ColumnsSettings, TableSpec};
 use super::dialect::Driver;
 use crate::problem::Problem;
+use crate::secret::SecretUrl;
 
 /// Environment variable that overrides `database.url`, so secrets can stay out of the file.
 pub const DATABASE_URL_ENV: &str = "SLUICE_DATABASE_URL";
@@ -21,7 +22,7 @@ pub struct DatabaseSettings {
     /// Connection URL (`postgres://…`, `mysql://…`, `sqlite://PATH`); `SLUICE_DATABASE_URL`
     /// overrides it.
     #[serde(default)]
-    pub url: Option<String>,
+    pub url: Option<SecretUrl>,
     /// SQLite only: how long a claim's lease keeps its rows from other relays.
     #[serde(default, with = "humantime_serde")]
     pub lease: Option<Duration>,
@@ -47,7 +48,9 @@ impl DatabaseSettings {
 
     /// The database `url` names, if it names one Sluice knows.
     pub fn driver(&self) -> Option<Driver> {
-        self.url.as_deref().and_then(|url| Driver::of(url).ok())
+        self.url
+            .as_ref()
+            .and_then(|url| Driver::of(url.expose()).ok())
     }
 
     /// What is wrong with `[database]` on its own: no URL, the table and its columns, a lease
@@ -60,7 +63,7 @@ impl DatabaseSettings {
                 "database.url",
                 format!("missing (set it in the file or in {DATABASE_URL_ENV})"),
             )),
-            Some(url) if url.trim().is_empty() => {
+            Some(url) if url.expose().trim().is_empty() => {
                 problems.push(Problem::new("database.url", "is empty"))
             }
             Some(_) => {}

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::problem::Problem;
+use crate::secret::{Secret, is_secret_key};
 use crate::text::toml_scalar;
 
 /// Sluice's producer defaults; any `[kafka]` property overrides them.
@@ -54,13 +55,35 @@ const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `[kafka]`: librdkafka properties, passed through unchanged (values may be strings, numbers
 /// or booleans) over [`DEFAULT_PROPERTIES`].
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(transparent)]
-pub struct KafkaSettings(BTreeMap<String, toml::Value>);
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KafkaSettings(BTreeMap<String, Property>);
+
+/// One property's value as written; a credential's (`sasl.password`, `ssl.key.password`, any
+/// secret-like key: [`is_secret_key`]) is a [`Secret`], shown by nothing but the client
+/// configuration.
+#[derive(Debug, Clone, PartialEq)]
+enum Property {
+    Value(toml::Value),
+    Secret(Secret),
+}
+
+impl<'de> Deserialize<'de> for KafkaSettings {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let written = BTreeMap::<String, toml::Value>::deserialize(deserializer)?;
+        let properties = written.into_iter().map(|(key, value)| {
+            let value = match value {
+                toml::Value::String(s) if is_secret_key(&key) => Property::Secret(Secret::read(s)),
+                other => Property::Value(other),
+            };
+            (key, value)
+        });
+        Ok(Self(properties.collect()))
+    }
+}
 
 impl KafkaSettings {
-    /// The properties as strings (values that are not scalars left out: [`Self::problems`]
-    /// names them).
+    /// The properties as strings, credentials exposed: for the client configuration only
+    /// (values that are not scalars left out: [`Self::problems`] names them).
     pub fn properties(&self) -> BTreeMap<String, String> {
         self.0
             .iter()
@@ -113,6 +136,38 @@ impl KafkaSettings {
     }
 }
 
-fn property_value(value: &toml::Value) -> Result<String, &'static str> {
-    toml_scalar(value).ok_or("librdkafka properties must be strings, numbers or booleans")
+fn property_value(value: &Property) -> Result<String, &'static str> {
+    match value {
+        Property::Secret(secret) => Ok(secret.expose().to_owned()),
+        Property::Value(value) => {
+            toml_scalar(value).ok_or("librdkafka properties must be strings, numbers or booleans")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_never_shown_but_reach_the_client_configuration() {
+        let settings: KafkaSettings = toml::from_str(
+            "\"sasl.password\" = \"Kafka-Pw-7391\"\n\"bootstrap.servers\" = \"b:9092\"\n\
+             \"linger.ms\" = 5\n",
+        )
+        .unwrap();
+        let shown = format!("{settings:?}");
+        assert!(
+            !shown.contains("Kafka-Pw-7391") && shown.contains("b:9092"),
+            "{shown}"
+        );
+        let properties = settings.properties();
+        assert_eq!(properties["sasl.password"], "Kafka-Pw-7391");
+        assert_eq!(properties["linger.ms"], "5");
+        assert_eq!(
+            crate::secret::scrub("auth Kafka-Pw-7391 failed"),
+            "auth [redacted] failed",
+            "read from the configuration, so registered"
+        );
+    }
 }
