@@ -530,7 +530,6 @@ mod tests {
     use crate::maintenance::pruner::DEFAULT_RETENTION;
     use crate::plugin::PluginSource;
     use crate::plugin::settings::DEFAULT_MAX_UNCONFIGURED_INSTANCES;
-    use crate::relay::retry::DEFAULT_MAX_ATTEMPTS;
     use crate::store::{ColumnMap, ColumnName, TenantColumn};
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -824,7 +823,7 @@ mod tests {
     #[test]
     fn retry_policy_has_defaults_and_is_validated() {
         let c = parse("[database]\nurl = \"x\"\n").unwrap();
-        assert_eq!(c.relay.retry.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(c.relay.retry.max_attempts, 10);
         assert_eq!(c.relay.retry.dead_letter_topic, None);
         for (bad, key) in [
             ("multiplier = 0.5", "relay.retry.multiplier"),

@@ -34,6 +34,14 @@ impl KeyDoc {
     }
 }
 
+/// The docs rows of `docs` as one block, unless `reference` holds that block as it is
+/// (for each group's test that docs/configuration.md is its declaration's).
+#[cfg(test)]
+pub(crate) fn undocumented(reference: &str, docs: &[KeyDoc]) -> Option<String> {
+    let block = docs.iter().map(KeyDoc::row).collect::<Vec<_>>().join("\n");
+    (!reference.contains(&format!("\n{block}\n"))).then_some(block)
+}
+
 /// What [`setting_group!`] implements for each group.
 pub(crate) trait SettingGroup: Default {
     /// The group's keys, in declaration order.
@@ -127,6 +135,22 @@ pub(crate) const fn concat_keys<const N: usize>(parts: &[&[&'static str]]) -> [&
     all
 }
 
+/// Check: not zero ("must be greater than 0").
+pub(crate) fn above_zero<T: Default + PartialEq>(value: &T) -> Result<(), String> {
+    match *value == T::default() {
+        true => Err("must be greater than 0".into()),
+        false => Ok(()),
+    }
+}
+
+/// Check: not zero, said of a count ("must be at least 1").
+pub(crate) fn at_least_one<T: Default + PartialEq>(value: &T) -> Result<(), String> {
+    match *value == T::default() {
+        true => Err("must be at least 1".into()),
+        false => Ok(()),
+    }
+}
+
 /// A duration written as humantime text (`"500ms"`, `"30s"`), for `key: Duration as
 /// Humantime` in a group.
 #[derive(Debug, Clone, Copy)]
@@ -146,7 +170,9 @@ impl From<Humantime> for std::time::Duration {
 
 /// Declares a setting group: the struct as written (`Option` per key), the struct of values
 /// (defaults filled in; a key without a default stays an `Option`), [`SettingGroup`], `or`,
-/// `values` and `problems`. One line per key:
+/// `values` and `problems` on both. The values struct deserialises too (keys left out take
+/// their defaults), for a section that is read as it is rather than inherited. One line per
+/// key:
 ///
 /// ```text
 /// /// What it is for (becomes the docs row's purpose).
@@ -154,7 +180,8 @@ impl From<Humantime> for std::time::Duration {
 /// ```
 ///
 /// `ReadAs` is a type the value is read as and converted from (e.g. [`Humantime`]); `check`
-/// is a `fn(&Type) -> Result<(), String>`, reported at `section.key`.
+/// is a `fn(&Type) -> Result<(), String>`, reported at `section.key`. Checks between keys
+/// are the section's own code.
 macro_rules! setting_group {
     (
         $(#[$meta:meta])*
@@ -166,7 +193,17 @@ macro_rules! setting_group {
             )*
         }
     ) => {
-        $(#[$meta])*
+        // Each optional part as one bracketed token, so the next step can tell them apart.
+        $crate::setting_group::setting_group! { @declare
+            [$(#[$meta])*] $vis $name $values
+            $( [$(#[doc = $doc])*] $key [$ty] [$($read_as)?] [$($default)?] $doc_default [$($check)?] )*
+        }
+    };
+    (@declare [$($meta:tt)*] $vis:vis $name:ident $values:ident
+        $( [$(#[doc = $doc:literal])*] $key:ident [$ty:ty] $read_as:tt $default:tt
+           $doc_default:literal $check:tt )*
+    ) => {
+        $($meta)*
         #[derive(Debug, Clone, Default, PartialEq)]
         $vis struct $name {
             $( $(#[doc = $doc])* $vis $key: Option<$ty>, )*
@@ -175,9 +212,10 @@ macro_rules! setting_group {
         #[doc = concat!("[`", stringify!($name), "`] with Sluice's defaults filled in.")]
         #[derive(Debug, Clone, PartialEq)]
         $vis struct $values {
-            $( $(#[doc = $doc])* $vis $key: $crate::setting_group::setting_group!(@value_type $ty $(, $default)?), )*
+            $( $(#[doc = $doc])* $vis $key: $crate::setting_group::setting_group!(@value_type $ty, $default), )*
         }
 
+        #[allow(dead_code, unused_variables, unused_mut)]
         impl $name {
             /// Fills the keys left unset from `fallback`.
             $vis fn or(self, fallback: &Self) -> Self {
@@ -187,24 +225,26 @@ macro_rules! setting_group {
             /// The values, defaults filled in.
             $vis fn values(&self) -> $values {
                 $values {
-                    $( $key: $crate::setting_group::setting_group!(@value self.$key.clone() $(, $default)?), )*
+                    $( $key: $crate::setting_group::setting_group!(@value self.$key.clone(), $default), )*
                 }
             }
 
             /// What is wrong with each key on its own, at `section.key`.
-            #[allow(unused_variables, unused_mut)]
-            $vis fn problems(&self, section: &str) -> Vec<$crate::problem::Problem> {
+            $vis fn key_problems(&self, section: &str) -> Vec<$crate::problem::Problem> {
                 let mut problems = Vec::new();
-                $($(
-                    if let Some(value) = &self.$key
-                        && let Err(message) = ($check)(value)
-                    {
-                        problems.push($crate::problem::Problem::new(
-                            format!("{section}.{}", stringify!($key)),
-                            message,
-                        ));
-                    }
-                )?)*
+                $( $crate::setting_group::setting_group!(
+                    @check problems, section, $key, self.$key, [], $check); )*
+                problems
+            }
+        }
+
+        #[allow(dead_code, unused_variables, unused_mut)]
+        impl $values {
+            /// What is wrong with each key on its own, at `section.key`.
+            $vis fn key_problems(&self, section: &str) -> Vec<$crate::problem::Problem> {
+                let mut problems = Vec::new();
+                $( $crate::setting_group::setting_group!(
+                    @check problems, section, $key, self.$key, $default, $check); )*
                 problems
             }
         }
@@ -225,7 +265,7 @@ macro_rules! setting_group {
             ) -> Result<bool, A::Error> {
                 match key {
                     $(stringify!($key) => {
-                        self.$key = Some($crate::setting_group::setting_group!(@read map, $ty $(, $read_as)?));
+                        self.$key = Some($crate::setting_group::setting_group!(@read map, $ty, $read_as));
                         Ok(true)
                     })*
                     _ => Ok(false),
@@ -247,13 +287,41 @@ macro_rules! setting_group {
                 $crate::setting_group::deserialize_group(d, stringify!($name))
             }
         }
+
+        impl<'de> serde::Deserialize<'de> for $values {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $crate::setting_group::deserialize_group::<$name, D>(d, stringify!($values))
+                    .map(|written| written.values())
+            }
+        }
     };
-    (@value_type $ty:ty, $default:expr) => { $ty };
-    (@value_type $ty:ty) => { Option<$ty> };
-    (@value $value:expr, $default:expr) => { $value.unwrap_or($default) };
-    (@value $value:expr) => { $value };
-    (@read $map:ident, $ty:ty, $read_as:ty) => { <$ty>::from($map.next_value::<$read_as>()?) };
-    (@read $map:ident, $ty:ty) => { $map.next_value::<$ty>()? };
+    (@value_type $ty:ty, []) => { Option<$ty> };
+    (@value_type $ty:ty, [$default:expr]) => { $ty };
+    (@value $value:expr, []) => { $value };
+    (@value $value:expr, [$default:expr]) => { $value.unwrap_or($default) };
+    (@read $map:ident, $ty:ty, []) => { $map.next_value::<$ty>()? };
+    (@read $map:ident, $ty:ty, [$read_as:ty]) => { <$ty>::from($map.next_value::<$read_as>()?) };
+    // A key without a check; a key that is an `Option` (as written, or without a default);
+    // a key with its value.
+    (@check $problems:ident, $section:ident, $key:ident, $value:expr, $default:tt, []) => {};
+    (@check $problems:ident, $section:ident, $key:ident, $value:expr, [], [$check:expr]) => {
+        if let Some(value) = &$value
+            && let Err(message) = ($check)(value)
+        {
+            $problems.push($crate::problem::Problem::new(
+                format!("{}.{}", $section, stringify!($key)),
+                message,
+            ));
+        }
+    };
+    (@check $problems:ident, $section:ident, $key:ident, $value:expr, [$default:expr], [$check:expr]) => {
+        if let Err(message) = ($check)(&$value) {
+            $problems.push($crate::problem::Problem::new(
+                format!("{}.{}", $section, stringify!($key)),
+                message,
+            ));
+        }
+    };
 }
 
 pub(crate) use setting_group;
@@ -309,7 +377,11 @@ mod tests {
             size: Some(0),
             ..Sample::default()
         };
-        let problems: Vec<String> = bad.problems("x").iter().map(|p| p.to_string()).collect();
+        let problems: Vec<String> = bad
+            .key_problems("x")
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
         assert_eq!(problems, ["x.size: must be greater than 0"]);
     }
 

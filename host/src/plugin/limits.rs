@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
 
-use crate::setting_group::{Humantime, setting_group};
+use crate::setting_group::{Humantime, above_zero, at_least_one, setting_group};
 
 setting_group! {
     /// A plugin section's sandbox limits as written (`[plugins.default]`, `[tenants.<name>]`);
@@ -48,20 +48,6 @@ setting_group! {
 /// Highest `max_headers_per_message` accepted: librdkafka-based consumers handle tens of
 /// thousands, but every header is an allocation on each of them.
 pub const MAX_HEADERS_PER_MESSAGE: usize = 10_000;
-
-fn above_zero<T: Default + PartialEq>(value: &T) -> Result<(), String> {
-    match *value == T::default() {
-        true => Err("must be greater than 0".into()),
-        false => Ok(()),
-    }
-}
-
-fn at_least_one(value: &u32) -> Result<(), String> {
-    match value {
-        0 => Err("must be at least 1".into()),
-        _ => Ok(()),
-    }
-}
 
 fn percent(value: &u8) -> Result<(), String> {
     match value {

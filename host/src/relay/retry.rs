@@ -3,96 +3,55 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use crate::problem::Problem;
+use crate::setting_group::{Humantime, above_zero, at_least_one, setting_group};
 use crate::sink::check_topic_name;
 use crate::store::Disposition;
 
-/// First retry delay of a failed row.
-pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
-/// Longest retry delay: a row keeps being retried at least this often until it is dead.
-pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(300);
-/// Growth of the retry delay per attempt.
-pub const DEFAULT_RETRY_MULTIPLIER: f64 = 2.0;
-/// Each delay is moved by up to ±20 % at random so rows that failed together do not retry in
-/// lock-step.
-pub const DEFAULT_RETRY_JITTER: f64 = 0.2;
-/// Attempts before a row is dead-lettered; with the defaults the last one comes about
-/// 8.5 minutes after the first failure.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
-
-/// `[relay.retry]`: what happens to a row whose plugin call or publish failed.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetrySettings {
-    /// Delay after the first failure (default `"1s"`).
-    #[serde(with = "humantime_serde")]
-    pub initial: Duration,
-    /// Longest delay (default `"5m"`).
-    #[serde(with = "humantime_serde")]
-    pub max: Duration,
-    /// Growth of the delay per failed attempt, at least 1 (default 2.0).
-    pub multiplier: f64,
-    /// Fraction (0–1) by which each delay is randomly moved up or down.
-    pub jitter: f64,
-    /// Attempts (the first delivery included) before the row is dead.
-    pub max_attempts: u32,
-    /// If set, a copy of every row that goes dead is published here.
-    pub dead_letter_topic: Option<String>,
+setting_group! {
+    /// `[relay.retry]` as written; [`RetrySettings`] is what a relay uses. The defaults:
+    /// with them a row is retried after about 1 s, 2 s, 4 s, … 256 s and the last attempt
+    /// comes about 8.5 minutes after the first failure; the jitter keeps rows that failed
+    /// together from retrying in lock-step.
+    pub struct RetrySpec => RetrySettings {
+        /// delay after the first failure
+        initial: Duration as Humantime = Duration::from_secs(1) => "`\"1s\"`", check above_zero;
+        /// longest delay
+        max: Duration as Humantime = Duration::from_secs(300) => "`\"5m\"`";
+        /// growth of the delay per failed attempt (≥ 1)
+        multiplier: f64 = 2.0 => "`2.0`", check multiplier;
+        /// each delay is moved at random by up to ± this fraction (0–1), so rows that failed together do not retry together
+        jitter: f64 = 0.2 => "`0.2`", check fraction;
+        /// attempts, the first delivery included, before the row is dead
+        max_attempts: u32 = 10 => "`10`", check at_least_one;
+        /// if set, a copy of each row that goes dead is published here
+        dead_letter_topic: String => "none", check |topic: &String| check_topic_name(topic);
+    }
 }
 
-impl Default for RetrySettings {
-    fn default() -> Self {
-        Self {
-            initial: DEFAULT_RETRY_INITIAL,
-            max: DEFAULT_RETRY_MAX,
-            multiplier: DEFAULT_RETRY_MULTIPLIER,
-            jitter: DEFAULT_RETRY_JITTER,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            dead_letter_topic: None,
-        }
+fn multiplier(value: &f64) -> Result<(), String> {
+    match value.is_finite() && *value >= 1.0 {
+        true => Ok(()),
+        false => Err(format!("must be at least 1.0, got {value}")),
+    }
+}
+
+fn fraction(value: &f64) -> Result<(), String> {
+    match (0.0..=1.0).contains(value) {
+        true => Ok(()),
+        false => Err(format!("must be between 0 and 1, got {value}")),
     }
 }
 
 impl RetrySettings {
     /// Problems with these settings, at their `relay.retry.` keys.
     pub fn problems(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        if self.initial.is_zero() {
-            problems.push(Problem::new(
-                "relay.retry.initial",
-                "must be greater than 0",
-            ));
-        }
+        let mut problems = self.key_problems("relay.retry");
         if self.max < self.initial {
             problems.push(Problem::new(
                 "relay.retry.max",
                 "must not be shorter than relay.retry.initial",
             ));
-        }
-        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
-            problems.push(Problem::new(
-                "relay.retry.multiplier",
-                format!("must be at least 1.0, got {}", self.multiplier),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.jitter) {
-            problems.push(Problem::new(
-                "relay.retry.jitter",
-                format!("must be between 0 and 1, got {}", self.jitter),
-            ));
-        }
-        if self.max_attempts == 0 {
-            problems.push(Problem::new(
-                "relay.retry.max_attempts",
-                "must be at least 1",
-            ));
-        }
-        if let Some(topic) = &self.dead_letter_topic
-            && let Err(why) = check_topic_name(topic)
-        {
-            problems.push(Problem::new("relay.retry.dead_letter_topic", why));
         }
         problems
     }
@@ -153,6 +112,15 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::setting_group::{SettingGroup, undocumented};
+
+    #[test]
+    fn the_reference_lists_every_retry_key_as_declared() {
+        let reference = include_str!("../../../docs/configuration.md");
+        if let Some(block) = undocumented(reference, &RetrySpec::docs()) {
+            panic!("docs/configuration.md's [relay.retry] table must hold these rows:\n{block}");
+        }
+    }
 
     fn policy(jitter: f64, max_attempts: u32) -> RetryPolicy {
         RetryPolicy::new(&RetrySettings {
