@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 use crate::model::OutboxRow;
-use crate::plugin::tenant::health::STALL_AFTER;
+use crate::plugin::tenant::watch::STALL_AFTER;
 use crate::plugin::tenant::{LOCK_POLL, Tenant, lock};
 use crate::plugin::{RowResult, TransformFailure};
 
