@@ -4,6 +4,8 @@
 //! - [`mod@migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule) and the claimed
 //!   batch's transaction
+//! - [`fair`]: `relay.fair_share`'s walk over the tenants (its statements, and running them)
+//! - [`paused`]: the paused tenants' filter, shared by the claim and the walk
 //! - [`cursor`]: where the next claim starts while a backlog drains
 //! - [`listen`]: LISTEN/NOTIFY wake-ups
 
@@ -11,6 +13,7 @@ mod cursor;
 mod fair;
 mod listen;
 mod migrate;
+mod paused;
 mod schema;
 mod sql;
 
