@@ -933,6 +933,44 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     s.out
 }
 
+/// A shortest circle among `members` (a strongly connected component of `edges`), first node
+/// repeated at the end. When one edge made the component, every circle in it, this one too,
+/// goes through that edge.
+fn shortest_circle(edges: &BTreeMap<String, BTreeSet<String>>, members: &[String]) -> Vec<String> {
+    let mut best: Vec<String> = Vec::new();
+    for start in members {
+        // Breadth first from `start` back to it, within the component.
+        let mut came_from: BTreeMap<&String, &String> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        'search: while let Some(node) = queue.pop_front() {
+            for next in edges.get(node).into_iter().flatten() {
+                if !members.contains(next) {
+                    continue;
+                }
+                if next == start {
+                    let mut path = vec![start.clone()];
+                    let mut at = node;
+                    while at != start {
+                        path.push(at.clone());
+                        at = came_from[at];
+                    }
+                    path.push(start.clone());
+                    path.reverse();
+                    if best.is_empty() || path.len() < best.len() {
+                        best = path;
+                    }
+                    break 'search;
+                }
+                if !came_from.contains_key(next) {
+                    came_from.insert(next, node);
+                    queue.push_back(next);
+                }
+            }
+        }
+    }
+    best
+}
+
 /// The layer line of `docs/architecture.md`: the fenced line after "Layers, top to bottom",
 /// top layer first.
 fn layer_line(doc: &str) -> Result<Vec<Vec<String>>, String> {
@@ -991,6 +1029,8 @@ fn check(sources: &Sources) -> String {
         .collect();
     for circle in circles(&graph) {
         let _ = writeln!(out, "circle between files {}:", circle.join(", "));
+        let shortest = shortest_circle(&graph, &circle).join(" -> ");
+        let _ = writeln!(out, "  shortest: {shortest}");
         for from in &circle {
             for to in graph[from].iter().filter(|to| circle.contains(to)) {
                 render_edge(&mut out, &edges, from, to);
@@ -1018,6 +1058,8 @@ fn check(sources: &Sources) -> String {
     }
     for circle in circles(&module_graph) {
         let _ = writeln!(out, "circle between modules {}:", circle.join(", "));
+        let shortest = shortest_circle(&module_graph, &circle).join(" -> ");
+        let _ = writeln!(out, "  shortest: {shortest}");
         for ((a, b), files) in &module_edges {
             if circle.contains(a) && circle.contains(b) {
                 let _ = writeln!(out, "  {a} -> {b}:");
