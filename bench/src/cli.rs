@@ -8,11 +8,11 @@ use clap::{Parser, Subcommand};
 use sluice_testkit::Database;
 
 /// Where `bench/run` and the tests keep their database.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1:5432/test";
+pub(crate) const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1:5432/test";
 /// MariaDB as `scripts/services.sh` checks it.
-pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+pub(crate) const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 /// Tansu as started by `scripts/services.sh`.
-pub const DEFAULT_KAFKA: &str = "127.0.0.1:9092";
+pub(crate) const DEFAULT_KAFKA: &str = "127.0.0.1:9092";
 
 const FULL_ROWS: u64 = 200_000;
 const QUICK_ROWS: u64 = 20_000;
@@ -34,7 +34,7 @@ const QUICK_NOTIFY_COST_DURATION: Duration = Duration::from_secs(5);
     name = "sluice-bench",
     about = "Benchmarks of the sluice relay against real PostgreSQL and Kafka (see bench/run)"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
     #[command(flatten)]
@@ -42,7 +42,7 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Command {
+pub(crate) enum Command {
     /// Every scenario below in sequence, then a Markdown table of all figures.
     All,
     /// SQL-only ceiling: claim + decode + DELETE on W connections through Sluice's PostgreSQL
@@ -117,7 +117,7 @@ pub enum Command {
 }
 
 #[derive(clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// PostgreSQL URL of the benchmark database.
     #[arg(
         long,
@@ -204,7 +204,7 @@ pub struct Options {
 
 /// Everything a scenario needs to know, with defaults filled in.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub database_url: String,
     /// MariaDB of the `databases` scenarios (SQLite files live in temporary directories).
     pub mysql_url: String,
@@ -270,7 +270,7 @@ fn parse_database(s: &str) -> Result<Database, String> {
 
 impl Options {
     /// Fills in defaults and checks what every scenario needs (the sluice binary).
-    pub fn resolve(self) -> anyhow::Result<Settings> {
+    pub(crate) fn resolve(self) -> anyhow::Result<Settings> {
         if self.workers == 0 {
             bail!("--workers must be at least 1");
         }
@@ -368,7 +368,7 @@ const HOSTILE_PLUGIN: &str = "tests/plugins/target/wasm32-wasip2/release/test_ho
 
 impl Settings {
     /// The WASM reference plugin as an absolute path, or an error saying how to build it.
-    pub fn reference_plugin(&self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn reference_plugin(&self) -> anyhow::Result<PathBuf> {
         existing_file(
             &self.plugin,
             "the reference plugin (build it with `cd plugins && cargo build --release --target wasm32-wasip2`, or pass --plugin)",
@@ -376,7 +376,7 @@ impl Settings {
     }
 
     /// The Python reference plugin as an absolute path, or an error saying how to build it.
-    pub fn python_plugin(&self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn python_plugin(&self) -> anyhow::Result<PathBuf> {
         existing_file(
             &self.python_plugin,
             "the Python reference plugin (build it with `plugins/route-by-aggregate-py/build.sh target/conformance/route_by_aggregate_py.wasm`, or pass --python-plugin)",
@@ -384,7 +384,7 @@ impl Settings {
     }
 
     /// The JavaScript reference plugin as an absolute path, or an error saying how to build it.
-    pub fn js_plugin(&self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn js_plugin(&self) -> anyhow::Result<PathBuf> {
         existing_file(
             &self.js_plugin,
             "the JavaScript reference plugin (build it with `plugins/route-by-aggregate-js/build.sh target/conformance/route_by_aggregate_js.wasm`, or pass --js-plugin)",
@@ -392,7 +392,7 @@ impl Settings {
     }
 
     /// The hostile test plugin as an absolute path, or an error saying how to build it.
-    pub fn hostile_plugin(&self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn hostile_plugin(&self) -> anyhow::Result<PathBuf> {
         existing_file(
             &self.hostile_plugin,
             "the hostile test plugin (build it with `cd tests/plugins && cargo build --release --target wasm32-wasip2`)",

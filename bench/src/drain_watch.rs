@@ -32,7 +32,7 @@ const DRAIN_TIMEOUT_BASE: Duration = Duration::from_secs(60);
 
 /// Which rows of the table count.
 #[derive(Debug, Clone, Copy)]
-pub enum Rows {
+pub(crate) enum Rows {
     All,
     /// Only rows with tenant NULL (the well-behaved tenant of `noisy`).
     NoTenant,
@@ -49,7 +49,7 @@ impl Rows {
 
 /// A drain, as seen from the table.
 #[derive(Debug, Clone, Copy)]
-pub struct Drained {
+pub(crate) struct Drained {
     /// Rows still there when the first row had left: the rows drained within `elapsed`.
     pub rows: u64,
     pub elapsed: Duration,
@@ -60,13 +60,13 @@ pub struct Drained {
 }
 
 impl Drained {
-    pub fn rows_per_second(&self) -> f64 {
+    pub(crate) fn rows_per_second(&self) -> f64 {
         self.rows as f64 / self.elapsed.as_secs_f64()
     }
 }
 
 /// Prepared before the relay starts: knows the backlog's size and first id.
-pub struct DrainWatch {
+pub(crate) struct DrainWatch {
     conn: PgConnection,
     rows: Rows,
     table: String,
@@ -77,7 +77,7 @@ pub struct DrainWatch {
 
 impl DrainWatch {
     /// Looks at the filled `table` (call before starting the relay).
-    pub async fn prepare(url: &str, table: &DbTable, rows: Rows) -> anyhow::Result<Self> {
+    pub(crate) async fn prepare(url: &str, table: &DbTable, rows: Rows) -> anyhow::Result<Self> {
         let mut watch = Self::connect(url, table, rows).await?;
         let sql = format!(
             "SELECT count(*), COALESCE(min(id), 0) FROM {} WHERE {}",
@@ -101,7 +101,7 @@ impl DrainWatch {
     /// Prepared for `rows` rows not inserted yet, which one `INSERT` will number from
     /// `first_id` on: a relay already running drains them as soon as they are committed, so
     /// the watch cannot count them first.
-    pub async fn expect(
+    pub(crate) async fn expect(
         url: &str,
         table: &DbTable,
         rows: u64,
@@ -134,7 +134,7 @@ impl DrainWatch {
     }
 
     /// Waits for the drain to start and finish; fails if the relay exits or stalls.
-    pub async fn run(mut self, relay: &mut RelayProcess) -> anyhow::Result<Drained> {
+    pub(crate) async fn run(mut self, relay: &mut RelayProcess) -> anyhow::Result<Drained> {
         let deadline = Instant::now() + START_TIMEOUT;
         let (started, head_left) = loop {
             relay.ensure_running()?;

@@ -6,12 +6,12 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::FutureProducer;
 use sluice_testkit::kafka::assign_from_beginning;
-pub use sluice_testkit::kafka::create_topics;
+pub(crate) use sluice_testkit::kafka::create_topics;
 
 /// The producer settings of `sluice run` (host/src/sink/kafka.rs `DEFAULT_PROPERTIES`:
 /// idempotence and acks=all so retries neither duplicate nor lose, a 30 s delivery timeout),
 /// plus `linger.ms=1`, so the naive relay is compared like for like.
-pub const PRODUCER_PROPERTIES: &[(&str, &str)] = &[
+pub(crate) const PRODUCER_PROPERTIES: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
     ("acks", "all"),
     ("message.timeout.ms", "30000"),
@@ -19,12 +19,12 @@ pub const PRODUCER_PROPERTIES: &[(&str, &str)] = &[
 ];
 
 /// The two topics the reference router writes to for the benchmark rows.
-pub fn topics(prefix: &str) -> Vec<String> {
+pub(crate) fn topics(prefix: &str) -> Vec<String> {
     vec![format!("{prefix}order"), format!("{prefix}customer")]
 }
 
 /// A producer with [`PRODUCER_PROPERTIES`].
-pub fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
+pub(crate) fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", bootstrap);
     for (key, value) in PRODUCER_PROPERTIES {
@@ -35,7 +35,7 @@ pub fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
 
 /// A consumer assigned to every partition of `topics` from the beginning, tuned to hand out
 /// each message as soon as the broker has it (`fetch.wait.max.ms=5`, `fetch.min.bytes=1`).
-pub fn low_latency_consumer(
+pub(crate) fn low_latency_consumer(
     bootstrap: &str,
     group: &str,
     topics: &[String],

@@ -4,7 +4,7 @@ use chrono::Local;
 
 /// CPUs, memory, PostgreSQL version and the date of the run.
 #[derive(Debug, Clone)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpus: Option<usize>,
     pub ram_gib: Option<f64>,
     pub postgres: Option<String>,
@@ -16,7 +16,7 @@ pub struct Machine {
 
 impl Machine {
     /// Detects what it can; anything unknown is left out of the report.
-    pub async fn detect(database_url: &str, mysql_url: &str) -> Self {
+    pub(crate) async fn detect(database_url: &str, mysql_url: &str) -> Self {
         Self {
             cpus: std::thread::available_parallelism().ok().map(usize::from),
             ram_gib: std::fs::read_to_string("/proc/meminfo")
@@ -31,7 +31,7 @@ impl Machine {
     }
 
     /// One line: "2 CPUs, 23.5 GiB RAM, PostgreSQL 15.20, 2026-12-02 14:00 +01:00".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(cpus) = self.cpus {
             parts.push(format!("{cpus} CPUs (nproc)"));

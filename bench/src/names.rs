@@ -13,11 +13,11 @@ fn run_id() -> String {
 }
 
 /// An outbox table name such as `sluice_bench_drain_wasm_4242_1234567`.
-pub fn table(stem: &str) -> String {
+pub(crate) fn table(stem: &str) -> String {
     format!("sluice_bench_{stem}_{}", run_id())
 }
 
 /// A topic prefix such as `bench.drain_wasm.4242_1234567.`.
-pub fn topic_prefix(stem: &str) -> String {
+pub(crate) fn topic_prefix(stem: &str) -> String {
     format!("bench.{stem}.{}.", run_id())
 }

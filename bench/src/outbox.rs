@@ -20,20 +20,20 @@ const ROW_COLUMNS: &str = "aggregate_type, aggregate_id, event_type, payload";
 
 /// `INSERT` of standard rows into `table` (quoted) for every `g` of `from`, a FROM item
 /// providing a `bigint` column `g`, e.g. `generate_series($1::int8, $2::int8) AS g`.
-pub fn insert_rows_sql(table: &str, from: &str) -> String {
+pub(crate) fn insert_rows_sql(table: &str, from: &str) -> String {
     format!("INSERT INTO {table} ({ROW_COLUMNS}) SELECT {ROW_VALUES} FROM {from}")
 }
 
 /// Rows of a second tenant mixed into a backlog, evenly spread.
 #[derive(Debug, Clone, Copy)]
-pub struct OtherTenant<'a> {
+pub(crate) struct OtherTenant<'a> {
     pub name: &'a str,
     pub rows: u64,
 }
 
 /// Whose rows a backlog holds besides the default tenant's (PostgreSQL only).
 #[derive(Debug, Clone, Copy)]
-pub enum Tenants<'a> {
+pub(crate) enum Tenants<'a> {
     /// Another tenant's rows mixed in among the default tenant's.
     Other(OtherTenant<'a>),
     /// Every row belongs to one of this many tenants, `t0`, `t1`, …: row `g` to `t{g % n}`.
@@ -50,7 +50,7 @@ fn servers(settings: &Settings) -> Servers {
 
 /// A PostgreSQL table named after `stem`, created with `sluice migrate`, optionally with the
 /// NOTIFY trigger on `notify_channel`.
-pub async fn create(
+pub(crate) async fn create(
     settings: &Settings,
     stem: &str,
     notify_channel: Option<&str>,
@@ -66,7 +66,7 @@ pub async fn create(
 }
 
 /// A table on `database` named after `stem`, created with `sluice migrate`.
-pub async fn create_on(
+pub(crate) async fn create_on(
     settings: &Settings,
     database: Database,
     stem: &str,
@@ -82,7 +82,7 @@ pub async fn create_on(
 }
 
 /// What a benchmark does with its table beyond the kit's.
-pub trait BenchTable {
+pub(crate) trait BenchTable {
     /// Inserts `rows` standard rows with tenant NULL, plus another tenant's rows spread evenly
     /// among them (PostgreSQL only), or with their tenants spread as `tenants` says, then
     /// updates the planner's statistics so every run starts from the same state.
@@ -215,7 +215,7 @@ impl BenchTable for DbTable {
 
 /// Runs `step` once per item in order, emptying `table` after each, then drops the table —
 /// also when a step fails, whose error is then returned.
-pub async fn for_each<I, T>(
+pub(crate) async fn for_each<I, T>(
     table: DbTable,
     items: impl IntoIterator<Item = I>,
     mut step: impl AsyncFnMut(&DbTable, I) -> anyhow::Result<T>,
@@ -243,6 +243,6 @@ pub async fn for_each<I, T>(
 }
 
 /// A row count as the `bigint` PostgreSQL wants.
-pub fn to_i64(n: u64) -> anyhow::Result<i64> {
+pub(crate) fn to_i64(n: u64) -> anyhow::Result<i64> {
     i64::try_from(n).with_context(|| format!("{n} does not fit a bigint"))
 }

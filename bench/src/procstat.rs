@@ -11,7 +11,7 @@ const FALLBACK_CLK_TCK: u64 = 100;
 
 /// One reading of a process.
 #[derive(Debug, Clone, Copy)]
-pub struct ProcSample {
+pub(crate) struct ProcSample {
     /// utime + stime, in clock ticks.
     pub cpu_ticks: u64,
     /// VmHWM: the peak resident set size so far, in KiB.
@@ -19,13 +19,13 @@ pub struct ProcSample {
 }
 
 impl ProcSample {
-    pub fn peak_rss_mib(&self) -> f64 {
+    pub(crate) fn peak_rss_mib(&self) -> f64 {
         self.peak_rss_kib as f64 / 1024.0
     }
 }
 
 /// Reads `/proc/<pid>/stat` and `/proc/<pid>/status`.
-pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
+pub(crate) fn sample(pid: u32) -> anyhow::Result<ProcSample> {
     let stat_path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&stat_path)
         .with_context(|| format!("cannot read {stat_path} (has the process exited?)"))?;
@@ -41,7 +41,7 @@ pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
 /// CPU time of everything else that a drain keeps busy: the database server, the broker, and
 /// the machine as a whole (where the time goes when a target is missed).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SystemSample {
+pub(crate) struct SystemSample {
     /// Every `postgres` process (server and backends), in clock ticks.
     pub postgres_ticks: u64,
     /// Every `tansu` process, in clock ticks.
@@ -52,7 +52,7 @@ pub struct SystemSample {
 }
 
 impl SystemSample {
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let (machine_busy, machine_total) = machine_ticks().unwrap_or((0, 0));
         Self {
             postgres_ticks: ticks_of_command("postgres"),
@@ -63,7 +63,7 @@ impl SystemSample {
     }
 
     /// (postgres CPU s, tansu CPU s, machine busy %) from `self` to `later`.
-    pub fn until(&self, later: &Self) -> (f64, f64, f64) {
+    pub(crate) fn until(&self, later: &Self) -> (f64, f64, f64) {
         let busy = later.machine_busy.saturating_sub(self.machine_busy) as f64;
         let total = later.machine_total.saturating_sub(self.machine_total) as f64;
         (
@@ -117,7 +117,7 @@ fn machine_ticks() -> anyhow::Result<(u64, u64)> {
 }
 
 /// CPU seconds of `ticks` clock ticks.
-pub fn cpu_seconds(ticks: u64) -> f64 {
+pub(crate) fn cpu_seconds(ticks: u64) -> f64 {
     ticks as f64 / clock_ticks_per_second() as f64
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_testkit::RelayLaunch;
 use sluice_testkit::config::RelayConfig;
-pub use sluice_testkit::relay::RelayProcess;
+pub(crate) use sluice_testkit::relay::RelayProcess;
 
 use crate::procstat::{self, ProcSample};
 
@@ -15,14 +15,18 @@ use crate::procstat::{self, ProcSample};
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a stopped relay left behind.
-pub struct Stopped {
+pub(crate) struct Stopped {
     /// The `/proc` reading taken right before SIGTERM.
     pub last: ProcSample,
     pub log: String,
 }
 
 /// Starts `sluice run --config <config>` with `RUST_LOG=<rust_log>`.
-pub fn start(sluice: &Path, config: &RelayConfig, rust_log: &str) -> anyhow::Result<RelayProcess> {
+pub(crate) fn start(
+    sluice: &Path,
+    config: &RelayConfig,
+    rust_log: &str,
+) -> anyhow::Result<RelayProcess> {
     RelayProcess::launch(
         &config.render(),
         &RelayLaunch {
@@ -37,7 +41,7 @@ pub fn start(sluice: &Path, config: &RelayConfig, rust_log: &str) -> anyhow::Res
 }
 
 /// Measuring a relay from the outside.
-pub trait Measured {
+pub(crate) trait Measured {
     /// The relay's CPU time and peak RSS so far.
     fn sample(&self) -> anyhow::Result<ProcSample>;
     /// Takes a last `/proc` reading, sends SIGTERM and waits for the exit. A non-zero exit is

@@ -8,7 +8,7 @@ use crate::machine::Machine;
 
 /// What a figure should reach.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Target {
+pub(crate) enum Target {
     AtLeast(f64),
     AtMost(f64),
 }
@@ -31,7 +31,7 @@ impl Target {
 
 /// One measured number.
 #[derive(Debug, Clone)]
-pub struct Figure {
+pub(crate) struct Figure {
     pub scenario: String,
     pub name: String,
     pub value: f64,
@@ -40,7 +40,7 @@ pub struct Figure {
 }
 
 impl Figure {
-    pub fn new(scenario: &str, name: &str, value: f64, unit: &'static str) -> Self {
+    pub(crate) fn new(scenario: &str, name: &str, value: f64, unit: &'static str) -> Self {
         Self {
             scenario: scenario.to_owned(),
             name: name.to_owned(),
@@ -50,12 +50,12 @@ impl Figure {
         }
     }
 
-    pub fn at_least(mut self, target: f64) -> Self {
+    pub(crate) fn at_least(mut self, target: f64) -> Self {
         self.target = Some(Target::AtLeast(target));
         self
     }
 
-    pub fn at_most(mut self, target: f64) -> Self {
+    pub(crate) fn at_most(mut self, target: f64) -> Self {
         self.target = Some(Target::AtMost(target));
         self
     }
@@ -78,14 +78,14 @@ struct Failure {
 
 /// Everything measured in this run.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     figures: Vec<Figure>,
     failures: Vec<Failure>,
 }
 
 impl Report {
     /// Records a scenario's figures and prints them.
-    pub fn add(&mut self, figures: Vec<Figure>) {
+    pub(crate) fn add(&mut self, figures: Vec<Figure>) {
         for f in &figures {
             let target = f.target_cell();
             let target = if target.is_empty() {
@@ -105,7 +105,7 @@ impl Report {
     }
 
     /// Records and prints a scenario's failure.
-    pub fn fail(&mut self, scenario: &str, error: &anyhow::Error) {
+    pub(crate) fn fail(&mut self, scenario: &str, error: &anyhow::Error) {
         println!("{scenario:<16} FAILED: {error:#}");
         self.failures.push(Failure {
             scenario: scenario.to_owned(),
@@ -114,7 +114,7 @@ impl Report {
     }
 
     /// The value of figure `name` of `scenario`, if it was measured.
-    pub fn value(&self, scenario: &str, name: &str) -> Option<f64> {
+    pub(crate) fn value(&self, scenario: &str, name: &str) -> Option<f64> {
         self.figures
             .iter()
             .find(|f| f.scenario == scenario && f.name == name)
@@ -122,12 +122,12 @@ impl Report {
     }
 
     /// Whether every scenario ran to the end (targets missed do not count as failures).
-    pub fn all_ran(&self) -> bool {
+    pub(crate) fn all_ran(&self) -> bool {
         self.failures.is_empty()
     }
 
     /// The results as Markdown: machine, sizes, then one table row per figure and failure.
-    pub fn markdown(&self, machine: &Machine, settings: &Settings) -> String {
+    pub(crate) fn markdown(&self, machine: &Machine, settings: &Settings) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail; the results are ignored.
         let _ = writeln!(out, "## Sluice benchmark results\n");
@@ -172,7 +172,7 @@ impl Report {
 }
 
 /// A number for people: thousands separated above 1,000, 0–2 decimals depending on size.
-pub fn format_value(v: f64) -> String {
+pub(crate) fn format_value(v: f64) -> String {
     if !v.is_finite() {
         return v.to_string();
     }

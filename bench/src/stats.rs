@@ -2,7 +2,7 @@
 
 /// p50, p95, p99 and max of a set of samples.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub p50: f64,
     pub p95: f64,
     pub p99: f64,
@@ -10,7 +10,7 @@ pub struct Summary {
 }
 
 /// The summary of `samples`, or `None` if there are none.
-pub fn summarize(samples: &[f64]) -> Option<Summary> {
+pub(crate) fn summarize(samples: &[f64]) -> Option<Summary> {
     let sorted = sorted(samples.to_vec());
     Some(Summary {
         p50: percentile(&sorted, 50.0)?,
@@ -21,13 +21,13 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
 }
 
 /// `values` in ascending order.
-pub fn sorted(mut values: Vec<f64>) -> Vec<f64> {
+pub(crate) fn sorted(mut values: Vec<f64>) -> Vec<f64> {
     values.sort_by(f64::total_cmp);
     values
 }
 
 /// (lowest, median, highest) of `values`; NaN for none.
-pub fn spread(values: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn spread(values: &[f64]) -> (f64, f64, f64) {
     let sorted = sorted(values.to_vec());
     (
         sorted.first().copied().unwrap_or(f64::NAN),
@@ -38,7 +38,7 @@ pub fn spread(values: &[f64]) -> (f64, f64, f64) {
 
 /// The nearest-rank `p`-th percentile of ascending `sorted`: the smallest sample with at least
 /// p % of the samples at or below it.
-pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }

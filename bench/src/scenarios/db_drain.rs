@@ -26,11 +26,11 @@ const POLL: Duration = Duration::from_millis(10);
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 const DRAIN_TIMEOUT_BASE: Duration = Duration::from_secs(60);
 
-pub fn label(database: Database) -> String {
+pub(super) fn label(database: Database) -> String {
     format!("drain-native-{}", database.label())
 }
 
-pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
     let table =
         outbox::create_on(settings, database, &format!("drain_{}", database.label())).await?;
     let mut runs = Vec::with_capacity(RUNS);

@@ -22,7 +22,7 @@ use sluice_testkit::config::{Plugin, RelayConfig, Tenant};
 
 /// The router under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Routing {
+pub(super) enum Routing {
     /// `builtin = "route-by-aggregate"`.
     Native,
     /// The reference plugin's `.wasm`.
@@ -30,7 +30,7 @@ pub enum Routing {
 }
 
 impl Routing {
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Self::Native => "drain-native",
             Self::Wasm => "drain-wasm",
@@ -55,7 +55,7 @@ impl Routing {
 /// Drains per scenario; the median is reported (single runs vary by ±15 % here).
 const RUNS: usize = 3;
 
-pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Figure>> {
     let plugin = routing.plugin(settings)?;
     let drain = Drain {
         label: routing.label(),
@@ -70,7 +70,7 @@ pub async fn run(settings: &Settings, routing: Routing) -> anyhow::Result<Vec<Fi
 
 /// What [`run_median`] drains.
 #[derive(Clone)]
-pub struct Drain<'a> {
+pub(super) struct Drain<'a> {
     /// Scenario label of the figures.
     pub label: &'a str,
     /// Table and topic names.
@@ -86,7 +86,10 @@ pub struct Drain<'a> {
 
 /// Drains `drain.rows` through `drain.plugin` [`RUNS`] times; returns the median run's
 /// figures with the slowest and fastest rows/s.
-pub async fn run_median(settings: &Settings, drain: &Drain<'_>) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run_median(
+    settings: &Settings,
+    drain: &Drain<'_>,
+) -> anyhow::Result<Vec<Figure>> {
     let Drain { label, stem, .. } = *drain;
     let table = outbox::create(settings, stem, None).await?;
     let mut runs = Vec::with_capacity(RUNS);

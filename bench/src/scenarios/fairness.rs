@@ -27,7 +27,7 @@ use crate::{kafka, names};
 use sluice_testkit::config::{Plugin, RelayConfig};
 use sluice_testkit::{Database, DbTable};
 
-pub const NAME: &str = "fairness";
+pub(super) const NAME: &str = "fairness";
 
 /// The share of the drain with `relay.fair_share`.
 const SHARE: usize = 50;
@@ -41,7 +41,7 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(900);
 /// Longest wait after the backlog is gone for the consumer to see every small row.
 const CATCH_UP: Duration = Duration::from_secs(15);
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let rows = settings.fairness_rows;
     let mut figures = vec![Figure::new(

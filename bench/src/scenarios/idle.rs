@@ -23,7 +23,7 @@ use sluice_testkit::config::{Plugin, RelayConfig};
 use sluice_testkit::db;
 use sluice_testkit::relay::migrate;
 
-pub const NAME: &str = "idle";
+pub(super) const NAME: &str = "idle";
 
 const DATABASE: &str = "sluice_bench_idle";
 /// Time the relay gets to start and reach its idle state before the window.
@@ -31,7 +31,7 @@ const SETTLE_BEFORE: Duration = Duration::from_secs(5);
 /// Delay until a backend's transactions show in `pg_stat_database`.
 const STATS_DELAY: Duration = Duration::from_millis(1500);
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let admin = db::pool(&settings.database_url).await?;
     let main_database: String = sqlx::query_scalar::<Postgres, String>("SELECT current_database()")

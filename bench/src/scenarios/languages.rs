@@ -26,7 +26,7 @@ use crate::stats::summarize;
 use sluice_testkit::DbTable;
 use sluice_testkit::config::{Plugin, RelayConfig};
 
-pub const NAME: &str = "languages";
+pub(super) const NAME: &str = "languages";
 
 /// Starts per language and cache state; the median is reported.
 const STARTUP_RUNS: usize = 3;
@@ -81,7 +81,7 @@ impl Language {
     }
 }
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     // All three must exist before anything is measured: a missing one should not cost a run.
     let plugins = LANGUAGES
         .iter()

@@ -52,7 +52,7 @@ const TARGET_P99_MS: f64 = 50.0;
 
 /// How the relay learns about new rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wakeup {
+pub(super) enum Wakeup {
     /// Adaptive polling only.
     Poll,
     /// NOTIFY trigger + `relay.notify_channel`.
@@ -60,7 +60,7 @@ pub enum Wakeup {
 }
 
 impl Wakeup {
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Self::Poll => "latency-poll",
             Self::Notify => "latency-notify",
@@ -82,7 +82,7 @@ impl Wakeup {
     }
 }
 
-pub async fn run(settings: &Settings, wakeup: Wakeup) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings, wakeup: Wakeup) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let table = outbox::create(settings, wakeup.stem(), wakeup.channel()).await?;
     let measured = measure(settings, wakeup, plugin, &table).await;

@@ -20,7 +20,7 @@ use sluice_testkit::DbTable;
 use sluice_testkit::OwnTansu;
 use sluice_testkit::config::Plugin;
 
-pub const NAME: &str = "metrics-overhead";
+pub(super) const NAME: &str = "metrics-overhead";
 
 /// One drain's figures.
 #[derive(Debug, Clone, Copy)]
@@ -29,7 +29,7 @@ struct Measured {
     relay_cpu_per_1k: f64,
 }
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let table = outbox::create(settings, "overhead", None).await?;
     // (pair, metrics on): off first in even pairs, on first in odd ones.

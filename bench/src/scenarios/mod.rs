@@ -194,7 +194,7 @@ fn steps(command: Command) -> Vec<Step> {
 /// Runs the command's steps, printing each result as it finishes, then the Markdown table
 /// (also to `--out`). A failed step is reported and the next one runs; returns whether all
 /// steps ran.
-pub async fn run(cli: Cli) -> anyhow::Result<bool> {
+pub(crate) async fn run(cli: Cli) -> anyhow::Result<bool> {
     let settings = cli.options.resolve()?;
     let mut report = Report::default();
     for step in steps(cli.command) {

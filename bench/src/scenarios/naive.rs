@@ -26,7 +26,7 @@ use crate::{kafka, names};
 use sluice_testkit::DbTable;
 use sluice_testkit::db;
 
-pub const NAME: &str = "naive";
+pub(super) const NAME: &str = "naive";
 
 /// How long `send` may wait for room in the producer's queue (as Sluice's sink).
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,7 +35,7 @@ const EMPTY_SLEEP: Duration = Duration::from_secs(1);
 /// Empty claims in a row after which rows still missing count as lost.
 const MAX_EMPTY_CLAIMS: u32 = 3;
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let table = outbox::create(settings, "naive", None).await?;
     let measured = measure(settings, &table).await;
     table.drop_table().await;

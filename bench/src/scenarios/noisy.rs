@@ -13,7 +13,7 @@ use crate::{kafka, names};
 use sluice_testkit::DbTable;
 use sluice_testkit::config::{Plugin, RelayConfig, Tenant};
 
-pub const NAME: &str = "noisy";
+pub(super) const NAME: &str = "noisy";
 
 const SPINNER: &str = "spinner";
 const SPINNER_ROWS: u64 = 200;
@@ -26,7 +26,7 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let hostile = settings.hostile_plugin()?;
     let table = outbox::create(settings, "noisy", None).await?;

@@ -16,12 +16,12 @@ use crate::report::Figure;
 use sluice_testkit::DbTable;
 use sluice_testkit::db;
 
-pub const NAME: &str = "notify-cost";
+pub(super) const NAME: &str = "notify-cost";
 
 const CHANNEL: &str = "sluice_bench_notify";
 const WRITERS: usize = 8;
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let without = insert_rate(settings, None).await?;
     let with = insert_rate(settings, Some(CHANNEL)).await?;
     Ok(vec![

@@ -18,7 +18,7 @@ const CLIENTS: u64 = 2;
 
 /// Fills `table` with `rows` standard rows and deletes them with pgbench; returns rows per
 /// second over pgbench's own elapsed time (connection set-up excluded, as the SQL ceiling's).
-pub async fn ceiling(table: &DbTable, rows: u64) -> anyhow::Result<f64> {
+pub(super) async fn ceiling(table: &DbTable, rows: u64) -> anyhow::Result<f64> {
     table.fill(rows, None).await?;
     let script = tempfile::Builder::new()
         .suffix(".sql")

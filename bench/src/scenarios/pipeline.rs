@@ -52,13 +52,13 @@ use sluice_testkit::DbTable;
 use sluice_testkit::OwnTansu;
 use sluice_testkit::config::Plugin;
 
-pub const NAME: &str = "pipeline";
+pub(super) const NAME: &str = "pipeline";
 /// Runs; medians are reported.
 const RUNS: usize = 3;
 /// Aggregate ids of the standard rows (`bench/src/outbox.rs`).
 const AGGREGATES: u64 = 1_000;
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let table = outbox::create(settings, "pipeline", None).await?;
     let result = runs(settings, &table, &plugin).await;
@@ -265,7 +265,11 @@ fn figure(figures: &[Figure], name: &str) -> anyhow::Result<f64> {
 /// `on_delivery` does), until every message is reported. Returns acknowledged messages per
 /// second and this process's CPU seconds per 1,000 messages (the producer's side alone:
 /// building the records, librdkafka, the delivery reports).
-pub async fn produce_ceiling(bootstrap: &str, rows: u64, stem: &str) -> anyhow::Result<(f64, f64)> {
+pub(super) async fn produce_ceiling(
+    bootstrap: &str,
+    rows: u64,
+    stem: &str,
+) -> anyhow::Result<(f64, f64)> {
     let prefix = names::topic_prefix(stem);
     let topics = kafka::topics(&prefix);
     kafka::create_topics(bootstrap, &topics).await?;

@@ -5,13 +5,13 @@ use super::{THROUGHPUT, db_drain, drain, naive, sql_ceiling};
 use crate::report::{Figure, Report};
 use sluice_testkit::Database;
 
-pub const NAME: &str = "ratios";
+pub(super) const NAME: &str = "ratios";
 /// The per-database ratios' label.
-pub const DATABASES: &str = "database-ratios";
+pub(super) const DATABASES: &str = "database-ratios";
 
 /// drain-wasm / sql-ceiling (target ≥ 0.75), / naive (≥ 30), / drain-native (≥ 0.95); a
 /// ratio whose inputs were not measured is left out.
-pub fn figures(report: &Report) -> anyhow::Result<Vec<Figure>> {
+pub(super) fn figures(report: &Report) -> anyhow::Result<Vec<Figure>> {
     let wasm_label = drain::Routing::Wasm.label();
     let Some(wasm) = report.value(wasm_label, THROUGHPUT) else {
         eprintln!("no ratios: {wasm_label} was not measured");
@@ -37,7 +37,7 @@ pub fn figures(report: &Report) -> anyhow::Result<Vec<Figure>> {
 
 /// Each database's drain-native against its own SQL-only ceiling: how much of what the
 /// database allows the relay uses. No target: the ceilings differ by database.
-pub fn databases(report: &Report) -> anyhow::Result<Vec<Figure>> {
+pub(super) fn databases(report: &Report) -> anyhow::Result<Vec<Figure>> {
     let mut figures = Vec::new();
     for database in Database::ALL {
         let drain = match database {

@@ -18,11 +18,11 @@ use sluice_testkit::broker::try_free_port;
 use sluice_testkit::config::{Plugin, RelayConfig};
 use sluice_testkit::scrape;
 
-pub const NAME: &str = "scale-out";
+pub(super) const NAME: &str = "scale-out";
 /// Relay processes per step.
 const RELAYS: [usize; 3] = [1, 2, 4];
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let table = outbox::create(settings, "scale_out", None).await?;
     let figures = outbox::for_each(table, RELAYS, async |table, relays| {

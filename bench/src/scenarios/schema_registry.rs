@@ -16,7 +16,7 @@ use anyhow::Context;
 use sluice_testkit::config::Plugin;
 use sluice_testkit::registry::TestRegistry;
 
-pub const NAME: &str = "schema-registry";
+pub(super) const NAME: &str = "schema-registry";
 
 const PAIRS: usize = 3;
 const TARGET: f64 = 0.8;
@@ -27,7 +27,7 @@ const CPU: &str = "relay CPU per 1,000 rows";
 const SCHEMA: &str = r#"{"type": "record", "name": "Row", "namespace": "bench",
   "fields": [{"name": "n", "type": "long"}, {"name": "pad", "type": "string"}]}"#;
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let registry = TestRegistry::start().context("cannot start the test schema registry")?;
     // Record-name subjects: each drain's topics are named anew (`names::topic_prefix`).

@@ -20,22 +20,22 @@ use crate::report::Figure;
 use sluice_testkit::{Database, DbTable};
 
 /// Rows per claim: Sluice's default `relay.batch_size`.
-pub const BATCH_SIZE: usize = 500;
+pub(super) const BATCH_SIZE: usize = 500;
 
-pub const NAME: &str = "sql-ceiling";
+pub(super) const NAME: &str = "sql-ceiling";
 /// The figure of this process's CPU time (the driver's side: statements, TLS, decoding) per
 /// 1,000 rows, for comparison with a relay's CPU per row.
-pub const CLIENT_CPU: &str = "client CPU per 1,000 rows";
+pub(super) const CLIENT_CPU: &str = "client CPU per 1,000 rows";
 
 /// The scenario's label on `database` (PostgreSQL keeps the plain name the ratios use).
-pub fn label(database: Database) -> String {
+pub(super) fn label(database: Database) -> String {
     match database {
         Database::Postgres => NAME.to_owned(),
         other => format!("{NAME}-{}", other.label()),
     }
 }
 
-pub async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings, database: Database) -> anyhow::Result<Vec<Figure>> {
     let table = outbox::create_on(settings, database, "sql_ceiling").await?;
     let measured = measure(settings, &table).await;
     table.drop_table().await;

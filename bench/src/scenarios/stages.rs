@@ -26,7 +26,7 @@ use sluice_testkit::OwnTansu;
 use sluice_testkit::config::Plugin;
 use sluice_testkit::scrape;
 
-pub const NAME: &str = "stages";
+pub(super) const NAME: &str = "stages";
 
 /// The stages, as (label, histogram of the relay's `/metrics`).
 const STAGES: [(&str, &str); 4] = [
@@ -48,7 +48,7 @@ struct Breakdown {
     relay_cpu: f64,
 }
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let mut binaries = vec![("current".to_owned(), settings.sluice.clone())];
     if let Some(baseline) = &settings.baseline {

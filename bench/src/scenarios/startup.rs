@@ -18,7 +18,7 @@ use crate::report::Figure;
 use sluice_testkit::DbTable;
 use sluice_testkit::config::{RelayConfig, Tenant};
 
-pub const NAME: &str = "startup";
+pub(super) const NAME: &str = "startup";
 
 const TENANTS: usize = 50;
 pub(super) const READY_LINE: &str = "relay started";
@@ -26,7 +26,7 @@ pub(super) const CACHE_HIT_LINE: &str = "loaded precompiled plugin from cache";
 const LOG_POLL: Duration = Duration::from_millis(5);
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let table = outbox::create(settings, "startup", None).await?;
     let measured = measure(settings, &table, plugin).await;

@@ -38,7 +38,7 @@ use sluice_testkit::DbTable;
 use sluice_testkit::OwnTansu;
 use sluice_testkit::config::{Plugin, RelayConfig, Tenant};
 
-pub const NAME: &str = "tenants";
+pub(super) const NAME: &str = "tenants";
 
 /// Rounds of the three drains; per case the median is reported.
 const RUNS: usize = 3;
@@ -131,7 +131,7 @@ fn distinct_plugins(plugin: &Path, dir: &Path, count: usize) -> anyhow::Result<V
         .collect()
 }
 
-pub async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
     let cache = tempfile::tempdir().context("cannot create a temporary compile cache")?;
     let drain = Drain {

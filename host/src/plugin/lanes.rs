@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 
 use crate::model::OutboxRow;
 use crate::model::{RowResult, TransformFailure};
-use crate::plugin::tenant::health::STALL_AFTER;
+use crate::plugin::tenant::watch::STALL_AFTER;
 use crate::plugin::tenant::{LOCK_POLL, Tenant, lock};
 
 /// Lanes a batch may grow to when its lanes are stuck in stalled calls.

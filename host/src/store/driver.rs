@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::layout_sql::LayoutSql;
 use super::statement::Execute;
-use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError};
+use super::{BatchOutcome, Claim, Settlement, StoreError};
 use crate::model::TenantId;
 
 /// What one database's store does its own way: the claim and what completes it (row locks in
@@ -15,6 +15,8 @@ use crate::model::TenantId;
 /// [`OutboxStore`](super::OutboxStore) for what each operation means.
 pub(crate) trait StoreDriver: Send + Sync {
     type Db: Execute;
+    /// A claimed batch of this driver (the store wraps it in its `StoreBatch`).
+    type Batch;
 
     /// The pool the shared statements run on.
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
@@ -26,7 +28,7 @@ pub(crate) trait StoreDriver: Send + Sync {
         &self,
         limit: usize,
         paused: &[TenantId],
-    ) -> Result<Claim<StoreBatch>, StoreError>;
+    ) -> Result<Claim<Self::Batch>, StoreError>;
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError>;
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError>;
 

@@ -382,6 +382,15 @@ pub struct Claim<B> {
 }
 
 impl<B> Claim<B> {
+    /// The same claim with its batch wrapped (a driver's batch into the store's).
+    pub(crate) fn map<C>(self, wrap: impl FnOnce(B) -> C) -> Claim<C> {
+        Claim {
+            batch: wrap(self.batch),
+            rows: self.rows,
+            rejected: self.rejected,
+        }
+    }
+
     /// The claim of `batch` whose rows decoded as `decoded` ([`rows::decode_claimed`]), in
     /// claim order.
     pub(crate) fn of(

@@ -124,7 +124,11 @@ impl OutboxStore for Store {
         limit: usize,
         paused: &[TenantId],
     ) -> Result<Claim<StoreBatch>, StoreError> {
-        dispatch!(self, s => s.claim(limit, paused).await)
+        match self {
+            Self::Postgres(s) => Ok(s.claim(limit, paused).await?.map(StoreBatch::Postgres)),
+            Self::Mysql(s) => Ok(s.claim(limit, paused).await?.map(StoreBatch::Mysql)),
+            Self::Sqlite(s) => Ok(s.claim(limit, paused).await?.map(StoreBatch::Sqlite)),
+        }
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {

@@ -20,6 +20,7 @@ pub enum Plugin {
 /// A `[tenants.<name>]` entry.
 #[derive(Debug, Clone)]
 pub struct Tenant {
+    /// The tenant, as `[tenants.<name>]` names it.
     pub name: String,
     /// Absolute path of the `.wasm` component.
     pub path: PathBuf,
@@ -30,10 +31,13 @@ pub struct Tenant {
 /// A relay configuration; unset keys keep Sluice's defaults.
 #[derive(Debug, Clone, Default)]
 pub struct RelayConfig {
+    /// `[database] url`.
     pub database_url: String,
+    /// `[database] table`.
     pub table: String,
     /// Raw lines at the end of `[database]`.
     pub database_extra: Option<String>,
+    /// `[kafka] "bootstrap.servers"`.
     pub kafka: String,
     /// Raw lines at the end of `[kafka]`.
     pub kafka_extra: Option<String>,
@@ -49,6 +53,7 @@ pub struct RelayConfig {
     pub default_plugin: Option<(Plugin, String)>,
     /// Raw lines at the end of `[plugins.default]` (e.g. `value_format = "avro"`).
     pub default_plugin_extra: Option<String>,
+    /// One `[tenants.<name>]` entry each.
     pub tenants: Vec<Tenant>,
     /// `[telemetry] listen` (metrics on).
     pub telemetry: Option<String>,

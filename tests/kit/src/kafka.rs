@@ -86,14 +86,20 @@ pub fn assign_from_beginning(consumer: &BaseConsumer, topics: &[String]) -> anyh
 /// A consumed message.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The topic it was read from.
     pub topic: String,
+    /// The partition it was read from.
     pub partition: i32,
+    /// The message key, if it has one.
     pub key: Option<Vec<u8>>,
+    /// The value, unless it is a tombstone.
     pub payload: Option<Vec<u8>>,
+    /// Its headers, in order.
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
 impl Received {
+    /// The first header called `name`, as text (lossy UTF-8).
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers
             .iter()
@@ -101,10 +107,12 @@ impl Received {
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
     }
 
+    /// The key as text (lossy UTF-8; empty without a key).
     pub fn key_str(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
     }
 
+    /// The value as JSON (`Null` if it is none or not JSON).
     pub fn payload_json(&self) -> serde_json::Value {
         serde_json::from_slice(self.payload.as_deref().unwrap_or_default())
             .unwrap_or(serde_json::Value::Null)

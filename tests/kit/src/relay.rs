@@ -117,8 +117,11 @@ pub struct RelayProcess {
 
 /// Finished relay: exit status and what it logged.
 pub struct RelayExit {
+    /// Whether it exited with status 0.
     pub success: bool,
+    /// The exit status (`None`: killed by a signal, or no status could be read).
     pub code: Option<i32>,
+    /// Everything it logged.
     pub log: String,
 }
 

@@ -24,8 +24,11 @@ pub async fn pool() -> PgPool {
 
 /// A table, its topics and the prefix the reference plugin writes them with.
 pub struct Scenario {
+    /// The outbox table.
     pub table: DbTable,
+    /// What the reference plugin puts before a topic name (`<table>.`).
     pub prefix: String,
+    /// The topics it routes to, created on the tests' broker.
     pub topics: Vec<String>,
 }
 
@@ -105,6 +108,7 @@ impl Scenario {
         .expect("consume")
     }
 
+    /// Drops the table.
     pub async fn finish(self) {
         self.table.drop_table().await;
     }

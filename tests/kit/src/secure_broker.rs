@@ -184,6 +184,7 @@ impl TlsProxy {
         })
     }
 
+    /// The local port it accepts TLS connections on.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -201,11 +202,14 @@ impl Drop for TlsProxy {
 /// A SCRAM mechanism, as librdkafka's `sasl.mechanism` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scram {
+    /// `SCRAM-SHA-256`.
     Sha256,
+    /// `SCRAM-SHA-512`.
     Sha512,
 }
 
 impl Scram {
+    /// As `sasl.mechanism` spells it.
     pub fn mechanism(self) -> &'static str {
         match self {
             Self::Sha256 => "SCRAM-SHA-256",
@@ -224,19 +228,25 @@ impl Scram {
 /// What a broker demands of its clients.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Security {
+    /// SASL (SCRAM) logins.
     pub sasl: bool,
+    /// TLS connections.
     pub tls: bool,
 }
 
 /// How a client logs in: `sasl.mechanism`, `sasl.username`, `sasl.password`.
 #[derive(Debug, Clone)]
 pub struct Login {
+    /// `sasl.mechanism`.
     pub mechanism: String,
+    /// `sasl.username`.
     pub username: String,
+    /// `sasl.password`.
     pub password: String,
 }
 
 impl Login {
+    /// A login with `mechanism` (`SCRAM-SHA-512`, …), `username` and `password`.
     pub fn new(mechanism: &str, username: &str, password: &str) -> Self {
         Self {
             mechanism: mechanism.to_owned(),
@@ -257,8 +267,11 @@ const ADMIN_PASSWORD: &str = "admin-secret";
 /// A SCRAM user a SASL [`SecureBroker`] is started with.
 #[derive(Debug, Clone, Copy)]
 pub struct ScramUser<'a> {
+    /// The user name.
     pub name: &'a str,
+    /// The user's password.
     pub password: &'a str,
+    /// The mechanism its credentials are stored for.
     pub mechanism: Scram,
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 /// How often a frozen copier looks whether it may go on.
 const FROZEN_POLL: Duration = Duration::from_millis(20);
 
+/// The proxy (see the module documentation); forwards until the process ends.
 pub struct StallingProxy {
     port: u16,
     frozen: Arc<AtomicBool>,
@@ -37,6 +38,7 @@ impl StallingProxy {
         Ok(Self { port, frozen })
     }
 
+    /// The local port it accepts connections on.
     pub fn port(&self) -> u16 {
         self.port
     }

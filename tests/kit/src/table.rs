@@ -24,12 +24,16 @@ use crate::relay::migrate;
 /// The databases Sluice relays from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Database {
+    /// PostgreSQL.
     Postgres,
+    /// MariaDB (Sluice's MySQL driver).
     Mariadb,
+    /// SQLite, a file in a temporary directory.
     Sqlite,
 }
 
 impl Database {
+    /// Every database, in this order.
     pub const ALL: [Self; 3] = [Self::Postgres, Self::Mariadb, Self::Sqlite];
 
     /// As labels spell it.
@@ -45,7 +49,9 @@ impl Database {
 /// Where the database servers are (SQLite needs none).
 #[derive(Debug, Clone)]
 pub struct Servers {
+    /// A PostgreSQL URL.
     pub postgres: String,
+    /// A MariaDB URL.
     pub mariadb: String,
 }
 
@@ -70,6 +76,7 @@ enum Pool {
 /// Clones share the pool (and the SQLite file's directory).
 #[derive(Clone)]
 pub struct DbTable {
+    /// The database it is in.
     pub database: Database,
     /// The URL a relay connects with.
     pub url: String,
@@ -295,10 +302,12 @@ impl DbTable {
             .unwrap_or(0))
     }
 
+    /// Rows in the table.
     pub async fn count(&self) -> i64 {
         self.scalar_i64("SELECT COUNT(*) FROM {t}").await
     }
 
+    /// Rows not sent yet (`published_at IS NULL`).
     pub async fn unsent(&self) -> i64 {
         self.scalar_i64("SELECT COUNT(*) FROM {t} WHERE published_at IS NULL")
             .await

@@ -1,8 +1,6 @@
 //! The `sluice` command line: parse arguments, call into the library ([`sluice::app`]), print;
 //! and what only the command line needs (`sluice drain`'s progress, `sluice plugin new|test`).
 
-#![warn(unreachable_pub)]
-
 mod cli;
 mod ops;
 mod plugin;

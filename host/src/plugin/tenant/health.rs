@@ -3,20 +3,18 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::model::TenantId;
 use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
 use crate::plugin::tenant::lock;
 use crate::plugin::tenant::status::{ReasonCounts, TenantState};
 use crate::plugin::tenant::template::TenantTemplate;
-use crate::plugin::tenant::watch::{RunningCall, Watch};
+// The stall limit is the watch's (it leaves stalled tenants out of claims); `stalled` answers
+// by it too, and the name stays reachable where it was.
+pub(crate) use crate::plugin::tenant::watch::STALL_AFTER;
+use crate::plugin::tenant::watch::{RunningCall, Watch, Watched};
 use crate::plugin::wasm::host_api::TenantShared;
-
-/// A tenant whose current plugin call has run this long is "stalled": other batches skip its
-/// rows instead of queueing behind the call. Normal calls take microseconds; a 64-row batch
-/// of a JavaScript guest about 15 ms.
-pub(crate) const STALL_AFTER: Duration = Duration::from_millis(20);
 
 /// What other batches may learn about a tenant without waiting for its lock.
 pub(crate) struct TenantHealth {
@@ -199,6 +197,16 @@ impl TenantHealth {
     }
 }
 
+impl Watched for TenantHealth {
+    fn suspect(&self) -> bool {
+        TenantHealth::suspect(self)
+    }
+
+    fn unavailable(&self, now: Instant) -> bool {
+        TenantHealth::unavailable(self, now)
+    }
+}
+
 /// Logs the breaker opening or closing.
 pub(crate) fn log_transition(tenant: &TenantId, template: &TenantTemplate, transition: Transition) {
     match transition {
@@ -216,6 +224,8 @@ pub(crate) fn log_transition(tenant: &TenantId, template: &TenantTemplate, trans
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::plugin::limits::Limits;
     use crate::plugin::tenant::template::PluginCode;

@@ -8,7 +8,7 @@
 //! - [`quota`]: the budgets for live instances (with and without their own entry)
 //! - [`breaker`], [`quarantine`]: why its rows wait
 //! - [`status`]: what the router reports about it
-//! - [`watch`]: which tenants a claim leaves out, without asking every tenant
+//! - [`watch`]: which tenants a claim leaves out, without asking every tenant; the stall limit
 
 pub(crate) mod batching;
 pub(crate) mod breaker;

@@ -7,16 +7,33 @@
 //! next claim looks at every tenant once and keeps the few that may be unavailable
 //! ("suspects"); until the next event it asks only those. Running calls are registered while
 //! they run ([`Watch::call`]), so a stalled one is found among them.
+//!
+//! What the watch asks of each tenant is [`Watched`], which the tenant's health
+//! ([`TenantHealth`](super::health::TenantHealth)) answers; the watch sits below the tenant's
+//! parts that tell it of events (health, template, quarantine).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::model::TenantId;
-use crate::plugin::tenant::health::{STALL_AFTER, TenantHealth};
 use crate::plugin::tenant::lock;
 
-/// One router's view of its tenants' availability (shared with their [`TenantHealth`]).
+/// A tenant whose current plugin call has run this long is "stalled": other batches skip its
+/// rows instead of queueing behind the call. Normal calls take microseconds; a 64-row batch
+/// of a JavaScript guest about 15 ms.
+pub(crate) const STALL_AFTER: Duration = Duration::from_millis(20);
+
+/// What the watch asks of a tenant: its health
+/// ([`TenantHealth`](super::health::TenantHealth)).
+pub(crate) trait Watched: Send + Sync {
+    /// Whether the tenant may be unavailable without an event first (kept as a suspect).
+    fn suspect(&self) -> bool;
+    /// Whether the tenant should be left out of a claim at `now`.
+    fn unavailable(&self, now: Instant) -> bool;
+}
+
+/// One router's view of its tenants' availability (shared with their health).
 #[derive(Default)]
 pub(crate) struct Watch {
     /// Counts the events (see the module documentation).
@@ -30,7 +47,7 @@ pub(crate) struct Watch {
 struct Suspects {
     /// The count of events the list was made after.
     seen: Option<u64>,
-    tenants: Vec<(TenantId, Arc<TenantHealth>)>,
+    tenants: Vec<(TenantId, Arc<dyn Watched>)>,
 }
 
 /// A running call, registered until dropped (also when the call panics).
@@ -63,8 +80,9 @@ impl Watch {
         self.events.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Registers a call of `tenant`'s plugin (`health`: its state) until the guard drops.
-    pub(crate) fn call(&self, health: &TenantHealth, tenant: &TenantId) -> RunningCall<'_> {
+    /// Registers a call of `tenant`'s plugin (`health`: its state, whose address tells the
+    /// call apart while it runs) until the guard drops.
+    pub(crate) fn call<H>(&self, health: &H, tenant: &TenantId) -> RunningCall<'_> {
         let id = std::ptr::from_ref(health) as usize;
         lock(&self.running).push((id, tenant.clone(), Instant::now()));
         RunningCall { watch: self, id }
@@ -72,17 +90,21 @@ impl Watch {
 
     /// The tenants to leave out of a claim at `now`. `all` lists every tenant; it is called
     /// only when something happened since the last call.
-    pub(crate) fn unavailable(
+    pub(crate) fn unavailable<H: Watched + 'static>(
         &self,
         now: Instant,
-        all: impl FnOnce() -> Vec<(TenantId, Arc<TenantHealth>)>,
+        all: impl FnOnce() -> Vec<(TenantId, Arc<H>)>,
     ) -> Vec<TenantId> {
         // Read before the tenants are: an event during the scan is seen by the next call.
         let seen = self.events.load(Ordering::Acquire);
         let stale = lock(&self.suspects).seen != Some(seen);
         if stale {
             // Outside the lock: `all` takes the router's lock on its tenants.
-            let found = all().into_iter().filter(|(_, h)| h.suspect()).collect();
+            let found = all()
+                .into_iter()
+                .filter(|(_, h)| h.suspect())
+                .map(|(id, h)| (id, h as Arc<dyn Watched>))
+                .collect();
             let mut suspects = lock(&self.suspects);
             suspects.tenants = found;
             suspects.seen = Some(seen);
@@ -109,6 +131,7 @@ mod tests {
     use super::*;
     use crate::plugin::limits::Limits;
     use crate::plugin::tenant::breaker::CircuitBreaker;
+    use crate::plugin::tenant::health::TenantHealth;
     use crate::plugin::tenant::template::{PluginCode, TenantTemplate};
 
     fn template(watch: &Arc<Watch>) -> Arc<TenantTemplate> {

@@ -1,10 +1,13 @@
 //! The contract versions a component may be built against, and the conversions between an
-//! older version's types and the current ones: the rest of the host sees only the current
-//! types ([`super::bindings::types`]). What an older version cannot say takes the value the host
+//! older version's types and the current ones, both ways: the host's calls into a component and
+//! its answers, and the component's calls to the host API (answered by [`super::host_api`] in
+//! the current types). The rest of the host sees only the current types
+//! ([`super::bindings::types`]). What an older version cannot say takes the value the host
 //! assumed before it existed (0.1.0 messages name no record: the section's is used).
 
 use wasmtime::component::InstancePre;
 
+use super::bindings::sluice::plugin::host;
 use super::bindings::{self, types as wit, v0_1};
 use super::host_api::HostState;
 
@@ -186,8 +189,21 @@ fn info(i: v0_1::types::PluginInfo) -> wit::PluginInfo {
     }
 }
 
+impl v0_1::types::Host for HostState {}
+
+/// 0.1.0 components call the same host functions.
+impl v0_1::sluice::plugin::host::Host for HostState {
+    fn log(&mut self, level: v0_1::types::LogLevel, message: String) {
+        host::Host::log(self, log_level(level), message);
+    }
+
+    fn counter_add(&mut self, name: String, delta: u64) {
+        host::Host::counter_add(self, name, delta);
+    }
+}
+
 /// 0.1.0's log levels as the current ones.
-pub(crate) fn log_level(level: v0_1::types::LogLevel) -> wit::LogLevel {
+fn log_level(level: v0_1::types::LogLevel) -> wit::LogLevel {
     use v0_1::types::LogLevel as Old;
     match level {
         Old::Trace => wit::LogLevel::Trace,

@@ -1,5 +1,7 @@
 //! What a guest can call on the host (`sluice:plugin/host`), the per-`wasmtime::Store` state behind
-//! it, and the per-tenant state that outlives `wasmtime::Store`s (log budget, counters).
+//! it, and the per-tenant state that outlives `wasmtime::Store`s (log budget, counters). In the
+//! current contract's types: older versions' calls are converted to these in
+//! [`super::contract`].
 //!
 //! A trapped instance is replaced by a fresh `wasmtime::Store`, so anything a guest could use to
 //! consume host resources — log lines, counter names — is budgeted per tenant ([`TenantShared`]),
@@ -16,8 +18,6 @@ use crate::model::TenantId;
 use crate::plugin::limits::TenantLimiter;
 use crate::plugin::wasm::bindings::sluice::plugin::host;
 use crate::plugin::wasm::bindings::types::LogLevel;
-use crate::plugin::wasm::bindings::v0_1;
-use crate::plugin::wasm::contract;
 use crate::plugin::wasm::guest_output::GuestOutput;
 use crate::text::bounded;
 
@@ -226,19 +226,6 @@ impl WasiView for HostState {
 }
 
 impl crate::plugin::wasm::bindings::types::Host for HostState {}
-
-impl v0_1::types::Host for HostState {}
-
-/// 0.1.0 components call the same host functions.
-impl v0_1::sluice::plugin::host::Host for HostState {
-    fn log(&mut self, level: v0_1::types::LogLevel, message: String) {
-        self.shared.log(contract::log_level(level), &message);
-    }
-
-    fn counter_add(&mut self, name: String, delta: u64) {
-        lock(&self.shared.counters).add(&name, delta);
-    }
-}
 
 impl host::Host for HostState {
     fn log(&mut self, level: LogLevel, message: String) {

@@ -28,7 +28,7 @@ use sqlx::{AssertSqlSafe, Executor};
 use super::connect::{self, CONNECT_TIMEOUT};
 use super::dialect::Driver;
 use super::driver::StoreDriver;
-use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
 use crate::store::batch::TxBatch;
@@ -142,6 +142,7 @@ impl MyStore {
 
 impl StoreDriver for MyStore {
     type Db = MySql;
+    type Batch = MyBatch;
 
     fn pool(&self) -> &MySqlPool {
         &self.pool
@@ -160,11 +161,7 @@ impl StoreDriver for MyStore {
         Ok(query.fetch_one(&self.pool).await? != 0)
     }
 
-    async fn claim(
-        &self,
-        limit: usize,
-        paused: &[TenantId],
-    ) -> Result<Claim<StoreBatch>, StoreError> {
+    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<MyBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let s = &self.statements;
         let names: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
@@ -199,7 +196,7 @@ impl StoreDriver for MyStore {
                 .filter_map(|row| row.text(column::TENANT).ok());
             self.turn.filled(tenants, walk.share);
         }
-        let batch = StoreBatch::Mysql(TxBatch::new(tx, Arc::clone(s)));
+        let batch = TxBatch::new(tx, Arc::clone(s));
         let rows = heads.iter().chain(&filled);
         Claim::of(batch, rows.map(|row| decode_claimed(row, &s.sql)))
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row, ValueRef};
 
+use super::paused::unpaused;
 use super::schema::PgTypes;
-use super::sql::{FairClaim, unpaused};
 use crate::store::StoreError;
 use crate::store::ddl;
 use crate::store::fair::{TenantTurn, check_tenant_index, passed_over};
@@ -41,6 +41,18 @@ pub(super) async fn check_table(pool: &PgPool, layout: &Layout) -> Result<(), St
             .pop()
             .unwrap_or_default()
     })
+}
+
+/// `relay.fair_share`'s statements: the walk's ([`FairSql`]), and the claim that fills up after
+/// the heads (built with the claim, [`super::sql::Statements`]).
+pub(super) struct FairClaim {
+    /// The most rows of one tenant a walk takes.
+    pub share: usize,
+    pub heads: FairSql,
+    /// The claim in claim order, past the heads (`$3`, as text).
+    pub fill: Arc<str>,
+    /// … and past the cursor (`$4`), when rows are claimed in integer id order.
+    pub fill_after: Option<Arc<str>>,
 }
 
 /// The heads statements of one table (see the module documentation). Parameters: `$1` the

@@ -4,6 +4,8 @@
 //! - [`mod@migrate`]: creating or upgrading the table and its indexes
 //! - [`sql`]: the relay's statements (claim, due probe, mark, reschedule) and the claimed
 //!   batch's transaction
+//! - [`fair`]: `relay.fair_share`'s walk over the tenants (its statements, and running them)
+//! - [`paused`]: the paused tenants' filter, shared by the claim and the walk
 //! - [`cursor`]: where the next claim starts while a backlog drains
 //! - [`listen`]: LISTEN/NOTIFY wake-ups
 
@@ -11,6 +13,7 @@ mod cursor;
 mod fair;
 mod listen;
 mod migrate;
+mod paused;
 mod schema;
 mod sql;
 
@@ -33,7 +36,7 @@ use super::dialect::Driver;
 use super::driver::StoreDriver;
 use super::fair::TenantTurn;
 use super::statement::{Param, Statement};
-use super::{BatchOutcome, Claim, Settlement, StoreBatch, StoreError, StoreOptions, TableSpec};
+use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
 use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
 use crate::store::layout_sql::LayoutSql;
@@ -140,6 +143,7 @@ impl PgStore {
 
 impl StoreDriver for PgStore {
     type Db = Postgres;
+    type Batch = PgBatch;
 
     fn pool(&self) -> &PgPool {
         &self.pool
@@ -155,11 +159,7 @@ impl StoreDriver for PgStore {
         Ok(due.bind(&paused).fetch_one(&self.pool).await?)
     }
 
-    async fn claim(
-        &self,
-        limit: usize,
-        paused: &[TenantId],
-    ) -> Result<Claim<StoreBatch>, StoreError> {
+    async fn claim(&self, limit: usize, paused: &[TenantId]) -> Result<Claim<PgBatch>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let paused: Vec<Option<&str>> = paused.iter().map(TenantId::name).collect();
         let s = &self.statements;
@@ -221,7 +221,7 @@ impl StoreDriver for PgStore {
                 .filter_map(|row| row.try_get(column::TENANT).ok());
             self.turn.filled(tenants, fair.share);
         }
-        let batch = StoreBatch::Postgres(TxBatch::new(tx, Arc::clone(&s.batch)));
+        let batch = TxBatch::new(tx, Arc::clone(&s.batch));
         let rows = heads.iter().chain(&filled);
         Claim::of(batch, rows.map(|row| decode_claimed(row, &self.sql)))
     }

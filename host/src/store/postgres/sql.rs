@@ -8,7 +8,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
-use super::fair::FairSql;
+use super::fair::{FairClaim, FairSql};
+use super::paused::unpaused;
 use super::schema::KeyKind;
 use crate::model::OutboxId;
 use crate::store::batch::{RecordRows, TxBatch};
@@ -20,18 +21,6 @@ use crate::store::{MarkMode, RowFailure, StoreOptions};
 /// index serves `= ANY(…)`.
 pub(super) fn key_array(sql: &LayoutSql, param: &str) -> String {
     format!("{param}::text[]::{}[]", sql.key_cast())
-}
-
-/// `tenant` (text; NULL for a row without one) is not among the paused tenants, `$1` (their
-/// names; NULL standing for rows without a tenant). A plain filter, not an anti-join with
-/// `unnest($1)`: the planner estimates such an anti-join at one row, and on a table whose
-/// tenant column holds values it then sorted the whole backlog for every claim (45 ms instead
-/// of 0.5 ms for 100,000 rows of two tenants).
-pub(super) fn unpaused(tenant: &str) -> String {
-    format!(
-        "CASE WHEN {tenant} IS NULL THEN array_position($1::text[], NULL) IS NULL
-              ELSE {tenant} <> ALL(array_remove($1::text[], NULL)) END"
-    )
 }
 
 /// The store's statements for one table and `[relay]` setting, built once at start-up.
@@ -117,17 +106,6 @@ impl Statements {
             }),
         }
     }
-}
-
-/// `relay.fair_share`'s statements (see [`super::fair`]).
-pub(super) struct FairClaim {
-    /// The most rows of one tenant a walk takes.
-    pub share: usize,
-    pub heads: FairSql,
-    /// The claim in claim order, past the heads (`$3`, as text).
-    pub fill: Arc<str>,
-    /// … and past the cursor (`$4`), when rows are claimed in integer id order.
-    pub fill_after: Option<Arc<str>>,
 }
 
 /// A claimed batch: the open transaction holding the row locks.

@@ -36,7 +36,7 @@ pub(super) use batch::LiteBatch;
 use super::dialect::Driver;
 use super::driver::StoreDriver;
 use super::statement::{Param, Statement};
-use super::{BatchOutcome, Claim, RowFailure, Settlement, StoreBatch, StoreError};
+use super::{BatchOutcome, Claim, RowFailure, Settlement, StoreError};
 use super::{StoreOptions, TableSpec};
 use super::{connect, prune, settle};
 use crate::model::{OutboxId, OutboxRow, TenantId};
@@ -193,6 +193,7 @@ impl LiteStore {
 
 impl StoreDriver for LiteStore {
     type Db = Sqlite;
+    type Batch = LiteBatch;
 
     fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -215,7 +216,7 @@ impl StoreDriver for LiteStore {
         &self,
         limit: usize,
         paused: &[TenantId],
-    ) -> Result<Claim<StoreBatch>, StoreError> {
+    ) -> Result<Claim<LiteBatch>, StoreError> {
         let token = self.next_token();
         let now = now_ms();
         let s = &self.statements;
@@ -276,10 +277,7 @@ impl StoreDriver for LiteStore {
             token,
             claimed: claimed.iter().map(|c| c.order.1.clone()).collect(),
         };
-        Claim::of(
-            StoreBatch::Sqlite(batch),
-            claimed.into_iter().map(|c| Ok(c.row)),
-        )
+        Claim::of(batch, claimed.into_iter().map(|c| Ok(c.row)))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
