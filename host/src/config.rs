@@ -529,7 +529,6 @@ mod tests {
     use super::*;
     use crate::maintenance::pruner::DEFAULT_RETENTION;
     use crate::plugin::PluginSource;
-    use crate::plugin::settings::DEFAULT_MAX_UNCONFIGURED_INSTANCES;
     use crate::store::{ColumnMap, ColumnName, TenantColumn};
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -988,10 +987,7 @@ mod tests {
     fn sandbox_keys_have_defaults_and_are_validated() {
         let c = parse("[database]\nurl = \"x\"\n").unwrap();
         assert!(!c.plugins.strict_startup);
-        assert_eq!(
-            c.plugins.max_unconfigured_instances,
-            DEFAULT_MAX_UNCONFIGURED_INSTANCES
-        );
+        assert_eq!(c.plugins.max_unconfigured_instances, 1024);
         let c = parse(
             "[database]\nurl = \"x\"\n[plugins]\nstrict_startup = true\nmax_unconfigured_instances = 3\n\
              [plugins.default]\nbuiltin = \"route-by-aggregate\"\nmax_headers_per_message = 7\n\

@@ -17,7 +17,7 @@ use crate::plugin::supply::Sha256Pin;
 use crate::plugin::supply::oci::{OciLocation, OciRegistrySettings};
 use crate::plugin::wasm::engine::MAX_POOLED_INSTANCES;
 use crate::problem::Problem;
-use crate::setting_group::{KnownKey, SettingGroup, concat_keys};
+use crate::setting_group::{KnownKey, SettingGroup, at_least_one, concat_keys, setting_group};
 use crate::text::toml_scalar;
 
 /// Environment variable that overrides `plugins.cache_dir` (also for `sluice plugin …`).
@@ -40,95 +40,49 @@ pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
     }
 }
 
-/// Size bound of the compile cache: a Python or JavaScript plugin's entry is ~35 MB, and
-/// every rebuild of one adds an entry (hot reloads keep the old ones until pruned).
-pub const DEFAULT_CACHE_MAX_MB: u64 = 1024;
-
-/// Live plugin instances kept for tenant values without a `[tenants.<name>]` entry (rows carry
-/// free-form tenant values); the least recently used idle one is dropped beyond this.
-pub const DEFAULT_MAX_UNCONFIGURED_INSTANCES: usize = 1024;
 /// The most `max_unconfigured_instances` may be: half of the instances one process pools
 /// (3,072 of 6,144), the other half for tenants with their own entry.
 pub const MAX_UNCONFIGURED_INSTANCES: usize = MAX_POOLED_INSTANCES as usize / 2;
-/// Linear memory those instances may hold together, in MiB; the least recently used idle one
-/// is dropped beyond this.
-pub const DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB: usize = 512;
-/// Linear memory the instances of tenants with their own `[tenants.<name>]` entry (and rows
-/// without a tenant) may hold together, in MiB: past it, idle ones are dropped and created
-/// again for their tenant's next row, so memory follows the tenants that have rows, not the
-/// number configured. 2 GiB keeps ~1,800 instances of the Rust reference plugin (1.11 MiB of
-/// linear memory each) or ~150 of the Python one (13.2 MiB each).
-pub const DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB: usize = 2048;
-/// `[plugins]`: the default plugin, the compile cache and what start-up does with a plugin
-/// that fails.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PluginsSettings {
-    /// Where compiled plugins are cached; `""` disables the cache. Default:
-    /// `$XDG_CACHE_HOME/sluice/plugins` or `~/.cache/sluice/plugins`.
-    #[serde(default)]
-    pub cache_dir: Option<PathBuf>,
-    /// Most MiB the compile cache keeps: past it, the least recently used entries are
-    /// removed whenever a plugin is compiled.
-    #[serde(default = "default_cache_max_mb")]
-    pub cache_max_mb: u64,
-    /// Plugin for rows whose tenant has no `[tenants.<name>]` entry (and rows without tenant).
-    #[serde(default)]
-    pub default: Option<PluginSpec>,
-    /// `true`: refuse to start when any tenant's plugin fails to load, instantiate or
-    /// configure. `false` (default): quarantine that tenant (its rows wait) and run the others.
-    #[serde(default)]
-    pub strict_startup: bool,
-    /// minisign public keys (base64 lines, or whole `.pub` files, often `${file:…}`): when
-    /// set, a plugin is loaded only with a valid signature by one of them
-    /// (`plugin.wasm.minisig`, or an OCI signature layer).
-    #[serde(default)]
-    pub trusted_keys: Vec<String>,
-    /// `[plugins.registries."host:port"]`: credentials and transport of OCI registries that
-    /// `oci://` plugin paths name.
-    #[serde(default)]
-    pub registries: BTreeMap<String, OciRegistrySettings>,
-    /// Live instances kept for tenants without their own `[tenants.<name>]` entry.
-    #[serde(default = "default_max_unconfigured_instances")]
-    pub max_unconfigured_instances: usize,
-    /// MiB of linear memory those instances may hold together.
-    #[serde(default = "default_unconfigured_instances_memory_mb")]
-    pub unconfigured_instances_memory_mb: usize,
-    /// MiB of linear memory the instances of tenants with their own entry may hold together.
-    #[serde(default = "default_configured_instances_memory_mb")]
-    pub configured_instances_memory_mb: usize,
-}
 
-impl Default for PluginsSettings {
-    fn default() -> Self {
-        Self {
-            cache_dir: None,
-            cache_max_mb: DEFAULT_CACHE_MAX_MB,
-            default: None,
-            strict_startup: false,
-            trusted_keys: Vec::new(),
-            registries: BTreeMap::new(),
-            max_unconfigured_instances: DEFAULT_MAX_UNCONFIGURED_INSTANCES,
-            unconfigured_instances_memory_mb: DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB,
-            configured_instances_memory_mb: DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB,
-        }
+setting_group! {
+    /// `[plugins]`: the default plugin, the compile cache, what start-up does with a plugin
+    /// that fails, who may sign plugins and where they are pulled from, and the instance
+    /// budgets. The defaults' reasons: `cache_max_mb` — a Python or JavaScript plugin's entry
+    /// is ~35 MB and every rebuild adds one; `configured_instances_memory_mb` — 2 GiB keeps
+    /// ~1,800 instances of the Rust reference plugin (1.11 MiB of linear memory each) or ~150
+    /// of the Python one (13.2 MiB each).
+    pub struct PluginsSpec => PluginsSettings {
+        /// Compiled plugins are cached here, one file per plugin content hash and wasmtime version/settings, so restarts skip compilation (seconds for Python/JS components). `""` disables the cache. The environment variable `SLUICE_PLUGIN_CACHE_DIR` overrides it (also for `sluice plugin check/test`). The directory must be writable only by the user Sluice runs as: cached files are loaded as native code.
+        cache_dir: PathBuf => "`$XDG_CACHE_HOME/sluice/plugins`, else `~/.cache/sluice/plugins`";
+        /// Most MiB of compiled plugins the cache keeps. Whenever a plugin is compiled, the least recently used entries (by file time, renewed on every load) are removed until the rest fit, never the one just written; only `*.cwasm` files are touched. Each rebuild of a Python/JavaScript plugin adds a ~35 MB entry. `sluice plugin check FILE.wasm` precompiles a file into the cache at deploy time ([plugins.md](plugins.md#checking-and-trying-a-plugin)).
+        cache_max_mb: u64 = 1024 => "`1024`";
+        /// The plugin for rows whose tenant has no `[tenants.<name>]` entry, and for rows without a tenant ([below](#pluginsdefault)).
+        default: PluginSpec => "—";
+        /// What `sluice run` does when a tenant's plugin cannot start (the file does not load; instantiation or `configure` fails or exceeds `call_timeout`): `false` quarantines that tenant — the reason is logged, its rows wait unclaimed with no attempt counted, starting is retried with back-off (5 s doubling to 5 min), on file change and on SIGHUP — and runs the others; `true` refuses to start, naming the plugin and the reason. A failing `[plugins.default]` quarantines every tenant that uses it ([plugins.md](plugins.md#the-sandbox-and-its-limits)).
+        strict_startup: bool = false => "`false`";
+        /// minisign public keys (each the base64 line of a `.pub` file, or a whole `.pub` file, e.g. `"${file:/etc/sluice/keys/release.pub}"`). When set, every `.wasm` plugin must carry a valid signature of its exact bytes by one of them (`<path>.minisig`, or a signature layer of an OCI plugin); an unsigned or wrongly signed plugin is not loaded (its tenants quarantined, or the old version kept on reload). Read at start ([plugins.md](plugins.md#sign)).
+        trusted_keys: Vec<String> = Vec::new() => "`[]`";
+        /// `[plugins.registries."<host[:port]>"]`: how to reach an OCI registry that `oci://` plugin paths name: `username` + `password` (usually `${file:…}`; basic auth, or a bearer token the registry's token service issues for them), `plain_http = true` (no TLS: loopback or in-cluster registries), `ca_location` (PEM file of the registry's CA), `timeout` (per request, default `"60s"`). Registries without an entry are pulled anonymously over HTTPS ([plugins.md](plugins.md#push-and-pull-oci-registries)).
+        registries: BTreeMap<String, OciRegistrySettings> = BTreeMap::new() => "—";
+        /// Most live plugin instances kept for tenants without their own `[tenants.<name>]` entry (rows carry free-form tenant values), and most such tenants remembered between batches (breaker, counters). A tenant that needs an instance when this or `unconfigured_instances_memory_mb` is reached takes the place of an idle one (least recently used, by a clock sweep): its rows run in the same batch; they are put back for a later batch only when every other instance is in use at that moment. 1–3,072 (one process pools at most 6,144 plugin instances; the other half is kept for tenants with their own entry).
+        max_unconfigured_instances: usize = 1024 => "`1024`", check unconfigured_instances;
+        /// Most linear memory (MiB) those instances hold together, as measured after each call; past it, idle instances are dropped as above. A Rust plugin's instance holds about 1 MiB, a Python or JavaScript one tens of MiB. The first instance is always allowed. At least 1.
+        unconfigured_instances_memory_mb: usize = 512 => "`512`", check at_least_one;
+        /// Most linear memory (MiB) the instances of tenants with their own `[tenants.<name>]` entry, and of rows without a tenant, hold together. Every such tenant's plugin is instantiated and configured at start-up and on reload (so a rejected config is reported then), but past this budget idle instances are dropped, least recently used first, and created again for their tenant's next row: memory follows the tenants that have rows, not how many are configured. A separate budget from the one above, so free-form tenants never take a configured tenant's instance. With more configured tenants than one process can pool instances for (2,560 or more with the default `max_unconfigured_instances`), their live instances are also capped in number: half of what `max_unconfigured_instances` leaves of 6,144 ([plugins.md](plugins.md#the-sandbox-and-its-limits)). At least 1.
+        configured_instances_memory_mb: usize = 2048 => "`2048`", check at_least_one;
     }
 }
 
-fn default_cache_max_mb() -> u64 {
-    DEFAULT_CACHE_MAX_MB
-}
-
-fn default_max_unconfigured_instances() -> usize {
-    DEFAULT_MAX_UNCONFIGURED_INSTANCES
-}
-
-fn default_unconfigured_instances_memory_mb() -> usize {
-    DEFAULT_UNCONFIGURED_INSTANCES_MEMORY_MB
-}
-
-fn default_configured_instances_memory_mb() -> usize {
-    DEFAULT_CONFIGURED_INSTANCES_MEMORY_MB
+fn unconfigured_instances(count: &usize) -> Result<(), String> {
+    match *count {
+        0 => Err("must be at least 1".into()),
+        n if n > MAX_UNCONFIGURED_INSTANCES => Err(format!(
+            "must be at most {MAX_UNCONFIGURED_INSTANCES}: one process pools at most \
+             {MAX_POOLED_INSTANCES} plugin instances, and tenants with their own entry need \
+             the rest"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A plugin, its configuration and its sandbox limits: `[plugins.default]` (which must name
@@ -211,37 +165,7 @@ pub enum PluginSource {
 impl PluginsSettings {
     /// Problems with `[plugins]` itself and `[plugins.default]`.
     pub fn problems(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        if self.max_unconfigured_instances == 0 {
-            problems.push(Problem::new(
-                "plugins.max_unconfigured_instances",
-                "must be at least 1",
-            ));
-        }
-        if self.max_unconfigured_instances > MAX_UNCONFIGURED_INSTANCES {
-            problems.push(Problem::new(
-                "plugins.max_unconfigured_instances",
-                format!(
-                    "must be at most {MAX_UNCONFIGURED_INSTANCES}: one process pools at most \
-                     {MAX_POOLED_INSTANCES} plugin instances, and tenants with their own entry \
-                     need the rest"
-                ),
-            ));
-        }
-        for (key, mb) in [
-            (
-                "plugins.unconfigured_instances_memory_mb",
-                self.unconfigured_instances_memory_mb,
-            ),
-            (
-                "plugins.configured_instances_memory_mb",
-                self.configured_instances_memory_mb,
-            ),
-        ] {
-            if mb == 0 {
-                problems.push(Problem::new(key, "must be at least 1"));
-            }
-        }
+        let mut problems = self.key_problems("plugins");
         if let Some(default) = &self.default {
             problems.extend(default.problems("plugins.default", true));
         }
@@ -637,6 +561,14 @@ mod tests {
             "{too_many:?}"
         );
         assert_eq!(problems(0).len(), 1);
+    }
+
+    #[test]
+    fn the_reference_lists_every_plugins_key_as_declared() {
+        let reference = include_str!("../../../docs/configuration.md");
+        if let Some(block) = undocumented(reference, &PluginsSpec::docs()) {
+            panic!("docs/configuration.md's [plugins] table must hold these rows:\n{block}");
+        }
     }
 
     #[test]
