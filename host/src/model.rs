@@ -277,3 +277,19 @@ fn paused_message(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encoding_is_read_back_only_as_its_own_type_and_compares_by_value() {
+        let plan = Encoding::new(Arc::new(7_u32));
+        assert_eq!(plan.get::<u32>(), Some(&7));
+        assert_eq!(plan.get::<String>(), None);
+        assert_eq!(plan, Encoding::new(Arc::new(7_u32)), "equal values");
+        assert_ne!(plan, Encoding::new(Arc::new(8_u32)));
+        assert_ne!(plan, Encoding::new(Arc::new(7_u64)), "another type");
+        assert_eq!(format!("{plan:?}"), "7");
+    }
+}

@@ -617,4 +617,20 @@ mod tests {
             out[0]
         );
     }
+
+    #[tokio::test]
+    async fn a_plan_the_encoder_does_not_know_fails_the_row_closed() {
+        let fake = Fake::new("orders-value", 3, "AVRO", ORDER);
+        let mut stray = message(b"{\"id\": 1}");
+        stray.encoding = Some(Encoding::new(Arc::new("not a MessageFormats".to_owned())));
+        let out = encoder(&fake, Duration::ZERO)
+            .encode_rows(vec![Ok(vec![stray])])
+            .await;
+        assert!(
+            matches!(&out[0], Err(TransformFailure::SchemaUnavailable(e))
+                if e.contains("is not a schema encoding")),
+            "never published unencoded: {:?}",
+            out[0]
+        );
+    }
 }
