@@ -1,10 +1,12 @@
-//! Setting groups declared once. A group is a set of keys that sections of `sluice.toml`
-//! share and inherit key by key (a tenant's sandbox limits from `[plugins.default]`, its
-//! message formats): [`setting_group!`] writes, from one line per key, the struct as written
-//! (every key optional), the struct of values with Sluice's defaults filled in, the
-//! inheritance (`or`), each key's own check, how a section reads the keys (so a section can
-//! hold several groups and still refuse unknown keys, naming every key it knows), and the
-//! key's row of docs/configuration.md. Adding a key is one line here plus its use.
+//! Setting groups declared once. A group is a set of keys with their defaults: keys that
+//! sections share and inherit key by key (a tenant's sandbox limits and message formats from
+//! `[plugins.default]`), or a section read as it is (`[plugins]`, `[relay.retry]`).
+//! [`setting_group!`] writes, from one line per key, the struct as written (every key
+//! optional), the struct of values with Sluice's defaults filled in, the inheritance (`or`),
+//! each key's own check, how a section reads the keys (so a section can hold several groups
+//! and still refuse an unknown key at its line, naming every key it knows), and the key's row
+//! of docs/configuration.md (each group's tests hold the docs to it). Adding a key is one
+//! line plus its use.
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess};
 
