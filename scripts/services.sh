@@ -194,12 +194,14 @@ ensure_services() {
 # Plugins are built into their workspaces' own target/ even when CARGO_TARGET_DIR is set:
 # examples, tests and the benchmark name them there.
 build_plugins() {
+    ensure_wasm_target
     log "building plugins (wasm32-wasip2)"
     (cd "$REPO/plugins" && cargo build --release --target wasm32-wasip2 --quiet \
         --target-dir "$REPO/plugins/target")
 }
 
 build_test_plugins() {
+    ensure_wasm_target
     log "building test plugins (wasm32-wasip2)"
     (cd "$REPO/tests/plugins" && cargo build --release --target wasm32-wasip2 --quiet \
         --target-dir "$REPO/tests/plugins/target")
