@@ -5,7 +5,7 @@
 //!
 //! The sources are read as text, without the compiler: each file's crate-internal names
 //! (`use crate::…` in every grouped form, `use super::…`, paths such as
-//! `crate::schema::MessageFormats` in code, `macro_rules!` macros of other files) are resolved
+//! `crate::encoding::MessageFormats` in code, `macro_rules!` macros of other files) are resolved
 //! to the file that defines them, through `pub use` re-exports. Test-only code is left out:
 //! `#[cfg(test)]` items, and the files of modules declared only under `#[cfg(test)]`. A name
 //! that cannot be resolved is reported too, so the check cannot pass by not seeing an edge.
