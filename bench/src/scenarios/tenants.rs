@@ -53,7 +53,7 @@ const RATIO_FREE_FORM: f64 = 0.50;
 const PEAK_RSS_MIB: f64 = 1024.0;
 const RSS: &str = "relay peak RSS";
 /// What the relay logs when a reload SIGHUP asked for is done.
-const RELOADED_LINE: &str = "SIGHUP: plugins reloaded";
+const RELOADED_LINE: &str = "configuration reloaded";
 
 /// Whose rows a drain moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, Problem};
-use crate::plugin::{PluginRouter, PluginsSettings, TenantState};
+use crate::plugin::{LoadMode, PluginRouter, PluginsSettings, TenantState};
 use crate::sink::{KafkaSink, Sink};
 use crate::store;
 use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
@@ -73,8 +73,10 @@ async fn check_listen(config: &Config) -> Option<Problem> {
 async fn check_plugins(config: &Config) -> Vec<Problem> {
     // Through the relay's compile cache: a check of a large (Python, JavaScript) plugin
     // then also spares the next start its compile.
+    // Every plugin, also with `load = "lazy"`: a check is where a bad one should show.
     let plugins = PluginsSettings {
         strict_startup: false,
+        load: LoadMode::Eager,
         ..config.plugins.clone()
     };
     let tenants = config.tenants.clone();
@@ -99,7 +101,7 @@ async fn check_plugins(config: &Config) -> Vec<Problem> {
             TenantState::Quarantined { reason, .. } => Some(Problem::new(
                 match s.tenant.name() {
                     Some(name) if s.configured && config.tenants.contains_key(name) => {
-                        format!("tenants.{name}")
+                        config.tenant_key(name, &format!("tenants.{name}"))
                     }
                     _ => "plugins.default".to_owned(),
                 },

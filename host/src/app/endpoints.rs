@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
 
 use super::assemble::AppRelay;
+use super::reload::ReloadRequest;
 use super::sampler::{self, LastSample};
 use super::services::Services;
 use super::status::StatusReport;
@@ -17,7 +19,7 @@ use crate::plugin::{PluginRouter, TenantState};
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
 use crate::telemetry::metrics::Dependency;
-use crate::telemetry::server::{self, Check, Endpoints};
+use crate::telemetry::server::{self, Check, Endpoints, ReloadFuture};
 use crate::telemetry::{Metrics, TelemetrySettings};
 
 /// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
@@ -31,6 +33,7 @@ pub(super) async fn start(
     router: &Arc<PluginRouter>,
     registry: Option<Arc<RegistryClient>>,
     metrics: Arc<Metrics>,
+    reloads: mpsc::Sender<ReloadRequest>,
 ) -> anyhow::Result<Option<Arc<SharedAccess>>> {
     let settings = config.telemetry.clone();
     let Some(listen) = settings.listen_addr() else {
@@ -54,6 +57,7 @@ pub(super) async fn start(
         settings: settings.clone(),
         workers: config.relay.workers,
         registry: registry.as_ref().map(|r| Arc::clone(r.state())),
+        reloads: settings.reload.then_some(reloads),
     });
     let served = Arc::clone(&access);
     services.start("telemetry server", move |stop| {
@@ -76,6 +80,8 @@ struct AppEndpoints {
     workers: usize,
     /// With `[schema_registry]`: whether it answered last.
     registry: Option<Arc<RegistryState>>,
+    /// With `[telemetry] reload = true`: where `POST /reload` asks for a reload.
+    reloads: Option<mpsc::Sender<ReloadRequest>>,
 }
 
 impl Endpoints for AppEndpoints {
@@ -158,7 +164,30 @@ impl Endpoints for AppEndpoints {
         };
         report.rank_laggards(self.settings.laggards);
         report.instances = Some(self.router.instances());
+        report.tenant_changes = Some(self.router.change_status());
         serde_json::to_value(report).unwrap_or_else(|e| json!({ "error": e.to_string() }))
+    }
+
+    fn reload(&self) -> Option<ReloadFuture> {
+        let reloads = self.reloads.clone()?;
+        Some(Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let report = match reloads.send(reply).await {
+                Ok(()) => answer.await.ok(),
+                Err(_) => None,
+            };
+            match report {
+                Some(report) => Check {
+                    ok: report.ok(),
+                    body: serde_json::to_value(&report)
+                        .unwrap_or_else(|e| json!({ "error": e.to_string() })),
+                },
+                None => Check {
+                    ok: false,
+                    body: json!({ "error": "the relay is stopping: nothing was reloaded" }),
+                },
+            }
+        }))
     }
 }
 
@@ -180,6 +209,7 @@ mod tests {
             settings: TelemetrySettings::default(),
             workers,
             registry: None,
+            reloads: None,
         }
     }
 

@@ -10,8 +10,9 @@
 //!   them with `[telemetry] listen`
 //! - `sampler`: the backlog sampler and broker readiness probe behind the endpoints
 //! - [`logging`]: text or JSON log lines
-//! - `rotate`: SIGHUP re-reads the config's secrets and replaces the producer and the
-//!   database connections' credentials
+//! - `reload`: live configuration — watches the config file, the tenant files and the plugin
+//!   files, and applies changes (also on SIGHUP and `POST /reload`)
+//! - `rotate`: re-read credentials replace the producer and the database connections'
 //! - [`services`]: the start/stop shape every background service shares
 //! - [`status`]: the per-tenant picture of `/status` and `sluice status`
 
@@ -20,7 +21,7 @@ mod assemble;
 pub mod check;
 mod endpoints;
 pub mod logging;
-mod plugin_watch;
+mod reload;
 mod rotate;
 mod run;
 mod sampler;

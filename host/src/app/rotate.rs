@@ -1,23 +1,21 @@
-//! Credential rotation: on SIGHUP the config file is read again, `${env:…}` and `${file:…}`
-//! references included, and a changed `[kafka]` or `database.url` takes effect without a
-//! restart: a new producer for the next batches (batches in flight finish on the old one), new
-//! database connections with the new URL (open transactions keep theirs), and new `[telemetry]`
-//! credentials for the next requests to `/metrics` and `/status`, and new `[schema_registry]`
-//! credentials for its next requests. So no row in flight is lost
-//! or published twice by a rotation. A reference that no longer resolves (a secret
-//! file that became unreadable) keeps the old value of its section, and the log says so.
+//! Credential rotation: when the configuration is read again (see [`super::reload`]:
+//! SIGHUP, `POST /reload`, a changed config file), `${env:…}` and `${file:…}` references
+//! included, a changed `[kafka]` or `database.url` takes effect without a restart: a new
+//! producer for the next batches (batches in flight finish on the old one), new database
+//! connections with the new URL (open transactions keep theirs), new `[telemetry]`
+//! credentials for the next requests to `/metrics`, `/status` and `/reload`, and new
+//! `[schema_registry]` credentials for its next requests. So no row in flight is lost or
+//! published twice by a rotation. A reference that no longer resolves (a secret file that
+//! became unreadable) keeps the old value of its section, and the log says so.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::signal::unix::Signal;
 
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
 use crate::encoding::RegistryClient;
-use crate::plugin::PluginSpec;
-use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
 
@@ -30,8 +28,8 @@ pub(super) struct Applied {
     pub database_url: String,
     /// The telemetry endpoints' credentials, when they are served.
     pub telemetry: Option<Arc<SharedAccess>>,
-    /// The plugin settings the router was built from (read at start only).
-    pub plugins: (Option<PluginSpec>, BTreeMap<String, PluginSpec>),
+    /// The configuration as last read.
+    pub config: Config,
     /// The schema registry's client, whose credentials a SIGHUP replaces.
     pub registry: Option<Arc<RegistryClient>>,
 }
@@ -44,7 +42,7 @@ impl Applied {
             kafka,
             database_url: config.database_url().to_owned(),
             telemetry: None,
-            plugins: (config.plugins.default.clone(), config.tenants.clone()),
+            config: config.clone(),
             registry: None,
         }
     }
@@ -63,74 +61,26 @@ impl Applied {
     }
 }
 
-/// Re-reads `path` on every SIGHUP `hangup` receives and applies changed credentials, until
-/// shutdown.
-pub(super) async fn run(
-    path: PathBuf,
-    mut applied: Applied,
-    relay: Arc<AppRelay>,
-    store: Arc<Store>,
-    hangup: std::io::Result<Signal>,
-    mut shutdown: Shutdown,
+/// Applies `fresh`'s changed credentials, section by section; a section with one of
+/// `problems` keeps its current ones.
+pub(super) async fn credentials(
+    fresh: &Config,
+    problems: &[Problem],
+    applied: &mut Applied,
+    relay: &Arc<AppRelay>,
+    store: &Store,
 ) {
-    let mut hangup = match hangup {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP; credentials are not rotated");
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            Some(()) = hangup.recv() => {}
-            _ = shutdown.recv() => return,
-        }
-        tracing::info!(config = %path.display(), "SIGHUP: reading the config again for rotated credentials");
-        reload(&path, &mut applied, &relay, &store).await;
+    if !held_back(problems, "kafka") {
+        rotate_kafka(fresh, applied, relay).await;
     }
-}
-
-async fn reload(path: &Path, applied: &mut Applied, relay: &Arc<AppRelay>, store: &Store) {
-    let fresh = match Config::load_unchecked(path) {
-        Ok(config) => config,
-        Err(e) => {
-            tracing::warn!(error = %e, "SIGHUP: cannot read the config again; keeping the current credentials");
-            return;
-        }
-    };
-    let problems = fresh.problems();
-    if !held_back(&problems, "kafka") {
-        rotate_kafka(&fresh, applied, relay).await;
+    if !held_back(problems, "database") {
+        rotate_database(fresh, applied, store).await;
     }
-    if !held_back(&problems, "database") {
-        rotate_database(&fresh, applied, store).await;
+    if !held_back(problems, "telemetry") {
+        rotate_telemetry(fresh, applied);
     }
-    if !held_back(&problems, "telemetry") {
-        rotate_telemetry(&fresh, applied);
-    }
-    if !held_back(&problems, "schema_registry") {
-        rotate_registry(&fresh, applied);
-    }
-    changed_plugin_settings(&fresh, applied);
-}
-
-/// Plugin settings are read at start; a changed one (a rotated API key in a tenant's
-/// `config` among them) is named, so nobody believes it applied.
-fn changed_plugin_settings(fresh: &Config, applied: &Applied) {
-    let (default, tenants) = &applied.plugins;
-    if fresh.plugins.default != *default {
-        tracing::warn!(
-            key = "plugins.default",
-            "SIGHUP: plugin settings changed; they take effect at the next restart (the plugin file itself is reloaded)"
-        );
-    }
-    let names: std::collections::BTreeSet<&String> =
-        tenants.keys().chain(fresh.tenants.keys()).collect();
-    for name in names {
-        if fresh.tenants.get(name) != tenants.get(name) {
-            tracing::warn!(key = %format!("tenants.{name}"),
-                "SIGHUP: plugin settings changed; they take effect at the next restart (the plugin file itself is reloaded)");
-        }
+    if !held_back(problems, "schema_registry") {
+        rotate_registry(fresh, applied);
     }
 }
 
@@ -140,7 +90,7 @@ fn rotate_registry(fresh: &Config, applied: &Applied) {
         return;
     };
     if client.rotate(settings) {
-        tracing::info!("SIGHUP: the schema registry's credentials were replaced");
+        tracing::info!("config reload: the schema registry's credentials were replaced");
     }
 }
 
@@ -149,7 +99,7 @@ async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRela
     let kafka = fresh.kafka.properties();
     let files = KafkaFiles::of(&kafka);
     if kafka == applied.kafka && files == applied.kafka_files {
-        tracing::info!("SIGHUP: [kafka] and the files it names unchanged");
+        tracing::debug!("config reload: [kafka] and the files it names unchanged");
         return;
     }
     let (relay, properties) = (Arc::clone(relay), kafka.clone());
@@ -157,14 +107,14 @@ async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRela
     match tokio::task::spawn_blocking(move || relay.sink().reconfigure(&properties)).await {
         Ok(Ok(())) => {
             tracing::info!(
-                "SIGHUP: new kafka producer from the re-read [kafka]; batches in flight finish on the old one"
+                "config reload: new kafka producer from the re-read [kafka]; batches in flight finish on the old one"
             );
             applied.kafka = kafka;
             applied.kafka_files = files;
         }
         Ok(Err(e)) => tracing::error!(error = %e,
-            "SIGHUP: the re-read [kafka] settings do not make a producer; keeping the current one"),
-        Err(e) => tracing::error!(error = %e, "SIGHUP: replacing the kafka producer failed"),
+            "config reload: the re-read [kafka] settings do not make a producer; keeping the current one"),
+        Err(e) => tracing::error!(error = %e, "config reload: replacing the kafka producer failed"),
     }
 }
 
@@ -211,17 +161,17 @@ fn digest(path: &Path) -> Option<[u8; 32]> {
 async fn rotate_database(fresh: &Config, applied: &mut Applied, store: &Store) {
     let url = fresh.database_url();
     if url == applied.database_url {
-        tracing::info!("SIGHUP: database.url unchanged");
+        tracing::debug!("config reload: database.url unchanged");
         return;
     }
     if let Err(e) = crate::store::check_url(url) {
-        tracing::warn!(error = %e, "SIGHUP: keeping the current database.url");
+        tracing::warn!(error = %e, "config reload: keeping the current database.url");
         return;
     }
     match store.use_url(url).await {
-        Ok(()) => tracing::info!("SIGHUP: new database connections use the re-read database.url"),
+        Ok(()) => tracing::info!("config reload: new database connections use the re-read database.url"),
         Err(e) => tracing::warn!(error = %e,
-            "SIGHUP: new database connections use the re-read database.url, but a trial connection with it failed"),
+            "config reload: new database connections use the re-read database.url, but a trial connection with it failed"),
     }
     applied.database_url = url.to_owned();
 }
@@ -235,11 +185,11 @@ fn rotate_telemetry(fresh: &Config, applied: &Applied) {
     if wanted != access.current() {
         tracing::info!(
             access = wanted.describe(),
-            "SIGHUP: /metrics and /status take the re-read [telemetry] credentials"
+            "config reload: /metrics and /status take the re-read [telemetry] credentials"
         );
         access.set(wanted);
     } else {
-        tracing::info!("SIGHUP: [telemetry] credentials unchanged");
+        tracing::debug!("config reload: [telemetry] credentials unchanged");
     }
 }
 
@@ -259,13 +209,13 @@ fn held_back(problems: &[Problem], section: &str) -> bool {
     };
     for p in problems.iter().filter(|p| bound(&p.key)) {
         tracing::warn!(key = %p.key, problem = %p.reason(),
-            "SIGHUP: keeping the current [{section}] settings");
+            "config reload: keeping the current [{section}] settings");
         held = true;
     }
     held
 }
 
-fn in_section(key: &str, section: &str) -> bool {
+pub(super) fn in_section(key: &str, section: &str) -> bool {
     key == section
         || key
             .strip_prefix(section)

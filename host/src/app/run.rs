@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
 use super::assemble::{AppRelay, Parts, assemble};
 use super::endpoints;
-use super::plugin_watch;
+use super::reload::{self, ConfigStamp, ReloadRequest, Reloader, RestartOnly};
 use super::rotate;
 use super::services::Services;
 use crate::config::Config;
@@ -20,6 +21,7 @@ use crate::relay::{Counters, RelayStats};
 use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{Backlog, MarkMode, OutboxStore, Store};
+use crate::telemetry::Metrics;
 use crate::telemetry::auth::SharedAccess;
 
 /// Longest the producer may take to deliver what is still queued at shutdown (capped by
@@ -44,24 +46,29 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         mut services,
         access,
         registry,
+        reloads,
+        metrics,
     } = started;
-    // SIGHUP is listened for from here on, not from when each service's task first runs: a
-    // signal sent once the relay says it started must reach both.
-    let hangup = || signal(SignalKind::hangup());
-    let watch_hangup = hangup();
-    services.start("plugin watcher", |stop| {
-        plugin_watch::run(router, watch_hangup, stop)
-    });
-    if let Some(path) = config.origin.clone() {
-        let (relay, store) = (Arc::clone(&relay), Arc::clone(&store));
-        let applied = rotate::Applied::of(&config)
+    // SIGHUP is listened for from here on, not from when the service's task first runs: a
+    // signal sent once the relay says it started must reach it.
+    let hangup = signal(SignalKind::hangup());
+    let reloader = Reloader {
+        stamp: config.origin.as_deref().map_or_else(ConfigStamp::default, |path| {
+            ConfigStamp::of(path, config.tenants_dir().as_deref())
+        }),
+        path: config.origin.clone(),
+        applied: rotate::Applied::of(&config)
             .with_telemetry(access)
-            .with_registry(registry);
-        let rotate_hangup = hangup();
-        services.start("credential rotation", move |stop| {
-            rotate::run(path, applied, relay, store, rotate_hangup, stop)
-        });
-    }
+            .with_registry(registry),
+        router,
+        relay: Arc::clone(&relay),
+        store: Arc::clone(&store),
+        started: RestartOnly::of(&config),
+        metrics,
+    };
+    services.start("live configuration", move |stop| {
+        reload::run(reloader, hangup, reloads, stop)
+    });
     if let Some(channel) = config.relay.notify_channel.clone() {
         let store = Arc::clone(&store);
         let pacer = relay.pacer();
@@ -102,6 +109,10 @@ struct Started {
     access: Option<Arc<SharedAccess>>,
     /// The schema registry's client, whose credentials SIGHUP replaces.
     registry: Option<Arc<RegistryClient>>,
+    /// `POST /reload`s, for the live-configuration service.
+    reloads: mpsc::Receiver<ReloadRequest>,
+    /// With `[telemetry] listen`: what the relay records into.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Started {
@@ -118,7 +129,11 @@ impl Started {
             registry,
         } = parts;
         let mut services = Services::default();
-        let access = match metrics {
+        // Lazily loaded plugins are compiled by this service, for `run` and `drain` alike.
+        let loader = Arc::clone(&router);
+        services.start("plugin loader", move |stop| plugin_loader(loader, stop));
+        let (reload_requests, reloads) = mpsc::channel(4);
+        let access = match metrics.clone() {
             Some(metrics) => {
                 endpoints::start(
                     &mut services,
@@ -128,6 +143,7 @@ impl Started {
                     &router,
                     registry.clone(),
                     metrics,
+                    reload_requests,
                 )
                 .await?
             }
@@ -140,7 +156,22 @@ impl Started {
             services,
             access,
             registry,
+            reloads,
+            metrics,
         }))
+    }
+}
+
+/// Compiles the plugins rows ask for (`[plugins] load = "lazy"`), until shutdown.
+async fn plugin_loader(router: Arc<PluginRouter>, mut stop: Shutdown) {
+    loop {
+        tokio::select! {
+            () = router.loads_wanted() => {}
+            _ = stop.recv() => return,
+        }
+        let router = Arc::clone(&router);
+        // Compiling and `configure` are blocking work.
+        let _ = tokio::task::spawn_blocking(move || router.load_wanted()).await;
     }
 }
 

@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::plugin::{InstanceUse, PluginInstances, PluginSource, TenantState, TenantStatus};
+use crate::plugin::{
+    InstanceUse, PluginInstances, PluginSource, TenantChangeStatus, TenantState, TenantStatus,
+};
 use crate::store::{self, OutboxStore, StoreOptions, TenantBacklog};
 use crate::telemetry::auth::Access;
 use crate::telemetry::client::get;
@@ -92,6 +94,10 @@ pub struct StatusReport {
     /// The live plugin instances and their budgets (a running relay's report only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instances: Option<PluginInstances>,
+    /// Tenants whose rows wait (removed, or an entry that does not check) and tenants on an
+    /// older version because their latest change did not apply (a running relay's only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_changes: Option<TenantChangeStatus>,
 }
 
 impl StatusReport {

@@ -15,6 +15,7 @@
 //! - [`output`]: what the host accepts from a plugin, and the headers it stamps
 //! - [`builtin`]: routing plugins compiled into the host (no WASM)
 //! - [`reload`]: hot reload and quarantine retries
+//! - `live`: tenants added, changed and removed while running, and lazy loading
 //! - [`settings`]: `[plugins]`, `[plugins.default]` and `[tenants.<name>]` as written
 //! - [`inspect`]: what `sluice plugin check` asks of a file
 //! - [`supply`]: where a plugin's bytes come from (a file, an OCI registry) and whether to
@@ -27,6 +28,7 @@
 
 pub mod builtin;
 mod lanes;
+mod live;
 pub mod limits;
 pub mod metrics;
 pub mod output;
@@ -43,8 +45,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use limits::{Limits, TopicPattern};
+pub use live::{TenantChangeStatus, TenantChanges};
 pub use router::PluginRouter;
-pub use settings::{PluginSource, PluginSpec, PluginsSettings};
+pub use settings::{LoadMode, PluginSource, PluginSpec, PluginsSettings};
 pub use tenant::status::{InstanceUse, PluginInstances, TenantState, TenantStatus};
 pub use wasm::bindings::types::{PluginInfo, RecordSchema, SchemaFormat};
 

@@ -45,7 +45,7 @@ fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTempla
 
 /// Whether the template's tenants are not running (so there is no old version to keep).
 fn not_running(template: &TenantTemplate) -> bool {
-    template.quarantine.is_quarantined() || matches!(template.code, PluginCode::Broken { .. })
+    template.quarantine.is_quarantined() || matches!(template.code, PluginCode::Broken { .. } | PluginCode::Pending(_))
 }
 
 fn reason_of(error: &PluginError) -> String {
@@ -53,7 +53,7 @@ fn reason_of(error: &PluginError) -> String {
 }
 
 /// Puts `template` (and `instance`) into the tenant's runner if it still runs `old`.
-fn swap(
+pub(super) fn swap(
     tenant: &Arc<Tenant>,
     old: &Arc<TenantTemplate>,
     template: Arc<TenantTemplate>,
@@ -142,6 +142,9 @@ impl PluginRouter {
                 && Arc::ptr_eq(p, &plugin)
             {
                 continue; // first seen during this reload: already on the new version
+            }
+            if old.pending() {
+                continue; // compiled from the file as it is then, on its first row
             }
             let follows_default = old_default.as_ref().is_some_and(|d| Arc::ptr_eq(d, &old));
             let template = match (&new_default, follows_default) {

@@ -4,7 +4,7 @@
 //! (with quarantine of tenants whose plugin cannot start), the cap on instances of tenants
 //! without their own entry, and the status read API. Hot reload is in [`super::reload`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -15,7 +15,10 @@ use crate::model::{OutboxRow, TenantId};
 use crate::model::{RowResult, TransformFailure};
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
-use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir};
+use crate::plugin::live::AppliedSpecs;
+use crate::plugin::settings::{
+    LoadMode, PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir,
+};
 use crate::plugin::supply::PluginSupply;
 use crate::plugin::tenant::quota::InstanceQuota;
 use crate::plugin::tenant::runner::TenantRunner;
@@ -53,7 +56,7 @@ pub struct PluginRouter {
     /// The budget for instances of tenants without their own entry.
     quota: Arc<InstanceQuota>,
     /// The budget for instances of tenants with their own entry (and rows without a tenant).
-    configured_quota: Arc<InstanceQuota>,
+    pub(super) configured_quota: Arc<InstanceQuota>,
     /// Advances once per batch; orders unconfigured tenants by last use.
     clock: AtomicU64,
     /// Where plugin calls are recorded, when metrics are on.
@@ -61,7 +64,28 @@ pub struct PluginRouter {
     /// Blocking threads a batch's tenant groups run on (see [`lanes`]).
     lanes: usize,
     /// Which tenants claims leave out (see [`Watch`]).
-    watch: Arc<Watch>,
+    pub(super) watch: Arc<Watch>,
+    /// `[plugins] load`: whether configured tenants' plugins wait for their first row.
+    pub(super) load: LoadMode,
+    /// Tenants whose plugin waits to be compiled ([`PluginCode::Pending`]) and was asked for
+    /// by a row, and those being compiled now: left out of claims until they are loaded.
+    pub(super) wanted: Mutex<Wanted>,
+    /// Wakes the loader ([`PluginRouter::loads_wanted`]) when a row asks for a plugin.
+    pub(super) loads: tokio::sync::Notify,
+    /// Tenants whose rows wait, and why: removed from the configuration while running, or
+    /// defined by a tenant file that does not check (and no version of theirs runs).
+    pub(super) held: Mutex<BTreeMap<TenantId, String>>,
+    /// Tenants running an older version because their latest change did not apply, and why.
+    pub(super) kept: Mutex<BTreeMap<TenantId, String>>,
+    /// The plugin settings applied last (to tell what a live change changes).
+    pub(super) applied: Mutex<AppliedSpecs>,
+}
+
+/// Tenants whose plugin is to be compiled, and those being compiled now.
+#[derive(Debug, Default)]
+pub(super) struct Wanted {
+    pub(super) queued: BTreeSet<TenantId>,
+    pub(super) loading: BTreeSet<TenantId>,
 }
 
 /// Identity of a file's content as far as cheap metadata tells: replacing a file (new inode),
@@ -129,6 +153,7 @@ impl PluginRouter {
         tenants: &BTreeMap<String, PluginSpec>,
     ) -> Result<Self, PluginError> {
         let strict = plugins.strict_startup;
+        let lazy = plugins.load == LoadMode::Lazy;
         // Every configured tenant's instance, its replacement during a reload, and the
         // instances of tenants without an entry — as far as the pool reaches. Past it, the
         // configured tenants' live instances are counted too, against half of what the
@@ -154,13 +179,17 @@ impl PluginRouter {
         )?;
         // Each file is loaded once; its tenants share the loaded (or broken) code.
         let mut files: HashMap<PathBuf, PluginCode> = HashMap::new();
-        let mut load = |source: &PluginSource| -> Result<PluginCode, PluginError> {
+        // `lazy`: a file not loaded yet waits for its tenant's first row.
+        let mut load = |source: &PluginSource, lazy: bool| -> Result<PluginCode, PluginError> {
             let path = match source {
                 PluginSource::Builtin(name) => return Ok(PluginCode::Builtin(name.clone())),
                 PluginSource::Wasm(path) => path,
             };
             if let Some(code) = files.get(path) {
                 return Ok(code.clone());
+            }
+            if lazy {
+                return Ok(PluginCode::Pending(path.clone()));
             }
             let loaded = supply.fetch(path).and_then(|fetched| {
                 LoadedPlugin::load_fetched(&engine, path, fetched, cache.as_ref())
@@ -191,9 +220,12 @@ impl PluginRouter {
         let default = match default_spec {
             Some(spec) => Some(Arc::new(
                 TenantTemplate::new(
-                    load(&spec.source().ok_or_else(|| {
-                        Problem::new("plugins.default", "needs `path` or `builtin`")
-                    })?)?,
+                    load(
+                        &spec.source().ok_or_else(|| {
+                            Problem::new("plugins.default", "needs `path` or `builtin`")
+                        })?,
+                        false,
+                    )?,
                     spec.config_pairs(),
                     Limits::resolve(&spec.limits, spec.call_batch_rows)
                         .map_err(limits_err("plugins.default".into()))?,
@@ -226,7 +258,7 @@ impl PluginRouter {
             };
             let template = Arc::new(
                 TenantTemplate::new(
-                    load(&source)?,
+                    load(&source, lazy)?,
                     spec.config_pairs(),
                     Limits::resolve(&spec.limits, spec.call_batch_rows)
                         .map_err(limits_err(format!("tenants.{name}")))?,
@@ -277,6 +309,12 @@ impl PluginRouter {
             metrics: OnceLock::new(),
             lanes: std::thread::available_parallelism().map_or(2, usize::from),
             watch,
+            load: plugins.load,
+            wanted: Mutex::default(),
+            loads: tokio::sync::Notify::new(),
+            held: Mutex::default(),
+            kept: Mutex::default(),
+            applied: Mutex::new(AppliedSpecs::new(plugins, tenants)),
         })
     }
 
@@ -395,6 +433,31 @@ impl PluginRouter {
         }
     }
 
+    /// Tenant `id`, if the router knows it.
+    pub(super) fn known(&self, id: &TenantId) -> Option<Arc<Tenant>> {
+        lock(&self.tenants).map.get(id).cloned()
+    }
+
+    /// Puts a tenant with its own entry in the map, in place of the same tenant without one.
+    pub(super) fn insert_configured(&self, id: TenantId, tenant: Arc<Tenant>) {
+        let mut known = lock(&self.tenants);
+        if let Some(old) = known.map.insert(id, tenant)
+            && !old.configured
+        {
+            known.unconfigured -= 1;
+        }
+    }
+
+    /// Takes tenant `id` out of the map.
+    pub(super) fn forget(&self, id: &TenantId) -> Option<Arc<Tenant>> {
+        let mut known = lock(&self.tenants);
+        let old = known.map.remove(id)?;
+        if !old.configured {
+            known.unconfigured -= 1;
+        }
+        Some(old)
+    }
+
     /// Every tenant the router knows.
     pub(super) fn tenants(&self) -> Vec<Arc<Tenant>> {
         lock(&self.tenants).map.values().cloned().collect()
@@ -405,7 +468,7 @@ impl PluginRouter {
 /// making way otherwise — or quarantines it (strict: fails). Every configured tenant's
 /// `configure` runs once here, so a config its plugin rejects is reported at start-up even
 /// when the instance is not kept.
-fn start_tenant(
+pub(super) fn start_tenant(
     id: TenantId,
     template: Arc<TenantTemplate>,
     quota: &Arc<InstanceQuota>,
@@ -420,6 +483,9 @@ fn start_tenant(
         Arc::clone(watch),
     );
     let tenant = Tenant::new(runner, true);
+    if template.pending() {
+        return Ok(tenant); // compiled and configured on its first row
+    }
     let created = PluginInstance::create(&template, &tenant.health.shared);
     match created {
         Ok(instance) => {
@@ -450,12 +516,16 @@ fn quarantine_or_fail(
 
 impl RowTransformer for PluginRouter {
     fn paused_tenants(&self) -> Vec<TenantId> {
-        self.watch.unavailable(Instant::now(), || {
+        let mut paused = self.watch.unavailable(Instant::now(), || {
             let tenants = lock(&self.tenants);
             let all = tenants.map.iter();
             all.map(|(id, t)| (id.clone(), Arc::clone(&t.health)))
                 .collect()
-        })
+        });
+        paused.extend(lock(&self.held).keys().cloned());
+        let wanted = lock(&self.wanted);
+        paused.extend(wanted.queued.iter().chain(&wanted.loading).cloned());
+        paused
     }
 
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
@@ -474,7 +544,21 @@ impl RowTransformer for PluginRouter {
         }
         let mut routed = Vec::with_capacity(groups.len());
         for (tenant, group) in &groups {
+            let waits = lock(&self.held).get(tenant).cloned();
+            if let Some(why) = waits {
+                for &index in group {
+                    results[index] = Some(Err(TransformFailure::Deferred(why.clone())));
+                }
+                continue;
+            }
             match self.tenant(tenant, tick) {
+                Some(known) if known.health.template().pending() => {
+                    self.want(tenant);
+                    let why = format!("tenant {tenant}'s plugin is being compiled");
+                    for &index in group {
+                        results[index] = Some(Err(TransformFailure::Deferred(why.clone())));
+                    }
+                }
                 Some(known) => routed.push(Group {
                     tenant: known,
                     indices: group.clone(),
@@ -538,7 +622,7 @@ impl RowTransformer for PluginRouter {
 
 /// A section's `key_format`/`value_format`, checked and with its schema files read; the first
 /// problem when they cannot work.
-fn formats_of(spec: &PluginSpec, key: &str) -> Result<Option<Arc<MessageFormats>>, Problem> {
+pub(super) fn formats_of(spec: &PluginSpec, key: &str) -> Result<Option<Arc<MessageFormats>>, Problem> {
     spec.formats.resolve(key).map_err(|problems| {
         problems
             .into_iter()

@@ -58,6 +58,10 @@ setting_group! {
         cache_max_mb: u64 = 1024 => "`1024`";
         /// The plugin for rows whose tenant has no `[tenants.<name>]` entry, and for rows without a tenant ([below](#pluginsdefault)).
         default: PluginSpec => "—";
+        /// A directory of tenant files, relative to the config file: `acme.toml` holds the keys of `[tenants.acme]` at its top level (no header; relative paths in it are relative to it). `*.toml` files only, symlinks followed (a mounted Kubernetes ConfigMap or Secret works as it is); hidden files and other names (`.acme.toml.swp`, `acme.toml~`, `..data`) are ignored. A tenant may be defined here or in `[tenants]`, not both. Watched while the relay runs: a new file starts its tenant, a changed one rebuilds it, a deleted one stops it ([operations.md](operations.md#changing-tenants-live)).
+        tenants_dir: PathBuf => "—";
+        /// When a tenant's plugin is compiled and started: `"eager"` — every configured tenant at start-up and on reload (a rejected `config` is reported then); `"lazy"` — on the tenant's first due row (its rows wait, left out of claims, while its plugin compiles in the background; other tenants do not wait). Lazy suits thousands of tenants with distinct plugins: start-up and `/readyz` do not wait for them. `[plugins.default]` is always started at once. `config check` starts every plugin either way. Not with `strict_startup = true`.
+        load: LoadMode = LoadMode::Eager => "`\"eager\"`";
         /// What `sluice run` does when a tenant's plugin cannot start (the file does not load; instantiation or `configure` fails or exceeds `call_timeout`): `false` quarantines that tenant — the reason is logged, its rows wait unclaimed with no attempt counted, starting is retried with back-off (5 s doubling to 5 min), on file change and on SIGHUP — and runs the others; `true` refuses to start, naming the plugin and the reason. A failing `[plugins.default]` quarantines every tenant that uses it ([plugins.md](plugins.md#the-sandbox-and-its-limits)).
         strict_startup: bool = false => "`false`";
         /// minisign public keys (each the base64 line of a `.pub` file, or a whole `.pub` file, e.g. `"${file:/etc/sluice/keys/release.pub}"`). When set, every `.wasm` plugin must carry a valid signature of its exact bytes by one of them (`<path>.minisig`, or a signature layer of an OCI plugin); an unsigned or wrongly signed plugin is not loaded (its tenants quarantined, or the old version kept on reload). Read at start ([plugins.md](plugins.md#sign)).
@@ -162,6 +166,17 @@ pub enum PluginSource {
     Builtin(String),
 }
 
+/// When configured tenants' plugins are compiled and started (`[plugins] load`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadMode {
+    /// Every configured tenant at start-up and on reload.
+    #[default]
+    Eager,
+    /// On the tenant's first due row, in the background.
+    Lazy,
+}
+
 impl PluginsSettings {
     /// Problems with `[plugins]` itself and `[plugins.default]`.
     pub fn problems(&self) -> Vec<Problem> {
@@ -174,6 +189,13 @@ impl PluginsSettings {
         }
         for (host, registry) in &self.registries {
             problems.extend(registry.problems(&format!("plugins.registries.\"{host}\"")));
+        }
+        if self.strict_startup && self.load == LoadMode::Lazy {
+            problems.push(Problem::new(
+                "plugins.load",
+                "\"lazy\" starts tenants' plugins on their first row, so strict_startup = true \
+                 (refuse to start when one cannot start) cannot apply; use one or the other",
+            ));
         }
         problems
     }

@@ -1,11 +1,11 @@
-//! A plain HTTP/1 GET against a relay's telemetry endpoints: what `sluice status` asks a
+//! A plain HTTP/1 request (a GET, or `POST /reload`) against a relay's telemetry endpoints: what `sluice status` asks a
 //! running relay, and what the tests scrape.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
-use hyper::Request;
+use hyper::{Method, Request};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -29,6 +29,17 @@ pub(crate) async fn get(
     authorization: Option<&Secret>,
     timeout: Duration,
 ) -> Result<(u16, String), GetError> {
+    send(Method::GET, addr, path, authorization, timeout).await
+}
+
+/// As [`get`], with another method (`POST /reload`).
+pub(crate) async fn send(
+    method: Method,
+    addr: SocketAddr,
+    path: &str,
+    authorization: Option<&Secret>,
+    timeout: Duration,
+) -> Result<(u16, String), GetError> {
     let failed = |message: String| GetError::Failed { addr, message };
     let exchange = async {
         let stream = TcpStream::connect(addr)
@@ -38,7 +49,9 @@ pub(crate) async fn get(
             .await
             .map_err(|e| failed(e.to_string()))?;
         let driver = tokio::spawn(connection);
-        let mut request = Request::get(path)
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
             .header(hyper::header::HOST, addr.to_string())
             .body(Empty::<Bytes>::new())
             .map_err(|e| failed(e.to_string()))?;

@@ -38,7 +38,12 @@ pub(crate) trait Endpoints: Send + Sync + 'static {
     fn health(&self) -> Check;
     fn ready(&self) -> Check;
     fn status(&self) -> serde_json::Value;
+    /// `POST /reload`: reloads and answers what it did; `None` when it is not served.
+    fn reload(&self) -> Option<ReloadFuture>;
 }
+
+/// What `POST /reload` waits for.
+pub(crate) type ReloadFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Check> + Send>>;
 
 /// Binds the listening socket (at start-up, so a taken port fails the start). A name that
 /// resolves to several addresses is served on the first that can be bound, IPv4 first (see
@@ -87,7 +92,10 @@ pub(crate) async fn serve(
             let service = hyper::service::service_fn(move |request| {
                 let endpoints = Arc::clone(&endpoints);
                 let access = Arc::clone(&access);
-                async move { Ok::<_, Infallible>(answer(&*endpoints, &access.current(), &request)) }
+                async move {
+                    let access = access.current();
+                    Ok::<_, Infallible>(answer(&*endpoints, &access, &request).await)
+                }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -103,11 +111,14 @@ pub(crate) async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
-fn answer(
+async fn answer(
     endpoints: &dyn Endpoints,
     access: &Access,
     request: &Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    if request.uri().path() == "/reload" {
+        return reload(endpoints, access, request).await;
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return respond(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -140,9 +151,44 @@ fn answer(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: /metrics, /healthz, /readyz, /status\n".into(),
+            "not found: /metrics, /healthz, /readyz, /status, /reload\n".into(),
         ),
     }
+}
+
+/// `POST /reload`, served with `[telemetry] reload = true` to callers with the credentials
+/// only (the settings refuse `reload` without credentials; an open server refuses it too).
+async fn reload(
+    endpoints: &dyn Endpoints,
+    access: &Access,
+    request: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let Some(reloading) = endpoints.reload().filter(|_| *access != Access::Open) else {
+        return respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: POST /reload is served with [telemetry] reload = true and credentials\n"
+                .into(),
+        );
+    };
+    if request.method() != Method::POST {
+        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "POST only\n".into());
+    }
+    let authorization = request
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    if !access.allows(authorization) {
+        return unauthorized(access);
+    }
+    let done = reloading.await;
+    let status = if done.ok {
+        StatusCode::OK
+    } else {
+        // Read, but something in it did not apply: the body says what.
+        StatusCode::UNPROCESSABLE_ENTITY
+    };
+    respond(status, JSON, done.body.to_string())
 }
 
 /// The endpoints that need the credentials: what they show is the operator's business, and
@@ -224,6 +270,14 @@ mod tests {
         fn status(&self) -> serde_json::Value {
             json!({ "tenants": [] })
         }
+        fn reload(&self) -> Option<ReloadFuture> {
+            Some(Box::pin(async {
+                Check {
+                    ok: true,
+                    body: json!({ "reloaded": true }),
+                }
+            }))
+        }
     }
 
     /// Serves [`Fixed`] with `access` on a free loopback port, bound through a host name.
@@ -275,6 +329,34 @@ mod tests {
         for path in ["/healthz", "/readyz"] {
             assert_eq!(code(addr, path, None).await, 200, "{path}");
         }
+        stop.trigger();
+    }
+
+    async fn post(addr: SocketAddr, path: &str, authorization: Option<&str>) -> (u16, String) {
+        let authorization = authorization.map(Secret::new);
+        crate::telemetry::client::send(
+            Method::POST,
+            addr,
+            path,
+            authorization.as_ref(),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("an answer")
+    }
+
+    #[tokio::test]
+    async fn reload_is_a_post_with_the_credentials_and_never_open() {
+        let (addr, stop) = serving(Access::Bearer(Secret::new("t0ken"))).await;
+        assert_eq!(post(addr, "/reload", None).await.0, 401);
+        assert_eq!(post(addr, "/reload", Some("Bearer wrong")).await.0, 401);
+        assert_eq!(code(addr, "/reload", Some("Bearer t0ken")).await, 405, "a GET");
+        let (status, body) = post(addr, "/reload", Some("Bearer t0ken")).await;
+        assert_eq!((status, body.as_str()), (200, r#"{"reloaded":true}"#));
+        stop.trigger();
+        // Without credentials the endpoint does not exist, whatever the settings say.
+        let (addr, stop) = serving(Access::Open).await;
+        assert_eq!(post(addr, "/reload", None).await.0, 404);
         stop.trigger();
     }
 

@@ -54,6 +54,9 @@ pub struct TelemetrySettings {
     /// A worker whose batch has been in hand longer than this fails `/healthz`.
     #[serde(with = "humantime_serde")]
     pub stalled_after: Duration,
+    /// Serve `POST /reload` (re-read the configuration and the plugins now, as SIGHUP does):
+    /// only with credentials, which the request must carry.
+    pub reload: bool,
 }
 
 impl Default for TelemetrySettings {
@@ -67,6 +70,7 @@ impl Default for TelemetrySettings {
             sample_limit: DEFAULT_SAMPLE_LIMIT,
             laggards: DEFAULT_LAGGARDS,
             stalled_after: DEFAULT_STALLED_AFTER,
+            reload: false,
         }
     }
 }
@@ -101,6 +105,13 @@ impl TelemetrySettings {
             problems.push(Problem::new("telemetry.listen", message));
         }
         problems.extend(self.auth_problems());
+        if self.reload && self.access() == Access::Open {
+            problems.push(Problem::new(
+                "telemetry.reload",
+                "POST /reload changes what the relay runs: it is served only to a caller with \
+                 credentials; set bearer_token, or basic_auth_username and basic_auth_password",
+            ));
+        }
         if self.sample_interval < Duration::from_secs(1) {
             problems.push(Problem::new(
                 "telemetry.sample_interval",

@@ -19,10 +19,28 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// [`http_get`] of `addr` (`host:port`).
 pub fn http_get_at(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_request(addr, "GET", path, None)
+}
+
+/// A plain HTTP/1.0 request (`method` `path`, with `authorization` as the `Authorization`
+/// header when given) to `addr`: the status code and the body.
+pub fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(HTTP_TIMEOUT)).ok()?;
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
     // HTTP/1.0: the body ends with the connection, never chunked.
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\n\r\n"
+    )
+    .ok()?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).ok()?;
     let response = String::from_utf8_lossy(&response);

@@ -17,6 +17,7 @@ mod db_tls;
 mod failures;
 mod fairness;
 mod injected_errors;
+mod live_tenants;
 mod missing_topic;
 mod ordering;
 mod polling;

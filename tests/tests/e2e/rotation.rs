@@ -50,7 +50,7 @@ async fn sighup_swaps_the_producer_mid_stream_and_no_row_is_lost_or_sent_twice()
     assert!(twice.is_empty(), "rows published twice: {twice:?}");
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
-    let swaps = lines_with(&exit.log, "SIGHUP: new kafka producer");
+    let swaps = lines_with(&exit.log, "config reload: new kafka producer");
     // Signals that arrive while one is being handled are merged: at least a few swaps, each
     // while rows were moving.
     assert!(swaps >= 3, "only {swaps} producer swaps:\n{}", exit.log);
@@ -94,7 +94,7 @@ async fn sighup_gives_new_database_connections_the_rotated_url() {
     let applied = wait_until(SCENARIO_WAIT, || async {
         relay
             .log()
-            .contains("SIGHUP: new database connections use the re-read database.url")
+            .contains("config reload: new database connections use the re-read database.url")
     })
     .await;
     assert!(applied, "{}", relay.log());
@@ -149,8 +149,8 @@ async fn an_unreadable_secret_file_keeps_the_credentials_in_use_and_says_so() {
     relay.hangup();
     let said = wait_until(SCENARIO_WAIT, || async {
         let log = relay.log();
-        log.contains("SIGHUP: keeping the current [kafka] settings")
-            && log.contains("SIGHUP: keeping the current [database] settings")
+        log.contains("config reload: keeping the current [kafka] settings")
+            && log.contains("config reload: keeping the current [database] settings")
     })
     .await;
     let log = relay.log();
@@ -159,7 +159,7 @@ async fn an_unreadable_secret_file_keeps_the_credentials_in_use_and_says_so() {
         log.contains(&format!("cannot read file {client_id}")),
         "the log names the file: {log}"
     );
-    assert_eq!(lines_with(&log, "SIGHUP: new kafka producer"), 0, "{log}");
+    assert_eq!(lines_with(&log, "config reload: new kafka producer"), 0, "{log}");
     s.table.insert_rows(10, None).await;
     let sent = wait_until(SCENARIO_WAIT, || async { s.table.unsent().await == 0 }).await;
     assert!(

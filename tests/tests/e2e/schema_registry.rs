@@ -1084,7 +1084,7 @@ async fn a_rotated_registry_password_is_used_after_sighup() {
     let rotated = wait_until(Duration::from_secs(20), || async {
         relay
             .log()
-            .contains("SIGHUP: the schema registry's credentials were replaced")
+            .contains("config reload: the schema registry's credentials were replaced")
     })
     .await;
     assert!(rotated, "{}", relay.log());

@@ -386,7 +386,7 @@ async fn rows_flow_once_the_ca_file_is_renewed_in_place_and_sighup_sent() {
     let exit = relay.stop();
     assert!(exit.success, "{}", exit.log);
     assert!(
-        exit.log.contains("SIGHUP: new kafka producer"),
+        exit.log.contains("config reload: new kafka producer"),
         "{}",
         exit.log
     );

@@ -178,6 +178,14 @@ impl TenantRunner {
                 })
                 .collect();
         }
+        if self.template.pending() {
+            // The router loads it and leaves the tenant out of claims until it is loaded.
+            let why = format!("tenant {}'s plugin is being compiled", self.tenant);
+            return rows
+                .iter()
+                .map(|_| Err(TransformFailure::Deferred(why.clone())))
+                .collect();
+        }
         let budget = self.template.limits.call_timeout;
         let mut output = OutputBudget::new(self.template.limits.max_batch_output_bytes);
         let started = now;

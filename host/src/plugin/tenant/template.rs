@@ -44,6 +44,9 @@ pub(crate) enum PluginCode {
         path: std::path::PathBuf,
         reason: String,
     },
+    /// A file not compiled yet (`[plugins] load = "lazy"`): the router loads it in the
+    /// background on the tenant's first row, and leaves the tenant out of claims meanwhile.
+    Pending(std::path::PathBuf),
 }
 
 impl TenantTemplate {
@@ -51,7 +54,9 @@ impl TenantTemplate {
         let described = match &code {
             PluginCode::Builtin(name) => format!("builtin:{name}"),
             PluginCode::Wasm(plugin) => plugin.path().display().to_string(),
-            PluginCode::Broken { path, .. } => path.display().to_string(),
+            PluginCode::Broken { path, .. } | PluginCode::Pending(path) => {
+                path.display().to_string()
+            }
         };
         Self {
             code,
@@ -78,7 +83,7 @@ impl TenantTemplate {
                 declared: Arc::clone(plugin.declared_schemas()),
                 ..(*f).clone()
             }),
-            PluginCode::Builtin(_) | PluginCode::Broken { .. } => f,
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } | PluginCode::Pending(_) => f,
         });
         self.with_formats(formats)
     }
@@ -110,7 +115,7 @@ impl TenantTemplate {
     pub(crate) fn path(&self) -> Option<&std::path::Path> {
         match &self.code {
             PluginCode::Wasm(plugin) => Some(plugin.path()),
-            PluginCode::Broken { path, .. } => Some(path),
+            PluginCode::Broken { path, .. } | PluginCode::Pending(path) => Some(path),
             PluginCode::Builtin(_) => None,
         }
     }
@@ -119,7 +124,7 @@ impl TenantTemplate {
     pub(crate) fn digest(&self) -> Option<&str> {
         match &self.code {
             PluginCode::Wasm(plugin) => Some(plugin.digest()),
-            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } | PluginCode::Pending(_) => None,
         }
     }
 
@@ -127,7 +132,7 @@ impl TenantTemplate {
     pub(crate) fn source(&self) -> Option<&str> {
         match &self.code {
             PluginCode::Wasm(plugin) => Some(plugin.source()),
-            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } | PluginCode::Pending(_) => None,
         }
     }
 
@@ -135,7 +140,7 @@ impl TenantTemplate {
     pub(crate) fn signer(&self) -> Option<&crate::plugin::supply::Signer> {
         match &self.code {
             PluginCode::Wasm(plugin) => plugin.signer(),
-            PluginCode::Builtin(_) | PluginCode::Broken { .. } => None,
+            PluginCode::Builtin(_) | PluginCode::Broken { .. } | PluginCode::Pending(_) => None,
         }
     }
 
@@ -145,8 +150,20 @@ impl TenantTemplate {
         match &self.code {
             PluginCode::Wasm(plugin) => plugin.version(),
             PluginCode::Builtin(_) => Some(env!("CARGO_PKG_VERSION")),
-            PluginCode::Broken { .. } => None,
+            PluginCode::Broken { .. } | PluginCode::Pending(_) => None,
         }
+    }
+
+    /// Whether the plugin waits for its first row to be compiled (`load = "lazy"`).
+    pub(crate) fn pending(&self) -> bool {
+        matches!(self.code, PluginCode::Pending(_))
+    }
+
+    /// The same config, limits, formats and pin with other code, not quarantined.
+    pub(crate) fn with_code(&self, code: PluginCode) -> Self {
+        TenantTemplate::new(code, self.config.clone(), self.limits.clone())
+            .with_declared_formats(self.formats.clone())
+            .pinned(self.pin.clone())
     }
 
     /// How the plugin is named in logs and statuses.
@@ -187,6 +204,10 @@ impl PluginInstance {
             PluginCode::Broken { path, reason } => {
                 Err(PluginError::bad_plugin(path, reason.clone()))
             }
+            PluginCode::Pending(path) => Err(PluginError::bad_plugin(
+                path,
+                "not compiled yet (plugins.load = \"lazy\")".to_owned(),
+            )),
         }
     }
 }

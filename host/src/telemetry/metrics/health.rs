@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -22,6 +23,21 @@ label_values! {
     }
 }
 
+label_values! {
+    /// What a configuration reload did (`sluice_config_reloads_total`).
+    pub enum ReloadOutcome {
+        /// Read, and every change in it applied (or nothing changed).
+        Applied => "applied",
+        /// Read, but a part of it did not check or start: that part keeps running as it was.
+        Refused => "refused",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabel {
+    outcome: ReloadOutcome,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DependencyLabel {
     dependency: Dependency,
@@ -31,6 +47,7 @@ struct DependencyLabel {
 #[derive(Debug)]
 pub struct HealthMetrics {
     dependency_up: Family<DependencyLabel, Gauge>,
+    config_reloads: Family<ReloadLabel, Counter>,
     workers_running: Gauge,
     workers_started: AtomicI64,
     /// When each worker loop's batch in hand started (`None`: between batches), by worker.
@@ -42,6 +59,7 @@ impl Default for HealthMetrics {
     fn default() -> Self {
         let m = Self {
             dependency_up: Family::default(),
+            config_reloads: Family::default(),
             workers_running: Gauge::default(),
             workers_started: AtomicI64::new(0),
             batches_in_hand: Mutex::default(),
@@ -51,6 +69,9 @@ impl Default for HealthMetrics {
             let _ = m
                 .dependency_up
                 .get_or_create(&DependencyLabel { dependency });
+        }
+        for &outcome in ReloadOutcome::ALL {
+            let _ = m.config_reloads.get_or_create(&ReloadLabel { outcome });
         }
         m
     }
@@ -62,6 +83,11 @@ impl HealthMetrics {
             "dependency_up",
             "Whether the last check of a dependency (database, kafka, schema_registry) succeeded",
             self.dependency_up.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Times the configuration was read again while running (a watched file changed, SIGHUP, POST /reload), by outcome: applied, or refused (a part did not check or start and keeps running as it was)",
+            self.config_reloads.clone(),
         );
         r.register(
             "relay_workers_running",
@@ -81,6 +107,13 @@ impl HealthMetrics {
         self.dependency_up
             .get(&DependencyLabel { dependency })
             .is_some_and(|g| g.get() == 1)
+    }
+
+    /// A configuration reload finished with `outcome`.
+    pub fn config_reloaded(&self, outcome: ReloadOutcome) {
+        self.config_reloads
+            .get_or_create(&ReloadLabel { outcome })
+            .inc();
     }
 
     pub fn worker_started(&self) {

@@ -32,7 +32,7 @@ use prometheus_client::registry::Registry;
 use super::labels::TenantLabels;
 use crate::model::TenantId;
 pub(crate) use backlog::{BacklogMetrics, TenantSample};
-pub(crate) use health::{Dependency, HealthMetrics};
+pub(crate) use health::{Dependency, HealthMetrics, ReloadOutcome};
 pub(crate) use plugin::{Loaded, NO_PLUGIN, PluginMetrics, PluginOutcome, PluginStates};
 pub(crate) use relay::{DeadReason, RelayMetrics, RowOutcome, WakeCause};
 pub(crate) use sink::{ProduceError, SinkMetrics};

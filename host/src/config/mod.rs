@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod tenant_files;
+
 pub use crate::problem::Problem;
+pub use tenant_files::{MAX_TENANT_FILE_BYTES, TenantFiles, tenant_of};
 pub use crate::store::DATABASE_URL_ENV;
 
 use crate::encoding::{Format, RegistrySettings};
@@ -93,9 +96,16 @@ pub struct Config {
     /// reported first by [`Config::problems`].
     #[serde(skip)]
     pub unresolved: Vec<Problem>,
-    /// The file this configuration was loaded from (re-read on SIGHUP for rotated secrets).
+    /// The file this configuration was loaded from (re-read on changes and on SIGHUP).
     #[serde(skip)]
     pub origin: Option<PathBuf>,
+    /// With `[plugins] tenants_dir`: which tenants came from which file, and the files'
+    /// problems (their tenants are in [`Config::tenants`] when they parsed).
+    #[serde(skip)]
+    pub tenant_files: TenantFiles,
+    /// Tenants defined both in this file and by a tenant file (the file's entry is left out).
+    #[serde(skip)]
+    duplicates: Vec<Problem>,
 }
 
 /// `[relay]`; unset keys take their values from [`RelayConfig::default`].
@@ -225,8 +235,88 @@ impl Config {
         }
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
+        config.read_tenant_files(base);
         config.origin = Some(path.to_owned());
         Ok(config)
+    }
+
+    /// Adds the tenants of `[plugins] tenants_dir` (relative to `base`, the config file's
+    /// directory) to [`Config::tenants`].
+    fn read_tenant_files(&mut self, base: &Path) {
+        let Some(written) = self.plugins.tenants_dir.clone() else {
+            return;
+        };
+        let mut dir = written.clone();
+        resolve_path(&mut dir, base);
+        let mut files = TenantFiles::read(&dir, &written);
+        for (name, spec) in std::mem::take(&mut files.tenants) {
+            if self.tenants.contains_key(&name) {
+                let file = files.files.get(&name).map(|f| f.display().to_string());
+                self.duplicates.push(Problem::new(
+                    format!("tenants.{name}"),
+                    format!(
+                        "defined both here and by {}: keep one",
+                        file.unwrap_or_default()
+                    ),
+                ));
+                files.files.remove(&name);
+                continue;
+            }
+            self.tenants.insert(name, spec);
+        }
+        self.tenant_files = files;
+    }
+
+    /// `[plugins] tenants_dir`, resolved from the config file's directory.
+    pub fn tenants_dir(&self) -> Option<PathBuf> {
+        let mut dir = self.plugins.tenants_dir.clone()?;
+        let base = self
+            .origin
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
+        resolve_path(&mut dir, base);
+        Some(dir)
+    }
+
+    /// The file that defines tenant `name`, when a tenant file does.
+    pub fn tenant_file(&self, name: &str) -> Option<&Path> {
+        self.tenant_files.files.get(name).map(PathBuf::as_path)
+    }
+
+    /// `key` as a problem of tenant `name` reads: inside its tenant file when it has one
+    /// (`tenants.d/acme.toml: memory_mb`), else unchanged.
+    pub fn tenant_key(&self, name: &str, key: &str) -> String {
+        self.tenant_file(name)
+            .and_then(|file| tenant_files::in_file(key, name, file))
+            .unwrap_or_else(|| key.to_owned())
+    }
+
+    /// The tenant a problem is about (by its key), if any.
+    pub fn tenant_of_problem(&self, problem: &Problem) -> Option<String> {
+        let key = problem.key.as_str();
+        if let Some(rest) = key.strip_prefix("tenants.")
+            && let Some(name) = self
+                .tenants
+                .keys()
+                .chain(self.tenant_files.files.keys())
+                .filter(|name| {
+                    rest.strip_prefix(name.as_str())
+                        .is_some_and(|r| r.is_empty() || r.starts_with('.'))
+                })
+                .max_by_key(|name| name.len())
+        {
+            return Some(name.clone());
+        }
+        self.tenant_files
+            .files
+            .iter()
+            .find(|(_, file)| {
+                let shown = file.display().to_string();
+                key.strip_prefix(shown.as_str())
+                    .is_some_and(|r| r.is_empty() || r.starts_with(':'))
+            })
+            .map(|(name, _)| name.clone())
     }
 
     /// Parses configuration text, resolving `${env:…}` and `${file:…}` references (relative
@@ -261,15 +351,7 @@ impl Config {
     }
 
     fn resolve_paths(&mut self, base: &Path) {
-        let resolve = |p: &mut PathBuf| {
-            // `oci://…` plugin paths are references, not files.
-            let reference = p
-                .to_str()
-                .is_some_and(|s| s.starts_with(crate::plugin::supply::oci::OCI_SCHEME));
-            if p.is_relative() && !reference {
-                *p = base.join(&*p);
-            }
-        };
+        let resolve = |p: &mut PathBuf| resolve_path(p, base);
         if let Some(p) = self.plugins.default.as_mut().and_then(|d| d.path.as_mut()) {
             resolve(p);
         }
@@ -309,7 +391,8 @@ impl Config {
     }
 
     /// Everything wrong with this configuration that can be found without a database,
-    /// broker or plugin file: each key's value, and the rules between keys.
+    /// broker or plugin file: each key's value, and the rules between keys. A tenant file's
+    /// problems are named by the file (`tenants.d/acme.toml: memory_mb: …`).
     pub fn problems(&self) -> Vec<Problem> {
         let mut problems = self.unresolved.clone();
         // A key whose reference did not resolve has no real value to check.
@@ -319,7 +402,25 @@ impl Config {
                 .into_iter()
                 .filter(|p| !unresolved.contains(&p.key)),
         );
+        problems.extend(self.tenant_files.unreadable.clone());
+        problems.extend(self.tenant_files.problems.values().flatten().cloned());
+        problems.extend(self.duplicates.iter().cloned());
+        self.name_tenant_files(&mut problems);
         problems
+    }
+
+    /// Moves each `tenants.<name>…` key of a tenant defined by a file into that file.
+    fn name_tenant_files(&self, problems: &mut [Problem]) {
+        if self.tenant_files.files.is_empty() {
+            return;
+        }
+        for problem in problems {
+            if problem.key.starts_with("tenants.")
+                && let Some(name) = self.tenant_of_problem(problem)
+            {
+                problem.key = self.tenant_key(&name, &problem.key);
+            }
+        }
     }
 
     /// Each section's own problems, then the rules between sections.
@@ -456,6 +557,7 @@ impl Config {
                  (set listen to serve /metrics and /status)",
             ));
         }
+        self.name_tenant_files(&mut warnings);
         warnings
     }
 
@@ -511,6 +613,16 @@ impl Config {
 
 /// A TOML error on one line with its place: `message (at line L, column C)`. Never the
 /// source line itself, which toml's own rendering quotes: it may hold a secret written out.
+/// Resolves a relative path from `base`; `oci://…` plugin paths are references, not files.
+fn resolve_path(p: &mut PathBuf, base: &Path) {
+    let reference = p
+        .to_str()
+        .is_some_and(|s| s.starts_with(crate::plugin::supply::oci::OCI_SCHEME));
+    if p.is_relative() && !reference {
+        *p = base.join(&*p);
+    }
+}
+
 fn one_line(mut error: toml::de::Error, text: &str) -> String {
     // Without its input, the error renders its message and the key (`in `relay.x``).
     error.set_input(None);
@@ -530,6 +642,47 @@ mod tests {
     use crate::maintenance::pruner::DEFAULT_RETENTION;
     use crate::plugin::PluginSource;
     use crate::store::{ColumnMap, ColumnName, TenantColumn};
+
+
+    #[test]
+    fn tenant_files_join_the_tenants_and_their_problems_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("tenants.d")).unwrap();
+        std::fs::write(
+            d.join("sluice.toml"),
+            "[database]\nurl = \"postgres://u@h/db\"\n[plugins]\ntenants_dir = \"tenants.d\"\n\
+             [tenants.both]\nbuiltin = \"route-by-aggregate\"\n",
+        )
+        .unwrap();
+        let file = |name: &str, text: &str| std::fs::write(d.join("tenants.d").join(name), text).unwrap();
+        file("acme.toml", "path = \"plugins/acme.wasm\"\nmemory_mb = 0\n");
+        file("both.toml", "builtin = \"route-by-aggregate\"\n");
+        file("broken.toml", "path = \n");
+        let config = Config::load_unchecked(&d.join("sluice.toml")).unwrap();
+        assert_eq!(
+            config.tenants["acme"].path.as_deref(),
+            Some(d.join("tenants.d/plugins/acme.wasm").as_path()),
+            "relative to the tenant file"
+        );
+        let problems: Vec<String> = config.problems().iter().map(ToString::to_string).collect();
+        let has = |text: &str| problems.iter().any(|p| p.starts_with(text));
+        assert!(has("tenants.d/acme.toml: memory_mb: "), "{problems:#?}");
+        assert!(has("tenants.d/broken.toml: "), "{problems:#?}");
+        assert!(has("tenants.both: defined both here and by tenants.d/both.toml"), "{problems:#?}");
+        let acme = config
+            .problems()
+            .into_iter()
+            .find(|p| p.key.contains("acme"))
+            .unwrap();
+        assert_eq!(config.tenant_of_problem(&acme).as_deref(), Some("acme"));
+        let broken = config
+            .problems()
+            .into_iter()
+            .find(|p| p.key.contains("broken"))
+            .unwrap();
+        assert_eq!(config.tenant_of_problem(&broken).as_deref(), Some("broken"));
+    }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         let config = Config::parse(text, Path::new("t.toml"))?;
