@@ -264,6 +264,37 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
     Ok((report, source))
 }
 
+/// `sluice reload`: asks the relay at `[telemetry] listen` to reload (`POST /reload`, with
+/// the credentials of the same section): the HTTP status and the relay's JSON answer.
+pub async fn ask_reload(config: &Config) -> anyhow::Result<(u16, String)> {
+    let listen = config
+        .telemetry
+        .listen_addr()
+        .ok_or_else(|| anyhow::anyhow!("no [telemetry] listen: no relay to ask"))?
+        .map_err(|e| anyhow::anyhow!("telemetry.listen: {e}"))?;
+    let addrs = listen.resolve().await?;
+    let authorization = config.telemetry.access().authorization();
+    let mut why = String::new();
+    for addr in addrs.into_iter().map(reachable) {
+        match crate::telemetry::client::send(
+            hyper::Method::POST,
+            addr,
+            "/reload",
+            authorization.as_ref(),
+            RELOAD_TIMEOUT,
+        )
+        .await
+        {
+            Ok(answer) => return Ok(answer),
+            Err(e) => why = e.to_string(),
+        }
+    }
+    anyhow::bail!("no relay answered at {listen}: {why}")
+}
+
+/// How long a reload may take: compiling changed plugins can take seconds each.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// A running relay's `/status`, asked at `[telemetry] listen` with the credentials of the same
 /// `[telemetry]` section: the report and where it came from, or why there is none. A name
 /// that resolves to several addresses is asked at each in turn (IPv4 first, as the relay binds).

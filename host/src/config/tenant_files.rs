@@ -213,6 +213,25 @@ mod tests {
     }
 
     #[test]
+    fn ten_thousand_files_are_ten_thousand_tenants() {
+        let d = dir();
+        for n in 0..10_000 {
+            std::fs::write(
+                d.path().join(format!("t{n}.toml")),
+                format!("builtin = \"route-by-aggregate\"\nconfig = {{ topic_prefix = \"t{n}.\" }}\n"),
+            )
+            .unwrap();
+        }
+        let files = TenantFiles::read(d.path(), Path::new("t.d"));
+        assert_eq!(files.tenants.len(), 10_000);
+        assert!(files.problems.is_empty());
+        assert_eq!(
+            files.tenants["t9999"].config.as_ref().unwrap()["topic_prefix"].as_str(),
+            Some("t9999.")
+        );
+    }
+
+    #[test]
     fn a_missing_directory_is_one_problem_and_no_tenant() {
         let d = dir();
         let files = TenantFiles::read(&d.path().join("nope"), Path::new("nope"));

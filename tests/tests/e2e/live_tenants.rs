@@ -84,7 +84,8 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
     // What a platform's directory also holds: an editor's swap file, a symlink loop.
     std::fs::write(tenants.join(".a.toml.swp"), b"\0\0not toml").unwrap();
     let port = free_port();
-    let relay = RelayProcess::start(&config(&s, &tenants, port)).unwrap();
+    let config_text = config(&s, &tenants, port);
+    let relay = RelayProcess::start(&config_text).unwrap();
     assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
     let addr = format!("127.0.0.1:{port}");
 
@@ -187,6 +188,11 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
         http_request(&addr, "POST", "/reload", Some(&format!("Bearer {TOKEN}"))).expect("answers");
     assert_eq!(code, 422, "{body}");
     assert!(body.contains("b.toml"), "{body}");
+    // The same from the command line, with the config's credentials: exit 2, b named.
+    let out = sluice_with_config(&["reload"], &config_text);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("b.toml"), "{stdout}");
     // The file fixed, and c back: everything flows.
     write_atomic(
         &tenants.join("b.toml"),
@@ -219,7 +225,7 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
     let count = |t: &str| by_tenant.get(t).map_or(0, Vec::len);
     assert_eq!(
         (count("a"), count("a2"), count("b"), count("c"), count("d")),
-        (10, 10, 20, 20, 10),
+        (10, 10, 30, 20, 10),
         "{by_tenant:?}"
     );
     s.finish().await;
@@ -279,5 +285,72 @@ async fn a_directory_swapped_as_kubernetes_swaps_a_configmap_applies() {
         .filter(|m| m.topic.starts_with(&format!("{}k2.", s.prefix)))
         .count();
     assert_eq!((got.len(), k2), (20, 10));
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lazy_tenants_start_on_their_first_row_without_failing_it() {
+    let s = Scenario::new("live_lazy", &["l1.order", "l1.customer", "l2.order", "l2.customer"])
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.d");
+    std::fs::create_dir(&tenants).unwrap();
+    // Two plugin files, so each tenant's first row asks for a compile of its own.
+    let other = dir.path().join("router-copy.wasm");
+    std::fs::copy(reference_plugin(), &other).unwrap();
+    std::fs::write(
+        tenants.join("l1.toml"),
+        tenant_file(&format!("{}l1.", s.prefix)),
+    )
+    .unwrap();
+    std::fs::write(
+        tenants.join("l2.toml"),
+        format!(
+            "path = {}\nconfig = {{ topic_prefix = {} }}\n",
+            toml_string(&other.to_string_lossy()),
+            toml_string(&format!("{}l2.", s.prefix))
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let config = config(&s, &tenants, port).replace(
+        "[plugins]\n",
+        &format!(
+            "[plugins]\nload = \"lazy\"\ncache_dir = {}\n",
+            toml_string(&dir.path().join("cache").to_string_lossy())
+        ),
+    );
+    assert!(config.contains("load = \"lazy\""), "{config}");
+    let relay = RelayProcess::start(&config).unwrap();
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    assert!(
+        !relay.log().contains("plugin loaded for its first row"),
+        "nothing compiled before a row asked: {}",
+        relay.log()
+    );
+    s.table.insert_rows(10, Some("l1")).await;
+    s.table.insert_rows(10, Some("l2")).await;
+    assert!(
+        wait_until(SCENARIO_WAIT, || async { s.table.unsent().await == 0 }).await,
+        "{}",
+        relay.log_tail()
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    assert_eq!(
+        exit.log.matches("plugin loaded for its first row").count(),
+        2,
+        "each file once: {}",
+        exit.log
+    );
+    // Waiting for a compile is no failure: no row was retried or failed.
+    let stopped = exit.log.lines().rev().find(|l| l.contains("relay stopped"));
+    assert!(
+        stopped.is_some_and(|l| l.contains("rows_failed=0")),
+        "{}",
+        exit.log
+    );
+    let got = s.consume(20, Duration::from_secs(2));
+    assert_eq!(got.len(), 20);
     s.finish().await;
 }

@@ -85,6 +85,14 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the running relay at `[telemetry] listen` to read its configuration and plugins
+    /// again and apply what changed (needs `[telemetry] reload = true` and its credentials):
+    /// for images without a shell or `kill`. Prints what changed; exit 2 when a part did not
+    /// apply.
+    Reload {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Check a configuration file.
     Config {
         #[command(subcommand)]

@@ -86,6 +86,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = Config::load(&config)?;
             on_runtime(ops::status(&config, json)).map(ok)
         }
+        Command::Reload { config } => {
+            let config = Config::load(&config)?;
+            on_runtime(ops::reload(&config))
+        }
         Command::Config {
             command: ConfigCommand::Check { config, connect },
         } => on_runtime(ops::config_check(&config, connect)),

@@ -29,6 +29,31 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `sluice reload`: the relay's answer on stdout; exit 0 when everything applied, 2 when a
+/// part did not (the answer says which and why).
+pub(crate) async fn reload(config: &Config) -> anyhow::Result<ExitCode> {
+    let (code, body) = status::ask_reload(config).await?;
+    match code {
+        200 | 422 => {
+            let pretty = serde_json::from_str::<serde_json::Value>(&body)
+                .and_then(|v| serde_json::to_string_pretty(&v))
+                .unwrap_or(body);
+            println!("{}", scrub(&pretty));
+            Ok(if code == 200 {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("reloaded, but not everything applied: see problems and tenants.refused");
+                ExitCode::from(2)
+            })
+        }
+        401 => anyhow::bail!(
+            "the relay refused the credentials: give this config the relay's [telemetry] bearer_token or basic_auth_*"
+        ),
+        404 => anyhow::bail!("the relay does not serve POST /reload: set [telemetry] reload = true"),
+        other => anyhow::bail!("the relay answered {other}: {}", scrub(&body)),
+    }
+}
+
 /// Prints each problem (`<file>: <key>: <message>`), then each warning (`<file>: warning:
 /// <key>: <message>`), then `OK` when there is no problem; the counts on stderr. Warnings
 /// alone exit 0.
