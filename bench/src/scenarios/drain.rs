@@ -176,8 +176,16 @@ pub(super) async fn measure_tenants(
     sections: Vec<Tenant>,
     plugins_extra: Option<&str>,
 ) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
-    let (relay, drained) =
-        drain_backlog(settings, drain, table, prefix, tenants, sections, plugins_extra).await?;
+    let (relay, drained) = drain_backlog(
+        settings,
+        drain,
+        table,
+        prefix,
+        tenants,
+        sections,
+        plugins_extra,
+    )
+    .await?;
     let metrics = match &settings.telemetry {
         Some(listen) => Some(sluice_testkit::scrape::metrics(listen).await?),
         None => None,
@@ -226,6 +234,12 @@ fn window_figures(label: &str, drained: &Drained, end: &ProcSample) -> Vec<Figur
         Figure::new(label, "Tansu CPU per 1,000 rows", per_1k(tansu), "CPU s"),
         Figure::new(label, "machine busy during the drain", busy, "%"),
         Figure::new(label, "relay peak RSS", end.peak_rss_mib(), "MiB"),
+        Figure::new(
+            label,
+            "relay memory mappings after the drain",
+            end.mappings as f64,
+            "VMAs",
+        ),
         Figure::new(label, "rows in window", drained.rows as f64, "rows"),
         Figure::new(label, "drain time", drained.elapsed.as_secs_f64(), "s"),
     ]

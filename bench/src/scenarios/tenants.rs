@@ -53,6 +53,9 @@ const RATIO_CONFIGURED: f64 = 0.85;
 const RATIO_FREE_FORM: f64 = 0.60;
 const PEAK_RSS_MIB: f64 = 1024.0;
 const RSS: &str = "relay peak RSS";
+const MAPPINGS: &str = "relay memory mappings after the drain";
+/// Linux's default `vm.max_map_count`: a process with more mappings fails to map memory.
+const MAX_MAP_COUNT: f64 = 65_530.0;
 /// What the relay logs when a reload SIGHUP asked for is done.
 const RELOADED_LINE: &str = "SIGHUP: plugins reloaded";
 
@@ -89,9 +92,9 @@ impl Case {
     /// it never touched: ~35 KiB of RSS).
     fn plugins_extra(self) -> Option<&'static str> {
         match self {
-            Self::FreeForm => Some(
-                "max_unconfigured_instances = 10000\nunconfigured_instances_memory_mb = 16384",
-            ),
+            Self::FreeForm => {
+                Some("max_unconfigured_instances = 10000\nunconfigured_instances_memory_mb = 16384")
+            }
             Self::None | Self::Configured => None,
         }
     }
@@ -208,6 +211,8 @@ async fn measure(
             .map(|f| {
                 if f.name == RSS {
                     f.at_most(PEAK_RSS_MIB)
+                } else if f.name == MAPPINGS {
+                    f.at_most(MAX_MAP_COUNT)
                 } else {
                     f
                 }

@@ -804,8 +804,14 @@ mod tests {
         assert!(router.transform(rows(&["quiet"])).await[0].is_ok());
         assert!(router.transform(rows(&["other"])).await[0].is_ok());
         let known = |id: &TenantId| lock(&router.tenants).map.contains_key(id);
-        assert!(!known(&quiet), "an idle tenant with a full budget is forgotten");
-        assert!(known(&loud), "the loud tenant is remembered, with its budget");
+        assert!(
+            !known(&quiet),
+            "an idle tenant with a full budget is forgotten"
+        );
+        assert!(
+            known(&loud),
+            "the loud tenant is remembered, with its budget"
+        );
         assert!(Arc::ptr_eq(
             &shared,
             &router.tenant(&loud, 0).unwrap().health.shared

@@ -42,8 +42,7 @@ pub(crate) fn shadow_waits(linker: &mut Linker<HostState>) -> wasmtime::Result<(
     let mut poll = linker.instance(POLL_INTERFACE)?;
     poll.func_wrap(
         "poll",
-        |mut store: StoreContextMut<'_, HostState>,
-         (pollables,): (Vec<Resource<DynPollable>>,)| {
+        |mut store: StoreContextMut<'_, HostState>, (pollables,): (Vec<Resource<DynPollable>>,)| {
             let (table, deadline) = store.data_mut().waits();
             let ready = until(deadline, wasi_poll::Host::poll(table, pollables))??;
             Ok((ready,))
@@ -63,7 +62,10 @@ pub(crate) fn shadow_waits(linker: &mut Linker<HostState>) -> wasmtime::Result<(
 /// Runs `wait` to completion on Tokio (the relay's runtime when this thread has one, else
 /// `wasmtime-wasi`'s own), or gives up at `deadline`, dropping it (which cancels the timer or
 /// I/O it waited for).
-pub(crate) fn until<F: Future>(deadline: Instant, wait: F) -> Result<F::Output, WaitedPastDeadline> {
+pub(crate) fn until<F: Future>(
+    deadline: Instant,
+    wait: F,
+) -> Result<F::Output, WaitedPastDeadline> {
     let left = deadline.saturating_duration_since(Instant::now());
     wasmtime_wasi::runtime::in_tokio(async { tokio::time::timeout(left, wait).await })
         .map_err(|_| WaitedPastDeadline)

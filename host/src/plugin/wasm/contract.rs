@@ -77,14 +77,8 @@ impl Exports {
         config: &[(&str, &str)],
     ) -> wasmtime::Result<Result<(), String>> {
         match self {
-            Exports::Current(p) => {
-                p.sluice_plugin_transformer()
-                    .call_configure(store, config)
-            }
-            Exports::V0_1(p) => {
-                p.sluice_plugin_transformer()
-                    .call_configure(store, config)
-            }
+            Exports::Current(p) => p.sluice_plugin_transformer().call_configure(store, config),
+            Exports::V0_1(p) => p.sluice_plugin_transformer().call_configure(store, config),
         }
     }
 
@@ -94,10 +88,7 @@ impl Exports {
         row: wit::OutboxRow<'_>,
     ) -> wasmtime::Result<Answer> {
         Ok(match self {
-            Exports::Current(p) => {
-                p.sluice_plugin_transformer()
-                    .call_transform(store, row)?
-            }
+            Exports::Current(p) => p.sluice_plugin_transformer().call_transform(store, row)?,
             Exports::V0_1(p) => answer(
                 p.sluice_plugin_transformer()
                     .call_transform(store, row_v0_1(&row))?,
@@ -111,10 +102,9 @@ impl Exports {
         rows: &[wit::OutboxRow<'_>],
     ) -> wasmtime::Result<Vec<Answer>> {
         Ok(match self {
-            Exports::Current(p) => {
-                p.sluice_plugin_transformer()
-                    .call_transform_batch(store, rows)?
-            }
+            Exports::Current(p) => p
+                .sluice_plugin_transformer()
+                .call_transform_batch(store, rows)?,
             Exports::V0_1(p) => {
                 let rows: Vec<v0_1::types::OutboxRow<'_>> = rows.iter().map(row_v0_1).collect();
                 p.sluice_plugin_transformer()

@@ -159,10 +159,15 @@ impl PluginEngine {
 
     /// As [`PluginEngine::new`], with memory slots for tenants whose largest `memory_mb` is
     /// `largest_memory` bytes (see [`slot_reservation`]).
-    pub(crate) fn with_memory(instances: u32, largest_memory: u64) -> Result<Arc<Self>, PluginError> {
+    pub(crate) fn with_memory(
+        instances: u32,
+        largest_memory: u64,
+    ) -> Result<Arc<Self>, PluginError> {
         let slot = slot_reservation(largest_memory);
         let mut config = Config::new();
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(instances, slot)));
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
+            instances, slot,
+        )));
         // A slot of the largest `memory_mb`, not 4 GiB: guest code checks bounds explicitly
         // (against a constant, since memories never move), the price of ~30 times as many
         // slots in the same address space (docs/benchmarks.md, "many tenants").
@@ -339,7 +344,10 @@ mod tests {
         assert_eq!(slot_reservation(200 << 20), 256 << 20);
         assert_eq!(slot_reservation(u64::MAX), 4 << 30);
         // The default slot leaves the count, not the address space, as the bound…
-        assert_eq!(max_pooled_instances(DEFAULT_SLOT_MEMORY), MAX_POOLED_INSTANCES);
+        assert_eq!(
+            max_pooled_instances(DEFAULT_SLOT_MEMORY),
+            MAX_POOLED_INSTANCES
+        );
         // …4 GiB slots fit fewer (a guard before and after each).
         let large = max_pooled_instances(4 << 30);
         assert!((7_000..MAX_POOLED_INSTANCES).contains(&large), "{large}");
@@ -373,7 +381,10 @@ mod tests {
         let mut probe = Probe::new(&engine, &component, 16 << 20);
         assert_eq!(probe.grow(16 * 16 - 1).unwrap(), 1);
         let err = probe.grow(1).unwrap_err();
-        assert!(format!("{err:#}").contains("memory limit of 16 MiB"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("memory limit of 16 MiB"),
+            "{err:#}"
+        );
     }
 
     #[test]
