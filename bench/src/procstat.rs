@@ -16,6 +16,9 @@ pub(crate) struct ProcSample {
     pub cpu_ticks: u64,
     /// VmHWM: the peak resident set size so far, in KiB.
     pub peak_rss_kib: u64,
+    /// Memory mappings (VMAs: lines of `/proc/<pid>/maps`) now; the kernel refuses new ones
+    /// past `vm.max_map_count` (65,530 by default).
+    pub mappings: u64,
 }
 
 impl ProcSample {
@@ -24,7 +27,7 @@ impl ProcSample {
     }
 }
 
-/// Reads `/proc/<pid>/stat` and `/proc/<pid>/status`.
+/// Reads `/proc/<pid>/stat`, `/proc/<pid>/status` and `/proc/<pid>/maps`.
 pub(crate) fn sample(pid: u32) -> anyhow::Result<ProcSample> {
     let stat_path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&stat_path)
@@ -35,7 +38,16 @@ pub(crate) fn sample(pid: u32) -> anyhow::Result<ProcSample> {
     Ok(ProcSample {
         cpu_ticks: cpu_ticks(&stat).with_context(|| format!("unexpected {stat_path}"))?,
         peak_rss_kib: peak_rss_kib(&status).with_context(|| format!("unexpected {status_path}"))?,
+        mappings: mappings(pid)?,
     })
+}
+
+/// Lines of `/proc/<pid>/maps`: one per mapping.
+fn mappings(pid: u32) -> anyhow::Result<u64> {
+    let maps_path = format!("/proc/{pid}/maps");
+    let maps = std::fs::read(&maps_path)
+        .with_context(|| format!("cannot read {maps_path} (has the process exited?)"))?;
+    Ok(maps.iter().filter(|&&b| b == b'\n').count() as u64)
 }
 
 /// CPU time of everything else that a drain keeps busy: the database server, the broker, and

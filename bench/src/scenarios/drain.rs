@@ -137,7 +137,7 @@ pub(super) async fn measure_with_metrics(
     table: &DbTable,
 ) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
     let prefix = names::topic_prefix(drain.stem);
-    measure_tenants(settings, drain, table, &prefix, None, Vec::new()).await
+    measure_tenants(settings, drain, table, &prefix, None, Vec::new(), None).await
 }
 
 /// The config of a relay draining `table` as `drain` says, with `sections` as its
@@ -165,7 +165,8 @@ pub(super) fn relay_config(
 }
 
 /// [`measure_with_metrics`] of a backlog whose rows belong to `tenants`, with `sections` as
-/// the relay's `[tenants.*]`; the default plugin writes to the topics of `prefix`.
+/// the relay's `[tenants.*]` and `plugins_extra` as raw lines of its `[plugins]`; the default
+/// plugin writes to the topics of `prefix`.
 pub(super) async fn measure_tenants(
     settings: &Settings,
     drain: &Drain<'_>,
@@ -173,8 +174,18 @@ pub(super) async fn measure_tenants(
     prefix: &str,
     tenants: Option<Tenants<'_>>,
     sections: Vec<Tenant>,
+    plugins_extra: Option<&str>,
 ) -> anyhow::Result<(Vec<Figure>, Option<String>)> {
-    let (relay, drained) = drain_backlog(settings, drain, table, prefix, tenants, sections).await?;
+    let (relay, drained) = drain_backlog(
+        settings,
+        drain,
+        table,
+        prefix,
+        tenants,
+        sections,
+        plugins_extra,
+    )
+    .await?;
     let metrics = match &settings.telemetry {
         Some(listen) => Some(sluice_testkit::scrape::metrics(listen).await?),
         None => None,
@@ -185,8 +196,8 @@ pub(super) async fn measure_tenants(
 }
 
 /// Fills `table` with `drain.rows` rows (of `tenants`), starts a relay on it (with `sections`
-/// as its `[tenants.*]`, the default plugin writing to the topics of `prefix`) and waits until
-/// it has drained them; the relay is left running.
+/// as its `[tenants.*]`, `plugins_extra` in its `[plugins]`, the default plugin writing to the
+/// topics of `prefix`) and waits until it has drained them; the relay is left running.
 async fn drain_backlog(
     settings: &Settings,
     drain: &Drain<'_>,
@@ -194,11 +205,13 @@ async fn drain_backlog(
     prefix: &str,
     tenants: Option<Tenants<'_>>,
     sections: Vec<Tenant>,
+    plugins_extra: Option<&str>,
 ) -> anyhow::Result<(RelayProcess, Drained)> {
     kafka::create_topics(&settings.kafka, &kafka::topics(prefix)).await?;
     table.fill(drain.rows, tenants).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
-    let config = relay_config(settings, drain, table, prefix, sections);
+    let mut config = relay_config(settings, drain, table, prefix, sections);
+    config.plugins_extra = plugins_extra.map(str::to_owned);
     let mut relay = relay::start(&settings.sluice, &config, "warn")?;
     let drained = watch.run(&mut relay).await?;
     Ok((relay, drained))
@@ -221,6 +234,12 @@ fn window_figures(label: &str, drained: &Drained, end: &ProcSample) -> Vec<Figur
         Figure::new(label, "Tansu CPU per 1,000 rows", per_1k(tansu), "CPU s"),
         Figure::new(label, "machine busy during the drain", busy, "%"),
         Figure::new(label, "relay peak RSS", end.peak_rss_mib(), "MiB"),
+        Figure::new(
+            label,
+            "relay memory mappings after the drain",
+            end.mappings as f64,
+            "VMAs",
+        ),
         Figure::new(label, "rows in window", drained.rows as f64, "rows"),
         Figure::new(label, "drain time", drained.elapsed.as_secs_f64(), "s"),
     ]
@@ -241,7 +260,7 @@ pub(super) async fn measure_twice(
     let label = drain.label;
     let prefix = names::topic_prefix(drain.stem);
     let (mut relay, first) =
-        drain_backlog(settings, drain, table, &prefix, None, Vec::new()).await?;
+        drain_backlog(settings, drain, table, &prefix, None, Vec::new(), None).await?;
     let first = window_figures(label, &first, &relay.sample()?);
     // The relay polls an empty table meanwhile; the rows appear at once, with the commit.
     let watch = DrainWatch::expect(

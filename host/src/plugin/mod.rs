@@ -132,6 +132,14 @@ pub enum PluginError {
         /// The trap's reason, with the guest's output (bounded).
         message: String,
     },
+    /// Every slot of the plugin instance pool of a kind (memories, tables, instances) is in
+    /// use: not the plugin's fault. Its tenant makes room by evicting an idle instance, or
+    /// waits for a later batch.
+    #[error("the plugin instance pool is full: {message}")]
+    PoolExhausted {
+        /// wasmtime's text, naming the kind of slot.
+        message: String,
+    },
     /// The plugin's `configure` returned an error for this tenant's `config`.
     #[error("plugin {path} (tenant {tenant}) rejected its config: {message}")]
     Configure {

@@ -28,7 +28,7 @@ use crate::plugin::tenant::watch::Watch;
 use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::cache::CompileCache;
 use crate::plugin::wasm::component::LoadedPlugin;
-use crate::plugin::wasm::engine::{MAX_POOLED_INSTANCES, PluginEngine};
+use crate::plugin::wasm::engine::{PluginEngine, max_pooled_instances, slot_reservation};
 use crate::plugin::wasm::host_api::TenantShared;
 use crate::plugin::{PluginError, RowTransformer, metrics};
 use crate::problem::Problem;
@@ -134,6 +134,21 @@ pub(super) fn compile_cache(plugins: &PluginsSettings) -> Option<CompileCache> {
     })
 }
 
+/// The largest `memory_mb` (in bytes) of `[plugins.default]` and every tenant: the engine's
+/// memory slots are sized to it. Limits that do not resolve are reported later, per tenant.
+fn largest_memory(plugins: &PluginsSettings, tenants: &BTreeMap<String, PluginSpec>) -> u64 {
+    let default = plugins.default.as_ref();
+    let specs = tenants.values().map(|t| t.inherit(default));
+    default
+        .cloned()
+        .into_iter()
+        .chain(specs)
+        .filter_map(|spec| Limits::resolve(&spec.limits, spec.call_batch_rows).ok())
+        .map(|limits| u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX))
+        .max()
+        .unwrap_or(0)
+}
+
 /// The tenant name used to try a template that no tenant uses yet (`[plugins.default]` when
 /// every tenant has its own entry).
 pub(super) fn probe_shared() -> Arc<TenantShared> {
@@ -164,13 +179,16 @@ impl PluginRouter {
             .saturating_add(1)
             .saturating_mul(2)
             .saturating_add(plugins.max_unconfigured_instances);
-        let pooled = wanted.min(MAX_POOLED_INSTANCES as usize);
+        let largest_memory = largest_memory(plugins, tenants);
+        let max_pooled = max_pooled_instances(slot_reservation(largest_memory));
+        let pooled = wanted.min(max_pooled as usize);
         let configured_cap = if pooled < wanted {
             pooled.saturating_sub(plugins.max_unconfigured_instances) / 2
         } else {
             usize::MAX
         };
-        let engine = PluginEngine::new(u32::try_from(pooled).unwrap_or(u32::MAX))?;
+        let engine =
+            PluginEngine::with_memory(u32::try_from(pooled).unwrap_or(u32::MAX), largest_memory)?;
         let cache = compile_cache(plugins);
         let supply = PluginSupply::new(
             &plugins.trusted_keys,
@@ -379,7 +397,11 @@ impl PluginRouter {
                 continue; // busy in another batch
             };
             runner.drop_instance();
-            let keep = tenant.health.unavailable(now) || tenant.health.tripped();
+            // A tenant whose log budget is not full again is kept: forgotten, its next row
+            // would bring a fresh budget (an evicted attacker's burst back).
+            let keep = tenant.health.unavailable(now)
+                || tenant.health.tripped()
+                || !tenant.health.shared.log_budget_at_rest(now);
             drop(runner);
             if !keep {
                 known.map.remove(&id);
@@ -492,6 +514,8 @@ pub(super) fn start_tenant(
             tenant.runner().install_if_empty(instance);
             tenant.enlist_if_live();
         }
+        // Not the plugin's fault: its first row makes room.
+        Err(PluginError::PoolExhausted { .. }) => {}
         Err(e) => quarantine_or_fail(id.as_str(), &template, e, strict)?,
     }
     Ok(tenant)
@@ -851,6 +875,35 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn an_evicted_tenant_keeps_its_used_log_budget() {
+        let router = router(&format!(
+            "[plugins]\nmax_unconfigured_instances = 1\n{BUILTIN}"
+        ))
+        .unwrap();
+        let (loud, quiet) = (TenantId::named("loud"), TenantId::named("quiet"));
+        assert!(router.transform(rows(&["loud"])).await[0].is_ok());
+        // What a plugin logging its whole burst leaves (the builtin plugin does not log).
+        let shared = Arc::clone(&router.tenant(&loud, 0).unwrap().health.shared);
+        while shared.take_log_line() {}
+        assert!(router.transform(rows(&["quiet"])).await[0].is_ok());
+        assert!(router.transform(rows(&["other"])).await[0].is_ok());
+        let known = |id: &TenantId| lock(&router.tenants).map.contains_key(id);
+        assert!(
+            !known(&quiet),
+            "an idle tenant with a full budget is forgotten"
+        );
+        assert!(
+            known(&loud),
+            "the loud tenant is remembered, with its budget"
+        );
+        assert!(Arc::ptr_eq(
+            &shared,
+            &router.tenant(&loud, 0).unwrap().health.shared
+        ));
+        assert!(!shared.take_log_line(), "no fresh burst after eviction");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn a_cold_tenant_waits_only_when_every_instance_is_busy() {
         let router = router(&format!(
             "[plugins]\nmax_unconfigured_instances = 1\n{BUILTIN}"
@@ -925,15 +978,16 @@ mod tests {
         let engine = PluginEngine::new(10_001 * 2 + 1_024);
         assert!(engine.is_ok(), "{:?}", engine.err());
         drop(engine);
-        // Each needs an instance and a replacement: 2 × 3,001 + 1,024 > 6,144 pooled. (One
-        // test: two such pools at once would take most of the address space.)
+        // Each needs an instance and a replacement: 2 × 16,001 + 1,024 > 32,768 pooled. (One
+        // test: two such pools at once would take much of the address space.)
+        let pooled = crate::plugin::wasm::engine::MAX_POOLED_INSTANCES as usize;
         let mut toml = BUILTIN.to_owned();
-        for i in 0..3_000 {
+        for i in 0..16_000 {
             toml.push_str(&format!("[tenants.t{i}]\n"));
         }
         let many = router(&toml).unwrap();
         let usage = many.instances();
-        assert_eq!(usage.configured.max_live, Some((6_144 - 1_024) / 2));
+        assert_eq!(usage.configured.max_live, Some((pooled - 1_024) / 2));
         assert_eq!(usage.unconfigured.max_live, Some(1_024));
         drop(many);
         // Up to the pool, configured tenants' instances are bounded by memory only.

@@ -41,7 +41,7 @@ pub fn plugin_cache_dir(configured: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// The most `max_unconfigured_instances` may be: half of the instances one process pools
-/// (3,072 of 6,144), the other half for tenants with their own entry.
+/// (16,384 of 32,768), the other half for tenants with their own entry.
 pub const MAX_UNCONFIGURED_INSTANCES: usize = MAX_POOLED_INSTANCES as usize / 2;
 
 setting_group! {
@@ -68,11 +68,11 @@ setting_group! {
         trusted_keys: Vec<String> = Vec::new() => "`[]`";
         /// `[plugins.registries."<host[:port]>"]`: how to reach an OCI registry that `oci://` plugin paths name: `username` + `password` (usually `${file:…}`; basic auth, or a bearer token the registry's token service issues for them), `plain_http = true` (no TLS: loopback or in-cluster registries), `ca_location` (PEM file of the registry's CA), `timeout` (per request, default `"60s"`). Registries without an entry are pulled anonymously over HTTPS ([plugins.md](plugins.md#push-and-pull-oci-registries)).
         registries: BTreeMap<String, OciRegistrySettings> = BTreeMap::new() => "—";
-        /// Most live plugin instances kept for tenants without their own `[tenants.<name>]` entry (rows carry free-form tenant values), and most such tenants remembered between batches (breaker, counters). A tenant that needs an instance when this or `unconfigured_instances_memory_mb` is reached takes the place of an idle one (least recently used, by a clock sweep): its rows run in the same batch; they are put back for a later batch only when every other instance is in use at that moment. 1–3,072 (one process pools at most 6,144 plugin instances; the other half is kept for tenants with their own entry).
+        /// Most live plugin instances kept for tenants without their own `[tenants.<name>]` entry (rows carry free-form tenant values), and most such tenants remembered between batches (breaker, counters). A tenant that needs an instance when this or `unconfigured_instances_memory_mb` is reached takes the place of an idle one (least recently used, by a clock sweep): its rows run in the same batch; they are put back for a later batch only when every other instance is in use at that moment. 1–16,384 (one process pools at most 32,768 plugin instances; the other half is kept for tenants with their own entry).
         max_unconfigured_instances: usize = 1024 => "`1024`", check unconfigured_instances;
         /// Most linear memory (MiB) those instances hold together, as measured after each call; past it, idle instances are dropped as above. A Rust plugin's instance holds about 1 MiB, a Python or JavaScript one tens of MiB. The first instance is always allowed. At least 1.
         unconfigured_instances_memory_mb: usize = 512 => "`512`", check at_least_one;
-        /// Most linear memory (MiB) the instances of tenants with their own `[tenants.<name>]` entry, and of rows without a tenant, hold together. Every such tenant's plugin is instantiated and configured at start-up and on reload (so a rejected config is reported then), but past this budget idle instances are dropped, least recently used first, and created again for their tenant's next row: memory follows the tenants that have rows, not how many are configured. A separate budget from the one above, so free-form tenants never take a configured tenant's instance. With more configured tenants than one process can pool instances for (2,560 or more with the default `max_unconfigured_instances`), their live instances are also capped in number: half of what `max_unconfigured_instances` leaves of 6,144 ([plugins.md](plugins.md#the-sandbox-and-its-limits)). At least 1.
+        /// Most linear memory (MiB) the instances of tenants with their own `[tenants.<name>]` entry, and of rows without a tenant, hold together. Every such tenant's plugin is instantiated and configured at start-up and on reload (so a rejected config is reported then), but past this budget idle instances are dropped, least recently used first, and created again for their tenant's next row: memory follows the tenants that have rows, not how many are configured. A separate budget from the one above, so free-form tenants never take a configured tenant's instance. With more configured tenants than one process can pool instances for (15,872 or more with the default `max_unconfigured_instances`), their live instances are also capped in number: half of what `max_unconfigured_instances` leaves of 32,768 ([plugins.md](plugins.md#the-sandbox-and-its-limits)). At least 1.
         configured_instances_memory_mb: usize = 2048 => "`2048`", check at_least_one;
     }
 }
@@ -579,7 +579,7 @@ mod tests {
         let too_many = problems(MAX_UNCONFIGURED_INSTANCES + 1);
         assert_eq!(too_many.len(), 1, "{too_many:?}");
         assert!(
-            too_many[0].starts_with("plugins.max_unconfigured_instances: must be at most 3072"),
+            too_many[0].starts_with("plugins.max_unconfigured_instances: must be at most 16384"),
             "{too_many:?}"
         );
         assert_eq!(problems(0).len(), 1);

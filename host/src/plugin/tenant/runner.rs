@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::{OutboxRow, TenantId};
 use crate::model::{PauseReason, RowResult, TransformFailure};
+use crate::plugin::PluginError;
 use crate::plugin::output;
 use crate::plugin::tenant::batching::{BatchMode, OutputBudget, batch_chunk};
 use crate::plugin::tenant::breaker::{CircuitBreaker, Gate, Transition};
@@ -246,10 +247,18 @@ impl TenantRunner {
     }
 
     fn ensure_instance(&mut self) -> Result<&mut PluginInstance, TransformFailure> {
-        if self.instance.is_none() {
+        while self.instance.is_none() {
             self.take_permit().map_err(TransformFailure::Deferred)?;
             match PluginInstance::create(&self.template, &self.health.shared) {
                 Ok(instance) => self.install(instance),
+                // The pool is shared by every tenant: an idle instance of this budget gives
+                // its slots back, else the rows wait for a later batch (not a plugin failure).
+                Err(e @ PluginError::PoolExhausted { .. }) => {
+                    if !self.quota.as_ref().is_some_and(|quota| quota.evict_one()) {
+                        self.permit = None;
+                        return Err(TransformFailure::Deferred(e.to_string()));
+                    }
+                }
                 Err(e) => {
                     self.permit = None;
                     return Err(TransformFailure::Unavailable(e.to_string()));

@@ -1,9 +1,10 @@
 //! Host bindings generated from the WIT of every supported contract version (world `plugin`):
 //! `sluice:plugin@0.2.0` from `wit/sluice.wit` (the current one, whose types the host works
 //! with) and, in [`v0_1`], `sluice:plugin@0.1.0` as released (`wit/v0.1.0/`), converted to the
-//! current types at the boundary ([`super::contract`]). Exports are called through wasmtime's
-//! async API so that every call can be cut off at a wall-clock deadline (see [`super::call`]);
-//! the host's own imports (`log`, `counter-add`) are plain functions. Inputs to exports borrow
+//! current types at the boundary ([`super::contract`]). Exports are called synchronously, on
+//! the caller's stack (no fiber per Store): a wall-clock deadline bounds the only host calls a
+//! guest can wait in (see [`super::call`]), epoch interruption its own code. The host's own
+//! imports (`log`, `counter-add`) are plain functions. Inputs to exports borrow
 //! ([`types::OutboxRow`] has `&str`/`&[u8]` fields); results are owned.
 
 // Generated items carry the WIT file's documentation, not always on every field.
@@ -12,7 +13,6 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "plugin",
-    exports: { default: async },
     // Rows are passed to `transform`/`transform-batch` as borrowed views of the claimed rows:
     // lowering copies them into guest memory directly, without an owned copy per row first.
     ownership: Borrowing { duplicate_if_necessary: true },
@@ -26,8 +26,7 @@ pub(crate) mod v0_1 {
     wasmtime::component::bindgen!({
         path: "../wit/v0.1.0",
         world: "plugin",
-        exports: { default: async },
-        ownership: Borrowing { duplicate_if_necessary: true },
+            ownership: Borrowing { duplicate_if_necessary: true },
     });
 
     pub(crate) use sluice::plugin::types;

@@ -49,82 +49,66 @@ impl Pre {
     }
 
     /// Instantiates in `store`.
-    pub(crate) async fn instantiate(
+    pub(crate) fn instantiate(
         &self,
         store: &mut wasmtime::Store<HostState>,
     ) -> wasmtime::Result<Exports> {
         Ok(match self {
-            Pre::Current(pre) => Exports::Current(pre.instantiate_async(store).await?),
-            Pre::V0_1(pre) => Exports::V0_1(pre.instantiate_async(store).await?),
+            Pre::Current(pre) => Exports::Current(pre.instantiate(store)?),
+            Pre::V0_1(pre) => Exports::V0_1(pre.instantiate(store)?),
         })
     }
 }
 
 impl Exports {
-    pub(crate) async fn info(
+    pub(crate) fn info(
         &self,
         store: &mut wasmtime::Store<HostState>,
     ) -> wasmtime::Result<wit::PluginInfo> {
         Ok(match self {
-            Exports::Current(p) => p.sluice_plugin_transformer().call_info(store).await?,
-            Exports::V0_1(p) => info(p.sluice_plugin_transformer().call_info(store).await?),
+            Exports::Current(p) => p.sluice_plugin_transformer().call_info(store)?,
+            Exports::V0_1(p) => info(p.sluice_plugin_transformer().call_info(store)?),
         })
     }
 
-    pub(crate) async fn configure(
+    pub(crate) fn configure(
         &self,
         store: &mut wasmtime::Store<HostState>,
         config: &[(&str, &str)],
     ) -> wasmtime::Result<Result<(), String>> {
         match self {
-            Exports::Current(p) => {
-                p.sluice_plugin_transformer()
-                    .call_configure(store, config)
-                    .await
-            }
-            Exports::V0_1(p) => {
-                p.sluice_plugin_transformer()
-                    .call_configure(store, config)
-                    .await
-            }
+            Exports::Current(p) => p.sluice_plugin_transformer().call_configure(store, config),
+            Exports::V0_1(p) => p.sluice_plugin_transformer().call_configure(store, config),
         }
     }
 
-    pub(crate) async fn transform(
+    pub(crate) fn transform(
         &self,
         store: &mut wasmtime::Store<HostState>,
         row: wit::OutboxRow<'_>,
     ) -> wasmtime::Result<Answer> {
         Ok(match self {
-            Exports::Current(p) => {
-                p.sluice_plugin_transformer()
-                    .call_transform(store, row)
-                    .await?
-            }
+            Exports::Current(p) => p.sluice_plugin_transformer().call_transform(store, row)?,
             Exports::V0_1(p) => answer(
                 p.sluice_plugin_transformer()
-                    .call_transform(store, row_v0_1(&row))
-                    .await?,
+                    .call_transform(store, row_v0_1(&row))?,
             ),
         })
     }
 
-    pub(crate) async fn transform_batch(
+    pub(crate) fn transform_batch(
         &self,
         store: &mut wasmtime::Store<HostState>,
         rows: &[wit::OutboxRow<'_>],
     ) -> wasmtime::Result<Vec<Answer>> {
         Ok(match self {
-            Exports::Current(p) => {
-                p.sluice_plugin_transformer()
-                    .call_transform_batch(store, rows)
-                    .await?
-            }
+            Exports::Current(p) => p
+                .sluice_plugin_transformer()
+                .call_transform_batch(store, rows)?,
             Exports::V0_1(p) => {
                 let rows: Vec<v0_1::types::OutboxRow<'_>> = rows.iter().map(row_v0_1).collect();
                 p.sluice_plugin_transformer()
-                    .call_transform_batch(store, &rows)
-                    .await?
+                    .call_transform_batch(store, &rows)?
                     .into_iter()
                     .map(answer)
                     .collect()

@@ -74,11 +74,21 @@ impl LogBudget {
         }
     }
 
+    /// Tokens at `now`, refilled since the last line.
+    fn refilled(&self, now: Instant) -> f64 {
+        let refill = now.duration_since(self.last).as_secs_f64() * LOG_LINES_PER_SEC;
+        (self.tokens + refill).min(LOG_BURST)
+    }
+
+    /// Whether the bucket is as a fresh one would be: forgetting it gives nothing away.
+    fn at_rest(&self, now: Instant) -> bool {
+        self.dropped == 0 && self.refilled(now) >= LOG_BURST
+    }
+
     /// Whether a line may be written now.
     fn take(&mut self) -> bool {
         let now = Instant::now();
-        let refill = now.duration_since(self.last).as_secs_f64() * LOG_LINES_PER_SEC;
-        self.tokens = (self.tokens + refill).min(LOG_BURST);
+        self.tokens = self.refilled(now);
         self.last = now;
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -140,6 +150,18 @@ impl TenantShared {
         &self.tenant
     }
 
+    /// Whether the tenant's log budget is full again (as a fresh tenant's would be): only
+    /// then may the router forget the tenant, else coming back would refill it.
+    pub(crate) fn log_budget_at_rest(&self, now: Instant) -> bool {
+        lock(&self.log_budget).at_rest(now)
+    }
+
+    /// Takes one line from the tenant's log budget for guest text the host logs on the
+    /// guest's behalf (what it wrote to stderr before a trap); `false` when it is used up.
+    pub(crate) fn take_log_line(&self) -> bool {
+        lock(&self.log_budget).take()
+    }
+
     /// The tenant's `counter-add` totals, by name (at most [`MAX_COUNTER_NAMES`]).
     pub(crate) fn counters(&self) -> BTreeMap<String, u64> {
         lock(&self.counters).0.clone()
@@ -191,6 +213,9 @@ pub(crate) struct HostState {
     pub(crate) limiter: TenantLimiter,
     /// The tail of what the guest wrote to stdout and stderr.
     pub(crate) output: GuestOutput,
+    /// When the running call's `call_timeout` ends: a WASI wait gives up then
+    /// ([`super::call::shadow_waits`]). Set before every call.
+    pub(crate) deadline: Instant,
     wasi: WasiCtx,
     table: ResourceTable,
 }
@@ -211,8 +236,14 @@ impl HostState {
                 .monotonic_clock(FrozenClock)
                 .build(),
             output,
+            deadline: Instant::now(),
             table: ResourceTable::new(),
         }
+    }
+
+    /// What a WASI wait needs: the Store's resources (the pollables) and the call's deadline.
+    pub(crate) fn waits(&mut self) -> (&mut ResourceTable, Instant) {
+        (&mut self.table, self.deadline)
     }
 }
 
@@ -263,6 +294,26 @@ mod tests {
         let budget = lock(&shared.log_budget);
         assert!(budget.tokens < 2.0, "one bucket, emptied by both Stores");
         assert!(budget.dropped >= 1_890, "{}", budget.dropped);
+    }
+
+    #[test]
+    fn a_used_budget_is_not_at_rest_until_it_has_refilled() {
+        let shared = TenantShared::new(TenantId::named("t"));
+        let now = Instant::now();
+        assert!(shared.log_budget_at_rest(now));
+        assert!(shared.take_log_line());
+        assert!(!shared.log_budget_at_rest(now));
+        // One line refills in 1/20 s.
+        let later = now + std::time::Duration::from_millis(100);
+        assert!(shared.log_budget_at_rest(later));
+        let mut budget = lock(&shared.log_budget);
+        budget.tokens = 0.0;
+        budget.take();
+        assert!(budget.dropped > 0);
+        assert!(
+            !budget.at_rest(later + std::time::Duration::from_secs(60)),
+            "dropped lines not reported yet"
+        );
     }
 
     #[test]

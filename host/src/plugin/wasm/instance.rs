@@ -2,18 +2,17 @@
 //! budget) and the calls into the guest, each bounded in wall-clock time (see [`super::call`]). A
 //! trapped instance is poisoned; the owner drops it and creates a new one.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::Trap;
+use wasmtime::{PoolConcurrencyLimitError, Trap};
 
 use crate::model::TransformFailure;
 use crate::model::{OutboxId, OutboxRow};
 use crate::plugin::PluginError;
 use crate::plugin::limits::{LimitExceeded, Limits};
 use crate::plugin::wasm::bindings::types::{self as wit, PluginInfo};
-use crate::plugin::wasm::call::run_until;
+use crate::plugin::wasm::call::WaitedPastDeadline;
 use crate::plugin::wasm::component::LoadedPlugin;
 use crate::plugin::wasm::contract::Exports;
 use crate::plugin::wasm::engine::PluginEngine;
@@ -90,25 +89,48 @@ impl WasmInstance {
         shared: &Arc<TenantShared>,
         limits: &Limits,
     ) -> Result<Self, PluginError> {
+        let slot = plugin.engine().memory_slot();
+        if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) > slot {
+            // The pool's slots were sized at start from the largest `memory_mb` then.
+            return Err(PluginError::Instantiate {
+                path: plugin.path().to_owned(),
+                tenant: shared.tenant().clone(),
+                message: format!(
+                    "memory_mb {} is larger than the plugin instance pool's memory slots ({} MiB, \
+                     sized at start from the largest memory_mb configured then): restart to \
+                     apply it",
+                    limits.memory_bytes >> 20,
+                    slot >> 20
+                ),
+            });
+        }
         let _running = plugin.engine().enter();
-        let mut wasm_store = wasmtime::Store::new(
-            plugin.engine().engine(),
-            HostState::new(Arc::clone(shared), limits.limiter()),
-        );
+        let mut state = HostState::new(Arc::clone(shared), limits.limiter());
+        state.deadline = Instant::now() + limits.call_timeout;
+        let mut wasm_store = wasmtime::Store::new(plugin.engine().engine(), state);
         wasm_store.limiter(|state| &mut state.limiter);
         wasm_store.set_epoch_deadline(deadline_ticks(limits.call_timeout));
         // What the host may copy out of the guest per call: results and host-call arguments.
         wasm_store.set_hostcall_fuel(limits.copy_budget());
-        let deadline = Instant::now() + limits.call_timeout;
-        let instantiated = run_until(plugin.pre().instantiate(&mut wasm_store), deadline)
-            .ok_or_else(|| Trapped::wall_clock(limits))
-            .and_then(|r| r.map_err(|e| Trapped::from_error(&e, limits)))
-            .map_err(|trapped| trapped.with_output(&wasm_store.data().output));
-        let bindings = instantiated.map_err(|trapped| PluginError::Instantiate {
-            path: plugin.path().to_owned(),
-            tenant: shared.tenant().clone(),
-            message: trapped.reason,
-        })?;
+        let instantiated = match plugin.pre().instantiate(&mut wasm_store) {
+            Ok(bindings) => bindings,
+            Err(e) if e.downcast_ref::<PoolConcurrencyLimitError>().is_some() => {
+                return Err(PluginError::PoolExhausted {
+                    message: bounded(&format!("{e:#}"), MAX_LOGGED).into_owned(),
+                });
+            }
+            Err(e) => {
+                let state = wasm_store.data();
+                let trapped = Trapped::from_error(&e, limits)
+                    .with_budgeted_output(&state.output, &state.shared);
+                return Err(PluginError::Instantiate {
+                    path: plugin.path().to_owned(),
+                    tenant: shared.tenant().clone(),
+                    message: trapped.reason,
+                });
+            }
+        };
+        let bindings = instantiated;
         let baseline_memory = wasm_store.data().limiter.memory_used();
         Ok(Self {
             wasm_store,
@@ -119,29 +141,26 @@ impl WasmInstance {
         })
     }
 
-    /// Calls into the guest: a fresh epoch deadline (for guest code) and wall-clock deadline
-    /// (for time spent waiting in host functions), both `call_timeout`.
-    fn call<'a, F, T>(
-        &'a mut self,
-        f: impl FnOnce(&'a Exports, &'a mut wasmtime::Store<HostState>) -> F,
-    ) -> Result<T, Trapped>
-    where
-        F: Future<Output = wasmtime::Result<T>> + 'a,
-    {
+    /// Calls into the guest, synchronously: a fresh epoch deadline (for guest code) and
+    /// wall-clock deadline (for time spent waiting in host functions), both `call_timeout`.
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&Exports, &mut wasmtime::Store<HostState>) -> wasmtime::Result<T>,
+    ) -> Result<T, Trapped> {
         let _running = self.engine.enter();
         // Deadlines count from the moment they are armed, so arm after entering.
         let timeout = self.limits.call_timeout;
         self.wasm_store.set_epoch_deadline(deadline_ticks(timeout));
-        let deadline = Instant::now() + timeout;
+        self.wasm_store.data_mut().deadline = Instant::now() + timeout;
         let output = self.wasm_store.data().output.clone();
         output.clear();
-        let limits = &self.limits;
-        let trapped = match run_until(f(&self.bindings, &mut self.wasm_store), deadline) {
-            Some(Ok(value)) => return Ok(value),
-            Some(Err(e)) => Trapped::from_error(&e, limits),
-            None => Trapped::wall_clock(limits),
-        };
-        Err(trapped.with_output(&output))
+        match f(&self.bindings, &mut self.wasm_store) {
+            Ok(value) => Ok(value),
+            Err(e) => {
+                let trapped = Trapped::from_error(&e, &self.limits);
+                Err(trapped.with_budgeted_output(&output, &self.wasm_store.data().shared))
+            }
+        }
     }
 
     /// Linear memory of the instance's `wasmtime::Store` now, in bytes.
@@ -234,6 +253,9 @@ pub(crate) const GUEST_OUTPUT_IN_REASON: usize = 900;
 
 impl Trapped {
     fn from_error(error: &wasmtime::Error, limits: &Limits) -> Self {
+        if error.downcast_ref::<WaitedPastDeadline>().is_some() {
+            return Self::wall_clock(limits);
+        }
         Self {
             reason: describe_trap(error, limits),
             deadline: matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)),
@@ -253,6 +275,24 @@ impl Trapped {
             guest_output: None,
             limit: Some("call_timeout"),
         }
+    }
+
+    /// Quotes what the guest wrote during the call (a panic message or traceback), if the
+    /// tenant's log budget has a line left: the quote is logged, and a plugin that writes to
+    /// stderr and then traps must not log past its budget.
+    fn with_budgeted_output(self, output: &GuestOutput, shared: &TenantShared) -> Self {
+        if output.text(0).is_none() {
+            return self;
+        }
+        if shared.take_log_line() {
+            return self.with_output(output);
+        }
+        let mut trapped = self;
+        trapped.reason = format!(
+            "{}; guest stderr not quoted (its log lines are rate-limited)",
+            trapped.reason
+        );
+        trapped
     }
 
     /// Quotes what the guest wrote during the call: a panic message or traceback.
