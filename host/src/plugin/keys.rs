@@ -61,9 +61,17 @@ impl KeyScope {
     }
 
     /// Where the keys are configured.
-    pub(crate) fn origin(&self) -> &str {
+    #[cfg(test)]
+    fn origin(&self) -> &str {
         &self.origin
     }
+}
+
+/// Where a list of keys is configured.
+enum Section<'a> {
+    Global,
+    Default,
+    Tenant(&'a str),
 }
 
 /// The scopes of `[plugins]`, `[plugins.default]` and every `[tenants.<name>]`.
@@ -84,21 +92,22 @@ impl KeyScopes {
         tenants: &BTreeMap<String, PluginSpec>,
     ) -> Result<Self, Problem> {
         // (which section, its name in messages, its entries)
-        let mut sections: Vec<(Option<Option<&str>>, String, &[String])> = Vec::new();
+        let mut sections: Vec<(Section, String, &[String])> = Vec::new();
         if !plugins.trusted_keys.is_empty() {
-            sections.push((None, GLOBAL.to_owned(), &plugins.trusted_keys));
+            sections.push((Section::Global, GLOBAL.to_owned(), &plugins.trusted_keys));
         }
         if let Some(keys) = plugins
             .default
             .as_ref()
             .and_then(|d| d.trusted_keys.as_ref())
         {
-            sections.push((Some(None), "plugins.default.trusted_keys".to_owned(), keys));
+            let origin = "plugins.default.trusted_keys".to_owned();
+            sections.push((Section::Default, origin, keys));
         }
         for (name, spec) in tenants {
             if let Some(keys) = &spec.trusted_keys {
                 let origin = format!("tenants.{name}.trusted_keys");
-                sections.push((Some(Some(name.as_str())), origin, keys));
+                sections.push((Section::Tenant(name), origin, keys));
             }
         }
         let mut ids_of: Vec<Vec<String>> = Vec::with_capacity(sections.len());
@@ -107,8 +116,8 @@ impl KeyScopes {
             let ids: Vec<String> = TrustedKeys::parse(entries)
                 .map_err(|(at, message)| {
                     let key = match section {
-                        None => "plugins.trusted_keys",
-                        Some(_) => origin.as_str(),
+                        Section::Global => "plugins.trusted_keys",
+                        Section::Default | Section::Tenant(_) => origin.as_str(),
                     };
                     Problem::new(format!("{key}[{at}]"), message)
                 })?
@@ -129,12 +138,12 @@ impl KeyScopes {
                 owners: Arc::clone(&owners),
             });
             match section {
-                None => scopes.global = Some(scope),
-                Some(None) => {
+                Section::Global => scopes.global = Some(scope),
+                Section::Default => {
                     scopes.scoped.extend(entries.iter().cloned());
                     scopes.default = Some(scope);
                 }
-                Some(Some(name)) => {
+                Section::Tenant(name) => {
                     scopes.scoped.extend(entries.iter().cloned());
                     scopes.tenants.insert(name.to_owned(), scope);
                 }
