@@ -20,6 +20,8 @@
 //! - [`inspect`]: what `sluice plugin check` asks of a file
 //! - [`supply`]: where a plugin's bytes come from (a file, an OCI registry) and whether to
 //!   trust them (`sha256` pins, minisign signatures)
+//! - `keys`: which trusted keys may sign which tenant's plugin
+//! - `cache_budget`: one size bound for everything under the plugins cache directory
 //!
 //! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
 //! file or a builtin's name), as loaded (a compiled component shared by every tenant that
@@ -27,6 +29,8 @@
 //! `wasmtime::Store`).
 
 pub mod builtin;
+mod cache_budget;
+mod keys;
 mod lanes;
 mod live;
 pub mod limits;
@@ -165,6 +169,18 @@ pub enum PluginError {
         expected: String,
         /// The digest of the bytes found.
         found: String,
+    },
+    /// The file is not signed by a key the tenant's section trusts (its own `trusted_keys`,
+    /// or `[plugins] trusted_keys`): not loaded for that tenant (quarantined at start-up, the
+    /// old version kept on reload).
+    #[error("plugin {path} (tenant {tenant}): refused: {reason}")]
+    SignerRefused {
+        /// The plugin file or OCI reference.
+        path: PathBuf,
+        /// The tenant whose keys refuse it.
+        tenant: String,
+        /// Who signed it (and which section trusts that key) and which keys this tenant takes.
+        reason: String,
     },
     /// A plugin setting is invalid or missing (or a builtin refused its `config`): the key
     /// (e.g. `tenants.acme.path`) and what is wrong with it.

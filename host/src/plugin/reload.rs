@@ -36,7 +36,8 @@ fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTempla
         old.limits.clone(),
     )
     .with_declared_formats(old.formats.clone())
-    .pinned(old.pin.clone());
+    .pinned(old.pin.clone())
+    .signed_by(old.keys.clone());
     Arc::new(match old.quarantine.watch() {
         Some(watch) => renewed.watched_by(watch),
         None => renewed,
@@ -155,10 +156,11 @@ impl PluginRouter {
                 }
                 (_, false) => renewed(&old, &plugin),
             };
-            // A file whose digest is not the tenant's pin never replaces what runs (checked
-            // before the swap: tenants without a live instance are not instantiated below).
+            // A file whose digest is not the tenant's pin, or not signed by one of its keys,
+            // never replaces what runs (checked before the swap: tenants without a live
+            // instance are not instantiated below).
             if let Some(refused) =
-                template.pin_refuses(&plugin, &tenant.health.shared.tenant().to_string())
+                template.refuses(&plugin, &tenant.health.shared.tenant().to_string())
             {
                 let reason = reason_of(&refused);
                 if not_running(&old) {

@@ -13,6 +13,7 @@ use std::time::Instant;
 use crate::encoding::MessageFormats;
 use crate::model::{OutboxRow, TenantId};
 use crate::model::{RowResult, TransformFailure};
+use crate::plugin::keys::KeyScopes;
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
 use crate::plugin::live::AppliedSpecs;
@@ -190,11 +191,14 @@ impl PluginRouter {
         let engine =
             PluginEngine::with_memory(u32::try_from(pooled).unwrap_or(u32::MAX), largest_memory)?;
         let cache = compile_cache(plugins);
+        let keys = KeyScopes::new(plugins, tenants)?;
         let supply = PluginSupply::new(
             &plugins.trusted_keys,
             &plugins.registries,
             cache.as_ref().map(|c| c.dir.as_path()),
-        )?;
+        )?
+        .with_scoped_keys(&plugins.trusted_keys, keys.scoped_entries())?
+        .with_cache_max_bytes(cache.as_ref().map_or(0, |c| c.max_bytes));
         // Each file is loaded once; its tenants share the loaded (or broken) code.
         let mut files: HashMap<PathBuf, PluginCode> = HashMap::new();
         // `lazy`: a file not loaded yet waits for its tenant's first row.
@@ -250,6 +254,7 @@ impl PluginRouter {
                 )
                 .with_declared_formats(formats_of(spec, "plugins.default")?)
                 .pinned(spec.pin())
+                .signed_by(keys.for_default())
                 .watched_by(&watch),
             )),
             None => None,
@@ -283,6 +288,7 @@ impl PluginRouter {
                 )
                 .with_declared_formats(formats_of(&spec, &format!("tenants.{name}"))?)
                 .pinned(spec.pin())
+                .signed_by(keys.for_tenant(name, tenant))
                 .watched_by(&watch),
             );
             let id = TenantId::named(name.as_str());
@@ -301,6 +307,11 @@ impl PluginRouter {
                 strict,
             )?;
             known.map.insert(none, tenant);
+        }
+        // Every plugin is loaded and holds its cache files: prune what else passes the bound
+        // (a lowered cache_max_mb, or entries other relays left).
+        if let Some(cache) = &cache {
+            cache.prune_now();
         }
         let files = files
             .keys()

@@ -54,7 +54,7 @@ setting_group! {
     pub struct PluginsSpec => PluginsSettings {
         /// Compiled plugins are cached here, one file per plugin content hash and wasmtime version/settings, so restarts skip compilation (seconds for Python/JS components). `""` disables the cache. The environment variable `SLUICE_PLUGIN_CACHE_DIR` overrides it (also for `sluice plugin check/test`). The directory must be writable only by the user Sluice runs as: cached files are loaded as native code.
         cache_dir: PathBuf => "`$XDG_CACHE_HOME/sluice/plugins`, else `~/.cache/sluice/plugins`";
-        /// Most MiB of compiled plugins the cache keeps. Whenever a plugin is compiled, the least recently used entries (by file time, renewed on every load) are removed until the rest fit, never the one just written; only `*.cwasm` files are touched. Each rebuild of a Python/JavaScript plugin adds a ~35 MB entry. `sluice plugin check FILE.wasm` precompiles a file into the cache at deploy time ([plugins.md](plugins.md#checking-and-trying-a-plugin)).
+        /// Most MiB Sluice keeps under `cache_dir`: compiled plugins (`*.cwasm`) and OCI plugins pulled into `oci/` share it (neither has a share of its own). After each compile or pull, and once at start-up, the least recently used of these files (by file time, renewed on every use) are removed until the rest fit — never a file a plugin loaded in this process needs: its compiled code, and an OCI plugin's component, signature and tag (what a start during a registry outage falls back to). When those alone pass the bound, the directory stays over it and a warning says so. Other files in the directory are not touched. Each rebuild of a Python/JavaScript plugin adds a ~35 MB entry. `sluice plugin check FILE.wasm` precompiles a file into the cache at deploy time ([plugins.md](plugins.md#checking-and-trying-a-plugin)).
         cache_max_mb: u64 = 1024 => "`1024`";
         /// The plugin for rows whose tenant has no `[tenants.<name>]` entry, and for rows without a tenant ([below](#pluginsdefault)).
         default: PluginSpec => "—";
@@ -64,7 +64,7 @@ setting_group! {
         load: LoadMode = LoadMode::Eager => "`\"eager\"`";
         /// What `sluice run` does when a tenant's plugin cannot start (the file does not load; instantiation or `configure` fails or exceeds `call_timeout`): `false` quarantines that tenant — the reason is logged, its rows wait unclaimed with no attempt counted, starting is retried with back-off (5 s doubling to 5 min), on file change and on SIGHUP — and runs the others; `true` refuses to start, naming the plugin and the reason. A failing `[plugins.default]` quarantines every tenant that uses it ([plugins.md](plugins.md#the-sandbox-and-its-limits)).
         strict_startup: bool = false => "`false`";
-        /// minisign public keys (each the base64 line of a `.pub` file, or a whole `.pub` file, e.g. `"${file:/etc/sluice/keys/release.pub}"`). When set, every `.wasm` plugin must carry a valid signature of its exact bytes by one of them (`<path>.minisig`, or a signature layer of an OCI plugin); an unsigned or wrongly signed plugin is not loaded (its tenants quarantined, or the old version kept on reload). Read at start ([plugins.md](plugins.md#sign)).
+        /// minisign public keys (each the base64 line of a `.pub` file, or a whole `.pub` file, e.g. `"${file:/etc/sluice/keys/release.pub}"`). When set, every `.wasm` plugin must carry a valid signature of its exact bytes by one of them (`<path>.minisig`, or a signature layer of an OCI plugin); an unsigned or wrongly signed plugin is not loaded (its tenants quarantined, or the old version kept on reload). A section's own `trusted_keys` (`[tenants.<name>]`, `[plugins.default]`) replaces these for its plugin ([plugins.md](plugins.md#keys-per-tenant)). Read at start ([plugins.md](plugins.md#sign)).
         trusted_keys: Vec<String> = Vec::new() => "`[]`";
         /// `[plugins.registries."<host[:port]>"]`: how to reach an OCI registry that `oci://` plugin paths name: `username` + `password` (usually `${file:…}`; basic auth, or a bearer token the registry's token service issues for them), `plain_http = true` (no TLS: loopback or in-cluster registries), `ca_location` (PEM file of the registry's CA), `timeout` (per request, default `"60s"`). Registries without an entry are pulled anonymously over HTTPS ([plugins.md](plugins.md#push-and-pull-oci-registries)).
         registries: BTreeMap<String, OciRegistrySettings> = BTreeMap::new() => "—";
@@ -106,6 +106,10 @@ pub struct PluginSpec {
     /// A routing plugin compiled into Sluice instead of a `.wasm` file (see
     /// [`Builtin`]); exclusive with `path`.
     pub builtin: Option<String>,
+    /// minisign public keys, one of which must have signed this section's component: when
+    /// set, they replace `[plugins] trusted_keys` for it (see [`crate::plugin::keys`]). Goes
+    /// with `path`, as `sha256` does.
+    pub trusted_keys: Option<Vec<String>>,
     /// Passed to the plugin's `configure` as string pairs.
     pub config: Option<BTreeMap<String, toml::Value>>,
     /// The sandbox limits (`memory_mb`, `call_timeout`, `allowed_topics`, `max_*`, the
@@ -121,7 +125,7 @@ pub struct PluginSpec {
 
 /// A plugin section's own keys; the groups' follow, in the order an unknown key's error
 /// lists them.
-const OWN_KEYS: &[&str] = &["path", "sha256", "builtin", "config"];
+const OWN_KEYS: &[&str] = &["path", "sha256", "builtin", "config", "trusted_keys"];
 const KEY_COUNT: usize = OWN_KEYS.len() + LimitsSpec::KEYS.len() + FormatsSpec::KEYS.len();
 static PLUGIN_KEYS: [&str; KEY_COUNT] =
     concat_keys(&[OWN_KEYS, LimitsSpec::KEYS, FormatsSpec::KEYS]);
@@ -142,6 +146,7 @@ impl<'de> Deserialize<'de> for PluginSpec {
                         "sha256" => spec.sha256 = Some(map.next_value()?),
                         "builtin" => spec.builtin = Some(map.next_value()?),
                         "config" => spec.config = Some(map.next_value()?),
+                        "trusted_keys" => spec.trusted_keys = Some(map.next_value()?),
                         // Known (the seed checked it), so one of the groups reads it.
                         other => {
                             if !spec.limits.read_key(other, &mut map)? {
@@ -233,12 +238,19 @@ impl PluginSpec {
         if own_plugin {
             limits.allowed_topics = self.limits.allowed_topics.clone();
         }
-        let (path, sha256, builtin) = match own_plugin {
-            true => (self.path.clone(), self.sha256.clone(), self.builtin.clone()),
+        // The pin and the keys vouch for the file `path` names: they go with it.
+        let (path, sha256, builtin, trusted_keys) = match own_plugin {
+            true => (
+                self.path.clone(),
+                self.sha256.clone(),
+                self.builtin.clone(),
+                self.trusted_keys.clone(),
+            ),
             false => (
                 default.path.clone(),
                 default.sha256.clone(),
                 default.builtin.clone(),
+                default.trusted_keys.clone(),
             ),
         };
         let config = match own_plugin {
@@ -249,6 +261,7 @@ impl PluginSpec {
             path,
             sha256,
             builtin,
+            trusted_keys,
             config,
             limits,
             formats: self.formats.clone().or(&default.formats),
@@ -352,6 +365,7 @@ impl PluginSpec {
                 ));
             }
         }
+        problems.extend(self.trusted_keys_problems(key));
         if let Some(config) = &self.config
             && let Err(problem) = validate_config_table(key, config)
         {
@@ -360,6 +374,38 @@ impl PluginSpec {
         problems.extend(self.limits.key_problems(key));
         problems.extend(self.formats.key_problems(key));
         problems
+    }
+
+    /// Problems with this section's own `trusted_keys`: each key must parse, the list must not
+    /// be empty (that would turn signatures off for it), and it needs the `path` it vouches for.
+    fn trusted_keys_problems(&self, key: &str) -> Vec<Problem> {
+        let Some(keys) = &self.trusted_keys else {
+            return Vec::new();
+        };
+        let at = format!("{key}.trusted_keys");
+        if keys.is_empty() {
+            return vec![Problem::new(
+                at,
+                "is empty: list the keys that may sign this plugin, or leave the key out to \
+                 use [plugins] trusted_keys",
+            )];
+        }
+        if let Err((index, message)) = crate::plugin::supply::TrustedKeys::parse(keys) {
+            return vec![Problem::new(format!("{at}[{index}]"), message)];
+        }
+        if self.path.is_none() {
+            return vec![Problem::new(
+                at,
+                match &self.builtin {
+                    Some(_) => "vouch for a `.wasm` component; a builtin is not signed",
+                    None => {
+                        "vouch for the component `path` names: set `path` here too (a tenant \
+                         that runs [plugins.default] takes its trusted_keys)"
+                    }
+                },
+            )];
+        }
+        Vec::new()
     }
 
     /// The plugin's `configure` pairs.
@@ -538,6 +584,39 @@ mod tests {
             p[0].starts_with("tenants.acme.path: `oci://router:1` names no registry"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn a_sections_own_trusted_keys_go_with_its_path_and_are_checked() {
+        let key = "RWSXbzj3Sn2MjGwbwAN4UYQ5yBfHQ1Ceev5EklGh0X4eYQFklU+3mWZk";
+        let problems = |toml: &str| -> Vec<String> {
+            spec(toml)
+                .problems("tenants.acme", false)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert!(problems(&format!("path = \"a.wasm\"\ntrusted_keys = [\"{key}\"]\n")).is_empty());
+        let p = problems(&format!(
+            "path = \"a.wasm\"\ntrusted_keys = [\"{key}\", \"x\"]\n"
+        ));
+        assert!(
+            p[0].starts_with("tenants.acme.trusted_keys[1]: not a minisign public key"),
+            "{p:?}"
+        );
+        let p = problems("path = \"a.wasm\"\ntrusted_keys = []\n");
+        assert!(
+            p[0].starts_with("tenants.acme.trusted_keys: is empty"),
+            "an empty list would turn signatures off: {p:?}"
+        );
+        let p = problems(&format!("trusted_keys = [\"{key}\"]\n"));
+        assert!(p[0].contains("set `path` here too"), "{p:?}");
+        // Like the pin, the keys go with the plugin.
+        let default = spec(&format!("path = \"d.wasm\"\ntrusted_keys = [\"{key}\"]\n"));
+        let follows = spec("memory_mb = 16\n").inherit(Some(&default));
+        assert_eq!(follows.trusted_keys, Some(vec![key.to_owned()]));
+        let own = spec("path = \"own.wasm\"\n").inherit(Some(&default));
+        assert_eq!(own.trusted_keys, None);
     }
 
     #[test]

@@ -752,3 +752,101 @@ async fn an_https_registry_is_trusted_through_ca_location() {
     assert_eq!(s.consume(3, Duration::from_secs(1)).len(), 3);
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_signed_by_another_tenants_key_is_refused_for_this_tenant_at_start_and_on_reload()
+{
+    let s = Scenario::new("tenant_keys", &["order", "customer", "a", "b"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let acme_key = SigningKey::generate().unwrap();
+    let beta_key = SigningKey::generate().unwrap();
+    let acme_file = copy_in(dir.path(), "acme.wasm", &reference_plugin());
+    acme_key.sign(&acme_file, "acme router 1").unwrap();
+    let beta_file = copy_in(dir.path(), "beta.wasm", &reference_plugin());
+    beta_key.sign(&beta_file, "beta router 1").unwrap();
+    // Each tenant trusts its own key only; gamma runs acme's file (shared by path) but trusts
+    // beta's key.
+    let keys = |key: &SigningKey| format!("trusted_keys = [\"{}\"]\n", key.public());
+    let tenants = tenant_entry(
+        &s,
+        "acme",
+        &acme_file.display().to_string(),
+        &keys(&acme_key),
+    ) + &tenant_entry(
+        &s,
+        "beta",
+        &beta_file.display().to_string(),
+        &keys(&beta_key),
+    ) + &tenant_entry(
+        &s,
+        "gamma",
+        &acme_file.display().to_string(),
+        &keys(&beta_key),
+    );
+    let config = s.config("", &tenants);
+    let refusal = |tenant: &str| {
+        format!(
+            "(tenant {tenant}): refused: signed by key {} (a key of tenants.acme.trusted_keys), \
+             which is not in tenants.{tenant}.trusted_keys ({})",
+            acme_key.id(),
+            beta_key.id()
+        )
+    };
+
+    let (ok, text) = config_check(&config);
+    assert!(!ok, "{text}");
+    assert!(text.contains("tenants.gamma"), "{text}");
+    assert!(text.contains(&refusal("gamma")), "{text}");
+    assert!(
+        !text.contains("(tenant acme): refused") && !text.contains("(tenant beta): refused"),
+        "{text}"
+    );
+
+    // At start: gamma is quarantined, acme and beta run.
+    for tenant in ["acme", "beta", "gamma"] {
+        s.table.insert_rows(5, Some(tenant)).await;
+    }
+    let relay = RelayProcess::start(&config).unwrap();
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    assert!(
+        wait_until(SCENARIO_WAIT, || async { s.table.count().await == 5 }).await,
+        "{}",
+        relay.log()
+    );
+    assert!(
+        relay.log().contains("tenant quarantined"),
+        "{}",
+        relay.log()
+    );
+    assert!(relay.log().contains(&refusal("gamma")), "{}", relay.log());
+
+    // On reload: beta's file is replaced by another build signed with acme's key. beta keeps
+    // its running version.
+    let staged = copy_in(dir.path(), "staged.wasm", &test_plugin("test_fanout"));
+    let staged_signature = acme_key.sign(&staged, "not beta's").unwrap();
+    let mut beta_signature = beta_file.as_os_str().to_owned();
+    beta_signature.push(".minisig");
+    std::fs::rename(&staged_signature, &beta_signature).unwrap();
+    std::fs::rename(&staged, &beta_file).unwrap();
+    relay.hangup();
+    let refused = wait_until(SCENARIO_WAIT, || async {
+        relay.log().contains(&refusal("beta"))
+            && relay
+                .log()
+                .contains("new plugin version refused for this tenant; it keeps the old version")
+    })
+    .await;
+    assert!(refused, "{}", relay.log());
+    s.table.insert_rows(5, Some("beta")).await;
+    assert!(
+        wait_until(SCENARIO_WAIT, || async { s.table.count().await == 5 }).await,
+        "{}",
+        relay.log()
+    );
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    // acme's 5 and beta's 10 rows went through the first version (order/customer), none
+    // through the refused build (a/b); gamma's 5 rows wait.
+    assert_all_from_the_first_version(&s, 15);
+    s.finish().await;
+}

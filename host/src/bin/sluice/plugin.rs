@@ -30,7 +30,8 @@ fn supply(
         &trusted_keys,
         &plugins.registries,
         sluice::plugin::settings::plugin_cache_dir(plugins.cache_dir.as_deref()).as_deref(),
-    )?)
+    )?
+    .with_cache_max_bytes(plugins.cache_max_mb.saturating_mul(1024 * 1024)))
 }
 
 /// Exit status of `sluice plugin test --expect` when the output differs from the golden file

@@ -28,12 +28,19 @@ pub struct Fetched {
     pub source: String,
     /// The trusted key that signed them; `None` when no keys are configured.
     pub signer: Option<Signer>,
+    /// The cache files they were kept in (an OCI plugin's), held while they are loaded.
+    pub(crate) holds: Vec<crate::plugin::cache_budget::CacheHold>,
 }
 
 /// Fetches and verifies plugins for the router, `plugin check` and `plugin test`.
 #[derive(Debug, Default)]
 pub struct PluginSupply {
+    /// `[plugins] trusted_keys`: with any, every plugin must be signed.
     trusted: TrustedKeys,
+    /// Those and the keys of sections with their own `trusted_keys` (empty when there are
+    /// none): a signature by any of them is verified here; whether its signer may sign for a
+    /// tenant is that tenant's check (see `plugin/keys.rs`).
+    known: TrustedKeys,
     oci: OciRegistries,
 }
 
@@ -50,8 +57,33 @@ impl PluginSupply {
         })?;
         Ok(Self {
             trusted,
+            known: TrustedKeys::default(),
             oci: OciRegistries::new(registries.clone(), cache_dir),
         })
+    }
+
+    /// Keeps the cache directory within `max_bytes` (`[plugins] cache_max_mb`, shared with
+    /// the compile cache) when pulled plugins are written to it.
+    pub fn with_cache_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.oci = self.oci.bounded(max_bytes);
+        self
+    }
+
+    /// Also verifies signatures by `entries`, the keys of sections with their own
+    /// `trusted_keys` (checked by config validation, as `[plugins] trusted_keys` is).
+    pub fn with_scoped_keys(
+        mut self,
+        global: &[String],
+        entries: &[String],
+    ) -> Result<Self, PluginError> {
+        if entries.is_empty() {
+            return Ok(self);
+        }
+        let all: Vec<String> = global.iter().chain(entries).cloned().collect();
+        self.known = TrustedKeys::parse(&all).map_err(|(at, message)| {
+            crate::problem::Problem::new(format!("trusted_keys[{at}]"), message)
+        })?;
+        Ok(self)
     }
 
     /// Pushes the component `file` (with `file.minisig` when there is one) to the `oci://`
@@ -83,6 +115,7 @@ impl PluginSupply {
     /// signature when trusted keys are configured. Errors name the location.
     pub fn fetch(&self, location: &Path) -> Result<Fetched, PluginError> {
         let text = location.to_string_lossy();
+        let mut holds = Vec::new();
         let (bytes, signature, source) = match OciLocation::parse(&text) {
             Some(parsed) => {
                 let parsed = parsed.map_err(|m| refused(location, m))?;
@@ -95,6 +128,7 @@ impl PluginSupply {
                     tracing::info!(plugin = %parsed.text(), manifest = %pulled.manifest_digest,
                         component = %sha256_digest(&pulled.component), "pulled plugin");
                 }
+                holds = pulled.holds;
                 (pulled.component, pulled.signature, source)
             }
             None => {
@@ -107,7 +141,7 @@ impl PluginSupply {
                         source: Some(Box::new(e)),
                     }
                 })?;
-                let signature = match self.trusted.is_empty() {
+                let signature = match self.trusted.is_empty() && self.known.is_empty() {
                     true => None,
                     false => read_signature(location)?,
                 };
@@ -115,7 +149,6 @@ impl PluginSupply {
             }
         };
         let signer = self
-            .trusted
             .verify(&bytes, signature.as_deref())
             .map_err(|reason| refused(location, reason))?;
         Ok(Fetched {
@@ -123,7 +156,28 @@ impl PluginSupply {
             bytes,
             source,
             signer,
+            holds,
         })
+    }
+}
+
+impl PluginSupply {
+    /// The signer of `bytes`. With only `[plugins] trusted_keys`, they decide (an unsigned
+    /// plugin or another key is refused here, for every tenant). With sections' own keys too,
+    /// a signature by any configured key is verified (wrong bytes are refused here), and an
+    /// unsigned plugin passes unless global keys are set: each tenant's scope then decides.
+    fn verify(&self, bytes: &[u8], signature: Option<&str>) -> Result<Option<Signer>, String> {
+        if self.known.is_empty() {
+            return self.trusted.verify(bytes, signature);
+        }
+        match signature {
+            None if self.trusted.is_empty() => Ok(None),
+            None => self.trusted.verify(bytes, None),
+            Some(text) => self
+                .known
+                .identify(bytes, text, "no trusted_keys lists")
+                .map(Some),
+        }
     }
 }
 

@@ -5,6 +5,8 @@
 //! digest under `<plugins cache>/oci/`, with the digest each reference last resolved to: a
 //! registry that does not answer does not stop a start (or a reload) that has the plugin
 //! cached, but a registry that serves wrong bytes is refused, never papered over by the cache.
+//! The cache shares `cache_max_mb` with the compiled code ([`crate::plugin::cache_budget`]);
+//! the files of a plugin that is loaded are held, so its fallback survives pruning.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use serde::{Deserialize, Serialize};
 
+use crate::plugin::cache_budget::{self, CacheHold};
 use crate::plugin::supply::pin::sha256_digest;
 use crate::problem::Problem;
 use crate::secret::Secret;
@@ -136,6 +139,8 @@ pub struct Pulled {
     pub manifest_digest: String,
     /// Whether the registry did not answer and the cached copy was used.
     pub from_cache: bool,
+    /// The cache files it is kept in (component, signature, tag), held while it is loaded.
+    pub(crate) holds: Vec<CacheHold>,
 }
 
 /// What a push wrote: the digests of the manifest and of the component's layer.
@@ -182,7 +187,13 @@ pub struct OciRegistries {
     registries: BTreeMap<String, OciRegistrySettings>,
     /// `<plugins cache>/oci`; `None`: no cache (the compile cache is off).
     cache: Option<PathBuf>,
+    /// The bound of the whole plugins cache directory (`cache_max_mb`, shared with compiled
+    /// code).
+    max_bytes: u64,
 }
+
+/// `cache_max_mb`'s default, for a supply nobody gave the configured one.
+pub(crate) const DEFAULT_CACHE_MAX_BYTES: u64 = 1024 * 1024 * 1024;
 
 impl OciRegistries {
     /// Pulls with `registries`' settings, caching under `<cache_dir>/oci` (none without).
@@ -193,17 +204,25 @@ impl OciRegistries {
         Self {
             registries,
             cache: cache_dir.map(|dir| dir.join("oci")),
+            max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
+    }
+
+    /// Keeps the cache directory (everything under it) within `max_bytes`.
+    pub fn bounded(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Resolves `location` and fetches its component (and signature), from the registry, or
     /// from the cache when the registry does not answer.
     pub fn pull(&self, location: &OciLocation) -> Result<Pulled, OciError> {
         match self.pull_remote(location) {
-            Ok(pulled) => {
-                if let Err(e) = self.store(location, &pulled) {
-                    tracing::warn!(plugin = %location.text(), error = %e,
-                        "cannot cache the pulled plugin; a start while the registry is down will fail");
+            Ok(mut pulled) => {
+                match self.store(location, &pulled) {
+                    Ok(holds) => pulled.holds = holds,
+                    Err(e) => tracing::warn!(plugin = %location.text(), error = %e,
+                        "cannot cache the pulled plugin; a start while the registry is down will fail"),
                 }
                 Ok(pulled)
             }
@@ -264,18 +283,23 @@ impl OciRegistries {
         )
     }
 
-    fn store(&self, location: &OciLocation, pulled: &Pulled) -> std::io::Result<()> {
-        let (Some(ref_file), Some(component_file)) = (
+    /// Writes the pulled files into the cache, holds them (taken before writing, so a
+    /// concurrent prune keeps them) and prunes the directory to its bound.
+    fn store(&self, location: &OciLocation, pulled: &Pulled) -> std::io::Result<Vec<CacheHold>> {
+        let (Some(cache), Some(ref_file), Some(component_file)) = (
+            self.cache.as_ref(),
             self.ref_file(location),
             self.blob_file(&sha256_digest(&pulled.component)),
         ) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
+        let mut holds = vec![CacheHold::new(&ref_file), CacheHold::new(&component_file)];
         write_atomically(&component_file, &pulled.component)?;
         let signature = match &pulled.signature {
             Some(text) => {
                 let digest = sha256_digest(text.as_bytes());
                 if let Some(file) = self.blob_file(&digest) {
+                    holds.push(CacheHold::new(&file));
                     write_atomically(&file, text.as_bytes())?;
                 }
                 Some(digest)
@@ -289,30 +313,45 @@ impl OciRegistries {
             signature,
         };
         let json = serde_json::to_vec_pretty(&entry).map_err(std::io::Error::other)?;
-        write_atomically(&ref_file, &json)
+        write_atomically(&ref_file, &json)?;
+        if let Some(dir) = cache.parent() {
+            cache_budget::prune_logged(dir, self.max_bytes, &[]);
+        }
+        Ok(holds)
     }
 
     /// The cached copy of what `location` last resolved to, its bytes checked again.
     fn cached(&self, location: &OciLocation) -> Option<Pulled> {
-        let entry: CachedRef =
-            serde_json::from_slice(&std::fs::read(self.ref_file(location)?).ok()?).ok()?;
-        let component = std::fs::read(self.blob_file(&entry.component)?).ok()?;
+        // Each file held before it is read: a concurrent prune keeps it.
+        let ref_file = self.ref_file(location)?;
+        let mut holds = vec![CacheHold::new(&ref_file)];
+        let entry: CachedRef = serde_json::from_slice(&std::fs::read(&ref_file).ok()?).ok()?;
+        let component_file = self.blob_file(&entry.component)?;
+        holds.push(CacheHold::new(&component_file));
+        let component = std::fs::read(&component_file).ok()?;
         if sha256_digest(&component) != entry.component {
             return None;
         }
         let signature = match &entry.signature {
             Some(digest) => {
-                let bytes = std::fs::read(self.blob_file(digest)?).ok()?;
+                let file = self.blob_file(digest)?;
+                holds.push(CacheHold::new(&file));
+                let bytes = std::fs::read(&file).ok()?;
                 (sha256_digest(&bytes) == *digest).then_some(())?;
+                cache_budget::touch(&file);
                 Some(String::from_utf8(bytes).ok()?)
             }
             None => None,
         };
+        // Used now: the least recently used go first when the cache is pruned.
+        cache_budget::touch(&ref_file);
+        cache_budget::touch(&component_file);
         Some(Pulled {
             component,
             signature,
             manifest_digest: entry.manifest,
             from_cache: true,
+            holds,
         })
     }
 }
@@ -397,7 +436,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per process and thread: two threads may pull the same blob at once.
+    let tmp = path.with_extension(format!(
+        "tmp{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
@@ -499,6 +543,7 @@ async fn pull_async(
         signature,
         manifest_digest,
         from_cache: false,
+        holds: Vec::new(),
     })
 }
 
@@ -618,6 +663,7 @@ mod tests {
             signature: Some("sig".into()),
             manifest_digest: "sha256:m".into(),
             from_cache: false,
+            holds: Vec::new(),
         };
         puller.store(&loc, &pulled).unwrap();
         let cached = puller.cached(&loc).unwrap();

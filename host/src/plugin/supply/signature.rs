@@ -109,6 +109,14 @@ impl TrustedKeys {
                     .into(),
             );
         };
+        self.identify(bytes, text, "is not in [plugins] trusted_keys")
+            .map(Some)
+    }
+
+    /// Checks `signature` of `bytes` against whichever of these keys made it: the signer, or
+    /// why the bytes are refused (`untrusted` says what a key none of these is: e.g. `is not
+    /// in [plugins] trusted_keys`).
+    pub fn identify(&self, bytes: &[u8], text: &str, untrusted: &str) -> Result<Signer, String> {
         let signature = Signature::decode(text)
             .map_err(|e| format!("its signature is not a minisign signature ({e})"))?;
         let signed_by = payload_line(text)
@@ -116,7 +124,7 @@ impl TrustedKeys {
             .unwrap_or_else(|| "?".into());
         let Some((id, key)) = self.keys.iter().find(|(id, _)| *id == signed_by) else {
             return Err(format!(
-                "signed by key {signed_by}, which is not in [plugins] trusted_keys ({})",
+                "signed by key {signed_by}, which {untrusted} ({})",
                 self.ids().collect::<Vec<_>>().join(", ")
             ));
         };
@@ -126,10 +134,10 @@ impl TrustedKeys {
                  after it was signed, or the signature is of another file"
             )
         })?;
-        Ok(Some(Signer {
+        Ok(Signer {
             key_id: id.clone(),
             trusted_comment: signature.trusted_comment().to_owned(),
-        }))
+        })
     }
 }
 

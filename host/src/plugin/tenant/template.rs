@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::encoding::MessageFormats;
 use crate::plugin::PluginError;
 use crate::plugin::builtin::Builtin;
+use crate::plugin::keys::KeyScope;
 use crate::plugin::limits::Limits;
 use crate::plugin::supply::Sha256Pin;
 use crate::plugin::tenant::quarantine::Quarantine;
@@ -25,6 +26,8 @@ pub(crate) struct TenantTemplate {
     pub(crate) formats: Option<Arc<MessageFormats>>,
     /// The section's `sha256`: no instance is made of a file with another digest.
     pub(crate) pin: Option<Sha256Pin>,
+    /// The keys that may sign the section's file (`None`: signatures are not checked for it).
+    pub(crate) keys: Option<Arc<KeyScope>>,
     /// Set while this plugin + config cannot start; shared by every tenant using the template.
     pub(crate) quarantine: Quarantine,
     /// How the plugin is named in logs, statuses and metric labels (made once: it is read
@@ -64,6 +67,7 @@ impl TenantTemplate {
             limits,
             formats: None,
             pin: None,
+            keys: None,
             quarantine: Quarantine::default(),
             described,
         }
@@ -102,6 +106,24 @@ impl TenantTemplate {
             tenant: tenant.to_owned(),
             expected: pin.to_string(),
             found: plugin.digest().to_owned(),
+        })
+    }
+
+    /// The template with the keys that may sign its section's file.
+    pub(crate) fn signed_by(mut self, keys: Option<Arc<KeyScope>>) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// Why `plugin` may not run for `tenant` under this template's pin or keys, if it may not.
+    pub(crate) fn refuses(&self, plugin: &LoadedPlugin, tenant: &str) -> Option<PluginError> {
+        self.pin_refuses(plugin, tenant).or_else(|| {
+            let reason = self.keys.as_ref()?.refuses(plugin.signer())?;
+            Some(PluginError::SignerRefused {
+                path: plugin.path().to_owned(),
+                tenant: tenant.to_owned(),
+                reason,
+            })
         })
     }
 
@@ -189,7 +211,7 @@ impl PluginInstance {
             PluginCode::Wasm(plugin) => {
                 // Checked here, where every instance is made: start-up, reloads, retries,
                 // and tenants first seen later all go through it.
-                if let Some(refused) = template.pin_refuses(plugin, &shared.tenant().to_string()) {
+                if let Some(refused) = template.refuses(plugin, &shared.tenant().to_string()) {
                     return Err(refused);
                 }
                 WasmInstance::create(plugin, shared, &template.config, &template.limits)

@@ -1,33 +1,25 @@
 //! The compile cache: compiled components on disk, one file per plugin content and engine,
 //! so an unchanged plugin starts without compiling (a Python or JavaScript runtime takes
-//! seconds to compile and ~35 MB on disk). Bounded in size: the least recently used entries
+//! seconds to compile and ~35 MB on disk). Bounded in size together with the OCI plugins cached
+//! in the same directory ([`crate::plugin::cache_budget`]): the least recently used entries
 //! are removed once the directory passes its bound, so the rebuilds of big runtimes that hot
-//! reload brings do not fill the disk.
+//! reload brings, or many distinct plugins, do not fill the disk.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
+use crate::plugin::cache_budget::{self, COMPILED_SUFFIX};
+pub(crate) use crate::plugin::cache_budget::{CacheHold, Pruned};
 use crate::plugin::wasm::engine::PluginEngine;
 
-/// Suffix of cache entries; nothing else in the directory is touched.
-const ENTRY_SUFFIX: &str = ".cwasm";
-
-/// A compile cache directory and its size bound.
+/// A compile cache directory and its size bound (shared with the OCI cache under it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CompileCache {
     pub dir: PathBuf,
     pub max_bytes: u64,
-}
-
-/// What one pruning removed.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Pruned {
-    pub entries: usize,
-    pub bytes: u64,
 }
 
 impl CompileCache {
@@ -41,18 +33,12 @@ impl CompileCache {
             .hash(&mut hasher);
         let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
         self.dir
-            .join(format!("{hex}-{:016x}{ENTRY_SUFFIX}", hasher.finish()))
+            .join(format!("{hex}-{:016x}{COMPILED_SUFFIX}", hasher.finish()))
     }
 
     /// Marks `entry` as used now (its modification time orders the pruning).
     pub(crate) fn touch(entry: &Path) {
-        let touched = std::fs::File::options()
-            .write(true)
-            .open(entry)
-            .and_then(|f| f.set_modified(SystemTime::now()));
-        if let Err(e) = touched {
-            tracing::debug!(cache = %entry.display(), error = %e, "cannot mark cache entry as used");
-        }
+        cache_budget::touch(entry);
     }
 
     /// Writes `component` as `entry` atomically (temp file + rename, so a concurrent start
@@ -62,61 +48,38 @@ impl CompileCache {
             .serialize()
             .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
         std::fs::create_dir_all(&self.dir)?;
-        let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per process and thread: two threads of one process may compile the same
+        // component at once (a start-up and a reload), and must not write one temp file.
+        let tmp = entry.with_extension(format!(
+            "tmp{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, entry)?;
         self.prune(entry)
     }
 
-    /// Removes the least recently used entries until the directory's entries fit
-    /// `max_bytes`; never `keep` (the entry just written or loaded). An entry another process
-    /// still has mapped stays readable to it (Unix unlink semantics).
+    /// Removes the least recently used entries (compiled or pulled) until the directory fits
+    /// `max_bytes`; never `keep` nor a file a loaded plugin holds.
     pub(crate) fn prune(&self, keep: &Path) -> std::io::Result<Pruned> {
-        let mut entries: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-        for item in std::fs::read_dir(&self.dir)? {
-            let path = item?.path();
-            if !path.to_string_lossy().ends_with(ENTRY_SUFFIX) {
-                continue;
-            }
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue; // removed by another process meanwhile
-            };
-            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            entries.push((used, meta.len(), path));
-        }
-        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
-        entries.sort_by_key(|(used, _, _)| *used);
-        let mut pruned = Pruned::default();
-        for (_, len, path) in entries {
-            if total <= self.max_bytes {
-                break;
-            }
-            if path == keep {
-                continue;
-            }
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    tracing::info!(cache = %path.display(), bytes = len,
-                        "removed least recently used compile cache entry (plugins.cache_max_mb)");
-                    pruned.entries += 1;
-                    pruned.bytes += len;
-                    total -= len;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => total -= len,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(pruned)
+        cache_budget::prune(&self.dir, self.max_bytes, &[keep])
+    }
+
+    /// Prunes the directory to its bound, logging a failure: at start-up, once every plugin
+    /// is loaded (and holds its files), so a lowered `cache_max_mb` applies without a compile.
+    pub(crate) fn prune_now(&self) {
+        cache_budget::prune_logged(&self.dir, self.max_bytes, &[]);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
     fn entry(dir: &Path, name: &str, len: usize, age_secs: u64) -> PathBuf {
-        let path = dir.join(format!("{name}{ENTRY_SUFFIX}"));
+        let path = dir.join(format!("{name}{COMPILED_SUFFIX}"));
         std::fs::write(&path, vec![0u8; len]).unwrap();
         let when = SystemTime::now() - Duration::from_secs(age_secs);
         std::fs::File::options()
@@ -145,7 +108,8 @@ mod tests {
             pruned,
             Pruned {
                 entries: 2,
-                bytes: 2_000
+                bytes: 2_000,
+                left: 2_000,
             }
         );
         assert!(!oldest.exists() && !middle.exists());
@@ -179,6 +143,6 @@ mod tests {
             max_bytes: 1 << 30,
         };
         let a = entry(dir.path(), "a", 1_000, 400);
-        assert_eq!(cache.prune(&a).unwrap(), Pruned::default());
+        assert_eq!(cache.prune(&a).unwrap().entries, 0);
     }
 }

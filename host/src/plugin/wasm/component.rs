@@ -9,7 +9,7 @@ use wasmtime::component::Component;
 use crate::encoding::settings::{DeclaredSchema, DeclaredSchemas, Format};
 use crate::plugin::supply::{Fetched, Signer};
 use crate::plugin::wasm::bindings::types as wit;
-use crate::plugin::wasm::cache::CompileCache;
+use crate::plugin::wasm::cache::{CacheHold, CompileCache};
 use crate::plugin::wasm::contract::Pre;
 use crate::plugin::wasm::engine::PluginEngine;
 use crate::plugin::wasm::imports::{self, Refused};
@@ -38,6 +38,9 @@ pub(crate) struct LoadedPlugin {
     /// The record schemas it declares in `info()` (contract 0.2.0), shared with the message
     /// formats of the tenants that run it.
     declared: DeclaredSchemas,
+    /// The cache files it came from (compiled code; an OCI plugin's blobs and tag), kept from
+    /// pruning while it is loaded.
+    _holds: Vec<CacheHold>,
 }
 
 impl LoadedPlugin {
@@ -78,6 +81,7 @@ impl LoadedPlugin {
             digest,
             source,
             signer,
+            mut holds,
         } = fetched;
         if wasmparser_is_core_module(&bytes) {
             return Err(bad(
@@ -100,7 +104,11 @@ impl LoadedPlugin {
             }
         })?;
         let component = match cache {
-            Some(cache) => compile_cached(engine, &bytes, path, cache)?,
+            Some(cache) => {
+                let (component, hold) = compile_cached(engine, &bytes, path, cache)?;
+                holds.push(hold);
+                component
+            }
             None => {
                 Component::new(engine.engine(), &bytes).map_err(|e| refused(NOT_A_COMPONENT, e))?
             }
@@ -127,6 +135,7 @@ impl LoadedPlugin {
             contract,
             version: OnceLock::new(),
             declared: DeclaredSchemas::default(),
+            _holds: holds,
         })
     }
 
@@ -217,8 +226,10 @@ fn compile_cached(
     bytes: &[u8],
     path: &Path,
     cache: &CompileCache,
-) -> Result<Component, PluginError> {
+) -> Result<(Component, CacheHold), PluginError> {
     let entry = cache.entry(engine, bytes);
+    // Taken before the entry is read or written: a prune by another thread meanwhile keeps it.
+    let hold = CacheHold::new(&entry);
     if entry.exists() {
         // SAFETY: the cache directory is Sluice's own (see docs/plugins.md: it must not be
         // writable by anyone who may not run code as Sluice); entries are written only by
@@ -228,7 +239,7 @@ fn compile_cached(
             Ok(component) => {
                 CompileCache::touch(&entry);
                 tracing::info!(plugin = %path.display(), cache = %entry.display(), "loaded precompiled plugin from cache");
-                return Ok(component);
+                return Ok((component, hold));
             }
             Err(e) => {
                 tracing::warn!(cache = %entry.display(), error = %e, "ignoring unusable compile cache entry")
@@ -247,7 +258,7 @@ fn compile_cached(
             tracing::warn!(cache = %cache.dir.display(), error = %e, "cannot write or prune compile cache")
         }
     }
-    Ok(component)
+    Ok((component, hold))
 }
 
 /// A core module starts with the magic and version 1; a component has layer 1 in the version
@@ -260,6 +271,93 @@ fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::plugin::wasm::engine::MIN_POOLED_INSTANCES;
+
+    /// The compiled entries in `dir`: (total bytes, count, whether a temporary file is left).
+    fn cache_contents(dir: &Path) -> (u64, usize, bool) {
+        let mut total = 0;
+        let mut count = 0;
+        let mut temp = false;
+        for item in std::fs::read_dir(dir).unwrap() {
+            let item = item.unwrap();
+            let name = item.file_name().to_string_lossy().into_owned();
+            temp |= name.contains(".tmp");
+            if name.ends_with(".cwasm") {
+                total += item.metadata().unwrap().len();
+                count += 1;
+            }
+        }
+        (total, count, temp)
+    }
+
+    #[test]
+    fn many_distinct_components_compiled_at_once_keep_the_cache_within_its_bound_and_the_running_ones()
+     {
+        // 50 small distinct components: each compiles to its own entry.
+        let component = |i: usize| {
+            wat::parse_str(format!(
+                "(component (core module (func (export \"f{i:03}\") (result i32) i32.const {i})))"
+            ))
+            .unwrap()
+        };
+        let engine = PluginEngine::new(MIN_POOLED_INSTANCES).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sizing = CompileCache {
+            dir: dir.path().join("sizing"),
+            max_bytes: 1 << 30,
+        };
+        compile_cached(&engine, &component(999), Path::new("x.wasm"), &sizing).unwrap();
+        let (entry, _, _) = cache_contents(&sizing.dir);
+        // Room for about eight entries.
+        let cache = CompileCache {
+            dir: dir.path().join("cache"),
+            max_bytes: entry * 8 + entry / 2,
+        };
+        // Three plugins are running (their loaded code holds its entry); 47 more are
+        // compiled by four threads at once.
+        let running: Vec<(Component, CacheHold)> = (0..3)
+            .map(|i| compile_cached(&engine, &component(i), Path::new("x.wasm"), &cache).unwrap())
+            .collect();
+        let running_entries: Vec<PathBuf> = (0..3)
+            .map(|i| cache.entry(&engine, &component(i)))
+            .collect();
+        std::thread::scope(|scope| {
+            for thread in 0..4 {
+                let (engine, cache) = (&engine, &cache);
+                scope.spawn(move || {
+                    for i in (3 + thread..50).step_by(4) {
+                        let bytes = component(i);
+                        compile_cached(engine, &bytes, Path::new("x.wasm"), cache).unwrap();
+                    }
+                });
+            }
+        });
+        let (total, count, temp) = cache_contents(&cache.dir);
+        assert!(
+            total <= cache.max_bytes,
+            "{total} bytes in {count} entries, bound {}",
+            cache.max_bytes
+        );
+        assert!(
+            count >= 3 && !temp,
+            "{count} entries, temporary files left: {temp}"
+        );
+        for entry in &running_entries {
+            assert!(entry.exists(), "a running plugin's entry was pruned");
+        }
+        // Start-up with a lowered bound: only what runs stays, even over the bound.
+        let lowered = CompileCache {
+            max_bytes: entry,
+            ..cache.clone()
+        };
+        lowered.prune_now();
+        let (_, count, _) = cache_contents(&cache.dir);
+        assert_eq!(count, 3);
+        assert!(running_entries.iter().all(|e| e.exists()));
+        drop(running);
+        lowered.prune_now();
+        let (total, _, _) = cache_contents(&cache.dir);
+        assert!(total <= entry, "released, they go too: {total}");
+    }
 
     #[test]
     fn a_component_importing_wasi_http_is_refused_before_it_is_compiled_or_cached() {
