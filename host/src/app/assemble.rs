@@ -128,7 +128,10 @@ pub(super) async fn assemble(
 /// The metrics of a relay configured by `config`, with the router's tenants read at scrape
 /// time.
 fn metrics(config: &Config, router: &Arc<PluginRouter>) -> Arc<Metrics> {
-    let tenants = TenantLabels::new(config.tenants.keys().map(String::as_str));
+    let tenants = TenantLabels::with_budget(
+        config.telemetry.label_budget(),
+        config.tenants.keys().map(String::as_str),
+    );
     let mut metrics = Metrics::new(tenants.clone(), &crate::sink::librdkafka_version());
     metrics.register_collector(RouterCollector {
         router: Arc::clone(router),
@@ -153,15 +156,18 @@ impl Collector for RouterCollector {
     fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let states = PluginStates::new(&self.tenants);
         for s in self.router.tenant_statuses() {
-            let tenant = self.tenants.of(&s.tenant);
+            let gauge = self.tenants.gauge_label(s.tenant.name());
             match s.state {
-                TenantState::Paused { .. } => states.paused(&tenant),
-                TenantState::Quarantined { .. } => states.quarantined(&tenant),
+                TenantState::Paused { .. } => states.paused(&gauge),
+                TenantState::Quarantined { .. } => states.quarantined(&gauge),
                 TenantState::Running | TenantState::Stalled => {}
             }
-            // Plugin identity and guest counters only for tenants with their own label value
-            // (and rows without a tenant, which run `[plugins.default]`): bounded.
-            if s.configured {
+            // Plugin identity and guest counters only for configured tenants with their own
+            // label value (and rows without a tenant, which run `[plugins.default]`): bounded
+            // by `[telemetry] tenant_series`.
+            let own = s.tenant.name().is_none_or(|n| self.tenants.has_own(n));
+            if s.configured && own {
+                let tenant = self.tenants.of(&s.tenant);
                 let version = s.version.as_deref().unwrap_or_default();
                 let loaded = Loaded {
                     digest: s.digest.as_deref().unwrap_or_default(),
@@ -222,4 +228,227 @@ async fn open_store(config: &Config, connections: u32) -> anyhow::Result<Store> 
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::fmt::Write as _;
+    use std::path::Path;
+
+    use super::*;
+    use crate::model::TenantId;
+    use crate::telemetry::TenantSample;
+    use crate::telemetry::metrics::{DeadReason, PluginOutcome, ProduceError, RowOutcome};
+
+    /// The series of an exposition: its lines that are neither comments nor empty.
+    fn series(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect()
+    }
+
+    /// The `tenant` label values of an exposition.
+    fn tenant_values(text: &str) -> BTreeSet<&str> {
+        series(text)
+            .into_iter()
+            .filter_map(|l| l.split_once("tenant=\"")?.1.split_once('"'))
+            .map(|(value, _)| value)
+            .collect()
+    }
+
+    /// Records what a busy relay would for `tenant`: every row outcome and dead reason, a
+    /// plugin call of every outcome through the tenant's own plugin file, messages to its own
+    /// topic, a produce error, latencies.
+    fn record_everything(metrics: &Metrics, tenant: &TenantId, plugin: &str) {
+        let label = metrics.tenant(tenant);
+        for &outcome in RowOutcome::ALL {
+            metrics.relay.rows_completed(&label, outcome, 1);
+        }
+        for &reason in DeadReason::ALL {
+            metrics.relay.dead_letters(&label, reason, 1);
+        }
+        let outcomes: Vec<(PluginOutcome, u64)> =
+            PluginOutcome::ALL.iter().map(|&o| (o, 1)).collect();
+        let plugin_label = metrics.plugin_label(tenant, plugin);
+        metrics.plugin.transformed(
+            &label,
+            plugin_label,
+            Some(Duration::from_millis(3)),
+            &outcomes,
+        );
+        let topic = format!("events.{}", tenant.name().unwrap_or("none"));
+        metrics.sink.produced(&label, &topic, 2, 200);
+        metrics.sink.end_to_end(&label, [0.2, 1.5]);
+        metrics.sink.last_publish(&label, 1.0e9);
+    }
+
+    /// `[telemetry] tenant_series` bounds `/metrics` whatever the tenants: 5,000 configured
+    /// tenants with a plugin file each, 5,000 free-form ones, every one of them busy and
+    /// behind. The bound is docs/operations.md's formula (see "Series budget").
+    #[test]
+    fn a_relay_with_5000_tenants_stays_within_its_series_budget() {
+        const CONFIGURED: usize = 5_000;
+        const FREE_FORM: usize = 5_000;
+        let (tenant_series, laggards) = (100, 10);
+        let watched: Vec<String> = (0..20).map(|i| format!("t{:04}", i * 7)).collect();
+        let mut text = format!(
+            "[database]\nurl = \"postgres://sluice@127.0.0.1/test\"\n\
+             [telemetry]\nlisten = \"127.0.0.1:0\"\ntenant_series = {tenant_series}\n\
+             laggards = {laggards}\nwatched_tenants = {watched:?}\n\
+             [plugins.default]\nbuiltin = \"route-by-aggregate\"\n"
+        );
+        for i in 0..CONFIGURED {
+            let _ = write!(
+                text,
+                "[tenants.t{i:04}]\nbuiltin = \"route-by-aggregate\"\n"
+            );
+        }
+        let config = Config::parse(&text, Path::new("sluice.toml")).unwrap();
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        let router =
+            Arc::new(PluginRouter::from_settings(&config.plugins, &config.tenants).unwrap());
+        let metrics = metrics(&config, &router);
+        router.record_into(Arc::clone(&metrics));
+
+        let configured: Vec<TenantId> = config
+            .tenants
+            .keys()
+            .map(|k| TenantId::named(k.as_str()))
+            .collect();
+        let free: Vec<TenantId> = (0..FREE_FORM)
+            .map(|i| TenantId::named(format!("free-{i}")))
+            .collect();
+        for tenant in &configured {
+            let plugin = format!("/plugins/{}.wasm", tenant.name().unwrap_or_default());
+            record_everything(&metrics, tenant, &plugin);
+        }
+        for tenant in free.iter().chain([&TenantId::none()]) {
+            record_everything(&metrics, tenant, "builtin:route-by-aggregate");
+        }
+        for topic in 0..300 {
+            metrics
+                .sink
+                .produce_errors(&format!("events.t{topic:04}"), ProduceError::Refused, 1);
+        }
+        // Every tenant behind, each a little further than the one before.
+        let names: Vec<Option<&str>> = configured
+            .iter()
+            .chain(&free)
+            .map(TenantId::name)
+            .chain([None])
+            .collect();
+        let samples: Vec<(Option<&str>, TenantSample)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let sample = TenantSample {
+                    due: 3,
+                    oldest_due_age_seconds: i as f64,
+                    dead: 1,
+                };
+                (*name, sample)
+            })
+            .collect();
+        metrics.set_tenant_samples(&samples);
+
+        let exposition = metrics.encode().unwrap();
+        let count = series(&exposition).len();
+        let values = tenant_values(&exposition);
+        // The watched tenants, the laggards, `_default`.
+        assert_eq!(values.len(), watched.len() + laggards + 1, "{values:?}");
+        assert!(values.len() <= tenant_series + 1);
+        for w in &watched {
+            assert!(values.contains(w.as_str()), "{w}: {values:?}");
+        }
+        assert!(!exposition.contains("/plugins/t0001.wasm"));
+        let budget = series_budget(watched.len(), laggards, 1);
+        // Each term of the formula holds on its own.
+        let of = |value: &str| {
+            let label = format!("tenant=\"{value}\"");
+            series(&exposition)
+                .into_iter()
+                .filter(|l| l.contains(&label))
+                .count()
+        };
+        let relay_wide = series(&exposition)
+            .into_iter()
+            .filter(|l| !l.contains("tenant=\""))
+            .count();
+        let default = of("_default");
+        let most_watched = watched.iter().map(|w| of(w)).max().unwrap_or_default();
+        let laggard_values: Vec<&str> = values
+            .iter()
+            .copied()
+            .filter(|v| *v != "_default" && !watched.iter().any(|w| w == v))
+            .collect();
+        let most_laggard = laggard_values
+            .iter()
+            .map(|l| of(l))
+            .max()
+            .unwrap_or_default();
+        eprintln!(
+            "{CONFIGURED} configured + {FREE_FORM} free-form tenants: {count} series \
+             (budget {budget}): relay-wide {relay_wide}, _default {default}, a watched tenant \
+             {most_watched}, a laggard {most_laggard}"
+        );
+        assert!(relay_wide <= RELAY_WIDE + 3 * ALL_TOPICS, "{relay_wide}");
+        assert!(default <= DEFAULT_TENANT + 2 * ALL_TOPICS, "{default}");
+        assert!(most_watched <= PER_TENANT + 2, "{most_watched}");
+        assert_eq!(most_laggard, PER_LAGGARD, "{laggard_values:?}");
+        assert!(count <= budget, "{count} series > {budget}");
+
+        // 50 configured tenants fit: each has its own label value (as without a budget);
+        // back to 5,000, they lose them, and every series of theirs goes.
+        let few: Vec<&str> = config.tenants.keys().take(50).map(String::as_str).collect();
+        metrics.set_configured_tenants(few.iter().copied());
+        // t0048 is not watched (the watched are every 7th).
+        assert!(metrics.tenants().has_own("t0048"));
+        for tenant in &configured[..50] {
+            let plugin = format!("/plugins/{}.wasm", tenant.name().unwrap_or_default());
+            record_everything(&metrics, tenant, &plugin);
+        }
+        let exposition = metrics.encode().unwrap();
+        assert!(exposition.contains("tenant=\"t0048\""));
+        let with_few = series(&exposition).len();
+        metrics.set_configured_tenants(config.tenants.keys().map(String::as_str));
+        metrics.set_tenant_samples(&samples);
+        let exposition = metrics.encode().unwrap();
+        let left: Vec<&str> = series(&exposition)
+            .into_iter()
+            .filter(|l| l.contains("tenant=\"t0048\""))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        let after = series(&exposition).len();
+        assert!(
+            after < with_few && after <= budget,
+            "{after} after {with_few}"
+        );
+    }
+
+    /// docs/operations.md's bound on the series of one relay ("Series budget"): `own` tenants
+    /// with their own label value publishing to `topics` topics each, `laggards` on the gauges.
+    fn series_budget(own: usize, laggards: usize, topics: usize) -> usize {
+        RELAY_WIDE
+            + 3 * ALL_TOPICS
+            + DEFAULT_TENANT
+            + 2 * ALL_TOPICS
+            + own * (PER_TENANT + 2 * topics)
+            + PER_LAGGARD * laggards
+    }
+
+    /// Series without a `tenant` label, but for 3 produce error types per topic.
+    const RELAY_WIDE: usize = 100;
+    /// Topic label values: 256 names, then `_other`.
+    const ALL_TOPICS: usize = 257;
+    /// A tenant with its own label value, but for 2 per topic: 4 row outcomes, 3 dead
+    /// reasons, 7 plugin outcomes and `no_plugin` (under `plugin="_none"`), a transform
+    /// histogram (20), an end-to-end histogram (18), last publish, 3 backlog gauges, paused,
+    /// quarantined, plugin info, 5 instantiation reasons, 7 limits, 32 guest counters.
+    const PER_TENANT: usize = 104;
+    /// `_default`, but for 2 per topic: a tenant's, with two more `plugin` label values (the
+    /// default plugin's and `_other`: 7 outcomes and a histogram each).
+    const DEFAULT_TENANT: usize = PER_TENANT + 2 * 27;
+    /// A laggard: 3 backlog gauges, paused, quarantined.
+    const PER_LAGGARD: usize = 5;
 }

@@ -82,9 +82,7 @@ async fn sample_once<T: RowTransformer, K: Sink>(
                     (b.tenant.as_deref(), sample)
                 })
                 .collect();
-            metrics
-                .backlog
-                .set_tenant_samples(&samples, settings.laggards);
+            metrics.set_tenant_samples(&samples);
             let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
             last.at = Some(Utc::now());
             last.backlog = backlog;

@@ -49,6 +49,7 @@ pub fn record_group(
     if took.is_none() && counts.is_empty() {
         return;
     }
+    let plugin = metrics.plugin_label(tenant, plugin);
     metrics
         .plugin
         .transformed(&metrics.tenant(tenant), plugin, took, &counts);

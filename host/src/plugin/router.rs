@@ -354,7 +354,9 @@ impl PluginRouter {
         let plugins: Vec<(Arc<str>, String)> = self
             .tenant_statuses()
             .into_iter()
-            .filter(|s| s.configured)
+            .filter(|s| {
+                s.configured && s.tenant.name().is_none_or(|n| metrics.tenants().has_own(n))
+            })
             .map(|s| (metrics.tenant(&s.tenant), s.plugin))
             .collect();
         metrics

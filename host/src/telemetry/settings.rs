@@ -1,11 +1,14 @@
 //! `[telemetry]`: where the HTTP endpoints listen, who may read them, and how often and how
 //! far the backlog is sampled.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::auth::Access;
+use super::labels::{DEFAULT_TENANT_SERIES, LabelBudget, MAX_TENANT_SERIES, OTHER_TENANTS};
+use super::laggards::MAX_LABEL_VALUE;
 use super::listen::ListenAddr;
 use crate::problem::Problem;
 use crate::secret::Secret;
@@ -51,6 +54,11 @@ pub struct TelemetrySettings {
     /// How many of the tenants furthest behind `/status` lists and the backlog gauges label by
     /// name (0: none).
     pub laggards: usize,
+    /// At most this many tenants have a `tenant` label value of their own; the others share
+    /// `_default` (see [`LabelBudget`]).
+    pub tenant_series: usize,
+    /// Tenants always labelled by name (within `tenant_series`), configured or not.
+    pub watched_tenants: Vec<String>,
     /// A worker whose batch has been in hand longer than this fails `/healthz`.
     #[serde(with = "humantime_serde")]
     pub stalled_after: Duration,
@@ -69,6 +77,8 @@ impl Default for TelemetrySettings {
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
             sample_limit: DEFAULT_SAMPLE_LIMIT,
             laggards: DEFAULT_LAGGARDS,
+            tenant_series: DEFAULT_TENANT_SERIES,
+            watched_tenants: Vec::new(),
             stalled_after: DEFAULT_STALLED_AFTER,
             reload: false,
         }
@@ -95,6 +105,15 @@ impl TelemetrySettings {
                 password: password.clone(),
             },
             _ => Access::Open,
+        }
+    }
+
+    /// Who may have a `tenant` label value of their own.
+    pub fn label_budget(&self) -> LabelBudget {
+        LabelBudget {
+            tenant_series: self.tenant_series,
+            watched: self.watched_tenants.iter().cloned().collect(),
+            laggards: self.laggards,
         }
     }
 
@@ -135,6 +154,59 @@ impl TelemetrySettings {
                     self.laggards
                 ),
             ));
+        }
+        problems.extend(self.label_problems());
+        problems
+    }
+
+    /// `tenant_series` and `watched_tenants`: the watched tenants and the laggards' places
+    /// fit the budget, and every watched name can be a label value of its own.
+    fn label_problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.tenant_series > MAX_TENANT_SERIES {
+            problems.push(Problem::new(
+                "telemetry.tenant_series",
+                format!(
+                    "must be between 0 and {MAX_TENANT_SERIES}, got {}",
+                    self.tenant_series
+                ),
+            ));
+        }
+        let watched: BTreeSet<&str> = self.watched_tenants.iter().map(String::as_str).collect();
+        if watched.len() + self.laggards.min(MAX_LAGGARDS) > self.tenant_series {
+            problems.push(Problem::new(
+                "telemetry.tenant_series",
+                format!(
+                    "{} is fewer than the {} watched_tenants plus the {} laggards it must \
+                     hold; raise tenant_series or lower the others",
+                    self.tenant_series,
+                    watched.len(),
+                    self.laggards
+                ),
+            ));
+        }
+        if watched.len() < self.watched_tenants.len() {
+            problems.push(Problem::new(
+                "telemetry.watched_tenants",
+                "names a tenant twice",
+            ));
+        }
+        for name in &self.watched_tenants {
+            let unfit = if name.is_empty() {
+                Some("an empty name (rows without a tenant count into _default)")
+            } else if name == OTHER_TENANTS {
+                Some("\"_default\", the label value of the tenants without their own")
+            } else if name.len() > MAX_LABEL_VALUE || name.chars().any(char::is_control) {
+                Some("a name longer than 128 bytes or with control characters")
+            } else {
+                None
+            };
+            if let Some(unfit) = unfit {
+                problems.push(Problem::new(
+                    "telemetry.watched_tenants",
+                    format!("cannot watch {unfit}"),
+                ));
+            }
         }
         problems
     }
@@ -242,6 +314,41 @@ mod tests {
             s.problems()
         );
         assert!(toml::from_str::<TelemetrySettings>("laggards = -1").is_err());
+    }
+
+    #[test]
+    fn the_tenant_series_budget_holds_the_watched_tenants_and_the_laggards() {
+        let s = settings("");
+        assert_eq!(s.tenant_series, DEFAULT_TENANT_SERIES);
+        assert_eq!(s.label_budget(), LabelBudget::default());
+        let s = settings("tenant_series = 3\nlaggards = 1\nwatched_tenants = [\"a\", \"b\"]");
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        let s = settings("tenant_series = 3\nlaggards = 2\nwatched_tenants = [\"a\", \"b\"]");
+        assert_eq!(keys(&s), ["telemetry.tenant_series"]);
+        assert!(
+            s.problems()[0]
+                .message
+                .contains("2 watched_tenants plus the 2 laggards")
+        );
+        let s = settings("tenant_series = 1001");
+        assert_eq!(keys(&s), ["telemetry.tenant_series"]);
+        assert!(toml::from_str::<TelemetrySettings>("tenant_series = -1").is_err());
+        assert!(
+            settings("tenant_series = 0\nlaggards = 0")
+                .problems()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn watched_tenants_must_be_names_a_label_can_carry() {
+        let s = settings("watched_tenants = [\"a\", \"a\", \"\", \"_default\", \"x\\n\"]");
+        let problems = s.problems();
+        assert_eq!(keys(&s), ["telemetry.watched_tenants"; 4], "{problems:?}");
+        assert!(problems[0].message.contains("twice"), "{problems:?}");
+        assert!(problems[2].message.contains("_default"), "{problems:?}");
+        let long = format!("watched_tenants = [\"{}\"]", "x".repeat(129));
+        assert_eq!(keys(&settings(&long)), ["telemetry.watched_tenants"]);
     }
 
     #[test]

@@ -1,19 +1,18 @@
 //! The outbox's backlog as the app's sampler reads it: due rows, the age of the oldest due
-//! row and dead rows, per tenant label value — configured tenants', a few laggards' (see
-//! [`LaggardLabels`]) and `_default`.
+//! row and dead rows, per gauge label value — the tenants' with their own, a few laggards'
+//! (see [`crate::telemetry::laggards`]) and `_default`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::TenantLabel;
-use crate::model::TenantId;
 use crate::telemetry::TenantLabels;
-use crate::telemetry::laggards::{Lag, LaggardLabels, worst};
+use crate::telemetry::laggards::{Lag, worst};
 
 /// One tenant's unsent rows, as the sampler read them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -25,12 +24,11 @@ pub struct TenantSample {
     pub dead: i64,
 }
 
-/// The sampled gauges: every tenant label value has a series from start-up; a laggard's while
-/// it has its label value.
+/// The sampled gauges: every label value of every family has a series from start-up (or from
+/// when it is given); a laggard's while it has its label value.
 #[derive(Debug)]
 pub struct BacklogMetrics {
     tenants: TenantLabels,
-    laggards: Mutex<LaggardLabels>,
     due_rows: Family<TenantLabel, Gauge>,
     oldest_due_age: Family<TenantLabel, Gauge<f64, AtomicU64>>,
     dead_rows: Family<TenantLabel, Gauge>,
@@ -41,7 +39,6 @@ impl BacklogMetrics {
     pub(super) fn new(tenants: TenantLabels) -> Self {
         let m = Self {
             tenants,
-            laggards: Mutex::default(),
             due_rows: Family::default(),
             oldest_due_age: Family::default(),
             dead_rows: Family::default(),
@@ -69,44 +66,42 @@ impl BacklogMetrics {
         );
     }
 
+    /// Removes the series of the label value `tenant`.
+    pub(super) fn forget_tenant(&self, tenant: &Arc<str>) {
+        let labels = TenantLabel {
+            tenant: Arc::clone(tenant),
+        };
+        self.due_rows.remove(&labels);
+        self.dead_rows.remove(&labels);
+        self.oldest_due_age.remove(&labels);
+    }
+
     /// Replaces the sampled gauges with one sample by tenant name (`None`: rows without a
-    /// tenant): configured tenants under their own label value, the worst `laggards` of the
-    /// others under theirs, the rest summed into `_default`. A laggard that loses its label
-    /// value has its series removed; its rows count into `_default` again.
-    pub fn set_tenant_samples(&self, samples: &[(Option<&str>, TenantSample)], laggards: usize) {
+    /// tenant): tenants with their own label value under it, the worst of the others under
+    /// a laggard's (as many as [`TenantLabels::laggard_places`]), the rest summed into
+    /// `_default`. A laggard that loses its label value has its series removed; its rows
+    /// count into `_default` again.
+    pub fn set_tenant_samples(&self, samples: &[(Option<&str>, TenantSample)]) {
+        let places = self.tenants.laggard_places();
         let others = samples.iter().filter_map(|(tenant, sample)| {
-            let tenant = tenant.filter(|t| !self.tenants.is_configured(t))?;
+            let tenant = tenant.filter(|t| !self.tenants.has_own(t))?;
             Some(Lag {
                 tenant: Some(tenant),
                 oldest_due_age_seconds: sample.oldest_due_age_seconds,
                 due: sample.due,
             })
         });
-        let ranked: Vec<&str> = worst(others, laggards.saturating_mul(2))
+        let ranked: Vec<&str> = worst(others, places.saturating_mul(2))
             .iter()
             .filter_map(|lag| lag.tenant)
             .collect();
-        let labelled: Vec<(Arc<str>, TenantSample)> = {
-            let mut held = self.laggards.lock().unwrap_or_else(PoisonError::into_inner);
-            for tenant in held.update(&ranked, laggards, |v| self.tenants.is_taken(v)) {
-                let labels = TenantLabel { tenant };
-                self.due_rows.remove(&labels);
-                self.dead_rows.remove(&labels);
-                self.oldest_due_age.remove(&labels);
-            }
-            samples
-                .iter()
-                .map(|(tenant, sample)| {
-                    let label = match tenant {
-                        Some(name) => held
-                            .of_name(name)
-                            .unwrap_or_else(|| self.tenants.of_name(name)),
-                        None => self.tenants.of(&TenantId::none()),
-                    };
-                    (label, sample.clone())
-                })
-                .collect()
-        };
+        for tenant in self.tenants.update_laggards(&ranked) {
+            self.forget_tenant(&tenant);
+        }
+        let labelled: Vec<(Arc<str>, TenantSample)> = samples
+            .iter()
+            .map(|(tenant, sample)| (self.tenants.gauge_label(*tenant), sample.clone()))
+            .collect();
         self.set_samples(&labelled);
     }
 
@@ -121,12 +116,7 @@ impl BacklogMetrics {
                 .oldest_due_age_seconds
                 .max(sample.oldest_due_age_seconds);
         }
-        let laggards = self
-            .laggards
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values();
-        for tenant in self.tenants.all().into_iter().chain(laggards) {
+        for tenant in self.tenants.gauge_values() {
             let sample = by_label.remove(&tenant).unwrap_or_default();
             let labels = TenantLabel { tenant };
             self.due_rows.get_or_create(&labels).set(sample.due);
@@ -144,7 +134,7 @@ mod tests {
     use super::super::tests::sample_value;
     use super::*;
     use crate::model::TenantId;
-    use crate::telemetry::labels::OTHER_TENANTS as OTHER;
+    use crate::telemetry::labels::{LabelBudget, OTHER_TENANTS as OTHER};
 
     fn series(text: &str, name: &str) -> Vec<String> {
         text.lines()
@@ -155,7 +145,11 @@ mod tests {
 
     #[test]
     fn the_worst_unconfigured_tenants_get_series_of_their_own_and_lose_them_when_they_catch_up() {
-        let m = Metrics::new(TenantLabels::new(["acme"]), "2.12.1");
+        let budget = |laggards| LabelBudget {
+            laggards,
+            ..LabelBudget::default()
+        };
+        let m = Metrics::new(TenantLabels::with_budget(budget(2), ["acme"]), "2.12.1");
         let names: Vec<String> = (0..50).map(|i| format!("t-{i:02}")).collect();
         let sample = |due, age| TenantSample {
             due,
@@ -169,7 +163,7 @@ mod tests {
         samples[17].1 = sample(3, 3_600.0);
         samples.push((Some("acme"), sample(4, 7_200.0)));
         samples.push((None, sample(1, 9_000.0)));
-        m.backlog.set_tenant_samples(&samples, 2);
+        m.backlog.set_tenant_samples(&samples);
         let text = m.encode().unwrap();
         let due = |text: &str, tenant: &str| {
             sample_value(
@@ -201,7 +195,7 @@ mod tests {
             dead: 10,
             ..sample(0, 0.0)
         };
-        m.backlog.set_tenant_samples(&samples, 2);
+        m.backlog.set_tenant_samples(&samples);
         let text = m.encode().unwrap();
         for name in [
             "sluice_outbox_due_rows",
@@ -220,7 +214,8 @@ mod tests {
         );
 
         // 0 laggards: configured tenants and `_default` only.
-        m.backlog.set_tenant_samples(&samples, 0);
+        let m = Metrics::new(TenantLabels::with_budget(budget(0), ["acme"]), "2.12.1");
+        m.backlog.set_tenant_samples(&samples);
         let text = m.encode().unwrap();
         assert_eq!(series(&text, "sluice_outbox_due_rows").len(), 2, "{text}");
         assert_eq!(due(&text, OTHER), Some(49.0 * 2.0 + 1.0));

@@ -21,7 +21,7 @@ pub(crate) mod process;
 pub(crate) mod relay;
 pub(crate) mod sink;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -96,6 +96,9 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     tenants: TenantLabels,
+    /// Label values taken away since the last sample: removed again then, in case a batch
+    /// that looked its label up before recorded into it after.
+    retired: Mutex<Vec<Arc<str>>>,
     pub relay: RelayMetrics,
     pub plugin: PluginMetrics,
     pub sink: SinkMetrics,
@@ -116,6 +119,7 @@ impl Metrics {
             backlog: BacklogMetrics::new(tenants.clone()),
             health: HealthMetrics::default(),
             tenants,
+            retired: Mutex::default(),
         };
         let mut registry = Registry::default();
         // Sluice's own metrics carry the prefix; the process collector's `process_*` do not.
@@ -144,6 +148,56 @@ impl Metrics {
 
     pub fn tenants(&self) -> &TenantLabels {
         &self.tenants
+    }
+
+    /// Replaces the tenants configured under `[tenants.*]` (the relay calls it at start;
+    /// call it again when the configured tenants change while running). Tenants that gain
+    /// their own label value (they fit within `[telemetry] tenant_series` now) start at 0;
+    /// those that lose it have every series removed, and their rows count into `_default`
+    /// from then on.
+    pub fn set_configured_tenants<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let change = self.tenants.set_configured(names);
+        for tenant in &change.lost {
+            self.forget_tenant(tenant);
+        }
+        for tenant in &change.gained {
+            self.relay.start_tenant(tenant);
+        }
+        if !change.lost.is_empty() || !change.gained.is_empty() {
+            tracing::info!(
+                gained = change.gained.len(),
+                lost = change.lost.len(),
+                tenant_series = self.tenants.all().len() - 1,
+                "tenants with their own metric label changed"
+            );
+        }
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.extend(change.lost);
+    }
+
+    /// Replaces the sampled backlog gauges (see [`BacklogMetrics::set_tenant_samples`]), and
+    /// removes again what label values lost since the last sample may have had recorded.
+    pub fn set_tenant_samples(&self, samples: &[(Option<&str>, TenantSample)]) {
+        let retired =
+            std::mem::take(&mut *self.retired.lock().unwrap_or_else(PoisonError::into_inner));
+        for tenant in retired.iter().filter(|t| !self.tenants.is_taken(t)) {
+            self.forget_tenant(tenant);
+        }
+        self.backlog.set_tenant_samples(samples);
+    }
+
+    /// Removes every series of the label value `tenant`.
+    fn forget_tenant(&self, tenant: &Arc<str>) {
+        self.relay.forget_tenant(tenant);
+        self.plugin.forget_tenant(tenant);
+        self.sink.forget_tenant(tenant);
+        self.backlog.forget_tenant(tenant);
+    }
+
+    /// The `plugin` label value of `plugin` run for `tenant` (see
+    /// [`TenantLabels::plugin_label`]).
+    pub fn plugin_label<'a>(&self, tenant: &TenantId, plugin: &'a str) -> &'a str {
+        self.tenants.plugin_label(tenant, plugin)
     }
 
     /// The label value of `tenant`.

@@ -2,7 +2,8 @@
 //! came out; and [`PluginStates`], the per-tenant plugin state the app reads from the router
 //! at each scrape (paused, quarantined, plugin identity, instances, limits, guest counters).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -48,6 +49,9 @@ struct TenantPluginOutcome {
 /// The plugin call families.
 #[derive(Debug)]
 pub struct PluginMetrics {
+    /// Every `plugin` label value recorded so far (bounded: configured paths, the default
+    /// plugin's, `_none` and `_other`), to find a tenant's series to remove.
+    plugins: Mutex<HashSet<Arc<str>>>,
     transform_duration: HistogramFamily<TenantPlugin>,
     transform_calls: Family<TenantPluginOutcome, Counter>,
 }
@@ -55,6 +59,7 @@ pub struct PluginMetrics {
 impl Default for PluginMetrics {
     fn default() -> Self {
         Self {
+            plugins: Mutex::default(),
             transform_duration: Family::new_with_constructor(latency_histogram),
             transform_calls: Family::default(),
         }
@@ -81,7 +86,7 @@ impl PluginMetrics {
     /// the file's content, not its path), so these are the label sets there will be.
     pub fn initialise<'a>(&self, plugins: impl IntoIterator<Item = (Arc<str>, &'a str)>) {
         for (tenant, plugin) in plugins {
-            let plugin: Arc<str> = Arc::from(plugin);
+            let plugin = self.plugin(plugin);
             let _ = self.transform_duration.get_or_create(&TenantPlugin {
                 tenant: Arc::clone(&tenant),
                 plugin: Arc::clone(&plugin),
@@ -99,6 +104,38 @@ impl PluginMetrics {
         }
     }
 
+    /// The label value `plugin`, kept to find series by.
+    fn plugin(&self, plugin: &str) -> Arc<str> {
+        let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = plugins.get(plugin) {
+            return Arc::clone(known);
+        }
+        let label: Arc<str> = Arc::from(plugin);
+        plugins.insert(Arc::clone(&label));
+        label
+    }
+
+    /// Removes every series of the label value `tenant`.
+    pub(super) fn forget_tenant(&self, tenant: &Arc<str>) {
+        let plugins: Vec<Arc<str>> = {
+            let plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+            plugins.iter().cloned().collect()
+        };
+        for plugin in plugins {
+            self.transform_duration.remove(&TenantPlugin {
+                tenant: Arc::clone(tenant),
+                plugin: Arc::clone(&plugin),
+            });
+            for &outcome in PluginOutcome::ALL {
+                self.transform_calls.remove(&TenantPluginOutcome {
+                    tenant: Arc::clone(tenant),
+                    plugin: Arc::clone(&plugin),
+                    outcome,
+                });
+            }
+        }
+    }
+
     /// One batch's rows of the tenant labelled `tenant` ran through `plugin` in `took`
     /// (`None`: not run, e.g. no plugin), with these counts by outcome.
     pub fn transformed(
@@ -108,7 +145,7 @@ impl PluginMetrics {
         took: Option<Duration>,
         outcomes: &[(PluginOutcome, u64)],
     ) {
-        let plugin: Arc<str> = Arc::from(plugin);
+        let plugin = self.plugin(plugin);
         if let Some(took) = took {
             self.transform_duration
                 .get_or_create(&TenantPlugin {
@@ -167,7 +204,8 @@ struct TenantCounter {
 }
 
 /// The per-tenant plugin state of one scrape: filled from the router, then encoded. Tenants
-/// without their own label value share one; their gauges say whether any of them is paused.
+/// without their own label value share one (the gauges: but for the laggards'); their gauges
+/// say whether any of them is paused.
 #[derive(Debug)]
 pub(crate) struct PluginStates {
     paused: Family<TenantLabel, Gauge>,
@@ -179,7 +217,8 @@ pub(crate) struct PluginStates {
 }
 
 impl PluginStates {
-    /// Every tenant label value of `tenants` neither paused nor quarantined.
+    /// Every gauge label value of `tenants` (see [`TenantLabels::gauge_values`]) neither
+    /// paused nor quarantined.
     pub(crate) fn new(tenants: &TenantLabels) -> Self {
         let states = Self {
             paused: Family::default(),
@@ -189,7 +228,7 @@ impl PluginStates {
             instantiations: Family::default(),
             limit_hits: Family::default(),
         };
-        for tenant in tenants.all() {
+        for tenant in tenants.gauge_values() {
             let _ = states.paused.get_or_create(&TenantLabel {
                 tenant: Arc::clone(&tenant),
             });

@@ -120,20 +120,41 @@ impl RelayMetrics {
             let _ = m.poll_wakeups.get_or_create(&CauseLabel { cause });
         }
         for tenant in tenants.all() {
-            for &outcome in RowOutcome::ALL {
-                let _ = m.rows_completed.get_or_create(&TenantOutcome {
-                    tenant: Arc::clone(&tenant),
-                    outcome,
-                });
-            }
-            for &reason in DeadReason::ALL {
-                let _ = m.dead_letters.get_or_create(&TenantReason {
-                    tenant: Arc::clone(&tenant),
-                    reason,
-                });
-            }
+            m.start_tenant(&tenant);
         }
         m
+    }
+
+    /// Starts the series of the label value `tenant` at 0.
+    pub(super) fn start_tenant(&self, tenant: &Arc<str>) {
+        for &outcome in RowOutcome::ALL {
+            let _ = self.rows_completed.get_or_create(&TenantOutcome {
+                tenant: Arc::clone(tenant),
+                outcome,
+            });
+        }
+        for &reason in DeadReason::ALL {
+            let _ = self.dead_letters.get_or_create(&TenantReason {
+                tenant: Arc::clone(tenant),
+                reason,
+            });
+        }
+    }
+
+    /// Removes every series of the label value `tenant`.
+    pub(super) fn forget_tenant(&self, tenant: &Arc<str>) {
+        for &outcome in RowOutcome::ALL {
+            self.rows_completed.remove(&TenantOutcome {
+                tenant: Arc::clone(tenant),
+                outcome,
+            });
+        }
+        for &reason in DeadReason::ALL {
+            self.dead_letters.remove(&TenantReason {
+                tenant: Arc::clone(tenant),
+                reason,
+            });
+        }
     }
 
     pub(super) fn register(&self, r: &mut Registry) {

@@ -177,6 +177,27 @@ impl SinkMetrics {
         }
     }
 
+    /// Removes every series of the label value `tenant`.
+    pub(super) fn forget_tenant(&self, tenant: &Arc<str>) {
+        let topics: Vec<Arc<str>> = {
+            let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+            topics.values().cloned().collect()
+        };
+        for topic in topics.into_iter().chain([Arc::from(OTHER_TOPICS)]) {
+            let labels = TenantTopic {
+                tenant: Arc::clone(tenant),
+                topic,
+            };
+            self.messages_produced.remove(&labels);
+            self.produced_bytes.remove(&labels);
+        }
+        let labels = TenantLabel {
+            tenant: Arc::clone(tenant),
+        };
+        self.end_to_end.remove(&labels);
+        self.last_publish.remove(&labels);
+    }
+
     pub fn last_publish(&self, tenant: &Arc<str>, unix_seconds: f64) {
         self.last_publish
             .get_or_create(&TenantLabel {
