@@ -7,9 +7,13 @@
 //! commits one row every 100 ms (aggregate type `invoice`, topic `<prefix>invoice`), and a
 //! consumer of that topic notes each row's producer CreateTime: commit → produce, as in
 //! `latency`. Measured twice on a fresh table each: `fair_share = 0` (claim order only), then
-//! `fair_share = 50`. On PostgreSQL, or with `--database` on MariaDB or SQLite. Figures: the small tenant's commit → produce p50/p99/max, and the big
-//! backlog's drain rate (what taking turns costs it). Target: with `fair_share`, the small
-//! tenant's p99 ≤ 1 s.
+//! `fair_share = 10`. On PostgreSQL, or with `--database` on MariaDB or SQLite. Figures: the
+//! small tenant's commit → produce p50/p99/max, and the big backlog's drain rate (what taking
+//! turns costs it). Target: with `fair_share`, the small tenant's p99 ≤ 500 ms.
+//!
+//! The backlog is loaded as a migration or an import loads it, without refreshing the
+//! planner's statistics afterwards (issue #45: with them refreshed, as the other scenarios'
+//! tables are, the first seconds of a real bulk load went unmeasured).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,12 +34,12 @@ use sluice_testkit::{Database, DbTable};
 pub(super) const NAME: &str = "fairness";
 
 /// The share of the drain with `relay.fair_share`.
-const SHARE: usize = 50;
+const SHARE: usize = 10;
 /// The big tenant (`Tenants::Spread(1)` names every row's tenant `t0`).
 const BIG: &str = "t0";
 const SMALL: &str = "small";
 const SMALL_EVERY: Duration = Duration::from_millis(100);
-const TARGET_P99_MS: f64 = 1000.0;
+const TARGET_P99_MS: f64 = 500.0;
 /// Longest a drain of the big backlog may take before the scenario gives up.
 const DRAIN_LIMIT: Duration = Duration::from_secs(900);
 /// Longest wait after the backlog is gone for the consumer to see every small row.
@@ -84,7 +88,8 @@ async fn measure(
     label: &str,
 ) -> anyhow::Result<(f64, Vec<Figure>)> {
     let rows = settings.fairness_rows;
-    table.fill(rows, Some(Tenants::Spread(1))).await?;
+    // No ANALYZE after the load (see the module documentation).
+    table.insert(rows, Some(Tenants::Spread(1))).await?;
     let prefix = names::topic_prefix("fairness");
     let small_topic = format!("{prefix}invoice");
     let mut topics = kafka::topics(&prefix);

@@ -41,6 +41,10 @@ macro_rules! kit_db_fixture_common {
         fn table(&self) -> &str {
             &self.t.name
         }
+
+        async fn insert_bulk(&self, n: i64, tenant: Option<&str>) {
+            self.t.insert_rows(n, tenant).await;
+        }
     };
 }
 

@@ -70,6 +70,29 @@ pub(super) async fn a_small_tenant_is_not_held_back_behind_a_big_tenants_backlog
     f.cleanup().await;
 }
 
+/// Right after a bulk load of one tenant (no statistics yet: on PostgreSQL the claim then
+/// must not sort the backlog, see `postgres::CLAIM_BEGIN`), the first claim takes the small
+/// tenant's rows that came after it, then the backlog's oldest.
+pub(super) async fn the_first_claim_after_a_bulk_load_takes_the_small_tenants_rows<F: DbFixture>() {
+    let f = F::new().await;
+    let store = f.migrated(fair(10)).await;
+    f.insert_bulk(20_000, Some("big")).await;
+    let small = f
+        .insert(&[row(Some("small"), "s", 0), row(Some("small"), "s", 1)])
+        .await;
+    let claim = store.claim(500, &[]).await.unwrap();
+    let got = by_tenant(&claim.rows);
+    assert_eq!(got["small"], small, "{got:?}");
+    let big = &got["big"];
+    assert_eq!(big.len(), 498);
+    assert!(
+        big.is_sorted() && big.iter().all(|id| *id < small[0]),
+        "{big:?}"
+    );
+    claim.batch.abandon().await.unwrap();
+    f.cleanup().await;
+}
+
 pub(super) async fn tenants_take_turns_when_more_wait_than_a_batch_holds<F: DbFixture>() {
     let f = F::new().await;
     let store = f.migrated(fair(1)).await;
