@@ -249,6 +249,12 @@ impl Reloader {
         report.problems = problems.iter().map(ToString::to_string).collect();
         rotate::credentials(&fresh, &problems, &mut self.applied, &self.relay, &self.store).await;
         report.tenants = self.tenants(&fresh, &problems).await;
+        if let Some(metrics) = &self.metrics
+            && !(report.tenants.started.is_empty() && report.tenants.removed.is_empty())
+        {
+            // Within `[telemetry] tenant_series`: the label budget decides who is named.
+            metrics.set_configured_tenants(fresh.tenants.keys().map(String::as_str));
+        }
         report.restart_needed = self.started.changed(&RestartOnly::of(&fresh));
         report
             .restart_needed

@@ -18,7 +18,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::model::TenantId;
+use crate::plugin::keys::{KeyScope, KeyScopes};
 use crate::plugin::limits::Limits;
+use crate::plugin::supply::PluginSupply;
 use crate::plugin::reload::swap;
 use crate::plugin::router::{FileStamp, PluginRouter, formats_of, probe_shared, start_tenant};
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings};
@@ -141,6 +143,15 @@ impl PluginRouter {
             restart_needed: restart_keys(&old.settings, plugins),
             ..TenantChanges::default()
         };
+        let keys = match self.rekey(&old.settings, plugins, tenants) {
+            Ok(keys) => keys,
+            Err(reason) => {
+                tracing::error!(reason = %reason,
+                    "changed trusted_keys cannot be used; every tenant keeps running as it is");
+                changes.refused.insert("trusted_keys".into(), reason);
+                return changes;
+            }
+        };
         let mut codes = self.loaded_codes();
         let mut next = AppliedSpecs {
             settings: old.settings.clone(),
@@ -149,7 +160,7 @@ impl PluginRouter {
         // `[plugins.default]` first: tenants first seen from now on, and tenants without an
         // entry, run the new one. Removing it needs a restart (its tenants' rows would fail).
         if plugins.default.is_some() && plugins.default != old.settings.default {
-            match self.apply_default(plugins, &mut codes) {
+            match self.apply_default(plugins, &keys, &mut codes) {
                 Ok(()) => {
                     changes.default_changed = true;
                     next.settings.default = plugins.default.clone();
@@ -197,7 +208,8 @@ impl PluginRouter {
                     changes.removed.push(name.clone());
                 }
                 (None, Some(spec)) => {
-                    match self.add(&id, name, &spec, &mut codes) {
+                    let scope = keys.for_tenant(name, &tenants[name]);
+                    match self.add(&id, name, &spec, scope, &mut codes) {
                         Ok(()) => {
                             changes.started.push(name.clone());
                             next.tenants.insert(name.clone(), tenants[name].clone());
@@ -213,7 +225,8 @@ impl PluginRouter {
                         lock(&self.kept).remove(&id);
                         continue;
                     }
-                    match self.change(&id, name, &after, &mut codes) {
+                    let scope = keys.for_tenant(name, &tenants[name]);
+                    match self.change(&id, name, &after, scope, &mut codes) {
                         Ok(()) => {
                             changes.changed.push(name.clone());
                             next.tenants.insert(name.clone(), tenants[name].clone());
@@ -278,19 +291,49 @@ impl PluginRouter {
         let plugin = LoadedPlugin::load_fetched(
             &self.engine,
             path,
-            self.supply.fetch(path)?,
+            self.supply().fetch(path)?,
             self.cache.as_ref(),
         )?;
         lock(&self.files).insert(path.to_owned(), FileStamp::of(path));
         Ok(Arc::new(plugin))
     }
 
-    /// The template of `spec` (tenant `name`'s entry, completed) with `code`.
+    /// The keys of every section, and a supply that verifies signatures by each of them:
+    /// a tenant added with keys of its own brings keys the supply did not know.
+    fn rekey(
+        &self,
+        old: &PluginsSettings,
+        plugins: &PluginsSettings,
+        tenants: &BTreeMap<String, PluginSpec>,
+    ) -> Result<KeyScopes, String> {
+        // `[plugins] trusted_keys` itself is read at start (named as needing a restart).
+        let settings = PluginsSettings {
+            trusted_keys: old.trusted_keys.clone(),
+            ..plugins.clone()
+        };
+        let keys = KeyScopes::new(&settings, tenants).map_err(|e| reason_of(&e))?;
+        if *lock(&self.scoped_keys) != keys.scoped_entries() {
+            let supply = PluginSupply::new(
+                &old.trusted_keys,
+                &old.registries,
+                self.cache.as_ref().map(|c| c.dir.as_path()),
+            )
+            .and_then(|s| s.with_scoped_keys(&old.trusted_keys, keys.scoped_entries()))
+            .map_err(|e| reason_of(&e))?
+            .with_cache_max_bytes(self.cache.as_ref().map_or(0, |c| c.max_bytes));
+            self.set_supply(supply, keys.scoped_entries().to_vec());
+        }
+        Ok(keys)
+    }
+
+    /// The template of `spec` (tenant `name`'s entry, completed) with `code`, whose file
+    /// `keys` may sign.
     fn template_of(
         &self,
         name: &str,
         spec: &PluginSpec,
         code: PluginCode,
+        keys: Option<Arc<KeyScope>>,
     ) -> Result<TenantTemplate, PluginError> {
         let key = format!("tenants.{name}");
         let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)
@@ -298,12 +341,14 @@ impl PluginRouter {
         Ok(TenantTemplate::new(code, spec.config_pairs(), limits)
             .with_declared_formats(formats_of(spec, &key)?)
             .pinned(spec.pin())
+            .signed_by(keys)
             .watched_by(&self.watch))
     }
 
     fn apply_default(
         &self,
         plugins: &PluginsSettings,
+        keys: &KeyScopes,
         codes: &mut HashMap<PathBuf, PluginCode>,
     ) -> Result<(), String> {
         let Some(spec) = &plugins.default else {
@@ -318,6 +363,7 @@ impl PluginRouter {
             TenantTemplate::new(code, spec.config_pairs(), limits)
                 .with_declared_formats(formats_of(spec, "plugins.default").map_err(|e| reason_of(&e))?)
                 .pinned(spec.pin())
+                .signed_by(keys.for_default())
                 .watched_by(&self.watch),
         );
         // The rows without a tenant run it: their instance is the probe.
@@ -363,6 +409,7 @@ impl PluginRouter {
         id: &TenantId,
         name: &str,
         spec: &PluginSpec,
+        keys: Option<Arc<KeyScope>>,
         codes: &mut HashMap<PathBuf, PluginCode>,
     ) -> Result<(), String> {
         let source = spec
@@ -380,7 +427,8 @@ impl PluginRouter {
                 reason: reason_of(&e),
             },
         };
-        let template = Arc::new(self.template_of(name, spec, code).map_err(|e| reason_of(&e))?);
+        let template =
+            Arc::new(self.template_of(name, spec, code, keys).map_err(|e| reason_of(&e))?);
         let tenant = start_tenant(
             id.clone(),
             template,
@@ -402,11 +450,12 @@ impl PluginRouter {
         id: &TenantId,
         name: &str,
         spec: &PluginSpec,
+        keys: Option<Arc<KeyScope>>,
         codes: &mut HashMap<PathBuf, PluginCode>,
     ) -> Result<(), String> {
         let Some(tenant) = self.known(id) else {
             // Waiting (its earlier entry never started): start it as new.
-            return self.add(id, name, spec, codes);
+            return self.add(id, name, spec, keys, codes);
         };
         let old = tenant.health.template();
         let source = spec
@@ -418,7 +467,13 @@ impl PluginRouter {
         let code = self
             .code_for(&source, codes, pending)
             .map_err(|e| reason_of(&e))?;
-        let template = Arc::new(self.template_of(name, spec, code).map_err(|e| reason_of(&e))?);
+        let template =
+            Arc::new(self.template_of(name, spec, code, keys).map_err(|e| reason_of(&e))?);
+        if let PluginCode::Wasm(plugin) = &template.code
+            && let Some(refused) = template.refuses(plugin, name)
+        {
+            return Err(reason_of(&refused));
+        }
         let instance = if template.pending() {
             None
         } else {

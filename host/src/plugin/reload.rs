@@ -120,7 +120,7 @@ impl PluginRouter {
         let plugin = Arc::new(LoadedPlugin::load_fetched(
             &self.engine,
             path,
-            self.supply.fetch(path)?,
+            self.supply().fetch(path)?,
             self.cache.as_ref(),
         )?);
         let now = Instant::now();

@@ -51,7 +51,10 @@ pub struct PluginRouter {
     pub(super) engine: Arc<PluginEngine>,
     pub(super) cache: Option<CompileCache>,
     /// Fetches plugin files and OCI references and checks their signatures.
-    pub(super) supply: PluginSupply,
+    /// Made anew when a live change brings keys of a section's own `trusted_keys`.
+    supply: Mutex<Arc<PluginSupply>>,
+    /// The keys of sections with their own `trusted_keys` the supply verifies with.
+    pub(super) scoped_keys: Mutex<Vec<String>>,
     /// What each plugin file looked like when it was loaded, to notice replacements.
     pub(super) files: Mutex<HashMap<PathBuf, Option<FileStamp>>>,
     /// The budget for instances of tenants without their own entry.
@@ -322,7 +325,8 @@ impl PluginRouter {
             tenants: Mutex::new(known),
             engine,
             cache,
-            supply,
+            supply: Mutex::new(Arc::new(supply)),
+            scoped_keys: Mutex::new(keys.scoped_entries().to_vec()),
             files: Mutex::new(files),
             quota: InstanceQuota::new(
                 plugins.max_unconfigured_instances,
@@ -491,6 +495,17 @@ impl PluginRouter {
             known.unconfigured -= 1;
         }
         Some(old)
+    }
+
+    /// Fetches plugin files and OCI references and checks their signatures.
+    pub(super) fn supply(&self) -> Arc<PluginSupply> {
+        Arc::clone(&lock(&self.supply))
+    }
+
+    /// Replaces the supply (see [`PluginRouter::apply`]).
+    pub(super) fn set_supply(&self, supply: PluginSupply, scoped: Vec<String>) {
+        *lock(&self.supply) = Arc::new(supply);
+        *lock(&self.scoped_keys) = scoped;
     }
 
     /// Every tenant the router knows.

@@ -186,6 +186,7 @@ impl TenantTemplate {
         TenantTemplate::new(code, self.config.clone(), self.limits.clone())
             .with_declared_formats(self.formats.clone())
             .pinned(self.pin.clone())
+            .signed_by(self.keys.clone())
     }
 
     /// How the plugin is named in logs and statuses.
