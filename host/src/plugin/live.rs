@@ -338,6 +338,19 @@ impl PluginRouter {
         let key = format!("tenants.{name}");
         let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)
             .map_err(|message| Problem::new(key.clone(), message))?;
+        // The engine's memory slots were sized at start to the largest `memory_mb` then.
+        let slot = self.engine.memory_slot();
+        if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) > slot {
+            return Err(Problem::new(
+                format!("{key}.memory_mb"),
+                format!(
+                    "more than the {} MiB the plugin engine's memory slots were sized to at \
+                     start (the largest memory_mb then): takes effect at the next restart",
+                    slot >> 20
+                ),
+            )
+            .into());
+        }
         Ok(TenantTemplate::new(code, spec.config_pairs(), limits)
             .with_declared_formats(formats_of(spec, &key)?)
             .pinned(spec.pin())
@@ -359,6 +372,13 @@ impl PluginRouter {
             .ok_or_else(|| "needs `path` or `builtin`".to_owned())?;
         let code = self.code_for(&source, codes, false).map_err(|e| reason_of(&e))?;
         let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)?;
+        if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) > self.engine.memory_slot() {
+            return Err(format!(
+                "memory_mb is more than the {} MiB the plugin engine's memory slots were sized \
+                 to at start: takes effect at the next restart",
+                self.engine.memory_slot() >> 20
+            ));
+        }
         let template = Arc::new(
             TenantTemplate::new(code, spec.config_pairs(), limits)
                 .with_declared_formats(formats_of(spec, "plugins.default").map_err(|e| reason_of(&e))?)
