@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::laggards::LaggardLabels;
+use super::laggards::{DEFAULT_LAGGARDS, LaggardLabels};
 use crate::model::TenantId;
 
 /// The `tenant` label value of every tenant without one of its own.
@@ -44,7 +44,7 @@ impl Default for LabelBudget {
         Self {
             tenant_series: DEFAULT_TENANT_SERIES,
             watched: BTreeSet::new(),
-            laggards: super::settings::DEFAULT_LAGGARDS,
+            laggards: DEFAULT_LAGGARDS,
         }
     }
 }

@@ -7,6 +7,13 @@ use std::sync::Arc;
 
 use crate::text::bounded;
 
+/// Tenants `/status` and `sluice status` list as the slowest, and that the gauges give a
+/// `tenant` label value of their own when they have none: enough to see who lags among
+/// thousands, few enough series for any Prometheus.
+pub(crate) const DEFAULT_LAGGARDS: usize = 10;
+/// Most laggards one may ask for: each adds five series (and their churn) to every scrape.
+pub(crate) const MAX_LAGGARDS: usize = 100;
+
 /// Longest `tenant` label value a laggard gets, in bytes: its name is the rows' text, which
 /// may be anything.
 pub(crate) const MAX_LABEL_VALUE: usize = 128;

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::auth::Access;
 use super::labels::{DEFAULT_TENANT_SERIES, LabelBudget, MAX_TENANT_SERIES, OTHER_TENANTS};
-use super::laggards::MAX_LABEL_VALUE;
+use super::laggards::{DEFAULT_LAGGARDS, MAX_LABEL_VALUE, MAX_LAGGARDS};
 use super::listen::ListenAddr;
 use crate::problem::Problem;
 use crate::secret::Secret;
@@ -19,12 +19,6 @@ pub(crate) const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 /// Rows one sample reads at most (unsent, then dead): the gauges saturate there, so the
 /// sample stays cheap however large the backlog grows.
 pub(crate) const DEFAULT_SAMPLE_LIMIT: i64 = 10_000;
-/// Tenants `/status` and `sluice status` list as the slowest, and that the backlog gauges give
-/// a `tenant` label value of their own without a `[tenants.<name>]` entry: enough to see who
-/// lags among thousands, few enough series for any Prometheus.
-pub(crate) const DEFAULT_LAGGARDS: usize = 10;
-/// Most laggards one may ask for: each adds three series (and their churn) to every scrape.
-pub(crate) const MAX_LAGGARDS: usize = 100;
 /// How long one batch may be in a worker's hands before `/healthz` calls the worker stuck. A
 /// batch's steps are each bounded far below it (the producer gives up after
 /// `message.timeout.ms`, 30 s by default); a worker past it is wedged and a restart helps.

@@ -167,7 +167,7 @@ impl Metrics {
             tracing::info!(
                 gained = change.gained.len(),
                 lost = change.lost.len(),
-                tenant_series = self.tenants.all().len() - 1,
+                labelled = self.tenants.all().len().saturating_sub(1),
                 "tenants with their own metric label changed"
             );
         }
