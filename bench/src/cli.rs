@@ -91,7 +91,8 @@ pub(crate) enum Command {
     /// Cases: "none" (every row of the default tenant, one plugin instance); "1,000
     /// configured" (rows spread evenly over t0…t999, each with its own `[tenants.tN]` section:
     /// the same .wasm, its own config, the same topics); "10,000 free-form" (rows spread over
-    /// 10,000 tenant values, no sections: `[plugins.default]` serves them). Each drain moves
+    /// 10,000 tenant values, no sections: `[plugins.default]` serves them, all 10,000 instances
+    /// resident: `max_unconfigured_instances = 10000`). Each drain moves
     /// the same backlog: 60,000 rows (--quick 10,000; --rows sets it), because the free-form
     /// case runs at a few thousand rows/s today and 200,000 rows would take over a minute per
     /// drain. The three cases alternate 3 times, each drain against a broker started for it,
