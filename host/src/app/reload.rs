@@ -247,7 +247,14 @@ impl Reloader {
                 "changed configuration: this does not check; what it concerns keeps running as it is");
         }
         report.problems = problems.iter().map(ToString::to_string).collect();
-        rotate::credentials(&fresh, &problems, &mut self.applied, &self.relay, &self.store).await;
+        rotate::credentials(
+            &fresh,
+            &problems,
+            &mut self.applied,
+            &self.relay,
+            &self.store,
+        )
+        .await;
         report.tenants = self.tenants(&fresh, &problems).await;
         if let Some(metrics) = &self.metrics
             && !(report.tenants.started.is_empty() && report.tenants.removed.is_empty())

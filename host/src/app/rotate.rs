@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
 use crate::encoding::RegistryClient;
@@ -169,7 +168,9 @@ async fn rotate_database(fresh: &Config, applied: &mut Applied, store: &Store) {
         return;
     }
     match store.use_url(url).await {
-        Ok(()) => tracing::info!("config reload: new database connections use the re-read database.url"),
+        Ok(()) => {
+            tracing::info!("config reload: new database connections use the re-read database.url")
+        }
         Err(e) => tracing::warn!(error = %e,
             "config reload: new database connections use the re-read database.url, but a trial connection with it failed"),
     }

@@ -53,9 +53,12 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
     // signal sent once the relay says it started must reach it.
     let hangup = signal(SignalKind::hangup());
     let reloader = Reloader {
-        stamp: config.origin.as_deref().map_or_else(ConfigStamp::default, |path| {
-            ConfigStamp::of(path, config.tenants_dir().as_deref())
-        }),
+        stamp: config
+            .origin
+            .as_deref()
+            .map_or_else(ConfigStamp::default, |path| {
+                ConfigStamp::of(path, config.tenants_dir().as_deref())
+            }),
         path: config.origin.clone(),
         applied: rotate::Applied::of(&config)
             .with_telemetry(access)

@@ -13,8 +13,8 @@ use serde::Deserialize;
 mod tenant_files;
 
 pub use crate::problem::Problem;
-pub use tenant_files::{MAX_TENANT_FILE_BYTES, TenantFiles, tenant_of};
 pub use crate::store::DATABASE_URL_ENV;
+pub use tenant_files::{MAX_TENANT_FILE_BYTES, TenantFiles, tenant_of};
 
 use crate::encoding::{Format, RegistrySettings};
 use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
@@ -643,7 +643,6 @@ mod tests {
     use crate::plugin::PluginSource;
     use crate::store::{ColumnMap, ColumnName, TenantColumn};
 
-
     #[test]
     fn tenant_files_join_the_tenants_and_their_problems_name_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -655,7 +654,8 @@ mod tests {
              [tenants.both]\nbuiltin = \"route-by-aggregate\"\n",
         )
         .unwrap();
-        let file = |name: &str, text: &str| std::fs::write(d.join("tenants.d").join(name), text).unwrap();
+        let file =
+            |name: &str, text: &str| std::fs::write(d.join("tenants.d").join(name), text).unwrap();
         file("acme.toml", "path = \"plugins/acme.wasm\"\nmemory_mb = 0\n");
         file("both.toml", "builtin = \"route-by-aggregate\"\n");
         file("broken.toml", "path = \n");
@@ -669,7 +669,10 @@ mod tests {
         let has = |text: &str| problems.iter().any(|p| p.starts_with(text));
         assert!(has("tenants.d/acme.toml: memory_mb: "), "{problems:#?}");
         assert!(has("tenants.d/broken.toml: "), "{problems:#?}");
-        assert!(has("tenants.both: defined both here and by tenants.d/both.toml"), "{problems:#?}");
+        assert!(
+            has("tenants.both: defined both here and by tenants.d/both.toml"),
+            "{problems:#?}"
+        );
         let acme = config
             .problems()
             .into_iter()

@@ -42,7 +42,9 @@ pub fn tenant_of(file_name: &str) -> Option<&str> {
     if file_name.starts_with('.') {
         return None;
     }
-    file_name.strip_suffix(".toml").filter(|name| !name.is_empty())
+    file_name
+        .strip_suffix(".toml")
+        .filter(|name| !name.is_empty())
 }
 
 impl TenantFiles {
@@ -100,14 +102,10 @@ fn read_one(path: &Path, shown: &Path) -> Result<PluginSpec, Vec<Problem>> {
     }
     let mut text = String::new();
     std::fs::File::open(path)
-        .and_then(|f| {
-            f.take(MAX_TENANT_FILE_BYTES + 1)
-                .read_to_string(&mut text)
-        })
+        .and_then(|f| f.take(MAX_TENANT_FILE_BYTES + 1).read_to_string(&mut text))
         .map_err(|e| vec![Problem::caused(key.clone(), "cannot read", e)])?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tree: toml::Value =
-        toml::from_str(&text).map_err(|e| problem(one_line(e, &text)))?;
+    let mut tree: toml::Value = toml::from_str(&text).map_err(|e| problem(one_line(e, &text)))?;
     let resolved = secret::resolve(&mut tree, &secret::Environment::new(dir));
     secret::register(&resolved.secrets);
     if !resolved.errors.is_empty() {
@@ -180,7 +178,11 @@ mod tests {
     #[test]
     fn reads_each_file_as_its_tenant_and_names_the_bad_ones() {
         let d = dir();
-        std::fs::write(d.path().join("acme.toml"), "path = \"p/acme.wasm\"\n[config]\nk = \"v\"\n").unwrap();
+        std::fs::write(
+            d.path().join("acme.toml"),
+            "path = \"p/acme.wasm\"\n[config]\nk = \"v\"\n",
+        )
+        .unwrap();
         std::fs::write(d.path().join("broken.toml"), "path = \n").unwrap();
         std::fs::write(d.path().join("typo.toml"), "pth = \"x.wasm\"\n").unwrap();
         std::fs::write(d.path().join(".acme.toml.swp"), "\0\0binary").unwrap();
@@ -191,7 +193,10 @@ mod tests {
         let files = TenantFiles::read(d.path(), Path::new("tenants.d"));
         assert!(files.unreadable.is_none());
         let acme = &files.tenants["acme"];
-        assert_eq!(acme.path.as_deref(), Some(d.path().join("p/acme.wasm").as_path()));
+        assert_eq!(
+            acme.path.as_deref(),
+            Some(d.path().join("p/acme.wasm").as_path())
+        );
         assert_eq!(
             files.files.keys().collect::<Vec<_>>(),
             ["acme", "broken", "dir", "loop1", "loop2", "typo", "zero"]
@@ -203,12 +208,32 @@ mod tests {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
-        assert!(shown("broken").starts_with("tenants.d/broken.toml: "), "{}", shown("broken"));
+        assert!(
+            shown("broken").starts_with("tenants.d/broken.toml: "),
+            "{}",
+            shown("broken")
+        );
         assert!(shown("broken").contains("line 1"), "{}", shown("broken"));
-        assert!(shown("typo").contains("unknown field `pth`"), "{}", shown("typo"));
-        assert!(shown("loop1").starts_with("tenants.d/loop1.toml: cannot read"), "{}", shown("loop1"));
-        assert!(shown("dir").contains("not a regular file"), "{}", shown("dir"));
-        assert!(shown("zero").contains("not a regular file"), "{}", shown("zero"));
+        assert!(
+            shown("typo").contains("unknown field `pth`"),
+            "{}",
+            shown("typo")
+        );
+        assert!(
+            shown("loop1").starts_with("tenants.d/loop1.toml: cannot read"),
+            "{}",
+            shown("loop1")
+        );
+        assert!(
+            shown("dir").contains("not a regular file"),
+            "{}",
+            shown("dir")
+        );
+        assert!(
+            shown("zero").contains("not a regular file"),
+            "{}",
+            shown("zero")
+        );
         assert_eq!(files.tenants.len(), 1);
     }
 
@@ -218,7 +243,9 @@ mod tests {
         for n in 0..10_000 {
             std::fs::write(
                 d.path().join(format!("t{n}.toml")),
-                format!("builtin = \"route-by-aggregate\"\nconfig = {{ topic_prefix = \"t{n}.\" }}\n"),
+                format!(
+                    "builtin = \"route-by-aggregate\"\nconfig = {{ topic_prefix = \"t{n}.\" }}\n"
+                ),
             )
             .unwrap();
         }

@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::model::TenantId;
 use crate::plugin::keys::{KeyScope, KeyScopes};
 use crate::plugin::limits::Limits;
-use crate::plugin::supply::PluginSupply;
 use crate::plugin::reload::swap;
 use crate::plugin::router::{FileStamp, PluginRouter, formats_of, probe_shared, start_tenant};
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings};
+use crate::plugin::supply::PluginSupply;
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
 use crate::plugin::tenant::{Tenant, lock};
 use crate::plugin::wasm::component::LoadedPlugin;
@@ -120,10 +120,7 @@ fn restart_keys(old: &PluginsSettings, new: &PluginsSettings) -> Vec<String> {
         "configured_instances_memory_mb",
         old.configured_instances_memory_mb != new.configured_instances_memory_mb,
     );
-    differs(
-        "default",
-        old.default.is_some() && new.default.is_none(),
-    );
+    differs("default", old.default.is_some() && new.default.is_none());
     keys
 }
 
@@ -195,7 +192,9 @@ impl PluginRouter {
                 continue;
             }
             let before = old.effective(name);
-            let after = tenants.get(name).map(|t| t.inherit(next.settings.default.as_ref()));
+            let after = tenants
+                .get(name)
+                .map(|t| t.inherit(next.settings.default.as_ref()));
             match (before, after) {
                 (None, None) => {
                     let mut held = lock(&self.held);
@@ -370,7 +369,9 @@ impl PluginRouter {
         let source = spec
             .source()
             .ok_or_else(|| "needs `path` or `builtin`".to_owned())?;
-        let code = self.code_for(&source, codes, false).map_err(|e| reason_of(&e))?;
+        let code = self
+            .code_for(&source, codes, false)
+            .map_err(|e| reason_of(&e))?;
         let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)?;
         if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) > self.engine.memory_slot() {
             return Err(format!(
@@ -381,14 +382,17 @@ impl PluginRouter {
         }
         let template = Arc::new(
             TenantTemplate::new(code, spec.config_pairs(), limits)
-                .with_declared_formats(formats_of(spec, "plugins.default").map_err(|e| reason_of(&e))?)
+                .with_declared_formats(
+                    formats_of(spec, "plugins.default").map_err(|e| reason_of(&e))?,
+                )
                 .pinned(spec.pin())
                 .signed_by(keys.for_default())
                 .watched_by(&self.watch),
         );
         // The rows without a tenant run it: their instance is the probe.
         let none = TenantId::none();
-        let shared = self.known(&none)
+        let shared = self
+            .known(&none)
             .map_or_else(probe_shared, |t| Arc::clone(&t.health.shared));
         let instance = PluginInstance::create(&template, &shared).map_err(|e| reason_of(&e))?;
         let old_default = lock(&self.default).replace(Arc::clone(&template));
@@ -447,8 +451,10 @@ impl PluginRouter {
                 reason: reason_of(&e),
             },
         };
-        let template =
-            Arc::new(self.template_of(name, spec, code, keys).map_err(|e| reason_of(&e))?);
+        let template = Arc::new(
+            self.template_of(name, spec, code, keys)
+                .map_err(|e| reason_of(&e))?,
+        );
         let tenant = start_tenant(
             id.clone(),
             template,
@@ -487,8 +493,10 @@ impl PluginRouter {
         let code = self
             .code_for(&source, codes, pending)
             .map_err(|e| reason_of(&e))?;
-        let template =
-            Arc::new(self.template_of(name, spec, code, keys).map_err(|e| reason_of(&e))?);
+        let template = Arc::new(
+            self.template_of(name, spec, code, keys)
+                .map_err(|e| reason_of(&e))?,
+        );
         if let PluginCode::Wasm(plugin) = &template.code
             && let Some(refused) = template.refuses(plugin, name)
         {
@@ -497,7 +505,10 @@ impl PluginRouter {
         let instance = if template.pending() {
             None
         } else {
-            Some(PluginInstance::create(&template, &tenant.health.shared).map_err(|e| reason_of(&e))?)
+            Some(
+                PluginInstance::create(&template, &tenant.health.shared)
+                    .map_err(|e| reason_of(&e))?,
+            )
         };
         if !swap(&tenant, &old, template, instance) {
             return Err("another change replaced the tenant's plugin meanwhile".into());
@@ -706,7 +717,10 @@ mod tests {
         assert!(changes.restart_needed.is_empty());
         let got = topics(&router, &["a", "b", "c", "d"]).await;
         assert_eq!(got[0], "a2.order");
-        assert!(got[1].starts_with("deferred: the tenant was removed"), "{got:?}");
+        assert!(
+            got[1].starts_with("deferred: the tenant was removed"),
+            "{got:?}"
+        );
         assert_eq!(got[2], "c.order");
         assert!(got[3].starts_with("deferred: d.toml"), "{got:?}");
         let paused = router.paused_tenants();
@@ -724,7 +738,11 @@ mod tests {
         let status = router.change_status();
         assert!(status.kept_old_version["a"].contains("prefx"), "{status:?}");
         // b was removed: it waits; d's entry never applied and is gone now: released.
-        assert_eq!(status.waiting.keys().collect::<Vec<_>>(), ["b"], "{status:?}");
+        assert_eq!(
+            status.waiting.keys().collect::<Vec<_>>(),
+            ["b"],
+            "{status:?}"
+        );
 
         // Fixed, and b back: everything runs, nothing waits.
         let fixed = tables(&format!(
@@ -744,7 +762,11 @@ mod tests {
         assert_eq!(router.change_status(), TenantChangeStatus::default());
         assert!(router.paused_tenants().is_empty());
         // The same settings again: nothing to do.
-        assert!(router.apply(&fixed.plugins, &fixed.tenants, &BTreeMap::new()).is_empty());
+        assert!(
+            router
+                .apply(&fixed.plugins, &fixed.tenants, &BTreeMap::new())
+                .is_empty()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

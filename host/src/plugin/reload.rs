@@ -46,7 +46,11 @@ fn renewed(old: &TenantTemplate, plugin: &Arc<LoadedPlugin>) -> Arc<TenantTempla
 
 /// Whether the template's tenants are not running (so there is no old version to keep).
 fn not_running(template: &TenantTemplate) -> bool {
-    template.quarantine.is_quarantined() || matches!(template.code, PluginCode::Broken { .. } | PluginCode::Pending(_))
+    template.quarantine.is_quarantined()
+        || matches!(
+            template.code,
+            PluginCode::Broken { .. } | PluginCode::Pending(_)
+        )
 }
 
 fn reason_of(error: &PluginError) -> String {

@@ -674,7 +674,10 @@ impl RowTransformer for PluginRouter {
 
 /// A section's `key_format`/`value_format`, checked and with its schema files read; the first
 /// problem when they cannot work.
-pub(super) fn formats_of(spec: &PluginSpec, key: &str) -> Result<Option<Arc<MessageFormats>>, Problem> {
+pub(super) fn formats_of(
+    spec: &PluginSpec,
+    key: &str,
+) -> Result<Option<Arc<MessageFormats>>, Problem> {
     spec.formats.resolve(key).map_err(|problems| {
         problems
             .into_iter()

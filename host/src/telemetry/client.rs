@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
-use hyper::{Method, Request};
 use hyper::body::Bytes;
+use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 

@@ -172,7 +172,11 @@ async fn reload(
         );
     };
     if request.method() != Method::POST {
-        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "POST only\n".into());
+        return respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "POST only\n".into(),
+        );
     }
     let authorization = request
         .headers()
@@ -350,7 +354,11 @@ mod tests {
         let (addr, stop) = serving(Access::Bearer(Secret::new("t0ken"))).await;
         assert_eq!(post(addr, "/reload", None).await.0, 401);
         assert_eq!(post(addr, "/reload", Some("Bearer wrong")).await.0, 401);
-        assert_eq!(code(addr, "/reload", Some("Bearer t0ken")).await, 405, "a GET");
+        assert_eq!(
+            code(addr, "/reload", Some("Bearer t0ken")).await,
+            405,
+            "a GET"
+        );
         let (status, body) = post(addr, "/reload", Some("Bearer t0ken")).await;
         assert_eq!((status, body.as_str()), (200, r#"{"reloaded":true}"#));
         stop.trigger();

@@ -113,7 +113,10 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
     );
     s.table.insert_rows(10, Some("d")).await;
     assert!(
-        wait_until(Duration::from_secs(20), || async { s.table.unsent().await == 0 }).await,
+        wait_until(Duration::from_secs(20), || async {
+            s.table.unsent().await == 0
+        })
+        .await,
         "tenant d did not start: {}",
         relay.log_tail()
     );
@@ -191,7 +194,12 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
     // The same from the command line, with the config's credentials: exit 2, b named.
     let out = sluice_with_config(&["reload"], &config_text);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(2), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("b.toml"), "{stdout}");
     // The file fixed, and c back: everything flows.
     write_atomic(
@@ -220,7 +228,10 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
             .next()
             .unwrap()
             .to_owned();
-        by_tenant.entry(tenant).or_default().push(m.header("id").unwrap());
+        by_tenant
+            .entry(tenant)
+            .or_default()
+            .push(m.header("id").unwrap());
     }
     let count = |t: &str| by_tenant.get(t).map_or(0, Vec::len);
     assert_eq!(
@@ -290,8 +301,11 @@ async fn a_directory_swapped_as_kubernetes_swaps_a_configmap_applies() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lazy_tenants_start_on_their_first_row_without_failing_it() {
-    let s = Scenario::new("live_lazy", &["l1.order", "l1.customer", "l2.order", "l2.customer"])
-        .await;
+    let s = Scenario::new(
+        "live_lazy",
+        &["l1.order", "l1.customer", "l2.order", "l2.customer"],
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let tenants = dir.path().join("tenants.d");
     std::fs::create_dir(&tenants).unwrap();

@@ -159,7 +159,11 @@ async fn an_unreadable_secret_file_keeps_the_credentials_in_use_and_says_so() {
         log.contains(&format!("cannot read file {client_id}")),
         "the log names the file: {log}"
     );
-    assert_eq!(lines_with(&log, "config reload: new kafka producer"), 0, "{log}");
+    assert_eq!(
+        lines_with(&log, "config reload: new kafka producer"),
+        0,
+        "{log}"
+    );
     s.table.insert_rows(10, None).await;
     let sent = wait_until(SCENARIO_WAIT, || async { s.table.unsent().await == 0 }).await;
     assert!(

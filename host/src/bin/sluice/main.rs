@@ -87,7 +87,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             on_runtime(ops::status(&config, json)).map(ok)
         }
         Command::Reload { config } => {
-            let config = Config::load(&config)?;
+            // Only `[telemetry]` is needed to reach the relay: a problem elsewhere (a tenant
+            // file that does not check) is what the relay's answer reports.
+            let config = Config::load_unchecked(&config)?;
+            let problems: Vec<String> = config
+                .telemetry
+                .problems()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            if !problems.is_empty() {
+                anyhow::bail!("{}", problems.join("; "));
+            }
             on_runtime(ops::reload(&config))
         }
         Command::Config {

@@ -49,7 +49,9 @@ pub(crate) async fn reload(config: &Config) -> anyhow::Result<ExitCode> {
         401 => anyhow::bail!(
             "the relay refused the credentials: give this config the relay's [telemetry] bearer_token or basic_auth_*"
         ),
-        404 => anyhow::bail!("the relay does not serve POST /reload: set [telemetry] reload = true"),
+        404 => {
+            anyhow::bail!("the relay does not serve POST /reload: set [telemetry] reload = true")
+        }
         other => anyhow::bail!("the relay answered {other}: {}", scrub(&body)),
     }
 }
