@@ -22,19 +22,30 @@ use crate::telemetry::metrics::Dependency;
 use crate::telemetry::server::{self, Check, Endpoints, ReloadFuture};
 use crate::telemetry::{Metrics, TelemetrySettings};
 
+/// The parts of a relay the endpoints read.
+pub(super) struct Served<'a> {
+    pub store: &'a Arc<Store>,
+    pub relay: &'a Arc<AppRelay>,
+    pub router: &'a Arc<PluginRouter>,
+    pub registry: Option<Arc<RegistryClient>>,
+}
+
 /// Binds `[telemetry] listen` (a taken port fails the start) and starts the HTTP endpoints and
 /// the backlog sampler among `services`. Returns the endpoints' credentials, for SIGHUP to
 /// replace (`None` without `listen`).
 pub(super) async fn start(
     services: &mut Services,
     config: &Config,
-    store: &Arc<Store>,
-    relay: &Arc<AppRelay>,
-    router: &Arc<PluginRouter>,
-    registry: Option<Arc<RegistryClient>>,
+    served: Served<'_>,
     metrics: Arc<Metrics>,
     reloads: mpsc::Sender<ReloadRequest>,
 ) -> anyhow::Result<Option<Arc<SharedAccess>>> {
+    let Served {
+        store,
+        relay,
+        router,
+        registry,
+    } = served;
     let settings = config.telemetry.clone();
     let Some(listen) = settings.listen_addr() else {
         return Ok(None);

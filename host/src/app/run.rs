@@ -138,17 +138,13 @@ impl Started {
         let (reload_requests, reloads) = mpsc::channel(4);
         let access = match metrics.clone() {
             Some(metrics) => {
-                endpoints::start(
-                    &mut services,
-                    config,
-                    &store,
-                    &relay,
-                    &router,
-                    registry.clone(),
-                    metrics,
-                    reload_requests,
-                )
-                .await?
+                let served = endpoints::Served {
+                    store: &store,
+                    relay: &relay,
+                    router: &router,
+                    registry: registry.clone(),
+                };
+                endpoints::start(&mut services, config, served, metrics, reload_requests).await?
             }
             None => None,
         };

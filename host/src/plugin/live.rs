@@ -21,7 +21,9 @@ use crate::model::TenantId;
 use crate::plugin::keys::{KeyScope, KeyScopes};
 use crate::plugin::limits::Limits;
 use crate::plugin::reload::swap;
-use crate::plugin::router::{FileStamp, PluginRouter, formats_of, probe_shared, start_tenant};
+use crate::plugin::router::{
+    AppliedSpecs, FileStamp, PluginRouter, formats_of, probe_shared, start_tenant,
+};
 use crate::plugin::settings::{PluginSource, PluginSpec, PluginsSettings};
 use crate::plugin::supply::PluginSupply;
 use crate::plugin::tenant::template::{PluginCode, PluginInstance, TenantTemplate};
@@ -33,28 +35,6 @@ use crate::text::{MAX_LOGGED, bounded};
 
 /// Why the rows of a tenant removed while running wait.
 const REMOVED: &str = "the tenant was removed from the configuration; its rows wait";
-
-/// The plugin settings a router runs with, as last applied.
-#[derive(Debug, Clone)]
-pub(crate) struct AppliedSpecs {
-    settings: PluginsSettings,
-    tenants: BTreeMap<String, PluginSpec>,
-}
-
-impl AppliedSpecs {
-    pub(crate) fn new(plugins: &PluginsSettings, tenants: &BTreeMap<String, PluginSpec>) -> Self {
-        Self {
-            settings: plugins.clone(),
-            tenants: tenants.clone(),
-        }
-    }
-
-    /// Tenant `name`'s entry completed from `[plugins.default]`.
-    fn effective(&self, name: &str) -> Option<PluginSpec> {
-        let spec = self.tenants.get(name)?;
-        Some(spec.inherit(self.settings.default.as_ref()))
-    }
-}
 
 /// What a live change of the plugin settings did, tenant by tenant.
 #[derive(Debug, Default, Clone, PartialEq, Serialize)]

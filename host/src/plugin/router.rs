@@ -16,7 +16,6 @@ use crate::model::{RowResult, TransformFailure};
 use crate::plugin::keys::KeyScopes;
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
-use crate::plugin::live::AppliedSpecs;
 use crate::plugin::settings::{
     LoadMode, PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir,
 };
@@ -83,6 +82,28 @@ pub struct PluginRouter {
     pub(super) kept: Mutex<BTreeMap<TenantId, String>>,
     /// The plugin settings applied last (to tell what a live change changes).
     pub(super) applied: Mutex<AppliedSpecs>,
+}
+
+/// The plugin settings a router runs with, as last applied.
+#[derive(Debug, Clone)]
+pub(crate) struct AppliedSpecs {
+    pub(super) settings: PluginsSettings,
+    pub(super) tenants: BTreeMap<String, PluginSpec>,
+}
+
+impl AppliedSpecs {
+    pub(crate) fn new(plugins: &PluginsSettings, tenants: &BTreeMap<String, PluginSpec>) -> Self {
+        Self {
+            settings: plugins.clone(),
+            tenants: tenants.clone(),
+        }
+    }
+
+    /// Tenant `name`'s entry completed from `[plugins.default]`.
+    pub(super) fn effective(&self, name: &str) -> Option<PluginSpec> {
+        let spec = self.tenants.get(name)?;
+        Some(spec.inherit(self.settings.default.as_ref()))
+    }
 }
 
 /// Tenants whose plugin is to be compiled, and those being compiled now.

@@ -393,7 +393,7 @@ mod tests {
         // left (module affinity), reset in place (`linear_memory_keep_resident`).
         let engine = PluginEngine::new(MIN_POOLED_INSTANCES).unwrap();
         let component = Component::new(engine.engine(), MEMORY_PROBE).unwrap();
-        for secret in [0xdead_beef_u32, 0x5ec2_e7, 42] {
+        for secret in [0xdead_beef_u32, 0x005e_c2e7, 42] {
             let mut probe = Probe::new(&engine, &component, usize::MAX);
             assert_eq!(probe.get(), 0, "the previous tenant's secret is gone");
             // Memory the previous instance grew into is gone too.
