@@ -305,6 +305,20 @@ impl PluginRouter {
         Ok(keys)
     }
 
+    /// Whether `limits`' memory fits the engine's memory slots, which were sized at start to
+    /// the largest `memory_mb` then; why not.
+    fn fits_slot(&self, limits: &Limits) -> Result<(), String> {
+        let slot = self.engine.memory_slot();
+        if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) <= slot {
+            return Ok(());
+        }
+        Err(format!(
+            "more than the {} MiB the plugin engine's memory slots were sized to at start (the \
+             largest memory_mb then): takes effect at the next restart",
+            slot >> 20
+        ))
+    }
+
     /// The template of `spec` (tenant `name`'s entry, completed) with `code`, whose file
     /// `keys` may sign.
     fn template_of(
@@ -317,19 +331,8 @@ impl PluginRouter {
         let key = format!("tenants.{name}");
         let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)
             .map_err(|message| Problem::new(key.clone(), message))?;
-        // The engine's memory slots were sized at start to the largest `memory_mb` then.
-        let slot = self.engine.memory_slot();
-        if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) > slot {
-            return Err(Problem::new(
-                format!("{key}.memory_mb"),
-                format!(
-                    "more than the {} MiB the plugin engine's memory slots were sized to at \
-                     start (the largest memory_mb then): takes effect at the next restart",
-                    slot >> 20
-                ),
-            )
-            .into());
-        }
+        self.fits_slot(&limits)
+            .map_err(|message| Problem::new(format!("{key}.memory_mb"), message))?;
         Ok(TenantTemplate::new(code, spec.config_pairs(), limits)
             .with_declared_formats(formats_of(spec, &key)?)
             .pinned(spec.pin())
@@ -353,13 +356,8 @@ impl PluginRouter {
             .code_for(&source, codes, false)
             .map_err(|e| reason_of(&e))?;
         let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)?;
-        if u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX) > self.engine.memory_slot() {
-            return Err(format!(
-                "memory_mb is more than the {} MiB the plugin engine's memory slots were sized \
-                 to at start: takes effect at the next restart",
-                self.engine.memory_slot() >> 20
-            ));
-        }
+        self.fits_slot(&limits)
+            .map_err(|message| format!("memory_mb: {message}"))?;
         let template = Arc::new(
             TenantTemplate::new(code, spec.config_pairs(), limits)
                 .with_declared_formats(

@@ -46,6 +46,15 @@ fn config(s: &Scenario, dir: &Path, port: u16) -> String {
     config
 }
 
+/// Waits (up to 20 s) until the relay logged `line`.
+async fn logged(relay: &RelayProcess, line: &str) {
+    let found = wait_until(Duration::from_secs(20), || async {
+        relay.log().contains(line)
+    })
+    .await;
+    assert!(found, "no {line:?} logged: {}", relay.log_tail());
+}
+
 /// Unsent rows of `tenant`: `(count, most attempts)`.
 async fn waiting(s: &Scenario, tenant: &str) -> (usize, i32) {
     let rows = s.table.unsent_rows().await;
@@ -103,14 +112,7 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
         &tenants.join("d.toml"),
         &tenant_file(&format!("{}d.", s.prefix)),
     );
-    assert!(
-        wait_until(Duration::from_secs(20), || async {
-            relay.log().contains("tenant added")
-        })
-        .await,
-        "{}",
-        relay.log_tail()
-    );
+    logged(&relay, "tenant added").await;
     s.table.insert_rows(10, Some("d")).await;
     assert!(
         wait_until(Duration::from_secs(20), || async {
@@ -126,26 +128,12 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
         &tenants.join("a.toml"),
         &tenant_file(&format!("{}a2.", s.prefix)),
     );
-    assert!(
-        wait_until(Duration::from_secs(20), || async {
-            relay.log().contains("tenant changed")
-        })
-        .await,
-        "{}",
-        relay.log_tail()
-    );
+    logged(&relay, "tenant changed").await;
     s.table.insert_rows(10, Some("a")).await;
 
     // A tenant file deleted: its rows wait (not dead), the others flow.
     std::fs::remove_file(tenants.join("c.toml")).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(20), || async {
-            relay.log().contains("tenant removed")
-        })
-        .await,
-        "{}",
-        relay.log_tail()
-    );
+    logged(&relay, "tenant removed").await;
     s.table.insert_rows(10, Some("c")).await;
     s.table.insert_rows(10, Some("b")).await;
 
@@ -153,14 +141,7 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
     std::fs::write(tenants.join("b.toml"), "path = ").unwrap();
     std::os::unix::fs::symlink("loop2.toml", tenants.join("loop1.toml")).unwrap();
     std::os::unix::fs::symlink("loop1.toml", tenants.join("loop2.toml")).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(20), || async {
-            relay.log().contains("its running version keeps running")
-        })
-        .await,
-        "{}",
-        relay.log_tail()
-    );
+    logged(&relay, "its running version keeps running").await;
     s.table.insert_rows(10, Some("b")).await;
     assert!(
         wait_until(SCENARIO_WAIT, || async { drained_except(&s, &["c"]).await }).await,
@@ -274,14 +255,7 @@ async fn a_directory_swapped_as_kubernetes_swaps_a_configmap_applies() {
         relay.log_tail()
     );
     version(2, &format!("{}k2.", s.prefix));
-    assert!(
-        wait_until(Duration::from_secs(20), || async {
-            relay.log().contains("tenant changed")
-        })
-        .await,
-        "{}",
-        relay.log_tail()
-    );
+    logged(&relay, "tenant changed").await;
     s.table.insert_rows(10, Some("k")).await;
     assert!(
         wait_until(SCENARIO_WAIT, || async { s.table.unsent().await == 0 }).await,
