@@ -102,6 +102,14 @@ pub(crate) enum Command {
     /// and peak RSS by then; then the same over 10 distinct plugin files. Targets: 1,000 configured ≥ 0.85 and 10,000 free-form ≥ 0.60 of
     /// "none", peak RSS ≤ 1 GiB; a missed target is reported, not an error. About 1.5 minutes.
     Tenants,
+    /// Live tenants' start-up (issue #40): 1,000 configured tenants over 200 distinct Rust and
+    /// 20 distinct Python plugin files, `[plugins] load = "lazy"` and then `"eager"`, each with
+    /// an empty and then the filled compile cache (`cache_max_mb = 512`): time from spawn to
+    /// "relay started", to /readyz 200 and to the first and last row sent of a Rust tenant
+    /// (t0, 10,000 rows) and a Python tenant (t200, 100 rows); peak RSS; the compile cache's
+    /// size on disk afterwards. Needs the Python reference plugin (--python-plugin). Not part
+    /// of `all`; the eager starts compile 220 components (many minutes on 2 cores).
+    Lazy,
     /// A small tenant's commit → produce latency while a big tenant's backlog of 1,000,000
     /// rows (--quick 100,000; --rows sets it) drains, with claims in claim order only and with
     /// `relay.fair_share = 50` (issue #23), on PostgreSQL or (--database) MariaDB or SQLite.

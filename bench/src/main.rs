@@ -68,6 +68,12 @@
 //! rows/s, peak RSS and the ratios to one tenant (targets ≥ 0.85 and ≥ 0.60, RSS ≤ 1 GiB),
 //! plus start-up time and RSS with 1,000 configured tenants.
 //!
+//! Also not in `all`: `lazy` — live tenants' start-up (issue #40): 1,000 configured tenants
+//! over 200 distinct Rust and 20 distinct Python plugin files (`--python-plugin`),
+//! `[plugins] load = "lazy"` then `"eager"`, each with an empty and then the filled compile
+//! cache (`cache_max_mb = 512`): time to "relay started", to `/readyz` 200 and to a Rust and a
+//! Python tenant's first and last row sent, peak RSS and the compile cache's size on disk.
+//!
 //! Also not in `all`: `schema-registry` — the same backlog drained with values published raw
 //! and as Avro through the test kit's Schema Registry, alternating 3 times: rows/s, relay CPU
 //! per 1,000 rows, the ratio avro / raw (target ≥ 0.8) and registry requests per drain.

@@ -6,6 +6,7 @@ mod fairness;
 mod idle;
 mod languages;
 mod latency;
+mod lazy;
 mod metrics_overhead;
 mod naive;
 mod noisy;
@@ -64,6 +65,7 @@ enum Step {
     NotifyCost,
     Languages,
     Tenants,
+    Lazy,
     Fairness,
     SchemaRegistry,
     /// sql-ceiling on MariaDB or SQLite.
@@ -104,6 +106,7 @@ impl Step {
             Self::NotifyCost => notify_cost::NAME,
             Self::Languages => languages::NAME,
             Self::Tenants => tenants::NAME,
+            Self::Lazy => lazy::NAME,
             Self::Fairness => fairness::NAME,
             Self::SchemaRegistry => schema_registry::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
@@ -132,6 +135,7 @@ impl Step {
             Self::NotifyCost => notify_cost::run(settings).await,
             Self::Languages => languages::run(settings).await,
             Self::Tenants => tenants::run(settings).await,
+            Self::Lazy => lazy::run(settings).await,
             Self::Fairness => fairness::run(settings).await,
             Self::SchemaRegistry => schema_registry::run(settings).await,
         }
@@ -177,6 +181,7 @@ fn steps(command: Command) -> Vec<Step> {
         Command::NotifyCost => vec![Step::NotifyCost],
         Command::Languages => vec![Step::Languages],
         Command::Tenants => vec![Step::Tenants],
+        Command::Lazy => vec![Step::Lazy],
         Command::Fairness => vec![Step::Fairness],
         Command::SchemaRegistry => vec![Step::SchemaRegistry],
         Command::Databases => vec![

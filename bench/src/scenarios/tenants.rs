@@ -128,7 +128,11 @@ fn configured_over(plugins: &[PathBuf], prefix: &str) -> Vec<Tenant> {
 /// `count` distinct files of `plugin` in `dir`: each with a custom section
 /// `sluice-bench-variant-N` appended (a custom section may follow the last section of a
 /// component), so their digests, compilations and cache entries differ.
-fn distinct_plugins(plugin: &Path, dir: &Path, count: usize) -> anyhow::Result<Vec<PathBuf>> {
+pub(super) fn distinct_plugins(
+    plugin: &Path,
+    dir: &Path,
+    count: usize,
+) -> anyhow::Result<Vec<PathBuf>> {
     let bytes =
         std::fs::read(plugin).with_context(|| format!("cannot read {}", plugin.display()))?;
     (0..count)

@@ -161,16 +161,33 @@ impl Started {
     }
 }
 
-/// Compiles the plugins rows ask for (`[plugins] load = "lazy"`), until shutdown.
+/// Plugins compiled at once for rows that ask for them: a tenant whose plugin compiles in a
+/// second does not wait behind another's Python component (seconds to minutes), and two
+/// compiles leave the relay's own work room on a small machine.
+const PLUGIN_LOADERS: usize = 2;
+
+/// Compiles the plugins rows ask for (`[plugins] load = "lazy"`), until shutdown: each wake
+/// takes the tenants queued by then, up to [`PLUGIN_LOADERS`] such loads at a time.
 async fn plugin_loader(router: Arc<PluginRouter>, mut stop: Shutdown) {
+    let loaders = Arc::new(tokio::sync::Semaphore::new(PLUGIN_LOADERS));
     loop {
         tokio::select! {
             () = router.loads_wanted() => {}
             _ = stop.recv() => return,
         }
+        let permit = tokio::select! {
+            permit = Arc::clone(&loaders).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = stop.recv() => return,
+        };
         let router = Arc::clone(&router);
         // Compiling and `configure` are blocking work.
-        let _ = tokio::task::spawn_blocking(move || router.load_wanted()).await;
+        tokio::task::spawn_blocking(move || {
+            router.load_wanted();
+            drop(permit);
+        });
     }
 }
 
