@@ -52,11 +52,18 @@ pub(super) async fn assemble(
         }
         // Plugins first: a broken plugin file is reported without touching the database.
         // Compiling and instantiating are blocking work.
-        let (plugins, tenants) = (config.plugins.clone(), config.tenants.clone());
-        let router =
-            tokio::task::spawn_blocking(move || PluginRouter::from_settings(&plugins, &tenants))
-                .await
-                .context("loading plugins")??;
+        // A tenant file that does not check holds up its own tenant only: its rows wait.
+        let (tenants, refused) = config.runnable_tenants();
+        for (name, why) in &refused {
+            tracing::error!(tenant = %crate::text::bounded(name, crate::text::MAX_LOGGED), reason = %why,
+                "tenant's settings do not apply; its rows wait until they do");
+        }
+        let plugins = config.plugins.clone();
+        let router = tokio::task::spawn_blocking(move || {
+            PluginRouter::from_settings(&plugins, &tenants).inspect(|router| router.hold(&refused))
+        })
+        .await
+        .context("loading plugins")??;
         let router = Arc::new(router);
         // One connection per worker's open batch, plus one for probes and maintenance.
         let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);

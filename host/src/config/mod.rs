@@ -279,6 +279,30 @@ impl Config {
         Some(dir)
     }
 
+    /// The tenants that can start, and those defined by a tenant file that does not check,
+    /// with why (their rows wait until the file is fixed; `config check` lists them).
+    pub fn runnable_tenants(&self) -> (BTreeMap<String, PluginSpec>, BTreeMap<String, String>) {
+        let mut refused: BTreeMap<String, String> = BTreeMap::new();
+        for problem in self.problems() {
+            if let Some(name) = self.tenant_of_problem(&problem)
+                && self.tenant_file(&name).is_some()
+            {
+                let why = refused.entry(name).or_default();
+                if !why.is_empty() {
+                    why.push_str("; ");
+                }
+                why.push_str(&problem.to_string());
+            }
+        }
+        let tenants = self
+            .tenants
+            .iter()
+            .filter(|(name, _)| !refused.contains_key(*name))
+            .map(|(name, spec)| (name.clone(), spec.clone()))
+            .collect();
+        (tenants, refused)
+    }
+
     /// The file that defines tenant `name`, when a tenant file does.
     pub fn tenant_file(&self, name: &str) -> Option<&Path> {
         self.tenant_files.files.get(name).map(PathBuf::as_path)
@@ -379,7 +403,15 @@ impl Config {
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let problems = self.problems();
+        let mut problems = self.problems();
+        // A tenant file that does not check holds up its own tenant only (its rows wait; see
+        // [`Config::runnable_tenants`]), unless `strict_startup` asks to refuse the start.
+        if !self.plugins.strict_startup {
+            problems.retain(|p| {
+                self.tenant_of_problem(p)
+                    .is_none_or(|name| self.tenant_file(&name).is_none())
+            });
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -685,6 +717,28 @@ mod tests {
             .find(|p| p.key.contains("broken"))
             .unwrap();
         assert_eq!(config.tenant_of_problem(&broken).as_deref(), Some("broken"));
+        // `sluice run` starts the others; the files' tenants wait (the duplicate, a problem
+        // of sluice.toml itself, still refuses the start).
+        let (runnable, refused) = config.runnable_tenants();
+        assert_eq!(refused.keys().collect::<Vec<_>>(), ["acme", "broken"]);
+        assert_eq!(runnable.keys().collect::<Vec<_>>(), ["both"]);
+        let err = Config::load(&d.join("sluice.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tenants.both: defined both") && !err.contains("acme"),
+            "{err}"
+        );
+        std::fs::remove_file(d.join("tenants.d/both.toml")).unwrap();
+        assert!(Config::load(&d.join("sluice.toml")).is_ok());
+        let strict = std::fs::read_to_string(d.join("sluice.toml"))
+            .unwrap()
+            .replace("[plugins]\n", "[plugins]\nstrict_startup = true\n");
+        std::fs::write(d.join("sluice.toml"), strict).unwrap();
+        let err = Config::load(&d.join("sluice.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tenants.d/acme.toml: memory_mb"), "{err}");
     }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

@@ -525,6 +525,15 @@ impl PluginRouter {
         changes.refused.insert(name.to_owned(), reason.to_owned());
     }
 
+    /// Tenants whose entry does not check at start (a tenant file), with why: their rows wait
+    /// until a change fixes it.
+    pub fn hold(&self, refused: &BTreeMap<String, String>) {
+        let mut held = lock(&self.held);
+        for (name, why) in refused {
+            held.insert(TenantId::named(name.as_str()), why.clone());
+        }
+    }
+
     /// Whether the rows of `id` wait (removed, or its entry never applied).
     fn waits(&self, id: &TenantId) -> bool {
         lock(&self.held).contains_key(id)

@@ -90,8 +90,10 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
             &tenant_file(&format!("{}{t}.", s.prefix)),
         );
     }
-    // What a platform's directory also holds: an editor's swap file, a symlink loop.
+    // What a platform's directory also holds: an editor's swap file; and a tenant file that
+    // does not check at start, which holds up its own tenant only.
     std::fs::write(tenants.join(".a.toml.swp"), b"\0\0not toml").unwrap();
+    std::fs::write(tenants.join("zz.toml"), "memory_mb = 0\n").unwrap();
     let port = free_port();
     let config_text = config(&s, &tenants, port);
     let relay = RelayProcess::start(&config_text).unwrap();
@@ -158,6 +160,12 @@ async fn tenants_come_change_and_go_as_files_while_the_relay_runs() {
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     let changes = &status["tenant_changes"];
     assert!(changes["waiting"]["c"].is_string(), "{status}");
+    assert!(
+        changes["waiting"]["zz"]
+            .as_str()
+            .is_some_and(|why| why.contains("zz.toml: memory_mb")),
+        "{status}"
+    );
     assert!(
         changes["kept_old_version"]["b"]
             .as_str()
