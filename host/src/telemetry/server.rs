@@ -127,14 +127,8 @@ async fn answer(
         );
     }
     let path = request.uri().path();
-    if PROTECTED.contains(&path) {
-        let authorization = request
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        if !access.allows(authorization) {
-            return unauthorized(access);
-        }
+    if PROTECTED.contains(&path) && !authorized(access, request) {
+        return unauthorized(access);
     }
     match path {
         "/metrics" => match endpoints.metrics() {
@@ -178,11 +172,7 @@ async fn reload(
             "POST only\n".into(),
         );
     }
-    let authorization = request
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    if !access.allows(authorization) {
+    if !authorized(access, request) {
         return unauthorized(access);
     }
     let done = reloading.await;
@@ -193,6 +183,15 @@ async fn reload(
         StatusCode::UNPROCESSABLE_ENTITY
     };
     respond(status, JSON, done.body.to_string())
+}
+
+/// Whether `request` carries the credentials `access` names.
+fn authorized(access: &Access, request: &Request<Incoming>) -> bool {
+    let authorization = request
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    access.allows(authorization)
 }
 
 /// The endpoints that need the credentials: what they show is the operator's business, and
