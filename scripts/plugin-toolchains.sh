@@ -17,6 +17,10 @@
 #   ensure_kubernetes_validate
 #                            PyPI kubernetes-validate $KUBERNETES_VALIDATE_VERSION in a venv, for
 #                            the offline check of deploy/kubernetes/ in scripts/test
+#   ensure_prometheus_operator_models
+#                            npm @kubernetes-models/prometheus-operator
+#                            $PROMETHEUS_OPERATOR_MODELS_VERSION, for the offline check of the
+#                            ServiceMonitor in deploy/kubernetes/ in scripts/test
 #   ensure_componentize_js   componentize-js $COMPONENTIZE_JS_VERSION + its undeclared
 #                            preview2-shim dependency (JavaScript on SpiderMonkey: works, but
 #                            bigger and slower; see docs/plugin-languages.md)
@@ -31,6 +35,7 @@ PREVIEW2_SHIM_VERSION="0.25.0"
 CONFLUENT_KAFKA_VERSION="2.16.1"
 ORAS_PY_VERSION="0.2.43"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
+PROMETHEUS_OPERATOR_MODELS_VERSION="6.0.0"
 BCRYPT_VERSION="4.3.0"
 
 SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
@@ -99,6 +104,16 @@ ensure_kubernetes_validate() {
     local dir="$SLUICE_TOOLCHAINS/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
     _ensure_venv "$dir" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || return 1
     export PATH="$dir/bin:$PATH"
+}
+
+# ensure_prometheus_operator_models: afterwards SLUICE_PROMETHEUS_OPERATOR_MODULES is a
+# node_modules with npm @kubernetes-models/prometheus-operator (the operator's CRD schemas as
+# validators), for the offline check of deploy/kubernetes/servicemonitor.yaml.
+ensure_prometheus_operator_models() {
+    local dir="$SLUICE_TOOLCHAINS/prometheus-operator-models-$PROMETHEUS_OPERATOR_MODELS_VERSION"
+    _ensure_npm_tools "$dir" \
+        "@kubernetes-models/prometheus-operator@$PROMETHEUS_OPERATOR_MODELS_VERSION" || return 1
+    export SLUICE_PROMETHEUS_OPERATOR_MODULES="$dir/node_modules"
 }
 
 # _ensure_npm_tools DIR PACKAGE@VERSION...: a private node_modules with exactly these pins.

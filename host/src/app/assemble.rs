@@ -64,6 +64,7 @@ pub(super) async fn assemble(
         })
         .await
         .context("loading plugins")??;
+        router.instance_budgets().log();
         let router = Arc::new(router);
         // One connection per worker's open batch, plus one for probes and maintenance.
         let connections = u32::try_from(config.relay.workers + 1).unwrap_or(u32::MAX);

@@ -4,13 +4,14 @@
 //! listen`'s host resolves. With
 //! `--connect`: the table (columns, types, indexes as `sluice run` needs them) and the broker
 //! answering. Valid settings that may not do what was meant (how a tenant inherits from
-//! `[plugins.default]`) are listed as warnings, which do not fail the check.
+//! `[plugins.default]`, memory budgets past the container's memory limit) are listed as
+//! warnings, which do not fail the check.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, Problem};
-use crate::plugin::{LoadMode, PluginRouter, PluginsSettings, TenantState};
+use crate::plugin::{InstanceBudgets, LoadMode, PluginRouter, PluginsSettings, TenantState};
 use crate::sink::{KafkaSink, Sink};
 use crate::store;
 use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
@@ -45,10 +46,10 @@ pub async fn check(path: &Path, connect: bool) -> CheckReport {
         problems.extend(check_database(&config).await);
         problems.extend(check_broker(&config).await);
     }
-    CheckReport {
-        problems,
-        warnings: config.warnings(),
-    }
+    let mut warnings = config.warnings();
+    // Budgets written larger than this machine's memory limit leaves plugins.
+    warnings.extend(InstanceBudgets::of_this_process(&config.plugins).warnings());
+    CheckReport { problems, warnings }
 }
 
 /// How long resolving `[telemetry] listen`'s host may take.

@@ -143,7 +143,7 @@ pub struct RelayConfig {
     /// With `ordering = "key"`: `"skip"` (default) lets a key's later rows pass a dead one,
     /// `"block"` holds them until it is replayed and sent.
     pub ordering_after_dead: AfterDead,
-    /// PostgreSQL, tables with a tenant column: each batch first takes up to this many of
+    /// Tables with a tenant column (every database): each batch first takes up to this many of
     /// the oldest due rows of every tenant with rows waiting (taking turns when they are
     /// more than a batch holds), then fills up in claim order; `0` (default): claim order
     /// only. Keeps small tenants' rows flowing while one tenant's backlog drains.
@@ -393,6 +393,11 @@ impl Config {
             && !dir.as_os_str().is_empty()
         {
             resolve(dir);
+        }
+        for registry in self.plugins.registries.values_mut() {
+            if let Some(ca) = &mut registry.ca_location {
+                resolve(ca);
+            }
         }
         for tenant in self.tenants.values_mut() {
             tenant.resolve_schema_paths(base);
@@ -739,6 +744,47 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("tenants.d/acme.toml: memory_mb"), "{err}");
+    }
+
+    #[test]
+    fn a_registry_ca_location_is_relative_to_the_config_file_and_checked_unused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("certs")).unwrap();
+        // No plugin pulls from this registry yet: the file is checked all the same.
+        let text = "[database]\nurl = \"postgres://u@h/db\"\n\
+                    [plugins.registries.\"registry.example.com\"]\nca_location = \"certs/ca.pem\"\n";
+        std::fs::write(d.join("sluice.toml"), text).unwrap();
+        let load = || Config::load_unchecked(&d.join("sluice.toml")).unwrap();
+        let config = load();
+        assert_eq!(
+            config.plugins.registries["registry.example.com"]
+                .ca_location
+                .as_deref(),
+            Some(d.join("certs/ca.pem").as_path()),
+            "from the config file's directory, not the working directory"
+        );
+        let problems =
+            |c: &Config| -> Vec<String> { c.problems().iter().map(ToString::to_string).collect() };
+        let key = "plugins.registries.\"registry.example.com\".ca_location";
+        let p = problems(&config);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with(&format!(
+                "{key}: cannot read {}",
+                d.join("certs/ca.pem").display()
+            )),
+            "{p:?}"
+        );
+        std::fs::write(d.join("certs/ca.pem"), "not a certificate\n").unwrap();
+        let p = problems(&load());
+        assert!(
+            p.len() == 1 && p[0].contains("is not a PEM certificate"),
+            "{p:?}"
+        );
+        let ca = sluice_testkit::secure_broker::TestCa::new(&d.join("certs"), "ca").unwrap();
+        assert_eq!(ca.pem, d.join("certs/ca.pem"));
+        assert!(problems(&load()).is_empty());
     }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

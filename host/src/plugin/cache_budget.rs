@@ -12,7 +12,9 @@
 //! a recompile, and a registry outage at that restart into a quarantine. When the held files
 //! alone pass the bound the directory stays over it, and that is logged. Files in the
 //! directory that are none of these (a temporary file being written, anything else) are
-//! neither counted nor touched.
+//! neither counted nor touched — except what an interrupted write left behind (a temporary
+//! file of ours not written to for [`LEFTOVER_AFTER`]: a relay OOM-killed or stopped mid-compile
+//! would otherwise leave a 35 MB file per restart, never pruned).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,9 @@ pub(crate) const COMPILED_SUFFIX: &str = ".cwasm";
 const OCI_DIRS: [&str; 2] = ["oci/blobs", "oci/refs"];
 /// What a file being written has in its name (`write` + rename): not an entry yet.
 const TEMP_MARK: &str = ".tmp";
+/// A temporary file of ours not modified for this long is the leftover of a write that was
+/// cut off (writing one takes seconds at most; a Python plugin's compile ~20 s before it).
+const LEFTOVER_AFTER: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// Files loaded plugins of this process hold, with how many holds each.
 fn held() -> &'static Mutex<HashMap<PathBuf, usize>> {
@@ -130,14 +135,59 @@ fn entries(dir: &Path) -> std::io::Result<Vec<Entry>> {
     Ok(found)
 }
 
+/// Whether `name` is a temporary file our writes make: `<entry>.tmp<pid>-ThreadId(<n>)`
+/// (`wasm/cache.rs`, `supply/oci.rs`).
+fn is_our_temporary(name: &str) -> bool {
+    name.split_once(TEMP_MARK).is_some_and(|(_, rest)| {
+        rest.starts_with(|c: char| c.is_ascii_digit()) && rest.contains("-ThreadId(")
+    })
+}
+
+/// Removes the temporary files under `dir` that interrupted writes left (see
+/// [`LEFTOVER_AFTER`]), counting them into `pruned`.
+fn remove_leftovers(dir: &Path, pruned: &mut Pruned) {
+    let now = SystemTime::now();
+    let dirs = std::iter::once(dir.to_path_buf()).chain(OCI_DIRS.iter().map(|d| dir.join(d)));
+    for from in dirs {
+        let Ok(listing) = std::fs::read_dir(&from) else {
+            continue;
+        };
+        for item in listing.flatten() {
+            let path = item.path();
+            let ours = path
+                .file_name()
+                .is_some_and(|n| is_our_temporary(&n.to_string_lossy()));
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let idle = meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or_default();
+            if !ours || !meta.is_file() || idle < LEFTOVER_AFTER {
+                continue;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                tracing::info!(cache = %path.display(), bytes = meta.len(),
+                    "removed what an interrupted write left in the plugin cache");
+                pruned.entries += 1;
+                pruned.bytes += meta.len();
+            }
+        }
+    }
+}
+
 /// Removes the least recently used entries under `dir` until they fit `max_bytes`; never
 /// `keep` (what was just written or loaded) nor a held file. An entry another process still
-/// has mapped stays readable to it (Unix unlink semantics).
+/// has mapped stays readable to it (Unix unlink semantics). Leftovers of interrupted writes
+/// go first, whatever the bound.
 pub(crate) fn prune(dir: &Path, max_bytes: u64, keep: &[&Path]) -> std::io::Result<Pruned> {
+    let mut pruned = Pruned::default();
+    remove_leftovers(dir, &mut pruned);
     let mut entries = entries(dir)?;
     let mut total: u64 = entries.iter().map(|e| e.len).sum();
     entries.sort_by_key(|e| e.used);
-    let mut pruned = Pruned::default();
     let mut held_bytes = 0;
     for entry in entries {
         if total <= max_bytes {
@@ -229,6 +279,32 @@ mod tests {
         drop(holds);
         prune(d, 500, &[]).unwrap();
         assert!(!held_code.exists() && !held_blob.exists());
+    }
+
+    #[test]
+    fn what_an_interrupted_write_left_is_removed_once_it_is_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let hour = 60 * 60;
+        // A compile and a pull cut off an hour and more ago (a relay OOM-killed mid-write).
+        let old_code = file(&d.join("ab-cd.tmp4711-ThreadId(7)"), 5_000, hour + 60);
+        let old_blob = file(
+            &d.join("oci/blobs/sha256-ef.tmp4711-ThreadId(9)"),
+            5_000,
+            2 * hour,
+        );
+        // Being written now (by this or another relay), and files that are not ours.
+        let writing = file(&d.join("ab-ef.tmp4712-ThreadId(2)"), 5_000, 10);
+        let notes = file(&d.join("notes.tmp"), 5_000, 3 * hour);
+        let other = file(&d.join("report.tmpfile"), 5_000, 3 * hour);
+        let entry = file(&d.join("ab-cd.cwasm"), 1_000, 3 * hour);
+        let pruned = prune(d, 1 << 30, &[]).unwrap();
+        assert_eq!((pruned.entries, pruned.bytes), (2, 10_000));
+        assert!(!old_code.exists() && !old_blob.exists());
+        for kept in [&writing, &notes, &other, &entry] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
+        assert_eq!(pruned.left, 1_000, "within the bound: no entry removed");
     }
 
     #[test]

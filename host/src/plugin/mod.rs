@@ -22,18 +22,22 @@
 //!   trust them (`sha256` pins, minisign signatures)
 //! - `keys`: which trusted keys may sign which tenant's plugin
 //! - `cache_budget`: one size bound for everything under the plugins cache directory
+//! - [`budgets`]: the instance memory budgets, as written or sized inside the container's
+//!   memory limit ([`memory_limit`]: cgroup v2 / v1)
 //!
 //! A plugin goes through three forms, each its own type: as written ([`PluginSource`]: a
 //! file or a builtin's name), as loaded (a compiled component shared by every tenant that
 //! uses the file), and as running (one configured instance per tenant, in its own
 //! `wasmtime::Store`).
 
+pub mod budgets;
 pub mod builtin;
 mod cache_budget;
 mod keys;
 mod lanes;
 pub mod limits;
 mod live;
+pub mod memory_limit;
 pub mod metrics;
 pub mod output;
 mod reload;
@@ -48,6 +52,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use budgets::InstanceBudgets;
 pub use limits::{Limits, TopicPattern};
 pub use live::{TenantChangeStatus, TenantChanges};
 pub use router::PluginRouter;

@@ -13,6 +13,7 @@ use std::time::Instant;
 use crate::encoding::MessageFormats;
 use crate::model::{OutboxRow, TenantId};
 use crate::model::{RowResult, TransformFailure};
+use crate::plugin::budgets::InstanceBudgets;
 use crate::plugin::keys::KeyScopes;
 use crate::plugin::lanes::{self, Group, Ran};
 use crate::plugin::limits::Limits;
@@ -60,6 +61,8 @@ pub struct PluginRouter {
     quota: Arc<InstanceQuota>,
     /// The budget for instances of tenants with their own entry (and rows without a tenant).
     pub(super) configured_quota: Arc<InstanceQuota>,
+    /// The two budgets' sizes, and why (as written, or fit to the memory limit).
+    budgets: InstanceBudgets,
     /// Advances once per batch; orders unconfigured tenants by last use.
     clock: AtomicU64,
     /// Where plugin calls are recorded, when metrics are on.
@@ -284,13 +287,14 @@ impl PluginRouter {
             None => None,
         };
 
+        let budgets = InstanceBudgets::of_this_process(plugins);
         let configured_quota = InstanceQuota::new(
             configured_cap,
-            plugins.configured_instances_memory_bytes(),
+            budgets.configured_bytes(),
             format!(
                 "of tenants with their own [tenants.<name>] entry \
                  (configured_instances_memory_mb = {})",
-                plugins.configured_instances_memory_mb
+                budgets.configured_mb
             ),
         );
         let mut known = TenantMap::default();
@@ -351,14 +355,15 @@ impl PluginRouter {
             files: Mutex::new(files),
             quota: InstanceQuota::new(
                 plugins.max_unconfigured_instances,
-                plugins.unconfigured_instances_memory_bytes(),
+                budgets.unconfigured_bytes(),
                 format!(
                     "for tenants without their own [tenants.<name>] entry \
                      (max_unconfigured_instances = {}, unconfigured_instances_memory_mb = {})",
-                    plugins.max_unconfigured_instances, plugins.unconfigured_instances_memory_mb
+                    plugins.max_unconfigured_instances, budgets.unconfigured_mb
                 ),
             ),
             configured_quota,
+            budgets,
             clock: AtomicU64::new(0),
             metrics: OnceLock::new(),
             lanes: std::thread::available_parallelism().map_or(2, usize::from),
@@ -370,6 +375,11 @@ impl PluginRouter {
             kept: Mutex::default(),
             applied: Mutex::new(AppliedSpecs::new(plugins, tenants)),
         })
+    }
+
+    /// The instance memory budgets this router runs with, and why (logged at start).
+    pub fn instance_budgets(&self) -> &InstanceBudgets {
+        &self.budgets
     }
 
     /// Records plugin calls (time and outcome per tenant and plugin) into `metrics` from now

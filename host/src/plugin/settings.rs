@@ -48,13 +48,13 @@ setting_group! {
     /// `[plugins]`: the default plugin, the compile cache, what start-up does with a plugin
     /// that fails, who may sign plugins and where they are pulled from, and the instance
     /// budgets. The defaults' reasons: `cache_max_mb` — a Python or JavaScript plugin's entry
-    /// is ~35 MB and every rebuild adds one; `configured_instances_memory_mb` — 2 GiB keeps
-    /// ~1,800 instances of the Rust reference plugin (1.11 MiB of linear memory each) or ~150
-    /// of the Python one (13.2 MiB each).
+    /// is ~35 MB and every rebuild adds one; the two memory budgets have none written here:
+    /// left out, they are sized at start from the container's memory limit
+    /// ([`crate::plugin::budgets`]).
     pub struct PluginsSpec => PluginsSettings {
         /// Compiled plugins are cached here, one file per plugin content hash and wasmtime version/settings, so restarts skip compilation (seconds for Python/JS components). `""` disables the cache. The environment variable `SLUICE_PLUGIN_CACHE_DIR` overrides it (also for `sluice plugin check/test`). The directory must be writable only by the user Sluice runs as: cached files are loaded as native code.
         cache_dir: PathBuf => "`$XDG_CACHE_HOME/sluice/plugins`, else `~/.cache/sluice/plugins`";
-        /// Most MiB Sluice keeps under `cache_dir`: compiled plugins (`*.cwasm`) and OCI plugins pulled into `oci/` share it (neither has a share of its own). After each compile or pull, and once at start-up, the least recently used of these files (by file time, renewed on every use) are removed until the rest fit — never a file a plugin loaded in this process needs: its compiled code, and an OCI plugin's component, signature and tag (what a start during a registry outage falls back to). When those alone pass the bound, the directory stays over it and a warning says so. Other files in the directory are not touched. Each rebuild of a Python/JavaScript plugin adds a ~35 MB entry. `sluice plugin check FILE.wasm` precompiles a file into the cache at deploy time ([plugins.md](plugins.md#checking-and-trying-a-plugin)).
+        /// Most MiB Sluice keeps under `cache_dir`: compiled plugins (`*.cwasm`) and OCI plugins pulled into `oci/` share it (neither has a share of its own). After each compile or pull, and once at start-up, the least recently used of these files (by file time, renewed on every use) are removed until the rest fit — never a file a plugin loaded in this process needs: its compiled code, and an OCI plugin's component, signature and tag (what a start during a registry outage falls back to). When those alone pass the bound, the directory stays over it and a warning says so. Other files in the directory are not touched, except what an interrupted write left behind (a temporary file of Sluice's not written to for an hour: a relay killed mid-compile), which goes whatever the bound. Each rebuild of a Python/JavaScript plugin adds a ~35 MB entry. `sluice plugin check FILE.wasm` precompiles a file into the cache at deploy time ([plugins.md](plugins.md#checking-and-trying-a-plugin)).
         cache_max_mb: u64 = 1024 => "`1024`";
         /// The plugin for rows whose tenant has no `[tenants.<name>]` entry, and for rows without a tenant ([below](#pluginsdefault)).
         default: PluginSpec => "—";
@@ -66,14 +66,14 @@ setting_group! {
         strict_startup: bool = false => "`false`";
         /// minisign public keys (each the base64 line of a `.pub` file, or a whole `.pub` file, e.g. `"${file:/etc/sluice/keys/release.pub}"`). When set, every `.wasm` plugin must carry a valid signature of its exact bytes by one of them (`<path>.minisig`, or a signature layer of an OCI plugin); an unsigned or wrongly signed plugin is not loaded (its tenants quarantined, or the old version kept on reload). A section's own `trusted_keys` (`[tenants.<name>]`, `[plugins.default]`) replaces these for its plugin ([plugins.md](plugins.md#keys-per-tenant)). Read at start ([plugins.md](plugins.md#sign)).
         trusted_keys: Vec<String> = Vec::new() => "`[]`";
-        /// `[plugins.registries."<host[:port]>"]`: how to reach an OCI registry that `oci://` plugin paths name: `username` + `password` (usually `${file:…}`; basic auth, or a bearer token the registry's token service issues for them), `plain_http = true` (no TLS: loopback or in-cluster registries), `ca_location` (PEM file of the registry's CA), `timeout` (per request, default `"60s"`). Registries without an entry are pulled anonymously over HTTPS ([plugins.md](plugins.md#push-and-pull-oci-registries)).
+        /// `[plugins.registries."<host[:port]>"]`: how to reach an OCI registry that `oci://` plugin paths name: `username` + `password` (usually `${file:…}`; basic auth, or a bearer token the registry's token service issues for them), `plain_http = true` (no TLS: loopback or in-cluster registries), `ca_location` (PEM file of the registry's CA; a relative path is relative to the config file, and `config check` reads it even while no plugin uses the registry), `timeout` (per request, default `"60s"`). Registries without an entry are pulled anonymously over HTTPS ([plugins.md](plugins.md#push-and-pull-oci-registries)).
         registries: BTreeMap<String, OciRegistrySettings> = BTreeMap::new() => "—";
         /// Most live plugin instances kept for tenants without their own `[tenants.<name>]` entry (rows carry free-form tenant values), and most such tenants remembered between batches (breaker, counters). A tenant that needs an instance when this or `unconfigured_instances_memory_mb` is reached takes the place of an idle one (least recently used, by a clock sweep): its rows run in the same batch; they are put back for a later batch only when every other instance is in use at that moment. 1–16,384 (one process pools at most 32,768 plugin instances; the other half is kept for tenants with their own entry).
         max_unconfigured_instances: usize = 1024 => "`1024`", check unconfigured_instances;
-        /// Most linear memory (MiB) those instances hold together, as measured after each call; past it, idle instances are dropped as above. A Rust plugin's instance holds about 1 MiB, a Python or JavaScript one tens of MiB. The first instance is always allowed. At least 1.
-        unconfigured_instances_memory_mb: usize = 512 => "`512`", check at_least_one;
-        /// Most linear memory (MiB) the instances of tenants with their own `[tenants.<name>]` entry, and of rows without a tenant, hold together. Every such tenant's plugin is instantiated and configured at start-up and on reload (so a rejected config is reported then), but past this budget idle instances are dropped, least recently used first, and created again for their tenant's next row: memory follows the tenants that have rows, not how many are configured. A separate budget from the one above, so free-form tenants never take a configured tenant's instance. With more configured tenants than one process can pool instances for (15,872 or more with the default `max_unconfigured_instances`), their live instances are also capped in number: half of what `max_unconfigured_instances` leaves of 32,768 ([plugins.md](plugins.md#the-sandbox-and-its-limits)). At least 1.
-        configured_instances_memory_mb: usize = 2048 => "`2048`", check at_least_one;
+        /// Most linear memory (MiB) those instances hold together, as measured after each call; past it, idle instances are dropped as above. A Rust plugin's instance holds about 1 MiB, a Python or JavaScript one tens of MiB. The first instance is always allowed. At least 1. Left out under a container (cgroup) memory limit, it is one fifth of what the limit leaves plugins, if that is less than 512 ([below](#memory-under-a-container-limit)).
+        unconfigured_instances_memory_mb: usize => "`512`, less under a memory limit", check at_least_one;
+        /// Most linear memory (MiB) the instances of tenants with their own `[tenants.<name>]` entry, and of rows without a tenant, hold together. Every such tenant's plugin is instantiated and configured at start-up and on reload (so a rejected config is reported then), but past this budget idle instances are dropped, least recently used first, and created again for their tenant's next row: memory follows the tenants that have rows, not how many are configured. A separate budget from the one above, so free-form tenants never take a configured tenant's instance. With more configured tenants than one process can pool instances for (15,872 or more with the default `max_unconfigured_instances`), their live instances are also capped in number: half of what `max_unconfigured_instances` leaves of 32,768 ([plugins.md](plugins.md#the-sandbox-and-its-limits)). At least 1. Left out under a container (cgroup) memory limit, it is four fifths of what the limit leaves plugins, if that is less than 2048 ([below](#memory-under-a-container-limit)).
+        configured_instances_memory_mb: usize => "`2048`, less under a memory limit", check at_least_one;
     }
 }
 
@@ -203,18 +203,6 @@ impl PluginsSettings {
             ));
         }
         problems
-    }
-
-    /// `unconfigured_instances_memory_mb` in bytes.
-    pub fn unconfigured_instances_memory_bytes(&self) -> usize {
-        self.unconfigured_instances_memory_mb
-            .saturating_mul(1024 * 1024)
-    }
-
-    /// `configured_instances_memory_mb` in bytes.
-    pub fn configured_instances_memory_bytes(&self) -> usize {
-        self.configured_instances_memory_mb
-            .saturating_mul(1024 * 1024)
     }
 }
 

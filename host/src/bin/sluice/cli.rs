@@ -11,11 +11,30 @@ use sluice::app::admin::Target;
 use sluice::app::logging::LogFormat;
 use sluice::store::DEFAULT_CHANNEL;
 
+/// What `sluice --help` ends with: the five commands operators run most, as they run them.
+const EXAMPLES: &str = "\
+Examples:
+  sluice migrate --config /etc/sluice/sluice.toml
+      Create the outbox table, or complete and check yours (run it as the table's owner,
+      before relays of a new version start)
+  sluice config check --config /etc/sluice/sluice.toml --connect
+      Every problem of a config, its plugins loaded, the table and the broker asked (exit 1
+      on a problem): in CI and before each deploy
+  sluice run --config /etc/sluice/sluice.toml
+      Relay until SIGTERM (under systemd: systemctl start sluice)
+  sluice status --config /etc/sluice/sluice.toml
+      The slowest tenants first: backlog, oldest due row, dead rows, state
+  sluice dead replay --config /etc/sluice/sluice.toml --tenant acme
+      Make a tenant's dead-lettered rows due again (after `sluice dead list`)
+
+More: sluice <COMMAND> --help, man sluice, /usr/share/doc/sluice/docs/operations.md";
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
     version,
-    about = "Transactional outbox relay: PostgreSQL, MySQL/MariaDB or SQLite → WebAssembly plugin → Kafka"
+    about = "Transactional outbox relay: PostgreSQL, MySQL/MariaDB or SQLite → WebAssembly plugin → Kafka",
+    after_help = EXAMPLES
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -109,6 +128,20 @@ pub(crate) enum Command {
         target: TableTarget,
         #[command(subcommand)]
         command: DeadCommand,
+    },
+    /// Print a shell completion script, e.g. `sluice completions bash >
+    /// ~/.local/share/bash-completion/completions/sluice` (the Debian package installs those
+    /// for bash, zsh and fish).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page sluice(1) (`sluice man | man -l -`), or with --out-dir write it and
+    /// one page per command (sluice-run(1), sluice-config-check(1), …) into a directory.
+    Man {
+        /// Write every page here as NAME.1 instead of printing sluice(1).
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
 }
 

@@ -2,6 +2,7 @@
 //! and what only the command line needs (`sluice drain`'s progress, `sluice plugin new|test`).
 
 mod cli;
+mod manuals;
 mod ops;
 mod plugin;
 mod print;
@@ -106,6 +107,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         } => on_runtime(ops::config_check(&config, connect)),
         Command::Plugin { command } => plugin::run(command),
         Command::Dead { target, command } => on_runtime(dead(target.target(), command)).map(ok),
+        Command::Completions { shell } => {
+            manuals::completions(shell, &mut std::io::stdout()).map(ok)
+        }
+        Command::Man { out_dir } => match out_dir {
+            Some(dir) => manuals::write_man_pages(&dir).map(ok),
+            None => manuals::man_page(&mut std::io::stdout()).map(ok),
+        },
     }
 }
 

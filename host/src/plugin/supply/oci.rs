@@ -55,7 +55,8 @@ pub struct OciRegistrySettings {
     /// Talk plain HTTP instead of HTTPS (a registry on loopback or inside a cluster).
     #[serde(default)]
     pub plain_http: bool,
-    /// PEM file of a CA that signs the registry's certificate (besides the system's).
+    /// PEM file of a CA that signs the registry's certificate (besides the system's); a
+    /// relative path is relative to the config file, as every path in it.
     #[serde(default)]
     pub ca_location: Option<PathBuf>,
     /// Per request, e.g. `"30s"` (default 60 s).
@@ -79,8 +80,33 @@ impl OciRegistrySettings {
                 "must be greater than 0",
             ));
         }
+        // Checked here, not first when a plugin is pulled from the registry: a new tenant's
+        // plugin may be the first to use it, long after `config check` passed.
+        if let Some(ca) = &self.ca_location
+            && let Err(problem) = ca_problem(ca, &format!("{key}.ca_location"))
+        {
+            problems.push(problem);
+        }
         problems
     }
+}
+
+/// Whether `ca` is a readable PEM certificate, as the pull will need it.
+fn ca_problem(ca: &Path, key: &str) -> Result<(), Problem> {
+    let pem = std::fs::read(ca)
+        .map_err(|e| Problem::caused(key, format!("cannot read {}", ca.display()), e))?;
+    // Not the TLS library's reason: its text (`PEM routines:get_name:no start line`) says no
+    // more than this, and changes with its version.
+    reqwest::Certificate::from_pem(&pem).map_err(|_| {
+        Problem::new(
+            key,
+            format!(
+                "{} is not a PEM certificate (-----BEGIN CERTIFICATE----- …)",
+                ca.display()
+            ),
+        )
+    })?;
+    Ok(())
 }
 
 /// An `oci://` location, parsed.
