@@ -15,19 +15,19 @@ use sluice::store::DEFAULT_CHANNEL;
 const EXAMPLES: &str = "\
 Examples:
   sluice migrate --config /etc/sluice/sluice.toml
-      Create the outbox table, or complete and check yours (run it as the table's owner,
-      before relays of a new version start)
+      Create the outbox table, or complete and check yours (as the table's
+      owner, before the relays of a new version start)
   sluice config check --config /etc/sluice/sluice.toml --connect
-      Every problem of a config, its plugins loaded, the table and the broker asked (exit 1
-      on a problem): in CI and before each deploy
+      Every problem of a config, plugins loaded, table and broker asked
+      (exit 1 on a problem): in CI and before each deploy
   sluice run --config /etc/sluice/sluice.toml
       Relay until SIGTERM (under systemd: systemctl start sluice)
   sluice status --config /etc/sluice/sluice.toml
       The slowest tenants first: backlog, oldest due row, dead rows, state
   sluice dead replay --config /etc/sluice/sluice.toml --tenant acme
-      Make a tenant's dead-lettered rows due again (after `sluice dead list`)
+      Make a tenant's dead-lettered rows due again (see sluice dead list)
 
-More: sluice <COMMAND> --help, man sluice, /usr/share/doc/sluice/docs/operations.md";
+More: sluice COMMAND --help, man sluice, docs/operations.md";
 
 #[derive(Parser)]
 #[command(
