@@ -32,6 +32,7 @@ mod schema_registry;
 mod schemas;
 mod secrets;
 mod secure_kafka;
+mod silence;
 mod startup;
 mod supply_chain;
 mod telemetry;
