@@ -19,6 +19,7 @@ mod fairness;
 mod injected_errors;
 mod live_tenants;
 mod missing_topic;
+mod multi_relay;
 mod ordering;
 mod polling;
 mod relay;
