@@ -1,10 +1,18 @@
-//! The backlog sampler of a running relay with `[telemetry] listen`: one bounded statement
-//! and one broker readiness probe per `sample_interval`, into the backlog gauges, the
-//! dependency checks and what `/status` and `/readyz` answer.
+//! The backlog sampler of a running relay with `[telemetry] listen`: every `sample_interval`
+//! one bounded statement, one broker readiness probe and (with `[schema_registry]`) one
+//! registry request, into the backlog gauges, the dependency checks and what `/status` and
+//! `/readyz` answer.
+//!
+//! The three checks run side by side and start on a fixed tick, so a dependency that stops
+//! answering is seen by the first check that starts after it went silent, whatever the others
+//! do: within `sample_interval` plus that check's timeout (5 s each for the database and the
+//! broker, `[schema_registry] timeout` for the registry). One silent dependency neither
+//! delays the checks of the others nor stretches the interval (unless a round outlasts it).
 
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
+use tokio::time::MissedTickBehavior;
 
 use crate::encoding::RegistryClient;
 use crate::plugin::RowTransformer;
@@ -25,7 +33,7 @@ pub(super) struct LastSample {
     pub kafka_error: Option<String>,
 }
 
-/// Samples the backlog gauges and checks the database and the broker every
+/// Samples the backlog gauges and checks the database, the broker and the registry every
 /// `sample_interval`, until `stop` fires.
 pub(super) async fn sample<T: RowTransformer, K: Sink>(
     store: Arc<Store>,
@@ -36,27 +44,37 @@ pub(super) async fn sample<T: RowTransformer, K: Sink>(
     settings: TelemetrySettings,
     mut stop: Shutdown,
 ) {
+    // Rounds start every `sample_interval`; one that outlasts it delays the next instead of
+    // bunching rounds up behind it.
+    let mut ticks = tokio::time::interval(settings.sample_interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = sample_once(&store, &relay, &metrics, &last, &settings) => {}
+            _ = ticks.tick() => {}
             _ = stop.recv() => return,
         }
-        if let Some(registry) = &registry {
-            tokio::select! {
-                () = check_registry(registry, &metrics) => {}
-                _ = stop.recv() => return,
-            }
-        }
+        let round = async {
+            tokio::join!(
+                sample_database(&store, &metrics, &last, &settings),
+                probe_broker(&relay, &metrics, &last),
+                async {
+                    if let Some(registry) = &registry {
+                        check_registry(registry, &metrics).await;
+                    }
+                },
+            )
+        };
         tokio::select! {
-            () = tokio::time::sleep(settings.sample_interval) => {}
+            _ = round => {}
             _ = stop.recv() => return,
         }
     }
 }
 
-async fn sample_once<T: RowTransformer, K: Sink>(
+/// Reads the backlog gauges; the database is down when that fails or takes over
+/// [`DATABASE_PROBE_TIMEOUT`].
+async fn sample_database(
     store: &Store,
-    relay: &Arc<Relay<Store, T, K>>,
     metrics: &Metrics,
     last: &Mutex<LastSample>,
     settings: &TelemetrySettings,
@@ -103,6 +121,15 @@ async fn sample_once<T: RowTransformer, K: Sink>(
             );
         }
     }
+}
+
+/// Asks the broker for metadata; it is down when no answer comes within
+/// [`BROKER_PROBE_TIMEOUT`]. Logs when the answer changes.
+async fn probe_broker<T: RowTransformer, K: Sink>(
+    relay: &Arc<Relay<Store, T, K>>,
+    metrics: &Metrics,
+    last: &Mutex<LastSample>,
+) {
     let probe = {
         let relay = Arc::clone(relay);
         tokio::task::spawn_blocking(move || relay.sink().probe(BROKER_PROBE_TIMEOUT))
