@@ -257,10 +257,34 @@ pub(super) async fn measure_twice(
     drain: &Drain<'_>,
     table: &DbTable,
 ) -> anyhow::Result<(Vec<Figure>, Vec<Figure>)> {
-    let label = drain.label;
     let prefix = names::topic_prefix(drain.stem);
-    let (mut relay, first) =
-        drain_backlog(settings, drain, table, &prefix, None, Vec::new(), None).await?;
+    measure_tenants_twice(settings, drain, table, &prefix, None, Vec::new(), None).await
+}
+
+/// [`measure_twice`] of backlogs whose rows belong to `tenants` (both backlogs alike), with
+/// `sections` and `plugins_extra` as in [`measure_tenants`]. A free-form tenant's instance
+/// is created by its first row, so the first drain of 10,000 free-form tenants pays 10,000
+/// instance creations; the second finds them resident.
+pub(super) async fn measure_tenants_twice(
+    settings: &Settings,
+    drain: &Drain<'_>,
+    table: &DbTable,
+    prefix: &str,
+    tenants: Option<Tenants<'_>>,
+    sections: Vec<Tenant>,
+    plugins_extra: Option<&str>,
+) -> anyhow::Result<(Vec<Figure>, Vec<Figure>)> {
+    let label = drain.label;
+    let (mut relay, first) = drain_backlog(
+        settings,
+        drain,
+        table,
+        prefix,
+        tenants,
+        sections,
+        plugins_extra,
+    )
+    .await?;
     let first = window_figures(label, &first, &relay.sample()?);
     // The relay polls an empty table meanwhile; the rows appear at once, with the commit.
     let watch = DrainWatch::expect(
@@ -270,7 +294,7 @@ pub(super) async fn measure_twice(
         table.next_id().await?,
     )
     .await?;
-    table.insert(drain.rows, None).await?;
+    table.insert(drain.rows, tenants).await?;
     let second = watch.run(&mut relay).await?;
     let stopped = relay.stop_measured().await?;
     Ok((first, window_figures(label, &second, &stopped.last)))

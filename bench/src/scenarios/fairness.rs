@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::latency::{Consumer, now_us};
+use super::latency::{Consumer, Sighting, now_us};
+use super::startup::{READY_LINE, wait_for_line};
 use crate::cli::Settings;
 use crate::outbox::{self, BenchTable, Tenants};
 use crate::relay::{self, Measured};
@@ -44,6 +45,8 @@ const TARGET_P99_MS: f64 = 500.0;
 const DRAIN_LIMIT: Duration = Duration::from_secs(900);
 /// Longest wait after the backlog is gone for the consumer to see every small row.
 const CATCH_UP: Duration = Duration::from_secs(15);
+/// The small tenant's slowest rows printed with when they were committed.
+const WORST_SHOWN: usize = 8;
 
 pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let plugin = settings.reference_plugin()?;
@@ -109,10 +112,14 @@ async fn measure(
     if share > 0 {
         migrate_for(&settings.sluice, &config)?;
     }
-    let mut relay = relay::start(&settings.sluice, &config, "warn")?;
+    // "info": the start-up line says when the relay was ready, so that the worst waits can be
+    // placed before or after it.
+    let mut relay = relay::start(&settings.sluice, &config, "info")?;
     let started = Instant::now();
+    let launched_us = now_us();
     let stop = Arc::new(AtomicBool::new(false));
     let inserter = tokio::spawn(insert_small(table.clone(), Arc::clone(&stop)));
+    let ready = wait_for_line(&mut relay, READY_LINE, started).await?;
     let drained = loop {
         relay.sleep(Duration::from_millis(250)).await?;
         // Served by the tenant index, so the probe stays cheap while rows are deleted.
@@ -145,6 +152,7 @@ async fn measure(
             Some((produced * 1000 - committed) as f64 / 1000.0)
         })
         .collect();
+    report_worst(label, &commits, &sightings.by_id, launched_us, ready);
     let Some(wait) = summarize(&waits) else {
         bail!(
             "{label}: the consumer saw none of the {} rows of tenant {SMALL}",
@@ -193,6 +201,38 @@ async fn measure(
             ),
         ],
     ))
+}
+
+/// Prints the small tenant's slowest rows: when each was committed (ms after the relay's
+/// launch) and how long it waited, so a tail can be placed (start-up, a stall, or spread).
+fn report_worst(
+    label: &str,
+    commits: &[(i64, i64)],
+    seen: &std::collections::HashMap<i64, Sighting>,
+    launched_us: i64,
+    ready: Duration,
+) {
+    let mut waits: Vec<(i64, i64)> = commits
+        .iter()
+        .filter_map(|(id, committed)| {
+            let produced = seen.get(id)?.produced_ms?;
+            Some((
+                (committed - launched_us) / 1000,
+                produced - committed / 1000,
+            ))
+        })
+        .collect();
+    waits.sort_by_key(|&(_, wait)| std::cmp::Reverse(wait));
+    let worst: Vec<String> = waits
+        .iter()
+        .take(WORST_SHOWN)
+        .map(|(at, wait)| format!("{wait} ms (committed at +{at} ms)"))
+        .collect();
+    eprintln!(
+        "    {label}: relay ready after {} ms; slowest small rows: {}",
+        ready.as_millis(),
+        worst.join(", ")
+    );
 }
 
 /// `sluice migrate --config` with the relay's config: the tenant index `fair_share` needs, as
