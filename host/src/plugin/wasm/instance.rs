@@ -392,3 +392,70 @@ fn describe_trap(error: &wasmtime::Error, limits: &Limits) -> String {
     }
     format!("plugin trapped: {}", bounded(&text, MAX_LOGGED))
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use wasmtime_wasi::p2::OutputStream;
+
+    use super::*;
+    use crate::model::TenantId;
+
+    fn trapped() -> Trapped {
+        Trapped {
+            reason: "plugin exceeded its call_timeout of 500ms".into(),
+            deadline: true,
+            guest_output: None,
+            limit: Some("call_timeout"),
+        }
+    }
+
+    fn written(text: &str) -> GuestOutput {
+        let mut output = GuestOutput::default();
+        output
+            .write(Bytes::copy_from_slice(text.as_bytes()))
+            .unwrap();
+        output
+    }
+
+    /// A plugin that writes to stderr and then traps (or runs into its deadline), again and
+    /// again on fresh instances, gets its stderr quoted only while the tenant's log budget
+    /// lasts: the quote is a log line too.
+    #[test]
+    fn quoting_a_trapped_guests_stderr_takes_from_the_tenants_log_budget() {
+        let shared = TenantShared::new(TenantId::named("attacker"));
+        let output = written("attacker's line");
+        let mut quoted = 0;
+        for _ in 0..1_000 {
+            let trap = trapped().with_budgeted_output(&output, &shared);
+            if trap.guest_output.is_some() {
+                assert!(trap.reason.contains("guest stderr: attacker's line"));
+                quoted += 1;
+            } else {
+                assert!(
+                    trap.reason
+                        .ends_with("guest stderr not quoted (its log lines are rate-limited)"),
+                    "{}",
+                    trap.reason
+                );
+            }
+        }
+        // The burst (100 lines), plus what refilled while the loop ran (microseconds).
+        assert!((100..=101).contains(&quoted), "{quoted} quotes");
+        assert!(
+            !shared.take_log_line(),
+            "the quotes used the budget the guest's own log lines draw on"
+        );
+    }
+
+    #[test]
+    fn a_guest_that_wrote_nothing_takes_nothing_from_the_budget() {
+        let shared = TenantShared::new(TenantId::named("quiet"));
+        let output = written("  \n");
+        for _ in 0..1_000 {
+            let trap = trapped().with_budgeted_output(&output, &shared);
+            assert_eq!(trap.reason, trapped().reason);
+        }
+        assert!(shared.log_budget_at_rest(Instant::now()));
+    }
+}
