@@ -218,40 +218,26 @@ async fn measure(
         }
     }
 
-    let mut first_rates = [f64::NAN; 3];
-    for ((case, firsts), rate) in CASES.into_iter().zip(firsts).zip(&mut first_rates) {
-        let label = format!("{} (first backlog)", case.label());
-        let run: Vec<Figure> = median_run(&label, firsts)
-            .into_iter()
-            .map(|f| Figure {
-                scenario: label.clone(),
-                ..f
-            })
-            .collect();
-        if let Some(median) = run.iter().find(|f| f.name == THROUGHPUT) {
-            *rate = median.value;
-        }
-        figures.extend(run);
-    }
-    let mut rates = [f64::NAN; 3];
-    for ((case, runs), rate) in CASES.into_iter().zip(runs).zip(&mut rates) {
-        let run: Vec<Figure> = median_run(case.label(), runs)
-            .into_iter()
-            .map(|f| {
-                if f.name == RSS {
-                    f.at_most(PEAK_RSS_MIB)
-                } else if f.name == MAPPINGS {
-                    f.at_most(MAX_MAP_COUNT)
-                } else {
-                    f
-                }
-            })
-            .collect();
-        if let Some(median) = run.iter().find(|f| f.name == THROUGHPUT) {
-            *rate = median.value;
-        }
-        figures.extend(run);
-    }
+    let first_rates = medians(
+        firsts,
+        &mut figures,
+        |case| format!("{} (first backlog)", case.label()),
+        |f| f,
+    );
+    let rates = medians(
+        runs,
+        &mut figures,
+        |case| case.label().to_owned(),
+        |f| {
+            if f.name == RSS {
+                f.at_most(PEAK_RSS_MIB)
+            } else if f.name == MAPPINGS {
+                f.at_most(MAX_MAP_COUNT)
+            } else {
+                f
+            }
+        },
+    );
     let [none, configured, free_form] = first_rates;
     figures.push(Figure::new(
         NAME,
@@ -275,6 +261,34 @@ async fn measure(
             .at_least(RATIO_FREE_FORM),
     );
     Ok(figures)
+}
+
+/// Per case, the median of its `runs` (labelled `label(case)`, each figure passed through
+/// `mark`) added to `figures`; returns the cases' median throughputs.
+fn medians(
+    runs: [Vec<Vec<Figure>>; 3],
+    figures: &mut Vec<Figure>,
+    label: impl Fn(Case) -> String,
+    mark: impl Fn(Figure) -> Figure,
+) -> [f64; 3] {
+    let mut rates = [f64::NAN; 3];
+    for ((case, runs), rate) in CASES.into_iter().zip(runs).zip(&mut rates) {
+        let label = label(case);
+        let run: Vec<Figure> = median_run(&label, runs)
+            .into_iter()
+            .map(|f| {
+                mark(Figure {
+                    scenario: label.clone(),
+                    ..f
+                })
+            })
+            .collect();
+        if let Some(median) = run.iter().find(|f| f.name == THROUGHPUT) {
+            *rate = median.value;
+        }
+        figures.extend(run);
+    }
+    rates
 }
 
 /// Two starts of the relay with [`CONFIGURED`] tenants on the empty outbox, the first with

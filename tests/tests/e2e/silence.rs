@@ -208,6 +208,24 @@ async fn rows_wait_out_the_silence(s: Silenced<'_>) -> HashSet<String> {
 }
 
 /// Every id of `ids` in `got` (at least once).
+/// [`assert_every_row`] of what `topics` on the broker at `bootstrap` hold.
+fn assert_every_row_reached_the_broker(
+    dependency: &str,
+    ids: &HashSet<String>,
+    bootstrap: &str,
+    topics: &[String],
+) {
+    let got = consume(
+        bootstrap,
+        topics,
+        ids.len(),
+        SCENARIO_WAIT,
+        Duration::from_secs(1),
+    )
+    .expect("consume");
+    assert_every_row(dependency, ids, &got);
+}
+
 fn assert_every_row(dependency: &str, ids: &HashSet<String>, got: &[Received]) {
     let counts = count_by_id(got);
     let lost: Vec<&String> = ids
@@ -341,15 +359,7 @@ async fn a_silent_broker_makes_the_relay_unready_a_slow_one_does_not_and_no_row_
         port,
     })
     .await;
-    let got = consume(
-        &bootstrap,
-        &topics,
-        ids.len(),
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .expect("consume");
-    assert_every_row("kafka", &ids, &got);
+    assert_every_row_reached_the_broker("kafka", &ids, &bootstrap, &topics);
     table.drop_table().await;
 }
 
@@ -413,14 +423,6 @@ async fn a_partition_from_database_and_broker_is_seen_for_both_within_the_bound(
         port,
     })
     .await;
-    let got = consume(
-        &bootstrap,
-        &topics,
-        ids.len(),
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .expect("consume");
-    assert_every_row("database and kafka", &ids, &got);
+    assert_every_row_reached_the_broker("database and kafka", &ids, &bootstrap, &topics);
     table.drop_table().await;
 }
