@@ -118,13 +118,53 @@ pub struct OutboxRow {
     pub attempts: i32,
 }
 
+/// Which broker a message goes to: chosen per plugin section (`broker = "…"`), so per tenant.
+/// One relay may publish to several at once (docs/brokers.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Broker {
+    /// Any Kafka-protocol broker, through librdkafka (`[kafka]`).
+    #[default]
+    Kafka,
+    /// NATS JetStream (`[nats]`).
+    Nats,
+    /// RabbitMQ, AMQP 0-9-1 (`[rabbitmq]`).
+    Rabbitmq,
+    /// Redis Streams (`[redis]`).
+    Redis,
+}
+
+impl Broker {
+    /// Every broker, in the order the docs list them.
+    pub const ALL: [Broker; 4] = [Self::Kafka, Self::Nats, Self::Rabbitmq, Self::Redis];
+
+    /// The name used in the configuration, in metrics' `broker` label and in `/readyz`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kafka => "kafka",
+            Self::Nats => "nats",
+            Self::Rabbitmq => "rabbitmq",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+impl fmt::Display for Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One message to publish, already validated by the plugin host. (A plugin's own answer is
 /// the WIT `output-message`; a consumed Kafka record is rdkafka's `Message`.)
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboundMessage {
     /// The outbox row this message came from.
     pub row: OutboxId,
-    /// Kafka topic to publish to.
+    /// The broker it goes to (its tenant's plugin section's `broker`).
+    pub broker: Broker,
+    /// Where on that broker: the Kafka topic, the NATS subject, the RabbitMQ routing key (on
+    /// `[rabbitmq] exchange`), the Redis stream key.
     pub topic: String,
     /// Message key; `None`: no key.
     pub key: Option<Vec<u8>>,

@@ -491,6 +491,7 @@ mod tests {
     fn message(payload: &[u8]) -> OutboundMessage {
         OutboundMessage {
             row: crate::model::OutboxId::Int(1),
+            broker: crate::model::Broker::Kafka,
             topic: "orders".into(),
             key: Some(b"k".to_vec()),
             payload: Some(payload.to_vec()),

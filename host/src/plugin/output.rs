@@ -137,6 +137,7 @@ fn accept_message(
     }
     Ok(OutboundMessage {
         row: row.id.clone(),
+        broker: crate::model::Broker::Kafka,
         topic: m.topic,
         key: m.key,
         payload: m.payload,

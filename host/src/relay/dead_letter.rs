@@ -70,6 +70,7 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMes
     ]);
     OutboundMessage {
         row: row.id.clone(),
+        broker: crate::model::Broker::Kafka,
         topic: topic.to_owned(),
         key: Some(row.aggregate_id.as_bytes().to_vec()),
         payload: Some(row.payload.clone()),

@@ -311,6 +311,7 @@ mod tests {
     fn message(id: i64) -> OutboundMessage {
         OutboundMessage {
             row: OutboxId::Int(id),
+            broker: crate::model::Broker::Kafka,
             topic: "x".into(),
             key: None,
             payload: None,

@@ -6,6 +6,8 @@
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
 //! - [`topics`]: which topics the broker has, so messages to missing ones fail at once
 
+#[cfg(test)]
+mod conformance;
 mod connection;
 mod deliveries;
 mod kafka;

@@ -29,6 +29,8 @@ struct State {
     delay_ms: AtomicU64,
     /// Connections accepted so far.
     accepted: AtomicUsize,
+    /// Both ends of every connection still open, so [`StallingProxy::cut`] can close them.
+    open: std::sync::Mutex<Vec<TcpStream>>,
 }
 
 impl StallingProxy {
@@ -45,6 +47,10 @@ impl StallingProxy {
                 let Ok(server) = TcpStream::connect(&target) else {
                     continue;
                 };
+                if let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) {
+                    let mut open = accepting.open.lock().unwrap_or_else(|p| p.into_inner());
+                    open.extend([c, s]);
+                }
                 forward(&client, &server, &accepting);
             }
         });
@@ -72,6 +78,15 @@ impl StallingProxy {
     pub fn delay(&self, delay: Duration) {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         self.state.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Closes every connection open now, both ways, the way a broker restart looks to its
+    /// clients (new connections are accepted and forwarded as before).
+    pub fn cut(&self) {
+        let open = std::mem::take(&mut *self.state.open.lock().unwrap_or_else(|p| p.into_inner()));
+        for stream in open {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
     }
 
     /// Connections accepted so far.

@@ -88,6 +88,7 @@ impl ScriptedTransformer {
 pub(super) fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
     OutboundMessage {
         row: row.id.clone(),
+        broker: crate::model::Broker::Kafka,
         topic: topic.to_owned(),
         key: Some(row.aggregate_id.as_bytes().to_vec()),
         payload: Some(row.payload.clone()),

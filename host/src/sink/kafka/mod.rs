@@ -517,6 +517,7 @@ mod tests {
     fn message(topic: &str) -> OutboundMessage {
         OutboundMessage {
             row: crate::model::OutboxId::Int(1),
+            broker: crate::model::Broker::Kafka,
             topic: topic.to_owned(),
             key: None,
             payload: Some(b"{}".to_vec()),
