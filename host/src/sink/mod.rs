@@ -21,7 +21,7 @@ use rdkafka::error::KafkaError;
 pub(crate) use kafka::settings::KafkaSettings;
 pub(crate) use kafka::{KafkaSink, librdkafka_version};
 
-use crate::model::OutboundMessage;
+use crate::model::{Broker, OutboundMessage};
 
 /// Longest topic name Kafka accepts.
 const MAX_TOPIC_NAME: usize = 249;
@@ -71,6 +71,10 @@ pub enum SinkError {
         #[source]
         cause: Option<Box<KafkaError>>,
     },
+    /// A broker section (`[nats]`, `[rabbitmq]`, `[redis]`) that cannot work: a URL that does
+    /// not parse, a TLS file that cannot be read.
+    #[error("{broker} configuration: {reason}")]
+    Settings { broker: Broker, reason: String },
     #[error("publish to {topic} failed: {message}")]
     Publish {
         topic: String,
@@ -103,6 +107,7 @@ impl SinkError {
         match self {
             Self::Publish { fault, .. } => Some(*fault),
             Self::Config { .. }
+            | Self::Settings { .. }
             | Self::Flush(_)
             | Self::Unreachable { .. }
             | Self::Authentication(_)
