@@ -7,12 +7,18 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use sluice_testkit::Database;
 
+use crate::brokers::Broker;
+
 /// Where `bench/run` and the tests keep their database.
 pub(crate) const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1:5432/test";
 /// MariaDB as `scripts/services.sh` checks it.
 pub(crate) const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 /// Tansu as started by `scripts/services.sh`.
 pub(crate) const DEFAULT_KAFKA: &str = "127.0.0.1:9092";
+/// NATS with JetStream, RabbitMQ (user guest) and Redis on their usual local ports.
+pub(crate) const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+pub(crate) const DEFAULT_RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub(crate) const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
 
 const FULL_ROWS: u64 = 200_000;
 const QUICK_ROWS: u64 = 20_000;
@@ -123,6 +129,15 @@ pub(crate) enum Command {
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
     Databases,
+    /// The pipeline measurement for each broker (issue #41): the SQL ceiling once, then per
+    /// broker (--broker; default kafka, nats, rabbitmq, redis) its produce ceiling through the
+    /// client its sink uses, and `sluice run` with the WASM reference plugin and `broker = "…"`
+    /// draining the --rows backlog twice (a fresh relay, then a second backlog into the same
+    /// relay): drain rows/s, the pipeline limit 1/(1/SQL + 1/produce), drain / limit, relay and
+    /// broker CPU per 1,000 rows. Kafka: a fresh Tansu for the ceiling and for the drain; the
+    /// others at --nats-url, --rabbitmq-url, --redis-url, with their own stream, queues or
+    /// streams made for each measurement and deleted after it. Not part of `all`.
+    Brokers,
 }
 
 #[derive(clap::Args)]
@@ -152,7 +167,26 @@ pub(crate) struct Options {
     /// Kafka bootstrap servers.
     #[arg(long, global = true, env = "SLUICE_BENCH_KAFKA", default_value = DEFAULT_KAFKA)]
     kafka: String,
-    /// Backlog size of sql-ceiling, drain-* and noisy [default: 200000, --quick 20000]; of
+    /// NATS server with JetStream of `brokers`.
+    #[arg(long, global = true, env = "SLUICE_BENCH_NATS", default_value = DEFAULT_NATS)]
+    nats_url: String,
+    /// RabbitMQ broker of `brokers` (`amqp://user:password@host:port/vhost`).
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_BENCH_RABBITMQ",
+        hide_env_values = true,
+        default_value = DEFAULT_RABBITMQ
+    )]
+    rabbitmq_url: String,
+    /// Redis server of `brokers`.
+    #[arg(long, global = true, env = "SLUICE_BENCH_REDIS", hide_env_values = true, default_value = DEFAULT_REDIS)]
+    redis_url: String,
+    /// A broker `brokers` measures (repeatable): kafka, nats, rabbitmq or redis [default:
+    /// all four, in that order].
+    #[arg(long = "broker", global = true, value_name = "BROKER", value_parser = parse_broker)]
+    brokers: Vec<Broker>,
+    /// Backlog size of sql-ceiling, drain-*, noisy and brokers [default: 200000, --quick 20000]; of
     /// languages [default: 100000, --quick 20000]; of each drain of tenants [default: 60000,
     /// --quick 10000]; of the big tenant of fairness [default: 1000000, --quick 100000].
     #[arg(long, global = true)]
@@ -218,6 +252,12 @@ pub(crate) struct Settings {
     /// MariaDB of the `databases` scenarios (SQLite files live in temporary directories).
     pub mysql_url: String,
     pub kafka: String,
+    /// The brokers of `brokers` other than Kafka.
+    pub nats_url: String,
+    pub rabbitmq_url: String,
+    pub redis_url: String,
+    /// The brokers `brokers` measures, in order.
+    pub brokers: Vec<Broker>,
     /// Backlog of sql-ceiling, drain-* and (good rows of) noisy.
     pub rows: u64,
     /// Backlog of each drain of `languages`.
@@ -266,6 +306,13 @@ fn parse_setting(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
     }
+}
+
+fn parse_broker(s: &str) -> Result<Broker, String> {
+    Broker::ALL
+        .into_iter()
+        .find(|b| b.as_str() == s)
+        .ok_or_else(|| format!("expected kafka, nats, rabbitmq or redis, got {s:?}"))
 }
 
 fn parse_database(s: &str) -> Result<Database, String> {
@@ -331,6 +378,14 @@ impl Options {
             database_url: self.database_url,
             mysql_url: self.mysql_url,
             kafka: self.kafka,
+            nats_url: self.nats_url,
+            rabbitmq_url: self.rabbitmq_url,
+            redis_url: self.redis_url,
+            brokers: if self.brokers.is_empty() {
+                Broker::ALL.to_vec()
+            } else {
+                self.brokers
+            },
             rows,
             language_rows,
             tenant_rows,

@@ -53,6 +53,17 @@ impl Machine {
     }
 }
 
+/// The 1-minute load average (`/proc/loadavg`, as `uptime` shows it): how busy the machine
+/// was before a measurement, on a machine others share.
+pub(crate) fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 async fn postgres_version(url: &str) -> Option<String> {
     let pool = sluice_testkit::db::pool(url).await.ok()?;
     let version = sqlx::query_scalar::<sqlx::Postgres, String>("SHOW server_version")

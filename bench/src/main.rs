@@ -77,7 +77,15 @@
 //! Also not in `all`: `schema-registry` — the same backlog drained with values published raw
 //! and as Avro through the test kit's Schema Registry, alternating 3 times: rows/s, relay CPU
 //! per 1,000 rows, the ratio avro / raw (target ≥ 0.8) and registry requests per drain.
+//!
+//! Also not in `all`: `brokers` — the pipeline measurement for each broker (issue #41): the
+//! SQL ceiling once, then for Kafka, NATS JetStream, RabbitMQ and Redis Streams (`--broker`)
+//! the produce ceiling through the client the broker's sink uses, and a drain with the WASM
+//! reference plugin and `broker = "…"` (two backlogs into one relay): drain rows/s, the
+//! pipeline limit, drain / limit, relay and broker CPU per 1,000 rows; then the brokers side by
+//! side. Brokers at `--nats-url`, `--rabbitmq-url`, `--redis-url`; Kafka is a fresh Tansu.
 
+mod brokers;
 mod cli;
 mod drain_watch;
 mod kafka;

@@ -50,14 +50,19 @@ fn mappings(pid: u32) -> anyhow::Result<u64> {
     Ok(maps.iter().filter(|&&b| b == b'\n').count() as u64)
 }
 
-/// CPU time of everything else that a drain keeps busy: the database server, the broker, and
+/// The servers whose CPU [`SystemSample`] records, by command name (`/proc/<pid>/stat`): the
+/// database and each broker Sluice publishes to on this machine (RabbitMQ is its Erlang VM).
+pub(crate) const SERVERS: [&str; 5] = [POSTGRES, TANSU, "nats-server", "beam.smp", "redis-server"];
+const POSTGRES: &str = "postgres";
+const TANSU: &str = "tansu";
+
+/// CPU time of everything else that a drain keeps busy: the database server, the brokers, and
 /// the machine as a whole (where the time goes when a target is missed).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct SystemSample {
-    /// Every `postgres` process (server and backends), in clock ticks.
-    pub postgres_ticks: u64,
-    /// Every `tansu` process, in clock ticks.
-    pub tansu_ticks: u64,
+    /// Every process of each of [`SERVERS`] (server and backends), in clock ticks, in that
+    /// order.
+    server_ticks: [u64; SERVERS.len()],
     /// All CPUs: busy and total ticks from `/proc/stat`.
     pub machine_busy: u64,
     pub machine_total: u64,
@@ -67,8 +72,7 @@ impl SystemSample {
     pub(crate) fn now() -> Self {
         let (machine_busy, machine_total) = machine_ticks().unwrap_or((0, 0));
         Self {
-            postgres_ticks: ticks_of_command("postgres"),
-            tansu_ticks: ticks_of_command("tansu"),
+            server_ticks: ticks_of_commands(),
             machine_busy,
             machine_total,
         }
@@ -79,8 +83,8 @@ impl SystemSample {
         let busy = later.machine_busy.saturating_sub(self.machine_busy) as f64;
         let total = later.machine_total.saturating_sub(self.machine_total) as f64;
         (
-            cpu_seconds(later.postgres_ticks.saturating_sub(self.postgres_ticks)),
-            cpu_seconds(later.tansu_ticks.saturating_sub(self.tansu_ticks)),
+            self.server_seconds(later, POSTGRES),
+            self.server_seconds(later, TANSU),
             if total > 0.0 {
                 busy / total * 100.0
             } else {
@@ -88,29 +92,43 @@ impl SystemSample {
             },
         )
     }
+
+    /// CPU seconds of `server` (one of [`SERVERS`]; 0 for another) from `self` to `later`.
+    pub(crate) fn server_seconds(&self, later: &Self, server: &str) -> f64 {
+        SERVERS.iter().position(|s| *s == server).map_or(0.0, |i| {
+            cpu_seconds(later.server_ticks[i].saturating_sub(self.server_ticks[i]))
+        })
+    }
 }
 
-/// utime + stime of every process whose command name is `comm` (processes that exit between
-/// two samples drop out, so this is a lower bound).
-fn ticks_of_command(comm: &str) -> u64 {
+/// utime + stime of every process of each of [`SERVERS`], by command name, in one pass over
+/// `/proc` (processes that exit between two samples drop out, so these are lower bounds).
+fn ticks_of_commands() -> [u64; SERVERS.len()] {
+    let mut ticks = [0; SERVERS.len()];
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
+        return ticks;
     };
-    dir.filter_map(Result::ok)
+    let stats = dir
+        .filter_map(Result::ok)
         .filter(|e| {
             e.file_name()
                 .to_string_lossy()
                 .bytes()
                 .all(|b| b.is_ascii_digit())
         })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|stat| {
-            stat.split_once('(')
-                .and_then(|(_, rest)| rest.rsplit_once(')'))
-                .is_some_and(|(name, _)| name == comm)
-        })
-        .filter_map(|stat| cpu_ticks(&stat).ok())
-        .sum()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok());
+    for stat in stats {
+        let Some((name, _)) = stat
+            .split_once('(')
+            .and_then(|(_, rest)| rest.rsplit_once(')'))
+        else {
+            continue;
+        };
+        if let Some(i) = SERVERS.iter().position(|s| *s == name) {
+            ticks[i] += cpu_ticks(&stat).unwrap_or(0);
+        }
+    }
+    ticks
 }
 
 /// (busy, total) ticks of all CPUs from the first line of `/proc/stat`.

@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 use super::THROUGHPUT;
+use crate::brokers::{self, Broker};
 use crate::cli::Settings;
 use crate::drain_watch::{DrainWatch, Drained, Rows};
 use crate::outbox::{self, BenchTable, Tenants};
@@ -64,6 +65,7 @@ pub(super) async fn run(settings: &Settings, routing: Routing) -> anyhow::Result
         rows: settings.rows,
         cache_dir: None,
         extra: None,
+        broker: Broker::Kafka,
     };
     run_median(settings, &drain).await
 }
@@ -80,8 +82,13 @@ pub(super) struct Drain<'a> {
     /// `[plugins] cache_dir`; `None` keeps Sluice's default.
     pub cache_dir: Option<PathBuf>,
     /// Raw lines for `[plugins.default]` and raw sections for the end of the config (the
-    /// schema-registry scenario's `value_format` and `[schema_registry]`).
+    /// schema-registry scenario's `value_format` and `[schema_registry]`, the brokers
+    /// scenario's `[nats]`, `[rabbitmq]` or `[redis]`).
     pub extra: Option<(String, String)>,
+    /// The default plugin's `broker`: Kafka topics are created before the drain (at
+    /// `settings.kafka`); another broker's destinations are the caller's to make, and its
+    /// section is the caller's to put in `extra`.
+    pub broker: Broker,
 }
 
 /// Drains `drain.rows` through `drain.plugin` [`RUNS`] times; returns the median run's
@@ -158,9 +165,24 @@ pub(super) fn relay_config(
         tenants: sections,
         relay: settings.relay.clone(),
         telemetry: settings.telemetry.clone(),
-        default_plugin_extra: drain.extra.as_ref().map(|(plugin, _)| plugin.clone()),
+        default_plugin_extra: default_plugin_extra(drain),
         extra: drain.extra.as_ref().map(|(_, sections)| sections.clone()),
         ..RelayConfig::default()
+    }
+}
+
+/// The raw lines of `[plugins.default]`: `broker = "…"` unless Kafka (the default), then
+/// `drain.extra`'s.
+fn default_plugin_extra(drain: &Drain<'_>) -> Option<String> {
+    let broker = (drain.broker != Broker::Kafka).then(|| format!("broker = \"{}\"", drain.broker));
+    let extra = drain
+        .extra
+        .as_ref()
+        .map(|(plugin, _)| plugin.clone())
+        .filter(|lines| !lines.is_empty());
+    match (broker, extra) {
+        (Some(broker), Some(extra)) => Some(format!("{broker}\n{extra}")),
+        (broker, extra) => broker.or(extra),
     }
 }
 
@@ -191,7 +213,7 @@ pub(super) async fn measure_tenants(
         None => None,
     };
     let stopped = relay.stop_measured().await?;
-    let figures = window_figures(drain.label, &drained, &stopped.last);
+    let figures = window_figures(drain, &drained, &stopped.last);
     Ok((figures, metrics))
 }
 
@@ -207,7 +229,9 @@ async fn drain_backlog(
     sections: Vec<Tenant>,
     plugins_extra: Option<&str>,
 ) -> anyhow::Result<(RelayProcess, Drained)> {
-    kafka::create_topics(&settings.kafka, &kafka::topics(prefix)).await?;
+    if drain.broker == Broker::Kafka {
+        kafka::create_topics(&settings.kafka, &kafka::topics(prefix)).await?;
+    }
     table.fill(drain.rows, tenants).await?;
     let watch = DrainWatch::prepare(&settings.database_url, table, Rows::All).await?;
     let mut config = relay_config(settings, drain, table, prefix, sections);
@@ -218,9 +242,14 @@ async fn drain_backlog(
 }
 
 /// The figures of `drained`'s window, which ended before `end` (the relay's reading).
-fn window_figures(label: &str, drained: &Drained, end: &ProcSample) -> Vec<Figure> {
+fn window_figures(drain: &Drain<'_>, drained: &Drained, end: &ProcSample) -> Vec<Figure> {
+    let label = drain.label;
     let cpu = cpu_seconds(end.cpu_ticks.saturating_sub(drained.start.cpu_ticks));
-    let (postgres, tansu, busy) = drained.system.0.until(&drained.system.1);
+    let (postgres, _, busy) = drained.system.0.until(&drained.system.1);
+    let broker = drained
+        .system
+        .0
+        .server_seconds(&drained.system.1, brokers::server_command(drain.broker));
     let per_1k = |cpu: f64| cpu / drained.rows as f64 * 1000.0;
     vec![
         Figure::new(label, THROUGHPUT, drained.rows_per_second(), "rows/s"),
@@ -231,7 +260,12 @@ fn window_figures(label: &str, drained: &Drained, end: &ProcSample) -> Vec<Figur
             per_1k(postgres),
             "CPU s",
         ),
-        Figure::new(label, "Tansu CPU per 1,000 rows", per_1k(tansu), "CPU s"),
+        Figure::new(
+            label,
+            &format!("{} CPU per 1,000 rows", brokers::server_label(drain.broker)),
+            per_1k(broker),
+            "CPU s",
+        ),
         Figure::new(label, "machine busy during the drain", busy, "%"),
         Figure::new(label, "relay peak RSS", end.peak_rss_mib(), "MiB"),
         Figure::new(
@@ -274,7 +308,6 @@ pub(super) async fn measure_tenants_twice(
     sections: Vec<Tenant>,
     plugins_extra: Option<&str>,
 ) -> anyhow::Result<(Vec<Figure>, Vec<Figure>)> {
-    let label = drain.label;
     let (mut relay, first) = drain_backlog(
         settings,
         drain,
@@ -285,7 +318,7 @@ pub(super) async fn measure_tenants_twice(
         plugins_extra,
     )
     .await?;
-    let first = window_figures(label, &first, &relay.sample()?);
+    let first = window_figures(drain, &first, &relay.sample()?);
     // The relay polls an empty table meanwhile; the rows appear at once, with the commit.
     let watch = DrainWatch::expect(
         &settings.database_url,
@@ -297,5 +330,45 @@ pub(super) async fn measure_tenants_twice(
     table.insert(drain.rows, tenants).await?;
     let second = watch.run(&mut relay).await?;
     let stopped = relay.stop_measured().await?;
-    Ok((first, window_figures(label, &second, &stopped.last)))
+    Ok((first, window_figures(drain, &second, &stopped.last)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(broker: Broker, extra: Option<(String, String)>) -> Drain<'static> {
+        Drain {
+            label: "l",
+            stem: "s",
+            plugin: Plugin::Builtin("route-by-aggregate"),
+            rows: 1,
+            cache_dir: None,
+            extra,
+            broker,
+        }
+    }
+
+    #[test]
+    fn a_drain_to_another_broker_names_it_in_the_default_plugin_section() {
+        assert_eq!(default_plugin_extra(&drain(Broker::Kafka, None)), None);
+        assert_eq!(
+            default_plugin_extra(&drain(Broker::Nats, Some((String::new(), "[nats]".into()))))
+                .as_deref(),
+            Some("broker = \"nats\"")
+        );
+        assert_eq!(
+            default_plugin_extra(&drain(
+                Broker::Redis,
+                Some(("value_format = \"avro\"".into(), String::new()))
+            ))
+            .as_deref(),
+            Some("broker = \"redis\"\nvalue_format = \"avro\"")
+        );
+        assert_eq!(
+            default_plugin_extra(&drain(Broker::Kafka, Some(("x = 1".into(), String::new()))))
+                .as_deref(),
+            Some("x = 1")
+        );
+    }
 }

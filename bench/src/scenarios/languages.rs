@@ -17,6 +17,7 @@ use tempfile::TempDir;
 use super::THROUGHPUT;
 use super::drain::{Drain, run_median};
 use super::startup::{CACHE_HIT_LINE, ms, time_to_ready};
+use crate::brokers::Broker;
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox;
@@ -105,6 +106,7 @@ pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
             rows: settings.language_rows,
             cache_dir: Some(cache.path().to_path_buf()),
             extra: None,
+            broker: Broker::Kafka,
         };
         figures.extend(run_median(settings, &drain).await?);
     }

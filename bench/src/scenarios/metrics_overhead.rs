@@ -12,6 +12,7 @@
 
 use super::THROUGHPUT;
 use super::drain::{self, Drain};
+use crate::brokers::Broker;
 use crate::cli::Settings;
 use crate::outbox;
 use crate::report::Figure;
@@ -166,6 +167,7 @@ async fn measure(
         rows: settings.rows,
         cache_dir: None,
         extra: None,
+        broker: Broker::Kafka,
     };
     let figures = drain::measure(&settings, &drain, table).await?;
     let value = |name: &str| {

@@ -1,5 +1,6 @@
 //! The scenarios, the order `all` runs them in, and the end of a run (table, `--out`).
 
+mod brokers;
 mod db_drain;
 mod drain;
 mod fairness;
@@ -23,6 +24,7 @@ mod tenants;
 
 use anyhow::Context;
 
+use crate::brokers::Broker;
 use crate::cli::{Cli, Command, Settings};
 use crate::machine::Machine;
 use crate::report::{Figure, Report};
@@ -74,6 +76,10 @@ enum Step {
     DrainOn(Database),
     /// Each database's drain against its own ceiling.
     DatabaseRatios,
+    /// One broker's produce ceiling and drains, against the SQL ceiling measured before.
+    Broker(Broker),
+    /// The brokers side by side.
+    BrokersSummary,
 }
 
 impl Step {
@@ -83,6 +89,7 @@ impl Step {
             Self::SqlCeilingOn(database) => sql_ceiling::label(database),
             Self::DrainOn(database) => db_drain::label(database),
             Self::DatabaseRatios => ratios::DATABASES.to_owned(),
+            Self::Broker(broker) => brokers::label(broker),
             other => other.fixed_label().to_owned(),
         }
     }
@@ -109,7 +116,8 @@ impl Step {
             Self::Lazy => lazy::NAME,
             Self::Fairness => fairness::NAME,
             Self::SchemaRegistry => schema_registry::NAME,
-            Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios => "",
+            Self::BrokersSummary => brokers::SUMMARY,
+            Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios | Self::Broker(_) => "",
         }
     }
 
@@ -138,12 +146,14 @@ impl Step {
             Self::Lazy => lazy::run(settings).await,
             Self::Fairness => fairness::run(settings).await,
             Self::SchemaRegistry => schema_registry::run(settings).await,
+            Self::Broker(broker) => brokers::run(settings, broker, report).await,
+            Self::BrokersSummary => brokers::summary(settings, report),
         }
     }
 }
 
 /// What a command runs, in order.
-fn steps(command: Command) -> Vec<Step> {
+fn steps(command: Command, settings: &Settings) -> Vec<Step> {
     match command {
         Command::All => vec![
             Step::SqlCeiling,
@@ -193,6 +203,10 @@ fn steps(command: Command) -> Vec<Step> {
             Step::DrainOn(Database::Sqlite),
             Step::DatabaseRatios,
         ],
+        Command::Brokers => std::iter::once(Step::SqlCeiling)
+            .chain(settings.brokers.iter().copied().map(Step::Broker))
+            .chain(std::iter::once(Step::BrokersSummary))
+            .collect(),
     }
 }
 
@@ -202,7 +216,7 @@ fn steps(command: Command) -> Vec<Step> {
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<bool> {
     let settings = cli.options.resolve()?;
     let mut report = Report::default();
-    for step in steps(cli.command) {
+    for step in steps(cli.command, &settings) {
         eprintln!("==> {}", step.label());
         match step.run(&settings, &report).await {
             Ok(figures) => report.add(figures),

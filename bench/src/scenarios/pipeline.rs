@@ -42,6 +42,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 
 use super::drain::Drain;
 use super::{THROUGHPUT, drain, pgbench, sql_ceiling};
+use crate::brokers::Broker;
 use crate::cli::Settings;
 use crate::outbox::{self, BenchTable};
 use crate::report::{Figure, Target};
@@ -213,6 +214,7 @@ async fn runs(settings: &Settings, table: &DbTable, plugin: &Plugin) -> anyhow::
                 rows: settings.rows,
                 cache_dir: None,
                 extra: None,
+                broker: Broker::Kafka,
             };
             let figures = drain::measure_twice(&settings, &drain, table).await;
             table.truncate().await?;

@@ -8,6 +8,7 @@
 //! avro / raw (target ≥ 0.8) and the registry requests per Avro drain (the cache at work).
 
 use super::drain::{Drain, measure, median_run};
+use crate::brokers::Broker;
 use crate::cli::Settings;
 use crate::outbox;
 use crate::report::Figure;
@@ -39,6 +40,7 @@ pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
         rows: settings.rows,
         cache_dir: None,
         extra: None,
+        broker: Broker::Kafka,
     };
     let avro = Drain {
         label: "schema-registry (avro)",

@@ -18,6 +18,7 @@ use anyhow::Context;
 
 use super::THROUGHPUT;
 use super::drain::{self, Drain};
+use crate::brokers::Broker;
 use crate::cli::Settings;
 use crate::outbox;
 use crate::report::Figure;
@@ -131,6 +132,7 @@ async fn measure(
         rows: settings.rows,
         cache_dir: None,
         extra: None,
+        broker: Broker::Kafka,
     };
     let (figures, metrics) = drain::measure_with_metrics(&settings, &drain, table).await?;
     let metrics = metrics.context("the relay's metrics were not scraped")?;

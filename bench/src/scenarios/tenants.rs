@@ -36,6 +36,7 @@ use anyhow::Context;
 use super::THROUGHPUT;
 use super::drain::{self, Drain, median_run};
 use super::startup::{READY_LINE, ms, time_to_ready, wait_for_line};
+use crate::brokers::Broker;
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox::{self, BenchTable, Tenants};
@@ -167,6 +168,7 @@ pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
         rows: settings.tenant_rows,
         cache_dir: Some(cache.path().to_path_buf()),
         extra: None,
+        broker: Broker::Kafka,
     };
     let table = outbox::create(settings, NAME, None).await?;
     let measured = measure(settings, &table, &drain, &plugin).await;
@@ -324,6 +326,7 @@ async fn startup(
         rows: drain.rows,
         cache_dir: Some(cache.path().to_path_buf()),
         extra: None,
+        broker: Broker::Kafka,
     };
     let config = drain::relay_config(
         &settings,
