@@ -171,7 +171,7 @@ fn largest_memory(plugins: &PluginsSettings, tenants: &BTreeMap<String, PluginSp
         .cloned()
         .into_iter()
         .chain(specs)
-        .filter_map(|spec| Limits::resolve(&spec.limits, spec.call_batch_rows).ok())
+        .filter_map(|spec| Limits::of(&spec).ok())
         .map(|limits| u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX))
         .max()
         .unwrap_or(0)
@@ -276,8 +276,7 @@ impl PluginRouter {
                         false,
                     )?,
                     spec.config_pairs(),
-                    Limits::resolve(&spec.limits, spec.call_batch_rows)
-                        .map_err(limits_err("plugins.default".into()))?,
+                    Limits::of(spec).map_err(limits_err("plugins.default".into()))?,
                 )
                 .with_declared_formats(formats_of(spec, "plugins.default")?)
                 .pinned(spec.pin())
@@ -311,8 +310,7 @@ impl PluginRouter {
                 TenantTemplate::new(
                     load(&source, lazy)?,
                     spec.config_pairs(),
-                    Limits::resolve(&spec.limits, spec.call_batch_rows)
-                        .map_err(limits_err(format!("tenants.{name}")))?,
+                    Limits::of(&spec).map_err(limits_err(format!("tenants.{name}")))?,
                 )
                 .with_declared_formats(formats_of(&spec, &format!("tenants.{name}"))?)
                 .pinned(spec.pin())

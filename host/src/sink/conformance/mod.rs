@@ -461,3 +461,5 @@ macro_rules! conformance {
 }
 
 // One line per broker (each fixture in its own file next to this one).
+mod kafka;
+conformance!(kafka_suite, kafka::KafkaFixture);
