@@ -269,3 +269,111 @@ fn block_on(
     })?;
     runtime.block_on(reconfiguring)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::model::OutboxId;
+
+    /// A broker that records what it got and fails messages whose topic starts with `bad`.
+    #[derive(Default)]
+    struct Recording {
+        got: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl BrokerSink for Recording {
+        fn publish_boxed<'a>(
+            &'a self,
+            messages: &'a [OutboundMessage],
+        ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+            Box::pin(async move {
+                self.got
+                    .lock()
+                    .unwrap()
+                    .push(messages.iter().map(|m| m.topic.clone()).collect());
+                messages
+                    .iter()
+                    .map(|m| match m.topic.starts_with("bad") {
+                        true => Err(SinkError::publish_failed(
+                            &m.topic,
+                            "scripted",
+                            PublishFault::Failed,
+                        )),
+                        false => Ok(()),
+                    })
+                    .collect()
+            })
+        }
+
+        fn flush(&self, _timeout: Duration) -> Result<(), SinkError> {
+            Ok(())
+        }
+
+        fn probe(&self, _timeout: Duration) -> Result<(), SinkError> {
+            Err(SinkError::Unreachable {
+                reason: "scripted".into(),
+                cause: None,
+            })
+        }
+
+        fn reconfigure(&self, _settings: &BrokerSettings) -> Result<(), SinkError> {
+            Ok(())
+        }
+    }
+
+    fn message(row: i64, broker: Broker, topic: &str) -> OutboundMessage {
+        OutboundMessage {
+            row: OutboxId::Int(row),
+            broker,
+            topic: topic.to_owned(),
+            key: None,
+            payload: Some(Vec::new()),
+            headers: Vec::new(),
+            partition: None,
+            encoding: None,
+            value_record: None,
+            key_record: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mixed_batch_goes_to_each_broker_in_order_and_results_come_back_in_place() {
+        let kafka = Arc::new(Recording::default());
+        let nats = Arc::new(Recording::default());
+        let brokers = Brokers::of_connected([
+            (Broker::Kafka, Arc::clone(&kafka) as Arc<dyn BrokerSink>),
+            (Broker::Nats, Arc::clone(&nats) as Arc<dyn BrokerSink>),
+        ]);
+        let batch = vec![
+            message(1, Broker::Nats, "n1"),
+            message(1, Broker::Kafka, "k1"),
+            message(2, Broker::Nats, "bad.n2"),
+            message(3, Broker::Redis, "r3"),
+            message(4, Broker::Kafka, "bad.k4"),
+            message(5, Broker::Nats, "n5"),
+        ];
+        let results = brokers.publish(&batch).await;
+        let failed: Vec<bool> = results.iter().map(Result::is_err).collect();
+        assert_eq!(failed, [false, false, true, true, true, false]);
+        // A broker without a section: the tenant's setting, so its fault.
+        let no_sink = results[3].as_ref().unwrap_err();
+        assert_eq!(no_sink.fault(), Some(PublishFault::Refused));
+        assert!(
+            no_sink.to_string().contains("no [redis] section"),
+            "{no_sink}"
+        );
+        assert_eq!(*kafka.got.lock().unwrap(), [vec!["k1", "bad.k4"]]);
+        assert_eq!(*nats.got.lock().unwrap(), [vec!["n1", "bad.n2", "n5"]]);
+        // One broker only: handed over as it is.
+        let results = brokers.publish(&batch[..1]).await;
+        assert!(results[0].is_ok());
+        assert_eq!(nats.got.lock().unwrap().len(), 2);
+        // Each broker probed, each answer kept.
+        let probes = brokers.probes(Duration::from_millis(10));
+        let probed: Vec<Broker> = probes.iter().map(|(b, _)| *b).collect();
+        assert_eq!(probed, [Broker::Kafka, Broker::Nats]);
+        assert!(probes.iter().all(|(_, r)| r.is_err()));
+    }
+}

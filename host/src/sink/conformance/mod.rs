@@ -253,19 +253,27 @@ async fn a_stalled_broker_loses_nothing_and_blames_no_tenant<F: BrokerFixture>()
     let to = f.destination().await;
     // Connected and working first.
     assert_all_ok(&sink.publish(&messages::<F>(&to, 1, 5)).await);
+    // Slowed down, so the freeze surely comes while the batch is on the wire: no
+    // confirmation can be back before it.
+    proxy.delay(Duration::from_millis(40));
     let batch = messages::<F>(&to, 6, 50);
     let publishing = sink.publish(&batch);
     let freeze = async {
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         proxy.freeze();
     };
     let started = Instant::now();
     let (results, ()) = tokio::join!(publishing, freeze);
     let took = started.elapsed();
     proxy.thaw();
+    proxy.delay(Duration::ZERO);
     assert!(
         took < Duration::from_secs(120),
         "a stalled batch took {took:?}"
+    );
+    assert!(
+        results.iter().all(Result::is_err),
+        "acknowledged while the broker was silent: {results:?}"
     );
     let confirmed: Vec<i64> = batch
         .iter()
@@ -311,11 +319,13 @@ async fn a_broker_restart_loses_nothing<F: BrokerFixture>() {
     let (proxy, sink) = f.proxied().await;
     let to = f.destination().await;
     assert_all_ok(&sink.publish(&messages::<F>(&to, 1, 5)).await);
+    proxy.delay(Duration::from_millis(40));
     let batch = messages::<F>(&to, 6, 200);
     let publishing = sink.publish(&batch);
     let cut = async {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         proxy.cut();
+        proxy.delay(Duration::ZERO);
     };
     let (results, ()) = tokio::join!(publishing, cut);
     for r in results.iter().filter_map(|r| r.as_ref().err()) {
@@ -394,11 +404,14 @@ async fn flush_waits_for_messages_in_flight<F: BrokerFixture>() {
     };
     let flushed = flushing.await.unwrap();
     assert!(flushed.is_ok(), "{flushed:?}");
-    // Whatever was sent before the abort is at the broker after the flush.
-    let got = f.received(&to, 5, ARRIVAL).await;
+    // What the aborted batch handed to the client is at the broker once the flush is done.
+    let got = f.received(&to, 25, ARRIVAL).await;
     let rows = rows_of(&got);
-    for row in 1..=5 {
-        assert!(rows.contains(&row), "row {row} lost");
+    for row in 1..=25 {
+        assert!(
+            rows.contains(&row),
+            "row {row} not at the broker after the flush"
+        );
     }
 }
 
