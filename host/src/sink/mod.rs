@@ -1,6 +1,8 @@
-//! The sink seam: where messages are published. Implementations: [`KafkaSink`].
+//! The sink seam: where messages are published. Implementations: [`KafkaSink`],
+//! [`RabbitmqSink`].
 //!
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`rabbitmq`]: AMQP 0-9-1 through lapin, publisher confirms and `mandatory`
 //! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,
 //!   unreachable), logged once per change
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
@@ -11,6 +13,14 @@ mod conformance;
 mod connection;
 mod deliveries;
 mod kafka;
+// Not wired into the configuration and the relay yet (issue #41's next step): until then
+// only tests use it, and `Config` does not reach its settings.
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "not wired into the relay yet (#41)")
+)]
+#[allow(unreachable_pub, reason = "[rabbitmq] is not in Config yet (#41)")]
+mod rabbitmq;
 pub(crate) mod topics;
 
 use std::future::Future;
@@ -20,6 +30,11 @@ use rdkafka::error::KafkaError;
 
 pub(crate) use kafka::settings::KafkaSettings;
 pub(crate) use kafka::{KafkaSink, librdkafka_version};
+#[cfg_attr(
+    not(test),
+    allow(unused_imports, reason = "not wired into the relay yet (#41)")
+)]
+pub(crate) use rabbitmq::{RabbitmqSettings, RabbitmqSink};
 
 use crate::model::{Broker, OutboundMessage};
 
