@@ -4,6 +4,7 @@
 //!
 //! - [`brokers`]: the brokers of one relay behind one [`Sink`]
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`rabbitmq`]: AMQP 0-9-1 through lapin, publisher confirms and `mandatory`
 //! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,
 //!   unreachable), logged once per change
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them

@@ -58,6 +58,11 @@ pub(super) trait BrokerFixture: Sized + Send + Sync + 'static {
     /// The broker this fixture is for.
     const BROKER: Broker;
 
+    /// Whether headers arrive in the order sent. A broker whose headers are a map (AMQP's
+    /// field table) returns them in the map's order; the values of one name keep their order
+    /// there too, and the bodies compare headers grouped by name (stably) instead.
+    const KEEPS_HEADER_ORDER: bool = true;
+
     /// Connects to the test broker.
     async fn new() -> Self;
 
@@ -143,6 +148,17 @@ fn rows_of(received: &[Received]) -> Vec<i64> {
         .collect()
 }
 
+/// `headers` as the bodies compare them: as sent, or grouped by name (each name's values in
+/// their order) for a broker that does not keep the order across names.
+fn comparable<F: BrokerFixture>(headers: &Headers) -> Headers {
+    let mut headers = headers.clone();
+    if !F::KEEPS_HEADER_ORDER {
+        // Stable: the values of one name stay in their order.
+        headers.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    headers
+}
+
 fn assert_all_ok(results: &[Result<(), SinkError>]) {
     let failed: Vec<String> = results
         .iter()
@@ -170,12 +186,16 @@ async fn each_message_once_in_order_with_headers<F: BrokerFixture>() {
     for (sent, got) in batch.iter().zip(&got) {
         assert_eq!(got.key, sent.key);
         assert_eq!(got.payload, sent.payload);
-        assert_eq!(got.headers, sent.headers);
+        assert_eq!(
+            comparable::<F>(&got.headers),
+            comparable::<F>(&sent.headers)
+        );
     }
 }
 
-/// Headers keep their order, duplicates and bytes; a tombstone and a message without a key
-/// arrive as such.
+/// Headers keep their order (across names only where the broker keeps it:
+/// [`BrokerFixture::KEEPS_HEADER_ORDER`]), duplicates and bytes; a tombstone and a message
+/// without a key arrive as such.
 async fn headers_tombstones_and_keyless_round_trip<F: BrokerFixture>() {
     let f = F::new().await;
     let sink = f.sink_at(&f.address()).await;
@@ -198,7 +218,12 @@ async fn headers_tombstones_and_keyless_round_trip<F: BrokerFixture>() {
     let got = f.received(&to, 3, ARRIVAL).await;
     assert_eq!(rows_of(&got), vec![1, 2, 3]);
     for (sent, got) in batch.iter().zip(&got) {
-        assert_eq!(got.headers, sent.headers, "row {}", sent.row);
+        assert_eq!(
+            comparable::<F>(&got.headers),
+            comparable::<F>(&sent.headers),
+            "row {}",
+            sent.row
+        );
         assert_eq!(got.key, sent.key, "row {}", sent.row);
         assert_eq!(got.payload, sent.payload, "row {}", sent.row);
     }
@@ -473,6 +498,10 @@ macro_rules! conformance {
     };
 }
 
-// One line per broker (each fixture in its own file next to this one).
+// One fixture module per broker, in its own file next to this one; the tests' module is named
+// `<broker>_suite` (two modules cannot share a name; the layout check does not follow
+// `#[path]`). A fixture module may be visible to its sink's own tests, which use its helpers.
 mod kafka;
 conformance!(kafka_suite, kafka::KafkaFixture);
+pub(super) mod rabbitmq;
+conformance!(rabbitmq_suite, rabbitmq::RabbitmqFixture);
