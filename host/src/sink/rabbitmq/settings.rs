@@ -14,16 +14,16 @@ use crate::secret::SecretUrl;
 
 /// How long a batch waits for the broker's confirmations before its unconfirmed messages fail
 /// as unavailable (the rows are retried): as long as Kafka's `message.timeout.ms` default.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The largest message body Sluice sends: RabbitMQ 4's own default `max_message_size`
 /// (16 MiB). A larger body fails as the tenant's fault before it is sent; a broker that
 /// refuses it itself would close the channel, failing the whole batch.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// The longest name AMQP 0-9-1 allows for an exchange, a routing key, a header or a message
 /// id (a `shortstr`).
-pub const MAX_SHORT_STRING: usize = 255;
+pub(crate) const MAX_SHORT_STRING: usize = 255;
 
 /// `[rabbitmq]`: one broker (one vhost), one exchange every tenant routed to RabbitMQ
 /// publishes to; a message's `topic` is its routing key. (`Debug` shows the URL without its
