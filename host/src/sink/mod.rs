@@ -1,6 +1,8 @@
-//! The sink seam: where messages are published. Implementations: [`KafkaSink`].
+//! The sink seam: where messages are published. Implementations: [`KafkaSink`],
+//! [`RedisSink`].
 //!
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`redis`](self::redis): Redis Streams, one entry per message, one pipeline per batch
 //! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,
 //!   unreachable), logged once per change
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
@@ -11,6 +13,13 @@ mod conformance;
 mod connection;
 mod deliveries;
 mod kafka;
+// Until `[redis]` is wired into the configuration and the relay (issue #41), only tests use
+// the sink.
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "wired into the relay by issue #41")
+)]
+mod redis;
 pub(crate) mod topics;
 
 use std::future::Future;
@@ -18,6 +27,11 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
+#[cfg_attr(
+    not(test),
+    expect(unused_imports, reason = "wired into the relay by issue #41")
+)]
+pub(crate) use self::redis::{RedisSettings, RedisSink};
 pub(crate) use kafka::settings::KafkaSettings;
 pub(crate) use kafka::{KafkaSink, librdkafka_version};
 

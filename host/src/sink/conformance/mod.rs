@@ -461,3 +461,7 @@ macro_rules! conformance {
 }
 
 // One line per broker (each fixture in its own file next to this one).
+
+// The suite's module is not the fixture's (`redis_suite`, `redis`): both live here.
+mod redis;
+conformance!(redis_suite, redis::RedisFixture);
