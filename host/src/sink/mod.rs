@@ -5,6 +5,7 @@
 //! - [`brokers`]: the brokers of one relay behind one [`Sink`]
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
 //! - [`rabbitmq`]: AMQP 0-9-1 through lapin, publisher confirms and `mandatory`
+//! - [`redis`](self::redis): Redis Streams, one entry per message, one pipeline per batch
 //! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,
 //!   unreachable), logged once per change
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
@@ -31,7 +32,7 @@ pub(crate) use kafka::settings::KafkaSettings;
 pub(crate) use kafka::{KafkaSink, librdkafka_version};
 pub(crate) use nats::{NatsSettings, NatsSink};
 pub(crate) use rabbitmq::{RabbitmqSettings, RabbitmqSink};
-pub(crate) use redis::{RedisSettings, RedisSink};
+pub(crate) use self::redis::{RedisSettings, RedisSink};
 
 use crate::model::{Broker, OutboundMessage};
 

@@ -505,3 +505,5 @@ mod kafka;
 conformance!(kafka_suite, kafka::KafkaFixture);
 pub(super) mod rabbitmq;
 conformance!(rabbitmq_suite, rabbitmq::RabbitmqFixture);
+mod redis;
+conformance!(redis_suite, redis::RedisFixture);
