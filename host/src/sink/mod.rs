@@ -4,6 +4,7 @@
 //!
 //! - [`brokers`]: the brokers of one relay behind one [`Sink`]
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`nats`]: NATS JetStream through async-nats: publish acknowledgements, `Nats-Msg-Id`
 //! - [`rabbitmq`]: AMQP 0-9-1 through lapin, publisher confirms and `mandatory`
 //! - [`redis`](self::redis): Redis Streams, one entry per message, one pipeline per batch
 //! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,

@@ -59,7 +59,8 @@ pub(super) trait BrokerFixture: Sized + Send + Sync + 'static {
     const BROKER: Broker;
 
     /// Whether headers arrive in the order sent. A broker whose headers are a map (AMQP's
-    /// field table) returns them in the map's order; the values of one name keep their order
+    /// field table; NATS, whose every client holds headers name to values) returns them in
+    /// the map's order; the values of one name keep their order
     /// there too, and the bodies compare headers grouped by name (stably) instead.
     const KEEPS_HEADER_ORDER: bool = true;
 
@@ -91,6 +92,7 @@ pub(super) trait BrokerFixture: Sized + Send + Sync + 'static {
 
     /// A payload the broker, or the sink's own limit for it, refuses as too large.
     fn oversized_payload(&self) -> Vec<u8>;
+
 
     /// A sink whose every connection to the broker passes the returned proxy, so a body can
     /// stall or cut them; from then on the fixture's destinations and reads are on the broker
@@ -505,5 +507,7 @@ mod kafka;
 conformance!(kafka_suite, kafka::KafkaFixture);
 pub(super) mod rabbitmq;
 conformance!(rabbitmq_suite, rabbitmq::RabbitmqFixture);
+mod nats;
+conformance!(nats_suite, nats::NatsFixture);
 mod redis;
 conformance!(redis_suite, redis::RedisFixture);
