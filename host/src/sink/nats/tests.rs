@@ -111,7 +111,15 @@ impl Server {
 
     /// `nats-server` with JetStream on `port`, with `authorization` (a config block) if given.
     fn start(port: u16, authorization: Option<&str>) -> Self {
-        let dir = tempfile::tempdir().expect("temporary directory");
+        Self::start_in(
+            tempfile::tempdir().expect("temporary directory"),
+            port,
+            authorization,
+        )
+    }
+
+    /// [`Server::start`] with its files in `dir` (where a test may have put certificates).
+    fn start_in(dir: tempfile::TempDir, port: u16, authorization: Option<&str>) -> Self {
         let config = format!(
             "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?} }}\n{}\n",
             dir.path().join("js"),
@@ -346,4 +354,104 @@ async fn settings_that_cannot_work_fail_connect_naming_the_key() {
     bad.ca_location = Some(not_pem);
     let e = NatsSink::connect(&bad).await.err().expect("no certificate");
     assert!(e.to_string().contains("nats.ca_location"), "{e}");
+}
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`ca.pem`) and a certificate for 127.0.0.1 it signed (`server.pem`, `server.key`).
+fn certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=sluice test CA"];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
+    openssl(dir, &ca);
+    let mut request = vec!["req", "-subj", "/CN=127.0.0.1"];
+    request.extend(ec);
+    request.extend(["-keyout", "server.key", "-out", "server.csr"]);
+    openssl(dir, &request);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write the extensions");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_works_with_the_servers_ca_and_the_probe_names_tls_without_it() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    certificates(dir.path());
+    let ca = dir.path().join("ca.pem");
+    let tls = format!(
+        "tls {{ cert_file: {:?}, key_file: {:?} }}",
+        dir.path().join("server.pem"),
+        dir.path().join("server.key")
+    );
+    let server = Server::start_in(dir, Server::free_port(), Some(&tls));
+    let url = format!("tls://127.0.0.1:{}", server.port);
+
+    let mut trusted = settings(&url, Duration::from_secs(5));
+    trusted.ca_location = Some(ca.clone());
+    let sink = Arc::new(NatsSink::connect(&trusted).await.expect("connect"));
+    assert_eq!(probe(&sink).await, Ok(()));
+    let client = async_nats::ConnectOptions::new()
+        .add_root_certificates(ca)
+        .require_tls(true)
+        .connect(&url)
+        .await
+        .expect("connect with the CA");
+    let jetstream = jetstream::new(client);
+    let subject = stream_for(&jetstream).await;
+    assert_all_ok(&sink.publish(&[message(&subject, 1)]).await);
+    assert_eq!(stored(&jetstream, &subject).await, 1);
+
+    // The system's roots do not know the test CA.
+    let untrusted = Arc::new(
+        NatsSink::connect(&settings(&url, Duration::from_secs(1)))
+            .await
+            .expect("connect is Ok: the handshake fails in the background"),
+    );
+    let err = probe(&untrusted).await.expect_err("unknown CA");
+    assert!(matches!(err, SinkError::Tls(_)), "{err}");
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    let failed = untrusted.publish(&[message(&subject, 2)]).await;
+    let e = failed[0].as_ref().expect_err("not connected");
+    assert_eq!(e.fault(), Some(PublishFault::Unavailable), "{e}");
 }
