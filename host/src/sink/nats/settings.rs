@@ -15,7 +15,7 @@ use crate::secret::{Secret, SecretUrl};
 /// How long a batch waits for JetStream to acknowledge its messages before the unacknowledged
 /// ones fail as unavailable (the rows are retried): Kafka's `message.timeout.ms` default in
 /// Sluice, so both brokers hold a batch the same time.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `[nats]`: a NATS server (or several of one cluster) with JetStream. (`Debug` shows no
 /// credential: the URL's password is redacted and the token is a [`Secret`].)
