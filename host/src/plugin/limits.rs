@@ -164,13 +164,6 @@ impl Limits {
         Ok(Self::with(values, memory_bytes, allowed_topics, batching))
     }
 
-    /// The limits of a resolved plugin section, with its broker.
-    pub fn of(spec: &crate::plugin::PluginSpec) -> Result<Self, String> {
-        let mut limits = Self::resolve(&spec.limits, spec.call_batch_rows)?;
-        limits.broker = spec.broker();
-        Ok(limits)
-    }
-
     fn with(
         values: LimitValues,
         memory_bytes: usize,

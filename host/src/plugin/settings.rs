@@ -277,6 +277,14 @@ impl PluginSpec {
         FormatsSpec::resolve_paths(&mut self.formats.key_schema, base);
     }
 
+    /// The limits of this (resolved) section, with its broker.
+    pub fn resolved_limits(&self) -> Result<crate::plugin::limits::Limits, String> {
+        let mut limits =
+            crate::plugin::limits::Limits::resolve(&self.limits, self.call_batch_rows)?;
+        limits.broker = self.broker();
+        Ok(limits)
+    }
+
     /// The broker this section's messages go to (Kafka when it names none).
     pub fn broker(&self) -> crate::model::Broker {
         self.broker.unwrap_or_default()

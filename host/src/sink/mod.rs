@@ -28,12 +28,12 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
+pub(crate) use self::redis::{RedisSettings, RedisSink};
 pub(crate) use brokers::{BrokerSettings, Brokers, connect};
 pub(crate) use kafka::settings::KafkaSettings;
 pub(crate) use kafka::{KafkaSink, librdkafka_version};
 pub(crate) use nats::{NatsSettings, NatsSink};
 pub(crate) use rabbitmq::{RabbitmqSettings, RabbitmqSink};
-pub(crate) use self::redis::{RedisSettings, RedisSink};
 
 use crate::model::{Broker, OutboundMessage};
 

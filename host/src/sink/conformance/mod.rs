@@ -93,7 +93,6 @@ pub(super) trait BrokerFixture: Sized + Send + Sync + 'static {
     /// A payload the broker, or the sink's own limit for it, refuses as too large.
     fn oversized_payload(&self) -> Vec<u8>;
 
-
     /// A sink whose every connection to the broker passes the returned proxy, so a body can
     /// stall or cut them; from then on the fixture's destinations and reads are on the broker
     /// behind it. (Kafka overrides it: a client connects to the address the broker

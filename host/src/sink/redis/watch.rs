@@ -18,6 +18,8 @@ pub(super) struct Watch {
 #[derive(Debug)]
 struct Trouble {
     problem: ConnectionProblem,
+    /// Kept for [`Watch::problem`] (the tests ask what the watch saw).
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     reason: String,
     /// Seen on a connection made with settings since replaced (SIGHUP): the same problem on
     /// the new settings is logged again (it was not fixed), and the first success logs that
@@ -83,6 +85,7 @@ impl Watch {
     }
 
     /// The current problem and the reason given when it began.
+    #[cfg(test)]
     pub(super) fn problem(&self) -> Option<(ConnectionProblem, String)> {
         lock(&self.trouble)
             .as_ref()

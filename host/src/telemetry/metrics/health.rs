@@ -72,11 +72,9 @@ impl Default for HealthMetrics {
         };
         // The registry's and the brokers' gauges appear once they are checked (or the relay
         // sets them down at start): a relay without them has none.
-        for &dependency in &[Dependency::Database] {
-            let _ = m
-                .dependency_up
-                .get_or_create(&DependencyLabel { dependency });
-        }
+        let _ = m.dependency_up.get_or_create(&DependencyLabel {
+            dependency: Dependency::Database,
+        });
         for &outcome in ReloadOutcome::ALL {
             let _ = m.config_reloads.get_or_create(&ReloadLabel { outcome });
         }
