@@ -87,10 +87,10 @@ impl Standard {
         ]
     }
 
-    /// The id the sinks give the message (`{message_id_prefix}{row}-{index}`, default prefix
-    /// empty, the row's only message).
-    pub(crate) fn message_id(&self) -> String {
-        format!("{}-0", self.id)
+    /// The id the sinks give the message: `{message_id_prefix}{row}-{index}`, the row's only
+    /// message (the sinks' default prefix is the outbox table's name and `:`).
+    pub(crate) fn message_id(&self, prefix: &str) -> String {
+        format!("{prefix}{}-0", self.id)
     }
 }
 
@@ -150,7 +150,7 @@ mod tests {
         // PostgreSQL's text form of `jsonb_build_object('n', 1042, 'pad', repeat('x', 236))`.
         assert_eq!(m.payload.len(), 258, "{}", m.payload);
         assert!(m.payload.starts_with(r#"{"n": 1042, "pad": "xx"#));
-        assert_eq!(m.message_id(), "1042-0");
+        assert_eq!(m.message_id("t:"), "t:1042-0");
         assert_eq!(Standard::new(7).destination, 1);
         assert_eq!(
             destinations("p.")[Standard::new(7).destination],

@@ -91,24 +91,35 @@ impl Nats {
     }
 
     /// The ceiling: `rows` standard messages to `subjects` (see the module documentation),
-    /// which a stream must capture.
+    /// which a stream must capture; `id_prefix` is the sink's `message_id_prefix`.
     pub(crate) async fn produce_ceiling(
         &self,
         subjects: &[String; 2],
         rows: u64,
+        id_prefix: &str,
     ) -> anyhow::Result<Ceiling> {
         let messages = Standard::all(rows);
-        timed(Broker::Nats, rows, self.produce(subjects, &messages)).await
+        timed(
+            Broker::Nats,
+            rows,
+            self.produce(subjects, &messages, id_prefix),
+        )
+        .await
     }
 
     /// Publishes `messages`; returns how many JetStream acknowledged.
-    async fn produce(&self, subjects: &[String; 2], messages: &[Standard]) -> anyhow::Result<u64> {
+    async fn produce(
+        &self,
+        subjects: &[String; 2],
+        messages: &[Standard],
+        id_prefix: &str,
+    ) -> anyhow::Result<u64> {
         let (to_ack, mut acks) = tokio::sync::mpsc::unbounded_channel();
         let sending = async move {
             for m in messages {
                 let publish = PublishMessage::build()
                     .payload(Bytes::from(m.payload.clone()))
-                    .headers(headers(m));
+                    .headers(headers(m, id_prefix));
                 let subject = &subjects[m.destination];
                 let ack = self
                     .jetstream
@@ -140,13 +151,13 @@ impl Nats {
 }
 
 /// The headers the sink sends for `m` (`host/src/sink/nats/mapping.rs`).
-fn headers(m: &Standard) -> HeaderMap {
+fn headers(m: &Standard, id_prefix: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, value) in m.headers() {
         headers.append(name, value);
     }
     headers.append(KEY_HEADER, m.key.as_str());
-    headers.append(NATS_MESSAGE_ID, m.message_id());
+    headers.append(NATS_MESSAGE_ID, m.message_id(id_prefix));
     headers
 }
 

@@ -153,20 +153,18 @@ impl RabbitMq {
     }
 
     /// The ceiling: `rows` standard messages to `exchange` by `keys` (see the module
-    /// documentation), which must route to a queue each.
+    /// documentation), which must route to a queue each; `id_prefix` is the sink's
+    /// `message_id_prefix`.
     pub(crate) async fn produce_ceiling(
         &self,
         exchange: &str,
         keys: &[String; 2],
         rows: u64,
+        id_prefix: &str,
     ) -> anyhow::Result<Ceiling> {
         let messages = Standard::all(rows);
-        timed(
-            Broker::Rabbitmq,
-            rows,
-            self.produce(exchange, keys, &messages),
-        )
-        .await
+        let produce = self.produce(exchange, keys, &messages, id_prefix);
+        timed(Broker::Rabbitmq, rows, produce).await
     }
 
     /// Publishes `messages`; returns how many the broker confirmed as routed.
@@ -175,6 +173,7 @@ impl RabbitMq {
         exchange: &str,
         keys: &[String; 2],
         messages: &[Standard],
+        id_prefix: &str,
     ) -> anyhow::Result<u64> {
         let short = |name: &str| {
             ShortString::try_new(name).with_context(|| format!("{name:?} is too long for AMQP"))
@@ -195,7 +194,7 @@ impl RabbitMq {
                         keys[m.destination].clone(),
                         mandatory,
                         m.payload.as_bytes(),
-                        properties(m),
+                        properties(m, id_prefix),
                     )
                     .await
                     .context("cannot publish")?;
@@ -227,7 +226,7 @@ impl RabbitMq {
 }
 
 /// The properties the sink sends `m` with (`host/src/sink/rabbitmq/message.rs`).
-fn properties(m: &Standard) -> BasicProperties {
+fn properties(m: &Standard, id_prefix: &str) -> BasicProperties {
     let mut headers = FieldTable::default();
     let key = [(KEY_HEADER, m.key.as_str())];
     for (name, value) in m.headers().iter().chain(&key) {
@@ -238,7 +237,7 @@ fn properties(m: &Standard) -> BasicProperties {
     }
     BasicProperties::default()
         .with_delivery_mode(PERSISTENT)
-        .with_message_id(ShortString::from(m.message_id()))
+        .with_message_id(ShortString::from(m.message_id(id_prefix)))
         .with_timestamp(now())
         .with_headers(headers)
 }

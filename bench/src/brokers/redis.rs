@@ -74,25 +74,36 @@ impl Redis {
     }
 
     /// The ceiling: `rows` standard messages to the streams `keys` (see the module
-    /// documentation).
+    /// documentation); `id_prefix` is the sink's `message_id_prefix`.
     pub(crate) async fn produce_ceiling(
         &self,
         keys: &[String; 2],
         rows: u64,
+        id_prefix: &str,
     ) -> anyhow::Result<Ceiling> {
         let messages = Standard::all(rows);
-        timed(Broker::Redis, rows, self.produce(keys, &messages)).await
+        timed(
+            Broker::Redis,
+            rows,
+            self.produce(keys, &messages, id_prefix),
+        )
+        .await
     }
 
     /// Writes `messages`; returns how many got an entry id back.
-    async fn produce(&self, keys: &[String; 2], messages: &[Standard]) -> anyhow::Result<u64> {
+    async fn produce(
+        &self,
+        keys: &[String; 2],
+        messages: &[Standard],
+        id_prefix: &str,
+    ) -> anyhow::Result<u64> {
         let batches = messages.chunks(BATCH);
         let in_flight = batches.len().max(1);
         let replies = futures::stream::iter(batches)
             .map(|batch| {
                 let mut connection = self.connection.clone();
                 async move {
-                    pipeline(keys, batch)
+                    pipeline(keys, batch, id_prefix)
                         .query_async::<Vec<Value>>(&mut connection)
                         .await
                 }
@@ -124,7 +135,7 @@ impl Redis {
 
 /// One batch's pipeline, as the sink builds it (`host/src/sink/redis/entry.rs`); an error
 /// reply to one `XADD` comes back in its place.
-fn pipeline(keys: &[String; 2], batch: &[Standard]) -> Pipeline {
+fn pipeline(keys: &[String; 2], batch: &[Standard], id_prefix: &str) -> Pipeline {
     let mut pipeline = ::redis::pipe();
     pipeline.ignore_errors();
     for m in batch {
@@ -138,7 +149,7 @@ fn pipeline(keys: &[String; 2], batch: &[Standard]) -> Pipeline {
         for (name, value) in m.headers() {
             xadd.arg(name).arg(value.as_bytes());
         }
-        xadd.arg(MESSAGE_ID).arg(m.message_id());
+        xadd.arg(MESSAGE_ID).arg(m.message_id(id_prefix));
         pipeline.add_command(xadd);
     }
     pipeline

@@ -157,6 +157,8 @@ async fn produce_ceiling(settings: &Settings, broker: Broker) -> anyhow::Result<
     let stem = stem(broker, "ceiling");
     let prefix = names::topic_prefix(&stem);
     let keys = destinations(&prefix);
+    // The sinks' default message id prefix: the outbox table's name (like the drain's ids).
+    let id_prefix = format!("{}:", names::table(&stem));
     match broker {
         Broker::Kafka => {
             let tansu = OwnTansu::fresh()?;
@@ -176,7 +178,7 @@ async fn produce_ceiling(settings: &Settings, broker: Broker) -> anyhow::Result<
             let stream = nats::stream_name(&prefix);
             nats.create_stream(&stream, &keys).await?;
             let ceiling = async {
-                let ceiling = nats.produce_ceiling(&keys, rows).await?;
+                let ceiling = nats.produce_ceiling(&keys, rows, &id_prefix).await?;
                 expect_stored(broker, nats.stream_messages(&stream).await?, rows)?;
                 Ok(ceiling)
             }
@@ -188,7 +190,9 @@ async fn produce_ceiling(settings: &Settings, broker: Broker) -> anyhow::Result<
             let exchange = format!("{prefix}exchange");
             rabbitmq.declare(&exchange, &keys).await?;
             let ceiling = async {
-                let ceiling = rabbitmq.produce_ceiling(&exchange, &keys, rows).await?;
+                let ceiling = rabbitmq
+                    .produce_ceiling(&exchange, &keys, rows, &id_prefix)
+                    .await?;
                 expect_stored(broker, rabbitmq.queued(&keys).await?, rows)?;
                 Ok(ceiling)
             }
@@ -198,7 +202,7 @@ async fn produce_ceiling(settings: &Settings, broker: Broker) -> anyhow::Result<
         Broker::Redis => {
             let redis = Redis::connect(&settings.redis_url).await?;
             let ceiling = async {
-                let ceiling = redis.produce_ceiling(&keys, rows).await?;
+                let ceiling = redis.produce_ceiling(&keys, rows, &id_prefix).await?;
                 expect_stored(broker, redis.entries(&keys).await?, rows)?;
                 Ok(ceiling)
             }
@@ -231,6 +235,11 @@ async fn drains(
         broker,
     };
     let expected = 2 * settings.rows;
+    // No `[kafka]` in a relay publishing elsewhere: it would run an idle Kafka producer.
+    let elsewhere = Settings {
+        kafka: String::new(),
+        ..settings.clone()
+    };
     match broker {
         Broker::Kafka => {
             let tansu = OwnTansu::fresh()?;
@@ -249,7 +258,7 @@ async fn drains(
                 format!("[nats]\nurl = {}", toml(&settings.nats_url)),
             ));
             let drained = async {
-                let drained = twice(settings, &drain, table, &prefix).await?;
+                let drained = twice(&elsewhere, &drain, table, &prefix).await?;
                 expect_stored(broker, nats.stream_messages(&stream).await?, expected)?;
                 Ok(drained)
             }
@@ -269,7 +278,7 @@ async fn drains(
                 ),
             ));
             let drained = async {
-                let drained = twice(settings, &drain, table, &prefix).await?;
+                let drained = twice(&elsewhere, &drain, table, &prefix).await?;
                 expect_stored(broker, rabbitmq.queued(&keys).await?, expected)?;
                 Ok(drained)
             }
@@ -283,7 +292,7 @@ async fn drains(
                 format!("[redis]\nurl = {}", toml(&settings.redis_url)),
             ));
             let drained = async {
-                let drained = twice(settings, &drain, table, &prefix).await?;
+                let drained = twice(&elsewhere, &drain, table, &prefix).await?;
                 expect_stored(broker, redis.entries(&keys).await?, expected)?;
                 Ok(drained)
             }

@@ -37,7 +37,8 @@ pub struct RelayConfig {
     pub table: String,
     /// Raw lines at the end of `[database]`.
     pub database_extra: Option<String>,
-    /// `[kafka] "bootstrap.servers"`.
+    /// `[kafka] "bootstrap.servers"`; empty with no `kafka_extra`: no `[kafka]` section (a
+    /// relay whose tenants publish to other brokers then has no Kafka producer).
     pub kafka: String,
     /// Raw lines at the end of `[kafka]`.
     pub kafka_extra: Option<String>,
@@ -78,12 +79,14 @@ impl RelayConfig {
             let _ = writeln!(out, "{key} = {value}");
         }
         push_raw(&mut out, self.relay_extra.as_deref());
-        let _ = writeln!(
-            out,
-            "\n[kafka]\n\"bootstrap.servers\" = {}",
-            toml_string(&self.kafka)
-        );
-        push_raw(&mut out, self.kafka_extra.as_deref());
+        if !self.kafka.is_empty() || self.kafka_extra.is_some() {
+            let _ = writeln!(
+                out,
+                "\n[kafka]\n\"bootstrap.servers\" = {}",
+                toml_string(&self.kafka)
+            );
+            push_raw(&mut out, self.kafka_extra.as_deref());
+        }
         out.push('\n');
         if let Some(listen) = &self.telemetry {
             let _ = writeln!(out, "[telemetry]\nlisten = {}\n", toml_string(listen));
@@ -233,6 +236,19 @@ mod tests {
         ] {
             assert!(text.contains(expected), "{expected:?} not in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_relay_without_kafka_has_no_kafka_section() {
+        let config = RelayConfig {
+            database_url: "postgres://h/db".into(),
+            table: "t".into(),
+            extra: Some("[nats]\nurl = \"nats://n:4222\"".into()),
+            ..RelayConfig::default()
+        };
+        let text = config.render();
+        assert!(!text.contains("[kafka]"), "{text}");
+        assert!(text.contains("\n[nats]\nurl = "), "{text}");
     }
 
     /// The text tests edit with `replace`, as it was written by hand before.
