@@ -123,7 +123,11 @@ pub(super) async fn run(
         Figure::new(&label, RELAY_CPU, value(&first, RELAY_CPU)?, "CPU s"),
         Figure::new(&label, &broker_cpu, value(&first, &broker_cpu)?, "CPU s"),
     ];
-    for name in ["machine busy during the drain", "relay peak RSS"] {
+    for name in [
+        "PostgreSQL CPU per 1,000 rows",
+        "machine busy during the drain",
+        "relay peak RSS",
+    ] {
         if let Some(f) = first.iter().find(|f| f.name == name) {
             figures.push(Figure::new(&label, name, f.value, f.unit));
         }
@@ -343,6 +347,7 @@ fn cleaned<T>(result: anyhow::Result<T>, cleanup: anyhow::Result<()>) -> anyhow:
 /// The brokers side by side, as a Markdown table on stderr (the figures are in the report
 /// already).
 pub(super) fn summary(settings: &Settings, report: &Report) -> anyhow::Result<Vec<Figure>> {
+    // (figure, column title, scale); `{server}` stands for the broker's server.
     let columns = [
         (CEILING, "produce ceiling (msg/s)", 1.0),
         (LIMIT, "pipeline limit (rows/s)", 1.0),
@@ -353,6 +358,22 @@ pub(super) fn summary(settings: &Settings, report: &Report) -> anyhow::Result<Ve
         (SECOND_RATIO, "second / limit", 1.0),
         (SECOND_RELAY_CPU, "second: relay CPU / 1,000 (ms)", 1000.0),
         (PRODUCER_CPU, "producer CPU / 1,000 (ms)", 1000.0),
+        (
+            "{server} CPU per 1,000 messages (ceiling)",
+            "broker CPU / 1,000, ceiling (ms)",
+            1000.0,
+        ),
+        (
+            "{server} CPU per 1,000 rows",
+            "broker CPU / 1,000, drain (ms)",
+            1000.0,
+        ),
+        (
+            "PostgreSQL CPU per 1,000 rows",
+            "PostgreSQL CPU / 1,000 (ms)",
+            1000.0,
+        ),
+        ("machine busy during the drain", "busy (%)", 1.0),
         (LOAD, "load before", 1.0),
     ];
     let header: Vec<&str> = columns.iter().map(|(_, title, _)| *title).collect();
@@ -360,11 +381,12 @@ pub(super) fn summary(settings: &Settings, report: &Report) -> anyhow::Result<Ve
     eprintln!("|---|{}", "---:|".repeat(columns.len()));
     for broker in &settings.brokers {
         let label = label(*broker);
+        let server = brokers::server_label(*broker);
         let cells: Vec<String> = columns
             .iter()
             .map(|(name, _, scale)| {
                 report
-                    .value(&label, name)
+                    .value(&label, &name.replace("{server}", server))
                     .map_or_else(|| "—".to_owned(), |v| format_value(v * scale))
             })
             .collect();
