@@ -71,6 +71,56 @@ ensure_mariadb() {
     fi
 }
 
+# The other brokers Sluice publishes to (docs/brokers.md), on this machine kind's ports. Each is
+# started if installed but down (with the command this machine kind starts it with), or the
+# script says what is missing.
+NATS_PORT="${NATS_PORT:-4222}"
+RABBITMQ_PORT="${RABBITMQ_PORT:-5672}"
+REDIS_PORT="${REDIS_PORT:-6379}"
+
+# wait_port NAME PORT: up to 60 s for 127.0.0.1:PORT to accept connections.
+wait_port() {
+    for _ in $(seq 1 120); do
+        port_open 127.0.0.1 "$2" && return 0
+        sleep 0.5
+    done
+    return 1
+}
+
+ensure_nats() {
+    if ! port_open 127.0.0.1 "$NATS_PORT" && [ -x /usr/sbin/nats-server ]; then
+        log "NATS is down; starting it with JetStream"
+        mkdir -p /var/lib/nats-server 2>/dev/null || true
+        start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+            -a 127.0.0.1 -p "$NATS_PORT" -js -sd /var/lib/nats-server -l /var/log/nats-server.log || true
+        wait_port nats "$NATS_PORT" || true
+    fi
+    port_open 127.0.0.1 "$NATS_PORT" \
+        || die "NATS does not answer on 127.0.0.1:$NATS_PORT (and could not be started here); the NATS tests need it with JetStream on (nats-server -js; or set SLUICE_TEST_NATS)"
+}
+
+ensure_rabbitmq() {
+    if ! port_open 127.0.0.1 "$RABBITMQ_PORT" && command -v rabbitmq-server >/dev/null; then
+        log "RabbitMQ is down; starting it"
+        rabbitmq-server -detached || true
+        wait_port rabbitmq "$RABBITMQ_PORT" || true
+    fi
+    port_open 127.0.0.1 "$RABBITMQ_PORT" \
+        || die "RabbitMQ does not answer on 127.0.0.1:$RABBITMQ_PORT (and could not be started here); the RabbitMQ tests need it (guest/guest; or set SLUICE_TEST_RABBITMQ)"
+}
+
+ensure_redis() {
+    if ! port_open 127.0.0.1 "$REDIS_PORT" && command -v redis-server >/dev/null; then
+        log "Redis is down; starting it"
+        mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+        redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" --save "" \
+            --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+        wait_port redis "$REDIS_PORT" || true
+    fi
+    port_open 127.0.0.1 "$REDIS_PORT" \
+        || die "Redis does not answer on 127.0.0.1:$REDIS_PORT (and could not be started here); the Redis tests need it (or set SLUICE_TEST_REDIS)"
+}
+
 # The features the tests need: dynostore (the memory storage engine) and libsql (the SQLite
 # one, the only engine here that keeps SCRAM users: tests/tests/e2e/secure_kafka.rs; see
 # docs/security.md, "Testing against Tansu"). Installed into a root of its own, named by
@@ -188,6 +238,9 @@ ensure_services() {
     ensure_wasm_target
     ensure_postgres
     ensure_mariadb
+    ensure_nats
+    ensure_rabbitmq
+    ensure_redis
     ensure_tansu
 }
 

@@ -1,4 +1,4 @@
-//! Wiring one relay from a [`Config`]: the plugins, the store, the Kafka sink, the loop, and
+//! Wiring one relay from a [`Config`]: the plugins, the store, the brokers' sinks, the loop, and
 //! (with `[telemetry] listen`) the metrics they record into.
 
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use crate::maintenance::pruner::Retention;
 use crate::plugin::{PluginRouter, TenantState};
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
-use crate::sink::KafkaSink;
+use crate::sink::Brokers;
 use crate::store::{self, MarkMode, Store};
 use crate::telemetry::metrics::{Loaded, PluginStates};
 use crate::telemetry::{Metrics, TenantLabels};
@@ -26,7 +26,7 @@ const DATABASE_START_PATIENCE: Duration = Duration::from_secs(30);
 const DATABASE_RETRY: Duration = Duration::from_millis(250);
 
 /// The relay `sluice run` and `sluice drain` drive.
-pub(super) type AppRelay = Relay<Store, Arc<PluginRouter>, KafkaSink>;
+pub(super) type AppRelay = Relay<Store, Arc<PluginRouter>, Brokers>;
 
 /// A relay's parts, ready to run.
 pub(super) struct Parts {
@@ -39,7 +39,7 @@ pub(super) struct Parts {
     pub registry: Option<Arc<RegistryClient>>,
 }
 
-/// Loads the plugins, then connects the database and the producer. Returns `None` when
+/// Loads the plugins, then connects the database and the brokers. Returns `None` when
 /// `stop` fired meanwhile: start-up is abandoned before anything was claimed.
 pub(super) async fn assemble(
     config: &Config,
@@ -78,18 +78,18 @@ pub(super) async fn assemble(
             .listen
             .as_ref()
             .map(|_| metrics(config, &router));
-        let properties = config.kafka.properties();
+        let brokers = config.broker_settings();
         let observed = metrics
             .clone()
             .map(|m| (m, config.telemetry.sample_interval));
-        // Creating a producer starts librdkafka's threads: blocking work.
-        let sink = tokio::task::spawn_blocking(move || match observed {
-            // Statistics only with metrics on: librdkafka computes them for nothing otherwise.
-            Some((metrics, interval)) => KafkaSink::with_metrics(&properties, metrics, interval),
-            None => KafkaSink::new(&properties),
-        })
-        .await
-        .context("creating the kafka producer")??;
+        let runtime = tokio::runtime::Handle::current();
+        // Creating a Kafka producer starts librdkafka's threads: blocking work. The other
+        // brokers connect in the background (a broker restarting does not hold up the start).
+        let sink =
+            tokio::task::spawn_blocking(move || Brokers::connect_all(&brokers, observed, &runtime))
+                .await
+                .context("connecting to the brokers")??;
+        tracing::info!(brokers = ?sink.brokers().map(|b| b.as_str()).collect::<Vec<_>>(), "publishing to");
         let mut relay = Relay::new(
             Arc::clone(&store),
             Arc::clone(&router),
@@ -286,7 +286,9 @@ mod tests {
             &outcomes,
         );
         let topic = format!("events.{}", tenant.name().unwrap_or("none"));
-        metrics.sink.produced(&label, &topic, 2, 200);
+        metrics
+            .sink
+            .produced(&label, crate::model::Broker::Kafka, &topic, 2, 200);
         metrics.sink.end_to_end(&label, [0.2, 1.5]);
         metrics.sink.last_publish(&label, 1.0e9);
     }
@@ -344,9 +346,12 @@ mod tests {
             record_everything(&metrics, tenant, "builtin:route-by-aggregate");
         }
         for topic in 0..300 {
-            metrics
-                .sink
-                .produce_errors(&format!("events.t{topic:04}"), ProduceError::Refused, 1);
+            metrics.sink.produce_errors(
+                crate::model::Broker::Kafka,
+                &format!("events.t{topic:04}"),
+                ProduceError::Refused,
+                1,
+            );
         }
         // Every tenant behind, each a little further than the one before.
         let names: Vec<Option<&str>> = configured

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, Problem};
 use crate::plugin::{InstanceBudgets, LoadMode, PluginRouter, PluginsSettings, TenantState};
-use crate::sink::{KafkaSink, Sink};
+use crate::sink::{self, Brokers};
 use crate::store;
 use crate::telemetry::settings::BROKER_PROBE_TIMEOUT;
 
@@ -136,16 +136,29 @@ async fn check_database(config: &Config) -> Vec<Problem> {
     }
 }
 
+/// Connects to every broker `sluice run` would (see [`Config::broker_settings`]) and asks
+/// each whether it answers, side by side; one problem per broker that does not, at its
+/// section's key.
 async fn check_broker(config: &Config) -> Vec<Problem> {
-    let properties = config.kafka.properties();
+    let settings = config.broker_settings();
+    let runtime = tokio::runtime::Handle::current();
     let probed = tokio::task::spawn_blocking(move || {
-        KafkaSink::new(&properties)?.probe(BROKER_PROBE_TIMEOUT)
+        let mut problems = Vec::new();
+        let mut sinks = Vec::new();
+        for s in &settings {
+            match sink::connect(s, None, &runtime) {
+                Ok(connected) => sinks.push((s.broker(), connected)),
+                Err(e) => problems.push(Problem::new(s.broker().as_str(), e.to_string())),
+            }
+        }
+        let brokers = Brokers::of_connected(sinks);
+        for (broker, result) in brokers.probes(BROKER_PROBE_TIMEOUT) {
+            if let Err(e) = result {
+                problems.push(Problem::new(broker.as_str(), e.to_string()));
+            }
+        }
+        problems
     })
     .await;
-    let message = match probed {
-        Ok(Ok(())) => return Vec::new(),
-        Ok(Err(e)) => e.to_string(),
-        Err(e) => e.to_string(),
-    };
-    vec![Problem::new("kafka", message)]
+    probed.unwrap_or_else(|e| vec![Problem::new("kafka", e.to_string())])
 }

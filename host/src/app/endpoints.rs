@@ -15,6 +15,7 @@ use super::services::Services;
 use super::status::StatusReport;
 use crate::config::Config;
 use crate::encoding::{RegistryClient, RegistryState};
+use crate::model::Broker;
 use crate::plugin::{PluginRouter, TenantState};
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
@@ -60,7 +61,14 @@ pub(super) async fn start(
         server::local_addr(&listener).map_or_else(|| listen.to_string(), |a| a.to_string());
     tracing::info!(address, listen = %listen, access = access.current().describe(),
         "serving /metrics, /healthz, /readyz and /status");
-    let last = Arc::new(Mutex::new(LastSample::default()));
+    let brokers: Vec<Broker> = relay.sink().brokers().collect();
+    for &broker in &brokers {
+        // Down until the first check says otherwise, as the database is.
+        metrics
+            .health
+            .set_dependency_up(Dependency::broker(broker), false);
+    }
+    let last = Arc::new(Mutex::new(LastSample::new(brokers)));
     let endpoints: Arc<dyn Endpoints> = Arc::new(AppEndpoints {
         metrics: Arc::clone(&metrics),
         router: Arc::clone(router),
@@ -122,7 +130,6 @@ impl Endpoints for AppEndpoints {
 
     fn ready(&self) -> Check {
         let database = self.metrics.health.dependency_up(Dependency::Database);
-        let kafka = self.metrics.health.dependency_up(Dependency::Kafka);
         let paused: Vec<String> = self
             .router
             .tenant_statuses()
@@ -135,27 +142,37 @@ impl Endpoints for AppEndpoints {
             })
             .map(|s| s.tenant.to_string())
             .collect();
-        let kafka_error = self
+        let brokers = self
             .last
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .kafka_error
+            .brokers
             .clone();
         // A registry that does not answer holds back only the rows to be encoded (or not
         // even those, with their schemas cached), but a relay that cannot encode is not ready.
         let registry = self.registry.as_ref().map(|r| r.up());
         let mut body = json!({
             "database": database,
-            "kafka": kafka,
-            "kafka_error": kafka_error,
             "paused_tenants": paused,
         });
+        let mut brokers_up = true;
+        // Each broker as `"<broker>": up, "<broker>_error": why not` (Kafka's keys as before
+        // there were other brokers).
+        for (broker, error) in &brokers {
+            let up = self
+                .metrics
+                .health
+                .dependency_up(Dependency::broker(*broker));
+            brokers_up &= up;
+            body[broker.as_str()] = json!(up);
+            body[format!("{broker}_error")] = json!(error);
+        }
         if let (Some(up), Some(state)) = (registry, &self.registry) {
             body["schema_registry"] = json!(up);
             body["schema_registry_error"] = json!(state.error());
         }
         Check {
-            ok: database && kafka && registry.unwrap_or(true),
+            ok: database && brokers_up && registry.unwrap_or(true),
             body,
         }
     }
@@ -165,7 +182,19 @@ impl Endpoints for AppEndpoints {
         let statuses = self.router.tenant_statuses();
         let mut report = StatusReport {
             database_up: Some(self.metrics.health.dependency_up(Dependency::Database)),
-            kafka_up: Some(self.metrics.health.dependency_up(Dependency::Kafka)),
+            kafka_up: last
+                .brokers
+                .contains_key(&Broker::Kafka)
+                .then(|| self.metrics.health.dependency_up(Dependency::Kafka)),
+            brokers_up: Some(
+                last.brokers
+                    .keys()
+                    .map(|b| {
+                        let up = self.metrics.health.dependency_up(Dependency::broker(*b));
+                        (b.to_string(), up)
+                    })
+                    .collect(),
+            ),
             ..StatusReport::of_sample(
                 last.at,
                 &last.backlog,
@@ -216,7 +245,7 @@ mod tests {
         AppEndpoints {
             metrics: Arc::new(Metrics::new(TenantLabels::new(None::<&str>), "test")),
             router: Arc::new(router),
-            last: Arc::default(),
+            last: Arc::new(Mutex::new(LastSample::new([Broker::Kafka]))),
             settings: TelemetrySettings::default(),
             workers,
             registry: None,
@@ -269,14 +298,53 @@ mod tests {
         let check = e.ready();
         assert!(!check.ok);
         assert_eq!(check.body["kafka"], false);
-        assert_eq!(check.body["kafka_error"], serde_json::Value::Null);
+        assert_eq!(check.body["kafka_error"], "not checked yet");
         // The body names why, as the log does.
-        e.last.lock().unwrap().kafka_error =
-            Some("authentication with the broker failed: SASL".to_owned());
+        e.last.lock().unwrap().brokers.insert(
+            Broker::Kafka,
+            Some("authentication with the broker failed: SASL".to_owned()),
+        );
         assert_eq!(
             e.ready().body["kafka_error"],
             "authentication with the broker failed: SASL"
         );
+    }
+
+    #[test]
+    fn readyz_needs_every_broker_up_and_names_the_one_that_is_not() {
+        let e = endpoints(1);
+        *e.last.lock().unwrap() = LastSample::new([Broker::Kafka, Broker::Nats, Broker::Redis]);
+        let health = &e.metrics.health;
+        health.set_dependency_up(Dependency::Database, true);
+        health.set_dependency_up(Dependency::Kafka, true);
+        health.set_dependency_up(Dependency::Nats, true);
+        assert!(!e.ready().ok, "redis not up yet");
+        health.set_dependency_up(Dependency::Redis, true);
+        e.last.lock().unwrap().brokers.insert(Broker::Redis, None);
+        let check = e.ready();
+        assert!(check.ok, "{}", check.body);
+        assert_eq!(check.body["redis"], true);
+        assert_eq!(
+            check.body["rabbitmq"],
+            serde_json::Value::Null,
+            "not configured"
+        );
+        health.set_dependency_up(Dependency::Nats, false);
+        e.last.lock().unwrap().brokers.insert(
+            Broker::Nats,
+            Some("broker not reachable: connection refused".to_owned()),
+        );
+        let check = e.ready();
+        assert!(!check.ok);
+        assert_eq!(check.body["nats"], false);
+        assert_eq!(
+            check.body["nats_error"],
+            "broker not reachable: connection refused"
+        );
+        let status = e.status();
+        assert_eq!(status["brokers_up"]["nats"], false);
+        assert_eq!(status["brokers_up"]["kafka"], true);
+        assert_eq!(status["kafka_up"], true);
     }
 
     #[test]

@@ -19,11 +19,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// The log filter without `RUST_LOG`. lapin logs every message RabbitMQ returns at WARN with
+/// its payload (a tenant's data, in the relay's log) and every lost connection at ERROR; the
+/// RabbitMQ sink reports both itself, once, without payloads. async-nats logs every client event
+/// at INFO and each failed reconnect at ERROR; the NATS sink logs each change of state once.
+pub const DEFAULT_FILTER: &str = "info,lapin=off,async_nats=off";
+
 /// Installs the global subscriber. Call once, first thing. Every line is scrubbed of the
 /// configuration's secrets ([`crate::secret`]), whoever logged it: Sluice, librdkafka's log
 /// and error callbacks (which echo parts of its configuration), a plugin's `log`.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| ScrubbingWriter(std::io::stderr()));

@@ -1,7 +1,7 @@
 //! Credential rotation: when the configuration is read again (see [`super::reload`]:
 //! SIGHUP, `POST /reload`, a changed config file), `${env:…}` and `${file:…}` references
-//! included, a changed `[kafka]` or `database.url` takes effect without a restart: a new
-//! producer for the next batches (batches in flight finish on the old one), new database
+//! included, a changed `[kafka]`, `[nats]`, `[rabbitmq]`, `[redis]` or `database.url` takes
+//! effect without a restart: a new producer or broker connection for the next batches (batches in flight finish on the old one), new database
 //! connections with the new URL (open transactions keep theirs), new `[telemetry]`
 //! credentials for the next requests to `/metrics`, `/status` and `/reload`, and new
 //! `[schema_registry]` credentials for its next requests. So no row in flight is lost or
@@ -15,6 +15,8 @@ use std::sync::Arc;
 use super::assemble::AppRelay;
 use crate::config::{Config, Problem};
 use crate::encoding::RegistryClient;
+use crate::model::Broker;
+use crate::sink::BrokerSettings;
 use crate::store::Store;
 use crate::telemetry::auth::SharedAccess;
 
@@ -25,6 +27,8 @@ pub(super) struct Applied {
     /// was made: a CA or key renewed at the same path also needs a new producer.
     pub kafka_files: KafkaFiles,
     pub database_url: String,
+    /// `[nats]`, `[rabbitmq]`, `[redis]` as their sinks were last given them.
+    pub brokers: Vec<BrokerSettings>,
     /// The telemetry endpoints' credentials, when they are served.
     pub telemetry: Option<Arc<SharedAccess>>,
     /// The configuration as last read.
@@ -40,6 +44,7 @@ impl Applied {
             kafka_files: KafkaFiles::of(&kafka),
             kafka,
             database_url: config.database_url().to_owned(),
+            brokers: other_brokers(config),
             telemetry: None,
             config: config.clone(),
             registry: None,
@@ -72,6 +77,11 @@ pub(super) async fn credentials(
     if !held_back(problems, "kafka") {
         rotate_kafka(fresh, applied, relay).await;
     }
+    for broker in [Broker::Nats, Broker::Rabbitmq, Broker::Redis] {
+        if !held_back(problems, broker.as_str()) {
+            rotate_broker(fresh, broker, applied, relay).await;
+        }
+    }
     if !held_back(problems, "database") {
         rotate_database(fresh, applied, store).await;
     }
@@ -103,7 +113,8 @@ async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRela
     }
     let (relay, properties) = (Arc::clone(relay), kafka.clone());
     // Creating a producer and dropping the old one block.
-    match tokio::task::spawn_blocking(move || relay.sink().reconfigure(&properties)).await {
+    let settings = BrokerSettings::Kafka(properties);
+    match tokio::task::spawn_blocking(move || relay.sink().reconfigure(&settings)).await {
         Ok(Ok(())) => {
             tracing::info!(
                 "config reload: new kafka producer from the re-read [kafka]; batches in flight finish on the old one"
@@ -114,6 +125,49 @@ async fn rotate_kafka(fresh: &Config, applied: &mut Applied, relay: &Arc<AppRela
         Ok(Err(e)) => tracing::error!(error = %e,
             "config reload: the re-read [kafka] settings do not make a producer; keeping the current one"),
         Err(e) => tracing::error!(error = %e, "config reload: replacing the kafka producer failed"),
+    }
+}
+
+/// The configured brokers other than Kafka, with their settings.
+fn other_brokers(config: &Config) -> Vec<BrokerSettings> {
+    config
+        .broker_settings()
+        .into_iter()
+        .filter(|b| b.broker() != Broker::Kafka)
+        .collect()
+}
+
+/// A changed `[nats]`, `[rabbitmq]` or `[redis]` (rotated credentials): a new connection for
+/// the next batches, batches in flight finish on the old one. A section added since the start
+/// is not connected (read at start only), nor is a removed one dropped.
+async fn rotate_broker(
+    fresh: &Config,
+    broker: Broker,
+    applied: &mut Applied,
+    relay: &Arc<AppRelay>,
+) {
+    let find = |list: &[BrokerSettings]| list.iter().find(|b| b.broker() == broker).cloned();
+    let (Some(wanted), Some(current)) = (find(&other_brokers(fresh)), find(&applied.brokers))
+    else {
+        return;
+    };
+    if wanted == current {
+        tracing::debug!(%broker, "config reload: broker settings unchanged");
+        return;
+    }
+    let (relay, settings) = (Arc::clone(relay), wanted.clone());
+    match tokio::task::spawn_blocking(move || relay.sink().reconfigure(&settings)).await {
+        Ok(Ok(())) => {
+            tracing::info!(%broker,
+                "config reload: new broker connection from the re-read settings; batches in flight finish on the old one");
+            applied.brokers.retain(|b| b.broker() != broker);
+            applied.brokers.push(wanted);
+        }
+        Ok(Err(e)) => tracing::error!(%broker, error = %e,
+            "config reload: the re-read broker settings do not connect; keeping the current connection"),
+        Err(e) => {
+            tracing::error!(%broker, error = %e, "config reload: replacing the broker connection failed")
+        }
     }
 }
 
@@ -196,7 +250,12 @@ fn rotate_telemetry(fresh: &Config, applied: &Applied) {
 
 /// Keys checked against a section's values that live elsewhere: the SQLite lease must outlast
 /// `[kafka]`'s `message.timeout.ms`, so a lease problem keeps the current `[kafka]` too.
-const BOUND_ACROSS: &[(&str, &str)] = &[("kafka", "database.lease")];
+const BOUND_ACROSS: &[(&str, &str)] = &[
+    ("kafka", "database.lease"),
+    ("nats", "database.lease"),
+    ("rabbitmq", "database.lease"),
+    ("redis", "database.lease"),
+];
 
 /// Whether the re-read `section` has a problem, which keeps its current values in use: a
 /// secret file that became unreadable must not replace working credentials with nothing.

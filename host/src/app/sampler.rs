@@ -9,16 +9,18 @@
 //! broker, `[schema_registry] timeout` for the registry). One silent dependency neither
 //! delays the checks of the others nor stretches the interval (unless a round outlasts it).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 use tokio::time::MissedTickBehavior;
 
 use crate::encoding::RegistryClient;
+use crate::model::Broker;
 use crate::plugin::RowTransformer;
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
-use crate::sink::Sink;
+use crate::sink::Brokers;
 use crate::store::{OutboxStore, Store, TenantBacklog};
 use crate::telemetry::metrics::Dependency;
 use crate::telemetry::settings::{BROKER_PROBE_TIMEOUT, DATABASE_PROBE_TIMEOUT};
@@ -29,15 +31,29 @@ use crate::telemetry::{Metrics, TelemetrySettings, TenantSample};
 pub(super) struct LastSample {
     pub at: Option<chrono::DateTime<Utc>>,
     pub backlog: Vec<TenantBacklog>,
-    /// Why the last broker check failed (authentication, TLS, unreachable), for `/readyz`.
-    pub kafka_error: Option<String>,
+    /// Each broker the relay publishes to, and why its last check failed (authentication,
+    /// TLS, unreachable; `None`: it answered), for `/readyz`.
+    pub brokers: BTreeMap<Broker, Option<String>>,
+}
+
+impl LastSample {
+    /// Nothing sampled yet; `brokers` not checked yet.
+    pub(super) fn new(brokers: impl IntoIterator<Item = Broker>) -> Self {
+        Self {
+            brokers: brokers
+                .into_iter()
+                .map(|b| (b, Some("not checked yet".to_owned())))
+                .collect(),
+            ..Self::default()
+        }
+    }
 }
 
 /// Samples the backlog gauges and checks the database, the broker and the registry every
 /// `sample_interval`, until `stop` fires.
-pub(super) async fn sample<T: RowTransformer, K: Sink>(
+pub(super) async fn sample<T: RowTransformer>(
     store: Arc<Store>,
-    relay: Arc<Relay<Store, T, K>>,
+    relay: Arc<Relay<Store, T, Brokers>>,
     registry: Option<Arc<RegistryClient>>,
     metrics: Arc<Metrics>,
     last: Arc<Mutex<LastSample>>,
@@ -56,7 +72,7 @@ pub(super) async fn sample<T: RowTransformer, K: Sink>(
         let round = async {
             tokio::join!(
                 sample_database(&store, &metrics, &last, &settings),
-                probe_broker(&relay, &metrics, &last),
+                probe_brokers(&relay, &metrics, &last),
                 async {
                     if let Some(registry) = &registry {
                         check_registry(registry, &metrics).await;
@@ -123,34 +139,51 @@ async fn sample_database(
     }
 }
 
-/// Asks the broker for metadata; it is down when no answer comes within
-/// [`BROKER_PROBE_TIMEOUT`]. Logs when the answer changes.
-async fn probe_broker<T: RowTransformer, K: Sink>(
-    relay: &Arc<Relay<Store, T, K>>,
+/// Checks every broker side by side (Kafka: a metadata request; NATS: a round trip;
+/// RabbitMQ: the exchange; Redis: PING); a broker is down when no answer comes within
+/// [`BROKER_PROBE_TIMEOUT`]. Logs when a broker's answer changes.
+async fn probe_brokers<T: RowTransformer>(
+    relay: &Arc<Relay<Store, T, Brokers>>,
     metrics: &Metrics,
     last: &Mutex<LastSample>,
 ) {
     let probe = {
         let relay = Arc::clone(relay);
-        tokio::task::spawn_blocking(move || relay.sink().probe(BROKER_PROBE_TIMEOUT))
+        tokio::task::spawn_blocking(move || relay.sink().probes(BROKER_PROBE_TIMEOUT))
     };
-    let kafka_error = match probe.await {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(e) => Some(format!("the readiness check did not finish: {e}")),
+    let answers: Vec<(Broker, Option<String>)> = match probe.await {
+        Ok(probes) => probes
+            .into_iter()
+            .map(|(broker, result)| (broker, result.err().map(|e| e.to_string())))
+            .collect(),
+        Err(e) => relay
+            .sink()
+            .brokers()
+            .map(|b| (b, Some(format!("the readiness check did not finish: {e}"))))
+            .collect(),
     };
-    metrics
-        .health
-        .set_dependency_up(Dependency::Kafka, kafka_error.is_none());
     let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-    // Logged when the answer changes, not every sample: an outage lasts many samples. The
-    // error names its cause as the sink's own log line does (see sink/connection.rs).
-    if kafka_error != last.kafka_error {
-        match &kafka_error {
-            Some(e) => tracing::warn!(error = %e, "the broker did not answer the readiness check"),
-            None => tracing::info!("the broker answers the readiness check again"),
+    for (broker, error) in answers {
+        metrics
+            .health
+            .set_dependency_up(Dependency::broker(broker), error.is_none());
+        // Logged when the answer changes, not every sample: an outage lasts many samples. The
+        // error names its cause as the sink's own log line does (see sink/connection.rs).
+        let before = last.brokers.get(&broker).cloned().flatten();
+        let first =
+            !last.brokers.contains_key(&broker) || before.as_deref() == Some("not checked yet");
+        if error != before {
+            match &error {
+                Some(e) => {
+                    tracing::warn!(broker = %broker, error = %e, "the broker did not answer the readiness check")
+                }
+                None if !first => {
+                    tracing::info!(broker = %broker, "the broker answers the readiness check again")
+                }
+                None => {}
+            }
         }
-        last.kafka_error = kafka_error;
+        last.brokers.insert(broker, error);
     }
 }
 

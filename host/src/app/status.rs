@@ -83,8 +83,13 @@ pub struct StatusReport {
     pub saturated: bool,
     /// Whether the database answered its last check; `None`: not checked.
     pub database_up: Option<bool>,
-    /// Whether the broker answered its last check; `None`: no relay reported it.
+    /// Whether Kafka answered its last check; `None`: no relay reported it, or the relay
+    /// does not publish to Kafka (kept beside `brokers_up` for readers of older reports).
     pub kafka_up: Option<bool>,
+    /// Whether each broker the relay publishes to answered its last check, by name
+    /// (`kafka`, `nats`, `rabbitmq`, `redis`); `None`: no relay reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brokers_up: Option<BTreeMap<String, bool>>,
     /// The `[telemetry] laggards` tenants furthest behind, worst first: the oldest due row
     /// first, then the most due rows.
     #[serde(default)]
@@ -241,6 +246,7 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
         Some(listen) => match relay_status(listen, &config.telemetry.access()).await {
             Ok((relay, addr)) => {
                 report.kafka_up = relay.kafka_up;
+                report.brokers_up = relay.brokers_up;
                 report.instances = relay.instances;
                 for t in relay.tenants {
                     let r = entry(&mut report.tenants, t.tenant.as_deref());
@@ -375,6 +381,13 @@ pub fn render_table(report: &StatusReport) -> String {
             n.to_string()
         }
     };
+    if let Some(brokers) = &report.brokers_up {
+        let states: Vec<String> = brokers
+            .iter()
+            .map(|(b, up)| format!("{b} {}", if *up { "up" } else { "DOWN" }))
+            .collect();
+        out.push_str(&format!("brokers: {}\n", states.join(", ")));
+    }
     if report.saturated {
         out.push_str(&format!(
             "the sample read {} rows (telemetry.sample_limit): counts are lower bounds, and \

@@ -18,13 +18,14 @@ pub use tenant_files::{MAX_TENANT_FILE_BYTES, TenantFiles, tenant_of};
 
 use crate::encoding::{Format, RegistrySettings};
 use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
+use crate::model::Broker;
 use crate::plugin::{PluginSpec, PluginsSettings};
 use crate::relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
     DEFAULT_WORKERS, RelaySettings, RetryPolicy, RetrySettings,
 };
 use crate::secret;
-use crate::sink::KafkaSettings;
+use crate::sink::{BrokerSettings, KafkaSettings, NatsSettings, RabbitmqSettings, RedisSettings};
 use crate::store::{
     AfterDead, DEFAULT_LEASE, DatabaseSettings, LEASE_MARGIN, MarkMode, Ordering, StoreOptions,
     TenantColumn, validate_channel,
@@ -80,6 +81,15 @@ pub struct Config {
     /// `[kafka]`: librdkafka properties, passed through unchanged.
     #[serde(default)]
     pub kafka: KafkaSettings,
+    /// `[nats]`: NATS JetStream, for plugin sections with `broker = "nats"`.
+    #[serde(default)]
+    pub nats: Option<NatsSettings>,
+    /// `[rabbitmq]`: RabbitMQ, for plugin sections with `broker = "rabbitmq"`.
+    #[serde(default)]
+    pub rabbitmq: Option<RabbitmqSettings>,
+    /// `[redis]`: Redis Streams, for plugin sections with `broker = "redis"`.
+    #[serde(default)]
+    pub redis: Option<RedisSettings>,
     /// `[plugins]`: the compiled-plugin cache, start-up strictness and `[plugins.default]`.
     #[serde(default)]
     pub plugins: PluginsSettings,
@@ -185,6 +195,7 @@ impl RelayConfig {
             poll_interval: self.poll_interval,
             retry: RetryPolicy::new(&self.retry),
             dead_letter_topic: self.retry.dead_letter_topic.clone(),
+            dead_letter_broker: self.retry.dead_letter_broker,
             shutdown_timeout: self.shutdown_timeout,
         }
     }
@@ -480,6 +491,7 @@ impl Config {
         problems.extend(self.fair_share_problem());
         problems.extend(self.relay.problems());
         problems.extend(self.kafka.problems());
+        problems.extend(self.broker_problems());
         if let Some((key, value)) = self.kafka.weak_acks()
             && !self.relay.allow_weak_acks
         {
@@ -516,17 +528,125 @@ impl Config {
         problems
     }
 
-    /// A SQLite lease must outlast a batch, which waits up to the producer's timeout.
+    /// The brokers plugin sections send to: `[plugins.default]`'s and each tenant's (as it
+    /// inherits it), and the dead-letter topic's.
+    pub fn brokers_in_use(&self) -> std::collections::BTreeSet<Broker> {
+        let default = self.plugins.default.as_ref();
+        let mut used: std::collections::BTreeSet<Broker> = default
+            .map(PluginSpec::broker)
+            .into_iter()
+            .chain(self.tenants.values().map(|t| t.inherit(default).broker()))
+            .collect();
+        if self.relay.retry.dead_letter_topic.is_some() {
+            used.insert(self.relay.retry.dead_letter_broker);
+        }
+        used
+    }
+
+    /// The brokers this relay connects to, with their settings: every broker with a section
+    /// written (`[nats]`, `[rabbitmq]`, `[redis]`; `[kafka]` when it sets any property), and
+    /// Kafka whenever a plugin section sends there (its defaults then apply, as before there
+    /// were other brokers).
+    pub(crate) fn broker_settings(&self) -> Vec<BrokerSettings> {
+        let mut brokers = Vec::new();
+        if !self.kafka.properties().is_empty() || self.brokers_in_use().contains(&Broker::Kafka) {
+            brokers.push(BrokerSettings::Kafka(self.kafka.properties()));
+        }
+        // Message ids are outbox ids: without a prefix of their own, two tables' rows 7 would
+        // be one message to a broker that drops duplicates (JetStream).
+        let prefix = |written: &str| match written {
+            "" => format!("{}:", self.database.table),
+            written => written.to_owned(),
+        };
+        brokers.extend(self.nats.clone().map(|mut s| {
+            s.message_id_prefix = prefix(&s.message_id_prefix);
+            BrokerSettings::Nats(s)
+        }));
+        brokers.extend(self.rabbitmq.clone().map(|mut s| {
+            s.message_id_prefix = prefix(&s.message_id_prefix);
+            BrokerSettings::Rabbitmq(s)
+        }));
+        brokers.extend(self.redis.clone().map(|mut s| {
+            s.message_id_prefix = prefix(&s.message_id_prefix);
+            BrokerSettings::Redis(s)
+        }));
+        brokers
+    }
+
+    /// How long a batch may wait for its broker's confirmations: the longest of the
+    /// configured brokers' timeouts.
+    pub fn publish_timeout(&self) -> Duration {
+        self.broker_settings()
+            .iter()
+            .map(|b| match b {
+                BrokerSettings::Kafka(_) => self.kafka.message_timeout(),
+                BrokerSettings::Nats(s) => s.timeout(),
+                BrokerSettings::Rabbitmq(s) => s.timeout(),
+                BrokerSettings::Redis(s) => s.timeout(),
+            })
+            .max()
+            .unwrap_or_else(|| self.kafka.message_timeout())
+    }
+
+    /// The broker sections' own problems, and a plugin section (or the dead-letter topic)
+    /// naming a broker without its section.
+    fn broker_problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if let Some(nats) = &self.nats {
+            problems.extend(nats.problems());
+        }
+        if let Some(rabbitmq) = &self.rabbitmq {
+            problems.extend(rabbitmq.problems());
+        }
+        if let Some(redis) = &self.redis {
+            problems.extend(redis.problems());
+        }
+        let configured = |broker: Broker| match broker {
+            Broker::Kafka => true,
+            Broker::Nats => self.nats.is_some(),
+            Broker::Rabbitmq => self.rabbitmq.is_some(),
+            Broker::Redis => self.redis.is_some(),
+        };
+        let missing =
+            |broker: Broker| format!("\"{broker}\" needs a [{broker}] section (at least its url)");
+        let default = self.plugins.default.as_ref();
+        if let Some(broker) = default.and_then(|d| d.broker)
+            && !configured(broker)
+        {
+            problems.push(Problem::new("plugins.default.broker", missing(broker)));
+        }
+        for (name, tenant) in &self.tenants {
+            if let Some(broker) = tenant.broker
+                && !configured(broker)
+            {
+                problems.push(Problem::new(
+                    format!("tenants.{name}.broker"),
+                    missing(broker),
+                ));
+            }
+        }
+        let dead = self.relay.retry.dead_letter_broker;
+        if self.relay.retry.dead_letter_topic.is_some() && !configured(dead) {
+            problems.push(Problem::new(
+                "relay.retry.dead_letter_broker",
+                missing(dead),
+            ));
+        }
+        problems
+    }
+
+    /// A SQLite lease must outlast a batch, which waits up to the broker's timeout.
     fn lease_problem(&self) -> Option<Problem> {
         self.database.driver().filter(|d| d.leases())?;
         let lease = self.database.lease.unwrap_or(DEFAULT_LEASE);
-        let timeout = self.kafka.message_timeout();
+        let timeout = self.publish_timeout();
         (lease < timeout + LEASE_MARGIN).then(|| {
             Problem::new(
                 "database.lease",
                 format!(
-                    "{} is too short: a lease must outlast a batch, i.e. the producer's \
-                     message.timeout.ms ({}) plus {} for the rest of the batch; otherwise \
+                    "{} is too short: a lease must outlast a batch, i.e. the broker's timeout \
+                     (the producer's message.timeout.ms, or the longest `timeout` of \
+                     [nats]/[rabbitmq]/[redis]: {}) plus {} for the rest of the batch; otherwise \
                      another relay claims and publishes the rows again while this one still \
                      waits for the broker",
                     humantime::format_duration(lease),
@@ -1135,7 +1255,7 @@ mod tests {
         let short = "[database]\nurl = \"sqlite://app.db\"\nlease = \"45s\"\n";
         let err = parse(short).unwrap_err().to_string();
         assert!(
-            err.contains("database.lease") && err.contains("message.timeout.ms (30s)"),
+            err.contains("database.lease") && err.contains("[redis]: 30s)"),
             "{err}"
         );
         // A longer producer timeout needs a longer lease; a shorter one allows it.

@@ -107,6 +107,9 @@ pub struct Limits {
     pub breaker_failures: u32,
     /// How long an open breaker pauses the tenant (`circuit_breaker_cooldown`, default 30 s).
     pub breaker_cooldown: Duration,
+    /// The broker the tenant's messages go to (its section's `broker`): which destination
+    /// names are legal depends on it.
+    pub broker: crate::model::Broker,
     /// How the tenant's rows are grouped into plugin calls.
     pub batching: CallBatching,
 }
@@ -178,6 +181,7 @@ impl Limits {
             max_batch_output_bytes: values.max_batch_output_bytes,
             breaker_failures: values.circuit_breaker_failures,
             breaker_cooldown: values.circuit_breaker_cooldown,
+            broker: crate::model::Broker::default(),
             batching,
         }
     }
@@ -367,12 +371,10 @@ impl TopicPattern {
         if body.contains('*') {
             return Err(invalid("'*' is only allowed at the end"));
         }
-        if !body
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        {
+        if !body.chars().all(crate::sink::destination_char) {
             return Err(invalid(
-                "topics use only ASCII letters, digits, '.', '_' and '-'",
+                "topics use only ASCII letters, digits, '.', '_', '-' (and ':' and '/' for \
+                 RabbitMQ routing keys and Redis stream keys)",
             ));
         }
         Ok(if prefix {
@@ -467,7 +469,7 @@ mod tests {
 
     #[test]
     fn malformed_patterns_are_refused() {
-        for bad in ["", "a*b", "**", "a b", "a/b"] {
+        for bad in ["", "a*b", "**", "a b", "a#b", "a>b", "é"] {
             assert!(TopicPattern::parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -329,7 +329,8 @@ impl PluginRouter {
         keys: Option<Arc<KeyScope>>,
     ) -> Result<TenantTemplate, PluginError> {
         let key = format!("tenants.{name}");
-        let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)
+        let limits = spec
+            .resolved_limits()
             .map_err(|message| Problem::new(key.clone(), message))?;
         self.fits_slot(&limits)
             .map_err(|message| Problem::new(format!("{key}.memory_mb"), message))?;
@@ -355,7 +356,7 @@ impl PluginRouter {
         let code = self
             .code_for(&source, codes, false)
             .map_err(|e| reason_of(&e))?;
-        let limits = Limits::resolve(&spec.limits, spec.call_batch_rows)?;
+        let limits = spec.resolved_limits()?;
         self.fits_slot(&limits)
             .map_err(|message| format!("memory_mb: {message}"))?;
         let template = Arc::new(

@@ -137,7 +137,7 @@ fn accept_message(
     }
     Ok(OutboundMessage {
         row: row.id.clone(),
-        broker: crate::model::Broker::Kafka,
+        broker: limits.broker,
         topic: m.topic,
         key: m.key,
         payload: m.payload,
@@ -178,26 +178,21 @@ fn is_record_name(name: &str) -> bool {
         })
 }
 
-/// A topic must be a valid Kafka topic name before it may be checked against the allow-list
-/// or quoted in an error without escaping.
+/// A topic must be a valid destination name on the tenant's broker (a Kafka topic name, a
+/// NATS subject, …) before it may be checked against the allow-list or quoted in an error
+/// without escaping.
 fn check_topic(limits: &Limits, row: &OutboxRow, topic: &str) -> Result<(), TransformFailure> {
     if topic.is_empty() {
         return Err(invalid(
             "plugin returned a message with an empty topic".into(),
         ));
     }
-    let legal = topic.len() <= MAX_TOPIC_LEN
-        && topic != "."
-        && topic != ".."
-        && topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if !legal {
+    if let Err(why) = crate::sink::check_destination(limits.broker, topic) {
         return Err(invalid(format!(
-            "plugin routed to \"{}\" ({} bytes), which is not a valid Kafka topic name \
-             (1-{MAX_TOPIC_LEN} ASCII letters, digits, '.', '_', '-')",
+            "plugin routed to \"{}\" ({} bytes), which is not a valid {} ({why})",
             bounded(topic, MAX_QUOTED),
-            topic.len()
+            topic.len(),
+            crate::sink::destination_noun(limits.broker),
         )));
     }
     if !limits.topic_allowed(topic) {
@@ -414,6 +409,49 @@ mod tests {
         });
         let err = accept(&l, &row(), Ok(vec![message("t", empty(200_000))])).unwrap_err();
         assert!(err.to_string().contains("max_message_bytes"), "{err}");
+    }
+
+    #[test]
+    fn destinations_follow_the_tenants_broker_and_messages_carry_it() {
+        use crate::model::Broker;
+        let on = |broker| Limits {
+            broker,
+            ..Limits::default()
+        };
+        let ok = accept(
+            &on(Broker::Redis),
+            &row(),
+            Ok(vec![message("orders:acme", vec![])]),
+        )
+        .unwrap();
+        assert_eq!(ok[0].broker, Broker::Redis);
+        let err = accept(
+            &on(Broker::Kafka),
+            &row(),
+            Ok(vec![message("orders:acme", vec![])]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not a valid Kafka topic name"), "{err}");
+        let err = accept(
+            &on(Broker::Nats),
+            &row(),
+            Ok(vec![message("orders..acme", vec![])]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("not a valid NATS subject") && err.contains("empty tokens"),
+            "{err}"
+        );
+        for wildcard in ["orders.*", "orders.>", "orders.#"] {
+            for broker in Broker::ALL {
+                assert!(
+                    accept(&on(broker), &row(), Ok(vec![message(wildcard, vec![])])).is_err(),
+                    "{broker} {wildcard}"
+                );
+            }
+        }
     }
 
     #[test]

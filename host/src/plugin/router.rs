@@ -16,7 +16,6 @@ use crate::model::{RowResult, TransformFailure};
 use crate::plugin::budgets::InstanceBudgets;
 use crate::plugin::keys::KeyScopes;
 use crate::plugin::lanes::{self, Group, Ran};
-use crate::plugin::limits::Limits;
 use crate::plugin::settings::{
     LoadMode, PluginSource, PluginSpec, PluginsSettings, plugin_cache_dir,
 };
@@ -171,7 +170,7 @@ fn largest_memory(plugins: &PluginsSettings, tenants: &BTreeMap<String, PluginSp
         .cloned()
         .into_iter()
         .chain(specs)
-        .filter_map(|spec| Limits::resolve(&spec.limits, spec.call_batch_rows).ok())
+        .filter_map(|spec| spec.resolved_limits().ok())
         .map(|limits| u64::try_from(limits.memory_bytes).unwrap_or(u64::MAX))
         .max()
         .unwrap_or(0)
@@ -276,7 +275,7 @@ impl PluginRouter {
                         false,
                     )?,
                     spec.config_pairs(),
-                    Limits::resolve(&spec.limits, spec.call_batch_rows)
+                    spec.resolved_limits()
                         .map_err(limits_err("plugins.default".into()))?,
                 )
                 .with_declared_formats(formats_of(spec, "plugins.default")?)
@@ -311,7 +310,7 @@ impl PluginRouter {
                 TenantTemplate::new(
                     load(&source, lazy)?,
                     spec.config_pairs(),
-                    Limits::resolve(&spec.limits, spec.call_batch_rows)
+                    spec.resolved_limits()
                         .map_err(limits_err(format!("tenants.{name}")))?,
                 )
                 .with_declared_formats(formats_of(&spec, &format!("tenants.{name}"))?)

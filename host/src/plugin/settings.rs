@@ -112,6 +112,11 @@ pub struct PluginSpec {
     pub trusted_keys: Option<Vec<String>>,
     /// Passed to the plugin's `configure` as string pairs.
     pub config: Option<BTreeMap<String, toml::Value>>,
+    /// The broker this section's messages go to (`"kafka"`, `"nats"`, `"rabbitmq"`,
+    /// `"redis"`; `None`: `[plugins.default]`'s, else Kafka). A tenant takes it from
+    /// `[plugins.default]` whether or not it names its own plugin: where messages go is the
+    /// platform's choice, as the sandbox limits are.
+    pub broker: Option<crate::model::Broker>,
     /// The sandbox limits (`memory_mb`, `call_timeout`, `allowed_topics`, `max_*`, the
     /// circuit breaker).
     pub limits: LimitsSpec,
@@ -125,7 +130,14 @@ pub struct PluginSpec {
 
 /// A plugin section's own keys; the groups' follow, in the order an unknown key's error
 /// lists them.
-const OWN_KEYS: &[&str] = &["path", "sha256", "builtin", "config", "trusted_keys"];
+const OWN_KEYS: &[&str] = &[
+    "path",
+    "sha256",
+    "builtin",
+    "config",
+    "trusted_keys",
+    "broker",
+];
 const KEY_COUNT: usize = OWN_KEYS.len() + LimitsSpec::KEYS.len() + FormatsSpec::KEYS.len();
 static PLUGIN_KEYS: [&str; KEY_COUNT] =
     concat_keys(&[OWN_KEYS, LimitsSpec::KEYS, FormatsSpec::KEYS]);
@@ -147,6 +159,7 @@ impl<'de> Deserialize<'de> for PluginSpec {
                         "builtin" => spec.builtin = Some(map.next_value()?),
                         "config" => spec.config = Some(map.next_value()?),
                         "trusted_keys" => spec.trusted_keys = Some(map.next_value()?),
+                        "broker" => spec.broker = Some(map.next_value()?),
                         // Known (the seed checked it), so one of the groups reads it.
                         other => {
                             if !spec.limits.read_key(other, &mut map)? {
@@ -251,6 +264,7 @@ impl PluginSpec {
             builtin,
             trusted_keys,
             config,
+            broker: self.broker.or(default.broker),
             limits,
             formats: self.formats.clone().or(&default.formats),
             call_batch_rows: self.call_batch_rows.or(default.call_batch_rows),
@@ -261,6 +275,19 @@ impl PluginSpec {
     pub fn resolve_schema_paths(&mut self, base: &Path) {
         FormatsSpec::resolve_paths(&mut self.formats.value_schema, base);
         FormatsSpec::resolve_paths(&mut self.formats.key_schema, base);
+    }
+
+    /// The limits of this (resolved) section, with its broker.
+    pub fn resolved_limits(&self) -> Result<crate::plugin::limits::Limits, String> {
+        let mut limits =
+            crate::plugin::limits::Limits::resolve(&self.limits, self.call_batch_rows)?;
+        limits.broker = self.broker();
+        Ok(limits)
+    }
+
+    /// The broker this section's messages go to (Kafka when it names none).
+    pub fn broker(&self) -> crate::model::Broker {
+        self.broker.unwrap_or_default()
     }
 
     /// Whether this entry names its own plugin (`path` or `builtin`).

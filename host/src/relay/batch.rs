@@ -111,7 +111,8 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         outcomes.apply_reports(reports, &self.settings.retry);
         self.record_publish(&outcomes);
         if let Some(topic) = &self.settings.dead_letter_topic {
-            dead_letter::publish(&self.sink, topic, &mut outcomes).await;
+            let broker = self.settings.dead_letter_broker;
+            dead_letter::publish(&self.sink, broker, topic, &mut outcomes).await;
         }
 
         let mut report = outcomes.report(&rejected);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::Utc;
 
 use super::outcome::{Fate, Outcomes};
-use crate::model::{OutboxId, TenantId};
+use crate::model::{Broker, OutboxId, TenantId};
 use crate::sink::{PublishFault, SinkError};
 use crate::store::{Disposition, RowFailure};
 use crate::telemetry::Metrics;
@@ -32,8 +32,8 @@ pub(super) fn record_reports(
     reports: &[Result<(), SinkError>],
 ) {
     let now = Utc::now();
-    let mut produced: HashMap<(&TenantId, &str), (u64, u64)> = HashMap::new();
-    let mut errors: HashMap<(&str, ProduceError), u64> = HashMap::new();
+    let mut produced: HashMap<(&TenantId, Broker, &str), (u64, u64)> = HashMap::new();
+    let mut errors: HashMap<(Broker, &str, ProduceError), u64> = HashMap::new();
     let mut latencies: HashMap<&TenantId, Vec<f64>> = HashMap::new();
     let mut messages = outcomes.messages().iter().zip(reports);
     for o in outcomes.rows() {
@@ -47,7 +47,7 @@ pub(super) fn record_reports(
                     let bytes = message.payload.as_ref().map_or(0, Vec::len)
                         + message.key.as_ref().map_or(0, Vec::len);
                     let entry = produced
-                        .entry((&o.row.tenant, message.topic.as_str()))
+                        .entry((&o.row.tenant, message.broker, message.topic.as_str()))
                         .or_default();
                     entry.0 += 1;
                     entry.1 += bytes as u64;
@@ -55,7 +55,7 @@ pub(super) fn record_reports(
                 Err(e) => {
                     all_acked = false;
                     *errors
-                        .entry((message.topic.as_str(), error_type(e)))
+                        .entry((message.broker, message.topic.as_str(), error_type(e)))
                         .or_default() += 1;
                 }
             }
@@ -72,16 +72,16 @@ pub(super) fn record_reports(
     }
     let now_seconds = now.timestamp_micros() as f64 / 1e6;
     let mut published: HashMap<&TenantId, Arc<str>> = HashMap::new();
-    for ((tenant, topic), (count, bytes)) in produced {
+    for ((tenant, broker, topic), (count, bytes)) in produced {
         let label = metrics.tenant(tenant);
-        metrics.sink.produced(&label, topic, count, bytes);
+        metrics.sink.produced(&label, broker, topic, count, bytes);
         published.insert(tenant, label);
     }
     for (_, label) in published {
         metrics.sink.last_publish(&label, now_seconds);
     }
-    for ((topic, kind), n) in errors {
-        metrics.sink.produce_errors(topic, kind, n);
+    for ((broker, topic, kind), n) in errors {
+        metrics.sink.produce_errors(broker, topic, kind, n);
     }
     for (tenant, seconds) in latencies {
         metrics.sink.end_to_end(&metrics.tenant(tenant), seconds);

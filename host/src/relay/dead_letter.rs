@@ -2,14 +2,19 @@
 //! `relay.retry.dead_letter_topic` with headers saying why.
 
 use super::outcome::{Failure, Fate, Outcomes};
-use crate::model::OutboundMessage;
 use crate::model::OutboxRow;
+use crate::model::{Broker, OutboundMessage};
 use crate::sink::Sink;
 use crate::store::Disposition;
 
 /// Publishes a copy of every row of `outcomes` that goes dead. The row is dead either way; a
 /// copy that was not published is noted in its `last_error`.
-pub(super) async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outcomes<'_>) {
+pub(super) async fn publish<K: Sink>(
+    sink: &K,
+    broker: Broker,
+    topic: &str,
+    outcomes: &mut Outcomes<'_>,
+) {
     // Each copy is paired with the failure it reports on as it is made.
     let (copies, failures): (Vec<OutboundMessage>, Vec<&mut Failure>) = outcomes
         .rows_mut()
@@ -18,7 +23,7 @@ pub(super) async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outco
             let row = o.row;
             match &mut o.fate {
                 Fate::Failed(f) if f.disposition == Disposition::Dead => {
-                    Some((dead_letter_message(topic, row, &f.error), f))
+                    Some((dead_letter_message(broker, topic, row, &f.error), f))
                 }
                 _ => None,
             }
@@ -43,7 +48,12 @@ pub(super) async fn publish<K: Sink>(sink: &K, topic: &str, outcomes: &mut Outco
 
 /// The dead-letter copy of a row: its payload untouched, keyed by aggregate id, with the row's
 /// headers and Sluice's `sluice-*` headers explaining why it died.
-fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMessage {
+fn dead_letter_message(
+    broker: Broker,
+    topic: &str,
+    row: &OutboxRow,
+    error: &str,
+) -> OutboundMessage {
     let mut headers = row.headers.clone();
     headers.extend([
         ("sluice-error".to_owned(), error.as_bytes().to_vec()),
@@ -70,7 +80,7 @@ fn dead_letter_message(topic: &str, row: &OutboxRow, error: &str) -> OutboundMes
     ]);
     OutboundMessage {
         row: row.id.clone(),
-        broker: crate::model::Broker::Kafka,
+        broker,
         topic: topic.to_owned(),
         key: Some(row.aggregate_id.as_bytes().to_vec()),
         payload: Some(row.payload.clone()),

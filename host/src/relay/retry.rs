@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use crate::model::Broker;
 use crate::problem::Problem;
 use crate::setting_group::{Humantime, above_zero, at_least_one, setting_group};
-use crate::sink::check_topic_name;
+use crate::sink::check_destination;
 use crate::store::Disposition;
 
 setting_group! {
@@ -25,7 +26,9 @@ setting_group! {
         /// attempts, the first delivery included, before the row is dead
         max_attempts: u32 = 10 => "`10`", check at_least_one;
         /// if set, a copy of each row that goes dead is published here
-        dead_letter_topic: String => "none", check |topic: &String| check_topic_name(topic);
+        dead_letter_topic: String => "none";
+        /// the broker `dead_letter_topic` is on: `"kafka"`, `"nats"`, `"rabbitmq"` or `"redis"` (its section must be configured)
+        dead_letter_broker: Broker = Broker::Kafka => "`\"kafka\"`";
     }
 }
 
@@ -47,6 +50,17 @@ impl RetrySettings {
     /// Problems with these settings, at their `relay.retry.` keys.
     pub fn problems(&self) -> Vec<Problem> {
         let mut problems = self.key_problems("relay.retry");
+        if let Some(topic) = &self.dead_letter_topic
+            && let Err(why) = check_destination(self.dead_letter_broker, topic)
+        {
+            problems.push(Problem::new(
+                "relay.retry.dead_letter_topic",
+                format!(
+                    "{topic:?} is not a valid {}: {why}",
+                    crate::sink::destination_noun(self.dead_letter_broker)
+                ),
+            ));
+        }
         if self.max < self.initial {
             problems.push(Problem::new(
                 "relay.retry.max",
@@ -130,6 +144,7 @@ mod tests {
             jitter,
             max_attempts,
             dead_letter_topic: None,
+            dead_letter_broker: Broker::Kafka,
         })
     }
 

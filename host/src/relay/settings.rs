@@ -49,6 +49,8 @@ pub struct RelaySettings {
     pub retry: RetryPolicy,
     /// Topic receiving a copy of every row that goes dead, if any.
     pub dead_letter_topic: Option<String>,
+    /// The broker `dead_letter_topic` is on.
+    pub dead_letter_broker: crate::model::Broker,
     /// After a stop request, how long the batch in hand may take before it is given up
     /// unrecorded (its transaction rolled back; on SQLite, its lease left to run out).
     pub shutdown_timeout: Duration,

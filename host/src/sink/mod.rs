@@ -1,16 +1,26 @@
-//! The sink seam: where messages are published. Implementations: [`KafkaSink`].
+//! The sink seam: where messages are published. Implementations: [`KafkaSink`], and the
+//! NATS JetStream, RabbitMQ and Redis Streams sinks; [`Brokers`] sends each message to its
+//! tenant's broker.
 //!
+//! - [`brokers`]: the brokers of one relay behind one [`Sink`]
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
+//! - [`nats`]: NATS JetStream through async-nats: publish acknowledgements, `Nats-Msg-Id`
+//! - [`rabbitmq`]: AMQP 0-9-1 through lapin, publisher confirms and `mandatory`
+//! - [`redis`](self::redis): Redis Streams, one entry per message, one pipeline per batch
 //! - [`connection`]: what is wrong with the connection to the broker (authentication, TLS,
 //!   unreachable), logged once per change
 //! - [`deliveries`]: delivery reports filed by batch, so a batch waits once for all of them
 //! - [`topics`]: which topics the broker has, so messages to missing ones fail at once
 
+mod brokers;
 #[cfg(test)]
 mod conformance;
 mod connection;
 mod deliveries;
 mod kafka;
+mod nats;
+mod rabbitmq;
+mod redis;
 pub(crate) mod topics;
 
 use std::future::Future;
@@ -18,8 +28,12 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
+pub(crate) use self::redis::{RedisSettings, RedisSink};
+pub(crate) use brokers::{BrokerSettings, Brokers, connect};
 pub(crate) use kafka::settings::KafkaSettings;
 pub(crate) use kafka::{KafkaSink, librdkafka_version};
+pub(crate) use nats::{NatsSettings, NatsSink};
+pub(crate) use rabbitmq::{RabbitmqSettings, RabbitmqSink};
 
 use crate::model::{Broker, OutboundMessage};
 
@@ -40,6 +54,50 @@ pub(crate) fn check_topic_name(name: &str) -> Result<(), String> {
         ))
     } else {
         Ok(())
+    }
+}
+
+/// Longest destination name on the other brokers: AMQP's short string, and as much as a
+/// subject or stream key needs.
+const MAX_DESTINATION_NAME: usize = 255;
+
+/// Whether `c` may be part of a destination name (and of an `allowed_topics` pattern): what
+/// Kafka allows, plus `:` and `/` for RabbitMQ routing keys, NATS subjects and Redis stream
+/// keys (`orders:acme`). Whitespace, wildcards and control characters never are.
+pub(crate) fn destination_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/')
+}
+
+/// Whether `name` can be a destination on `broker`: a Kafka topic name
+/// ([`check_topic_name`]); a NATS subject (tokens of [`destination_char`]s other than `.`,
+/// separated by single dots); a RabbitMQ routing key or Redis stream key (1–255 such
+/// characters). Errors say why.
+pub(crate) fn check_destination(broker: Broker, name: &str) -> Result<(), String> {
+    // The reasons never quote `name`: it may be a plugin's megabyte of anything.
+    if broker == Broker::Kafka {
+        return check_topic_name(name).map_err(|_| {
+            format!("1 to {MAX_TOPIC_NAME} ASCII letters, digits, '.', '_', '-'; not '.' or '..'")
+        });
+    }
+    let chars = "ASCII letters, digits, '.', '_', '-', ':', '/'";
+    if name.is_empty() || name.len() > MAX_DESTINATION_NAME || !name.chars().all(destination_char) {
+        return Err(format!("1 to {MAX_DESTINATION_NAME} {chars}"));
+    }
+    if broker == Broker::Nats && name.split('.').any(str::is_empty) {
+        return Err(
+            "a NATS subject has no empty tokens: no leading, trailing or double '.'".into(),
+        );
+    }
+    Ok(())
+}
+
+/// What a destination is called on `broker`, for errors.
+pub(crate) fn destination_noun(broker: Broker) -> &'static str {
+    match broker {
+        Broker::Kafka => "Kafka topic name",
+        Broker::Nats => "NATS subject",
+        Broker::Rabbitmq => "RabbitMQ routing key",
+        Broker::Redis => "Redis stream key",
     }
 }
 
@@ -153,6 +211,20 @@ mod tests {
         assert!(check_topic_name("outbox.event.order_v2-x").is_ok());
         for bad in ["", ".", "..", "dlq.*", "a b", "é", &"t".repeat(250)] {
             assert!(check_topic_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn destinations_follow_each_brokers_rules() {
+        assert!(check_destination(Broker::Redis, "orders:acme/v1").is_ok());
+        assert!(check_destination(Broker::Rabbitmq, "order.created").is_ok());
+        assert!(check_destination(Broker::Kafka, "orders:acme").is_err());
+        assert!(check_destination(Broker::Nats, "orders.acme").is_ok());
+        for bad in ["", ".a", "a.", "a..b", "a.*", "a.>", "a b"] {
+            assert!(check_destination(Broker::Nats, bad).is_err(), "{bad:?}");
+        }
+        for bad in ["", "a b", "a*", "é", &"t".repeat(256)] {
+            assert!(check_destination(Broker::Redis, bad).is_err(), "{bad:?}");
         }
     }
 }

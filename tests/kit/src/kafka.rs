@@ -31,12 +31,21 @@ pub async fn create_topics(bootstrap: &str, topics: &[String]) -> anyhow::Result
 
 /// [`create_topics`] with a client made from `config` (e.g. with SASL and TLS properties).
 pub async fn create_topics_with(config: &ClientConfig, topics: &[String]) -> anyhow::Result<()> {
+    create_partitioned_topics(config, topics, PARTITIONS).await
+}
+
+/// [`create_topics_with`], each topic with `partitions` partitions (1: one order for all).
+pub async fn create_partitioned_topics(
+    config: &ClientConfig,
+    topics: &[String],
+    partitions: i32,
+) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = config
         .create()
         .context("cannot create a Kafka admin client")?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|t| NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1)))
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
         .collect();
     let results = admin
         .create_topics(

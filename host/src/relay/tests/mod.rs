@@ -34,6 +34,7 @@ fn settings() -> RelaySettings {
             ..RetrySettings::default()
         }),
         dead_letter_topic: None,
+        dead_letter_broker: crate::model::Broker::Kafka,
         shutdown_timeout: Duration::from_millis(100),
     }
 }

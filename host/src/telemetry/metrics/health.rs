@@ -18,6 +18,12 @@ label_values! {
     pub enum Dependency {
         Database => "database",
         Kafka => "kafka",
+        /// Only with `[nats]`.
+        Nats => "nats",
+        /// Only with `[rabbitmq]`.
+        Rabbitmq => "rabbitmq",
+        /// Only with `[redis]`.
+        Redis => "redis",
         /// Only with `[schema_registry]`.
         SchemaRegistry => "schema_registry",
     }
@@ -64,12 +70,11 @@ impl Default for HealthMetrics {
             workers_started: AtomicI64::new(0),
             batches_in_hand: Mutex::default(),
         };
-        // The registry's gauge appears once it is checked: a relay without one has none.
-        for &dependency in &[Dependency::Database, Dependency::Kafka] {
-            let _ = m
-                .dependency_up
-                .get_or_create(&DependencyLabel { dependency });
-        }
+        // The registry's and the brokers' gauges appear once they are checked (or the relay
+        // sets them down at start): a relay without them has none.
+        let _ = m.dependency_up.get_or_create(&DependencyLabel {
+            dependency: Dependency::Database,
+        });
         for &outcome in ReloadOutcome::ALL {
             let _ = m.config_reloads.get_or_create(&ReloadLabel { outcome });
         }
@@ -77,11 +82,24 @@ impl Default for HealthMetrics {
     }
 }
 
+impl Dependency {
+    /// A broker's dependency.
+    pub fn broker(broker: crate::model::Broker) -> Self {
+        use crate::model::Broker;
+        match broker {
+            Broker::Kafka => Self::Kafka,
+            Broker::Nats => Self::Nats,
+            Broker::Rabbitmq => Self::Rabbitmq,
+            Broker::Redis => Self::Redis,
+        }
+    }
+}
+
 impl HealthMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "dependency_up",
-            "Whether the last check of a dependency (database, kafka, schema_registry) succeeded",
+            "Whether the last check of a dependency (database, kafka, nats, rabbitmq, redis, schema_registry) succeeded",
             self.dependency_up.clone(),
         );
         r.register(

@@ -223,7 +223,8 @@ pub(crate) mod tests {
         let other = m.tenant(&TenantId::named("someone-else"));
         m.relay.rows_completed(&acme, RowOutcome::Sent, 3);
         m.relay.rows_completed(&other, RowOutcome::Dead, 2);
-        m.sink.produced(&acme, "t.orders", 3, 300);
+        m.sink
+            .produced(&acme, crate::model::Broker::Kafka, "t.orders", 3, 300);
         let text = m.encode().unwrap();
         assert_eq!(
             sample_value(
@@ -251,7 +252,7 @@ pub(crate) mod tests {
         assert_eq!(
             sample_value(
                 &text,
-                "sluice_produced_bytes_total{tenant=\"acme\",topic=\"t.orders\"}"
+                "sluice_produced_bytes_total{tenant=\"acme\",broker=\"kafka\",topic=\"t.orders\"}"
             ),
             Some(300.0)
         );

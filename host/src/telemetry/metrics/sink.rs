@@ -15,6 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{HistogramFamily, TenantLabel, label_values, latency_histogram};
+use crate::model::Broker;
 
 /// Distinct `topic` label values kept; more topics share [`OTHER_TOPICS`]. Topics are bounded
 /// by the allow-lists, but a plugin without one may route to many.
@@ -35,11 +36,13 @@ label_values! {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TenantTopic {
     tenant: Arc<str>,
+    broker: &'static str,
     topic: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TopicError {
+    broker: &'static str,
     topic: Arc<str>,
     error_type: ProduceError,
 }
@@ -82,18 +85,18 @@ impl SinkMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "messages_produced",
-            "Messages acknowledged by the broker, by tenant and topic",
+            "Messages acknowledged by the broker, by tenant, broker and topic",
             self.messages_produced.clone(),
         );
         r.register_with_unit(
             "produced",
-            "Payload and key bytes of acknowledged messages, by tenant and topic",
+            "Payload and key bytes of acknowledged messages, by tenant, broker and topic",
             Unit::Bytes,
             self.produced_bytes.clone(),
         );
         r.register(
             "produce_errors",
-            "Messages the broker did not acknowledge, by topic and error type (unavailable, refused, failed)",
+            "Messages the broker did not acknowledge, by broker, topic and error type (unavailable, refused, failed)",
             self.produce_errors.clone(),
         );
         r.register_with_unit(
@@ -135,10 +138,18 @@ impl SinkMetrics {
         label
     }
 
-    /// `messages` acknowledged messages of `tenant` to `topic`, `bytes` in all.
-    pub fn produced(&self, tenant: &Arc<str>, topic: &str, messages: u64, bytes: u64) {
+    /// `messages` acknowledged messages of `tenant` to `topic` on `broker`, `bytes` in all.
+    pub fn produced(
+        &self,
+        tenant: &Arc<str>,
+        broker: Broker,
+        topic: &str,
+        messages: u64,
+        bytes: u64,
+    ) {
         let labels = TenantTopic {
             tenant: Arc::clone(tenant),
+            broker: broker.as_str(),
             topic: self.topic(topic),
         };
         self.messages_produced
@@ -147,9 +158,16 @@ impl SinkMetrics {
         self.produced_bytes.get_or_create(&labels).inc_by(bytes);
     }
 
-    pub fn produce_errors(&self, topic: &str, error_type: ProduceError, messages: u64) {
+    pub fn produce_errors(
+        &self,
+        broker: Broker,
+        topic: &str,
+        error_type: ProduceError,
+        messages: u64,
+    ) {
         self.produce_errors
             .get_or_create(&TopicError {
+                broker: broker.as_str(),
                 topic: self.topic(topic),
                 error_type,
             })
@@ -184,12 +202,15 @@ impl SinkMetrics {
             topics.values().cloned().collect()
         };
         for topic in topics.into_iter().chain([Arc::from(OTHER_TOPICS)]) {
-            let labels = TenantTopic {
-                tenant: Arc::clone(tenant),
-                topic,
-            };
-            self.messages_produced.remove(&labels);
-            self.produced_bytes.remove(&labels);
+            for broker in Broker::ALL {
+                let labels = TenantTopic {
+                    tenant: Arc::clone(tenant),
+                    broker: broker.as_str(),
+                    topic: Arc::clone(&topic),
+                };
+                self.messages_produced.remove(&labels);
+                self.produced_bytes.remove(&labels);
+            }
         }
         let labels = TenantLabel {
             tenant: Arc::clone(tenant),
