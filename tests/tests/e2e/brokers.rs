@@ -230,8 +230,8 @@ struct Arrived {
     payload: serde_json::Value,
     /// Every other header (stream field), name → values in order.
     headers: BTreeMap<String, Vec<String>>,
-    /// Every header name in the order carried; `None` where the broker keeps no order (an
-    /// AMQP headers table is a map).
+    /// Every header name in the order carried; `None` where the broker does not keep the
+    /// order across names (an AMQP headers table is a map; NATS clients hold headers in one).
     order: Option<Vec<String>>,
     /// `Nats-Msg-Id`, AMQP `message_id`, field `sluice-message-id`; none on Kafka.
     message_id: Option<String>,
@@ -342,7 +342,9 @@ fn from_nats(m: &NatsMessage) -> Arrived {
         message_id: take(&mut headers, "Nats-Msg-Id", &mut problems),
         payload: m.payload_json(),
         headers,
-        order: Some(m.headers.iter().map(|(n, _)| n.clone()).collect()),
+        // "NATS clients hold headers as a map: consumers see the values of one name in order,
+        // but not the order across names" (docs/brokers.md): only the former is promised.
+        order: None,
         problems,
     }
 }
