@@ -76,7 +76,7 @@ pub(crate) fn check_destination(broker: Broker, name: &str) -> Result<(), String
     // The reasons never quote `name`: it may be a plugin's megabyte of anything.
     if broker == Broker::Kafka {
         return check_topic_name(name).map_err(|_| {
-            format!("1 to {MAX_TOPIC_NAME} ASCII letters, digits, '.', '_', '-'; not '.' or '..'")
+            format!("1-{MAX_TOPIC_NAME} ASCII letters, digits, '.', '_', '-'")
         });
     }
     let chars = "ASCII letters, digits, '.', '_', '-', ':', '/'";
