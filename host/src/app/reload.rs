@@ -25,7 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::assemble::AppRelay;
 use super::rotate::{self, Applied};
 use crate::config::{Config, Problem, tenant_of};
-use crate::plugin::{PluginRouter, TenantChanges};
+use crate::model::Broker;
+use crate::plugin::{PluginRouter, PluginSpec, TenantChanges};
 use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::telemetry::Metrics;
@@ -128,11 +129,19 @@ impl RestartOnly {
         telemetry.basic_auth_username = None;
         telemetry.basic_auth_password = None;
         let registry = config.schema_registry.as_ref().map(|r| r.url.to_string());
+        // The relay connects to the brokers it has at start: a section added or removed
+        // (not one whose settings changed: those rotate live) needs a restart.
+        let brokers: Vec<&str> = config
+            .broker_settings()
+            .iter()
+            .map(|b| b.broker().as_str())
+            .collect();
         Self(BTreeMap::from([
             ("relay", format!("{:?}", config.relay)),
             ("database", format!("{database:?}")),
             ("telemetry", format!("{telemetry:?}")),
             ("schema_registry.url", format!("{registry:?}")),
+            ("brokers", format!("{brokers:?}")),
         ]))
     }
 
@@ -297,6 +306,30 @@ impl Reloader {
                 }
                 None if rotate::in_section(&problem.key, "plugins") => whole = true,
                 None => {}
+            }
+        }
+        // A broker section added since the start has no connection until a restart: a tenant
+        // moved to it keeps its running version (its messages would have nowhere to go).
+        let connected: Vec<Broker> = self.relay.sink().brokers().collect();
+        let default = fresh.plugins.default.as_ref();
+        if let Some(broker) = default.map(PluginSpec::broker)
+            && !connected.contains(&broker)
+        {
+            tracing::error!(%broker,
+                "[plugins.default] sends to a broker this relay has no connection to (its section is read at start only): every tenant keeps running as it is until a restart");
+            return TenantChanges::default();
+        }
+        for (name, tenant) in &fresh.tenants {
+            let broker = tenant.inherit(default).broker();
+            if !connected.contains(&broker) {
+                let why = refused.entry(name.clone()).or_default();
+                if !why.is_empty() {
+                    why.push_str("; ");
+                }
+                why.push_str(&format!(
+                    "tenants.{name}.broker: this relay has no connection to \"{broker}\" \
+                     ([{broker}] is read at start only): restart to send there"
+                ));
             }
         }
         if whole {

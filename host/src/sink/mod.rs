@@ -75,9 +75,8 @@ pub(crate) fn destination_char(c: char) -> bool {
 pub(crate) fn check_destination(broker: Broker, name: &str) -> Result<(), String> {
     // The reasons never quote `name`: it may be a plugin's megabyte of anything.
     if broker == Broker::Kafka {
-        return check_topic_name(name).map_err(|_| {
-            format!("1 to {MAX_TOPIC_NAME} ASCII letters, digits, '.', '_', '-'; not '.' or '..'")
-        });
+        return check_topic_name(name)
+            .map_err(|_| format!("1-{MAX_TOPIC_NAME} ASCII letters, digits, '.', '_', '-'"));
     }
     let chars = "ASCII letters, digits, '.', '_', '-', ':', '/'";
     if name.is_empty() || name.len() > MAX_DESTINATION_NAME || !name.chars().all(destination_char) {

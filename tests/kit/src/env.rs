@@ -3,7 +3,9 @@
 //!
 //! Environment: `SLUICE_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
 //! `SLUICE_TEST_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`), `SLUICE_TEST_KAFKA`
-//! (default `127.0.0.1:9092`), `SLUICE_BIN` (default: the `sluice` binary next to the test
+//! (default `127.0.0.1:9092`), `SLUICE_TEST_NATS` (default `127.0.0.1:4222`, with JetStream),
+//! `SLUICE_TEST_RABBITMQ` (default `127.0.0.1:5672`, user guest/guest), `SLUICE_TEST_REDIS`
+//! (default `127.0.0.1:6379`), `SLUICE_BIN` (default: the `sluice` binary next to the test
 //! executable's target directory).
 
 use std::path::{Path, PathBuf};
@@ -25,6 +27,36 @@ pub fn mysql_url() -> String {
 /// The shared broker the tests use.
 pub fn kafka_bootstrap() -> String {
     std::env::var("SLUICE_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// The NATS server (with JetStream) the tests use, `host:port`.
+pub fn nats_address() -> String {
+    std::env::var("SLUICE_TEST_NATS").unwrap_or_else(|_| "127.0.0.1:4222".to_owned())
+}
+
+/// [`nats_address`] as a `[nats] url`.
+pub fn nats_url() -> String {
+    format!("nats://{}", nats_address())
+}
+
+/// The RabbitMQ broker the tests use, `host:port` (user guest, password guest).
+pub fn rabbitmq_address() -> String {
+    std::env::var("SLUICE_TEST_RABBITMQ").unwrap_or_else(|_| "127.0.0.1:5672".to_owned())
+}
+
+/// [`rabbitmq_address`] as a `[rabbitmq] url`, on the default vhost `/`.
+pub fn rabbitmq_url() -> String {
+    format!("amqp://guest:guest@{}/%2f", rabbitmq_address())
+}
+
+/// The Redis server the tests use, `host:port`.
+pub fn redis_address() -> String {
+    std::env::var("SLUICE_TEST_REDIS").unwrap_or_else(|_| "127.0.0.1:6379".to_owned())
+}
+
+/// [`redis_address`] as a `[redis] url`.
+pub fn redis_url() -> String {
+    format!("redis://{}", redis_address())
 }
 
 /// The repository root.

@@ -7,6 +7,7 @@
 //! Run one area with a filter, e.g. `cargo test -p sluice-e2e --test e2e -- relay::`.
 
 mod broker;
+mod brokers;
 mod cli;
 mod commit_failure;
 mod compression;
