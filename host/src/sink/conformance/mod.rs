@@ -168,6 +168,36 @@ fn assert_all_ok(results: &[Result<(), SinkError>]) {
     assert!(failed.is_empty(), "failed: {failed:?}");
 }
 
+/// Publishes the messages of `batch` whose `results` failed again and again, as the relay
+/// would on their rows' next claims, until each is confirmed or [`ARRIVAL`] passed; returns
+/// those never confirmed.
+async fn publish_until_confirmed<S: Sink>(
+    sink: &S,
+    batch: &[OutboundMessage],
+    results: &[Result<(), SinkError>],
+) -> Vec<OutboundMessage> {
+    let mut pending: Vec<OutboundMessage> = batch
+        .iter()
+        .zip(results)
+        .filter(|(_, r)| r.is_err())
+        .map(|(m, _)| m.clone())
+        .collect();
+    let deadline = Instant::now() + ARRIVAL;
+    while !pending.is_empty() && Instant::now() < deadline {
+        let results = sink.publish(&pending).await;
+        pending = pending
+            .into_iter()
+            .zip(results)
+            .filter(|(_, r)| r.is_err())
+            .map(|(m, _)| m)
+            .collect();
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    pending
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bodies
 
@@ -311,23 +341,7 @@ async fn a_stalled_broker_loses_nothing_and_blames_no_tenant<F: BrokerFixture>()
         assert_eq!(r.fault(), Some(PublishFault::Unavailable), "{r}");
     }
     // What failed is published again, as the relay would on the rows' next claim.
-    let again: Vec<OutboundMessage> = batch
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_err())
-        .map(|(m, _)| m.clone())
-        .collect();
-    let deadline = Instant::now() + ARRIVAL;
-    let mut pending = again;
-    while !pending.is_empty() && Instant::now() < deadline {
-        let results = sink.publish(&pending).await;
-        pending = pending
-            .into_iter()
-            .zip(results)
-            .filter(|(_, r)| r.is_err())
-            .map(|(m, _)| m)
-            .collect();
-    }
+    let pending = publish_until_confirmed(&sink, &batch, &results).await;
     assert!(pending.is_empty(), "{} never went through", pending.len());
     let got = rows_of(&f.received(&to, 55, ARRIVAL).await);
     for row in 1..=55 {
@@ -357,25 +371,7 @@ async fn a_broker_restart_loses_nothing<F: BrokerFixture>() {
     for r in results.iter().filter_map(|r| r.as_ref().err()) {
         assert_eq!(r.fault(), Some(PublishFault::Unavailable), "{r}");
     }
-    let mut pending: Vec<OutboundMessage> = batch
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_err())
-        .map(|(m, _)| m.clone())
-        .collect();
-    let deadline = Instant::now() + ARRIVAL;
-    while !pending.is_empty() && Instant::now() < deadline {
-        let results = sink.publish(&pending).await;
-        pending = pending
-            .into_iter()
-            .zip(results)
-            .filter(|(_, r)| r.is_err())
-            .map(|(m, _)| m)
-            .collect();
-        if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let pending = publish_until_confirmed(&sink, &batch, &results).await;
     assert!(pending.is_empty(), "{} never went through", pending.len());
     let got = rows_of(&f.received(&to, 205, ARRIVAL).await);
     for row in 1..=205 {
