@@ -381,13 +381,6 @@ pub fn render_table(report: &StatusReport) -> String {
             n.to_string()
         }
     };
-    if let Some(brokers) = &report.brokers_up {
-        let states: Vec<String> = brokers
-            .iter()
-            .map(|(b, up)| format!("{b} {}", if *up { "up" } else { "DOWN" }))
-            .collect();
-        out.push_str(&format!("brokers: {}\n", states.join(", ")));
-    }
     if report.saturated {
         out.push_str(&format!(
             "the sample read {} rows (telemetry.sample_limit): counts are lower bounds, and \
@@ -444,6 +437,14 @@ pub fn render_table(report: &StatusReport) -> String {
             instance_use(&instances.configured),
             instance_use(&instances.unconfigured)
         ));
+    }
+    // After the tables, beside the instances: the first line stays the tenants'.
+    if let Some(brokers) = &report.brokers_up {
+        let states: Vec<String> = brokers
+            .iter()
+            .map(|(b, up)| format!("{b} {}", if *up { "up" } else { "DOWN" }))
+            .collect();
+        out.push_str(&format!("brokers: {}\n", states.join(", ")));
     }
     for t in report.tenants.iter().filter(|t| t.last_error.is_some()) {
         out.push_str(&format!(
