@@ -446,6 +446,24 @@ pub fn render_table(report: &StatusReport) -> String {
             .collect();
         out.push_str(&format!("brokers: {}\n", states.join(", ")));
     }
+    // Changes a running relay could not apply: the rows of `waiting` tenants wait, the
+    // others run their previous version.
+    if let Some(changes) = &report.tenant_changes {
+        for (tenant, why) in &changes.waiting {
+            out.push_str(&format!(
+                "tenant {} waits (its rows are held): {}\n",
+                tenant_name(Some(tenant)),
+                bounded(why, MAX_LOGGED)
+            ));
+        }
+        for (tenant, why) in &changes.kept_old_version {
+            out.push_str(&format!(
+                "tenant {} runs its previous version (the change did not apply): {}\n",
+                tenant_name(Some(tenant)),
+                bounded(why, MAX_LOGGED)
+            ));
+        }
+    }
     for t in report.tenants.iter().filter(|t| t.last_error.is_some()) {
         out.push_str(&format!(
             "{}: {}\n",
@@ -650,6 +668,32 @@ mod tests {
         assert!(
             render_table(&report).starts_with("TENANT"),
             "0 turns them off"
+        );
+    }
+
+    #[test]
+    fn changes_a_relay_could_not_apply_are_listed_after_the_tables() {
+        let mut report = StatusReport::of_sample(None, &[backlog(Some("acme"), 1, 5)], &[], 100);
+        let before = render_table(&report);
+        report.tenant_changes = Some(TenantChangeStatus {
+            waiting: [(
+                "gone\u{1b}".to_owned(),
+                "removed from the configuration".to_owned(),
+            )]
+            .into(),
+            kept_old_version: [("acme".to_owned(), "plugin.wasm: cannot read".to_owned())].into(),
+        });
+        let table = render_table(&report);
+        assert!(table.starts_with(&before), "{table}");
+        let added: Vec<&str> = table[before.len()..].lines().collect();
+        assert_eq!(
+            added,
+            [
+                "tenant gone\\u{1b} waits (its rows are held): removed from the configuration",
+                "tenant acme runs its previous version (the change did not apply): plugin.wasm: \
+                 cannot read",
+            ],
+            "{table}"
         );
     }
 

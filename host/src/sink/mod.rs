@@ -21,6 +21,7 @@ mod kafka;
 mod nats;
 mod rabbitmq;
 mod redis;
+mod tls_files;
 pub(crate) mod topics;
 
 use std::future::Future;

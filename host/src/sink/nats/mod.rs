@@ -22,8 +22,6 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::rustls::pki_types::pem::PemObject;
-use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use async_nats::{Client, ConnectError, ConnectErrorKind, ConnectOptions};
 use futures::StreamExt;
 use tokio::sync::{Notify, watch};
@@ -259,33 +257,10 @@ async fn options(settings: &NatsSettings) -> Result<ConnectOptions, SinkError> {
 /// The TLS files must hold what their keys say (the client reads them on every connection
 /// attempt and would fail each one).
 fn check_tls_files(settings: &NatsSettings) -> Result<(), SinkError> {
-    let certificates = |key: &str, path: &std::path::Path| {
-        let found = CertificateDer::pem_file_iter(path)
-            .map(|certs| certs.filter(Result::is_ok).count())
-            .unwrap_or(0);
-        if found == 0 {
-            return Err(settings_error(format!(
-                "{key}: {} holds no PEM certificate",
-                path.display()
-            )));
-        }
-        Ok(())
-    };
-    if let Some(ca) = &settings.ca_location {
-        certificates("nats.ca_location", ca)?;
+    match settings.tls_files().problems(None).into_iter().next() {
+        Some(problem) => Err(settings_error(problem.to_string())),
+        None => Ok(()),
     }
-    if let Some(cert) = &settings.certificate_location {
-        certificates("nats.certificate_location", cert)?;
-    }
-    if let Some(key) = &settings.key_location
-        && PrivateKeyDer::from_pem_file(key).is_err()
-    {
-        return Err(settings_error(format!(
-            "nats.key_location: {} holds no PEM private key",
-            key.display()
-        )));
-    }
-    Ok(())
 }
 
 fn settings_error(reason: impl Into<String>) -> SinkError {

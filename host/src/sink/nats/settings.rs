@@ -3,7 +3,7 @@
 //! the prefix of the `Nats-Msg-Id` that lets a stream drop duplicates. What is wrong with the
 //! section on its own is [`NatsSettings::problems`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::ServerAddr;
@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::problem::Problem;
 use crate::secret::{Secret, SecretUrl};
+use crate::sink::tls_files::TlsFiles;
 
 /// How long a batch waits for JetStream to acknowledge its messages before the unacknowledged
 /// ones fail as unavailable (the rows are retried): Kafka's `message.timeout.ms` default in
@@ -99,27 +100,17 @@ impl NatsSettings {
         if let Err(problem) = self.credentials() {
             problems.push(problem);
         }
-        for (key, path) in [
-            ("nats.credentials_location", &self.credentials_location),
-            ("nats.ca_location", &self.ca_location),
-            ("nats.certificate_location", &self.certificate_location),
-            ("nats.key_location", &self.key_location),
-        ] {
-            if let Some(path) = path {
-                problems.extend(unreadable(key, path));
-            }
+        if let Some(path) = &self.credentials_location
+            && let Err(e) = std::fs::File::open(path)
+        {
+            problems.push(Problem::caused(
+                "nats.credentials_location",
+                format!("cannot read {}", path.display()),
+                e,
+            ));
         }
-        match (&self.certificate_location, &self.key_location) {
-            (Some(_), None) => problems.push(Problem::new(
-                "nats.key_location",
-                "certificate_location needs the key that goes with it",
-            )),
-            (None, Some(_)) => problems.push(Problem::new(
-                "nats.certificate_location",
-                "key_location needs the certificate that goes with it",
-            )),
-            _ => {}
-        }
+        // Any TLS file turns TLS on (`tls_required`), so none is out of place on a nats:// URL.
+        problems.extend(self.tls_files().problems(None));
         if self.timeout.is_zero() {
             problems.push(Problem::new("nats.timeout", "must be above 0"));
         }
@@ -214,9 +205,17 @@ impl NatsSettings {
 
     /// Whether the connection must use TLS: a `tls://` URL or any TLS file.
     pub(super) fn tls_required(&self) -> bool {
-        self.ca_location.is_some()
-            || self.certificate_location.is_some()
-            || self.url.expose().trim_start().starts_with("tls://")
+        self.tls_files().any() || self.url.expose().trim_start().starts_with("tls://")
+    }
+
+    /// The section's TLS files (`nats.ca_location`, …).
+    pub(super) fn tls_files(&self) -> TlsFiles<'_> {
+        TlsFiles::new(
+            "nats",
+            &self.ca_location,
+            &self.certificate_location,
+            &self.key_location,
+        )
     }
 }
 
@@ -247,12 +246,6 @@ fn decode(component: &str) -> String {
 }
 
 /// The problem with a file the client must read, if it cannot be read.
-fn unreadable(key: &str, path: &Path) -> Option<Problem> {
-    std::fs::File::open(path)
-        .err()
-        .map(|e| Problem::caused(key, format!("cannot read {}", path.display()), e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::problem::Problem;
 use crate::secret::SecretUrl;
+use crate::sink::tls_files::TlsFiles;
 
 /// How long a batch waits for the broker's confirmations before its unconfirmed messages fail
 /// as unavailable (the rows are retried): as long as Kafka's `message.timeout.ms` default.
@@ -128,33 +129,19 @@ impl RabbitmqSettings {
     /// TLS files that cannot be read, or that are given without `amqps://` or without their
     /// other half.
     fn tls_problems(&self, uri: Option<&AMQPUri>) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        let files = [
-            ("ca_location", &self.ca_location),
-            ("certificate_location", &self.certificate_location),
-            ("key_location", &self.key_location),
-        ];
-        for (key, path) in files {
-            let Some(path) = path else { continue };
-            if let Err(problem) = read_pem(key, path) {
-                problems.push(problem);
-            }
-            if let Some(uri) = uri
-                && uri.scheme != AMQPScheme::AMQPS
-            {
-                problems.push(Problem::new(
-                    format!("rabbitmq.{key}"),
-                    "is only used with TLS: make the url amqps://",
-                ));
-            }
-        }
-        if self.certificate_location.is_some() != self.key_location.is_some() {
-            problems.push(Problem::new(
-                "rabbitmq.certificate_location",
-                "a client certificate needs both certificate_location and key_location",
-            ));
-        }
-        problems
+        let plain = uri.is_some_and(|uri| uri.scheme != AMQPScheme::AMQPS);
+        self.tls_files()
+            .problems(plain.then_some("is only used with TLS: make the url amqps://"))
+    }
+
+    /// The section's TLS files (`rabbitmq.ca_location`, …).
+    fn tls_files(&self) -> TlsFiles<'_> {
+        TlsFiles::new(
+            "rabbitmq",
+            &self.ca_location,
+            &self.certificate_location,
+            &self.key_location,
+        )
     }
 
     /// The URL parsed and the TLS files read; `Err` says which key is wrong and why.
@@ -163,26 +150,17 @@ impl RabbitmqSettings {
             return Err(problem.to_string());
         }
         let uri = parse_url(self.url.expose()).map_err(|why| format!("rabbitmq.url: {why}"))?;
-        let read = |key, path: &Option<PathBuf>| {
-            path.as_deref()
-                .map(|p| read_pem(key, p))
-                .transpose()
-                .map_err(|p| p.to_string())
-        };
-        let ca = read("ca_location", &self.ca_location)?;
-        let certificate = read("certificate_location", &self.certificate_location)?;
-        let key = read("key_location", &self.key_location)?;
-        let identity = match (certificate, key) {
-            (Some(pem), Some(key)) => Some(OwnedIdentity::PKCS8 {
-                pem: pem.into_bytes(),
-                key: key.into_bytes(),
-            }),
-            _ => None,
-        };
+        let pem = self.tls_files().read()?;
+        let ca = pem
+            .ca
+            .map(|ca| String::from_utf8(ca).map_err(|_| "rabbitmq.ca_location: not UTF-8 text"))
+            .transpose()?;
         Ok(Endpoint {
             uri,
             tls: OwnedTLSConfig {
-                identity,
+                identity: pem
+                    .client
+                    .map(|(pem, key)| OwnedIdentity::PKCS8 { pem, key }),
                 cert_chain: ca,
             },
         })
@@ -214,20 +192,6 @@ pub(super) fn parse_url(url: &str) -> Result<AMQPUri, String> {
     // and then falls back to "localhost": `amqp://10.0.0.5` would connect to this machine.
     uri.authority.host = host;
     Ok(uri)
-}
-
-/// The contents of a PEM file named by `rabbitmq.<key>`.
-fn read_pem(key: &str, path: &Path) -> Result<String, Problem> {
-    let at = format!("rabbitmq.{key}");
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Problem::caused(&at, format!("cannot read {}", path.display()), e))?;
-    if !text.contains("-----BEGIN ") {
-        return Err(Problem::new(
-            at,
-            format!("{} is not a PEM file (no -----BEGIN line)", path.display()),
-        ));
-    }
-    Ok(text)
 }
 
 #[cfg(test)]
@@ -266,10 +230,16 @@ mod tests {
             "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
         )
         .unwrap();
+        let key = dir.path().join("client.key");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
         let s = parse(&format!(
             "url = \"amqps://app:pw@mq.example:5671/orders?heartbeat=10\"\n\
              exchange = \"outbox\"\ntimeout = \"5s\"\nca_location = {pem:?}\n\
-             certificate_location = {pem:?}\nkey_location = {pem:?}\n\
+             certificate_location = {pem:?}\nkey_location = {key:?}\n\
              max_message_bytes = 1024\nmessage_id_prefix = \"shop-\"\n"
         ));
         assert!(s.problems().is_empty(), "{:?}", s.problems());
@@ -352,7 +322,7 @@ mod tests {
                 "rabbitmq.ca_location",
                 "rabbitmq.certificate_location",
                 "rabbitmq.certificate_location",
-                "rabbitmq.certificate_location",
+                "rabbitmq.key_location",
             ],
             "{shown:#?}"
         );
@@ -361,8 +331,8 @@ mod tests {
             "{shown:?}"
         );
         assert!(shown[1].contains("amqps://"), "{shown:?}");
-        assert!(shown[2].contains("not a PEM file"), "{shown:?}");
-        assert!(shown[4].contains("key_location"), "{shown:?}");
+        assert!(shown[2].contains("holds no PEM certificate"), "{shown:?}");
+        assert!(shown[4].contains("needs the private key"), "{shown:?}");
         let err = s.endpoint().err().unwrap();
         assert!(err.starts_with("rabbitmq.ca_location"), "{err}");
     }

@@ -3,7 +3,7 @@
 // Public for `Config`, which is to hold a `RedisSettings` (issue #41); until it does, nothing
 // outside the crate can reach them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ::redis::{ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::problem::Problem;
 use crate::secret::SecretUrl;
+use crate::sink::tls_files::TlsFiles;
 
 /// How long a batch waits for its replies before the messages not yet confirmed fail as
 /// unavailable: long enough for a large pipeline (and a `WAIT`) on a busy server, short enough
@@ -122,26 +123,12 @@ impl RedisSettings {
                 None
             }
         };
-        for (key, path) in self.tls_files() {
-            if let Err(e) = std::fs::File::open(path) {
-                problems.push(Problem::caused(
-                    format!("redis.{key}"),
-                    format!("cannot read {}", path.display()),
-                    e,
-                ));
-            } else if tls == Some(false) {
-                problems.push(Problem::new(
-                    format!("redis.{key}"),
-                    "TLS files need a rediss:// URL (redis:// connects without TLS)",
-                ));
-            }
-        }
-        if self.certificate_location.is_some() != self.key_location.is_some() {
-            problems.push(Problem::new(
-                "redis.certificate_location",
-                "a client certificate needs both certificate_location and key_location",
-            ));
-        }
+        problems.extend(
+            self.tls_files().problems(
+                (tls == Some(false))
+                    .then_some("TLS files need a rediss:// URL (redis:// connects without TLS)"),
+            ),
+        );
         if self.timeout.is_zero() {
             problems.push(Problem::new("redis.timeout", "must be above 0"));
         }
@@ -163,47 +150,26 @@ impl RedisSettings {
         problems
     }
 
-    /// The TLS files set, with their keys.
-    fn tls_files(&self) -> impl Iterator<Item = (&'static str, &Path)> {
-        [
-            ("ca_location", &self.ca_location),
-            ("certificate_location", &self.certificate_location),
-            ("key_location", &self.key_location),
-        ]
-        .into_iter()
-        .filter_map(|(key, path)| path.as_deref().map(|p| (key, p)))
+    /// The section's TLS files (`redis.ca_location`, …).
+    fn tls_files(&self) -> TlsFiles<'_> {
+        TlsFiles::new(
+            "redis",
+            &self.ca_location,
+            &self.certificate_location,
+            &self.key_location,
+        )
     }
 
     /// The redis-rs client for these settings (no connection yet): the URL, the TLS files,
     /// the socket options. Errors say what is wrong, naming the key.
     pub(super) fn client(&self) -> Result<::redis::Client, String> {
         let info = connection_info(&self.url)?.set_tcp_settings(tcp_settings(self.timeout));
-        let read = |key: &str, path: &Option<PathBuf>| -> Result<Option<Vec<u8>>, String> {
-            path.as_deref()
-                .map(|p| {
-                    std::fs::read(p)
-                        .map_err(|e| format!("redis.{key}: cannot read {}: {e}", p.display()))
-                })
-                .transpose()
-        };
-        let root_cert = read("ca_location", &self.ca_location)?;
-        let client_tls = match (
-            read("certificate_location", &self.certificate_location)?,
-            read("key_location", &self.key_location)?,
-        ) {
-            (Some(client_cert), Some(client_key)) => Some(ClientTlsConfig {
-                client_cert,
-                client_key,
-            }),
-            (None, None) => None,
-            _ => {
-                return Err(
-                    "redis.certificate_location: a client certificate needs both \
-                            certificate_location and key_location"
-                        .to_owned(),
-                );
-            }
-        };
+        let pem = self.tls_files().read()?;
+        let root_cert = pem.ca;
+        let client_tls = pem.client.map(|(client_cert, client_key)| ClientTlsConfig {
+            client_cert,
+            client_key,
+        });
         if root_cert.is_none() && client_tls.is_none() {
             return ::redis::Client::open(info).map_err(|e| format!("redis.url: {e}"));
         }
@@ -387,7 +353,7 @@ mod tests {
             [
                 "redis.ca_location",
                 "redis.certificate_location",
-                "redis.certificate_location"
+                "redis.key_location"
             ]
         );
         assert!(
@@ -401,7 +367,11 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, "not a certificate").unwrap();
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
         let plain = parse(&format!(
             "url = \"redis://h\"\nca_location = \"{}\"\n",
             ca.display()
@@ -413,8 +383,13 @@ mod tests {
             ca.display()
         ));
         assert!(tls.problems().is_empty());
-        // Readable but not PEM: the client cannot be built, and says which files.
+        // A PEM block that is no certificate: the client cannot be built, and says which files.
         let err = tls.client().unwrap_err();
         assert!(err.contains("ca_location"), "{err}");
+        // Not PEM at all: named before any connection.
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let problems = tls.problems();
+        assert_eq!(keys(&tls), ["redis.ca_location"]);
+        assert!(problems[0].to_string().contains("holds no PEM certificate"));
     }
 }
