@@ -10,7 +10,7 @@ use crate::problem::Problem;
 
 /// One section's three TLS file keys, as configured.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct TlsFiles<'a> {
+pub(super) struct TlsFiles<'a> {
     /// The section the keys are in (`nats`, `rabbitmq`, `redis`): problems name
     /// `<section>.<key>`.
     section: &'static str,
@@ -21,11 +21,11 @@ pub(crate) struct TlsFiles<'a> {
 
 /// The files' contents, read once they passed [`TlsFiles::problems`].
 #[derive(Debug, Default)]
-pub(crate) struct TlsPem {
+pub(super) struct TlsPem {
     /// The CA certificates that sign the server's certificate.
-    pub ca: Option<Vec<u8>>,
+    pub(super) ca: Option<Vec<u8>>,
     /// The client certificate and its private key, for servers that check clients.
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
+    pub(super) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// What a file under a key must hold.
@@ -37,7 +37,7 @@ enum Holds {
 
 impl<'a> TlsFiles<'a> {
     /// The keys of `section`.
-    pub fn new(
+    pub(super) fn new(
         section: &'static str,
         ca: &'a Option<PathBuf>,
         certificate: &'a Option<PathBuf>,
@@ -52,7 +52,7 @@ impl<'a> TlsFiles<'a> {
     }
 
     /// Whether any of the three is set.
-    pub fn any(&self) -> bool {
+    pub(super) fn any(&self) -> bool {
         self.given().next().is_some()
     }
 
@@ -74,7 +74,7 @@ impl<'a> TlsFiles<'a> {
     /// Files that cannot be read or do not hold PEM of their kind, a certificate without its
     /// key (or a key without its certificate), each at its key; with `plain_url`, each file
     /// given while the section's URL connects without TLS, saying how to turn TLS on.
-    pub fn problems(&self, plain_url: Option<&str>) -> Vec<Problem> {
+    pub(super) fn problems(&self, plain_url: Option<&str>) -> Vec<Problem> {
         let mut problems = Vec::new();
         for (key, path, holds) in self.given() {
             if let Err(problem) = self.read_one(key, path, holds) {
@@ -99,7 +99,7 @@ impl<'a> TlsFiles<'a> {
     }
 
     /// The files' contents; `Err` names the first key that is wrong and why.
-    pub fn read(&self) -> Result<TlsPem, String> {
+    pub(super) fn read(&self) -> Result<TlsPem, String> {
         if let Some(problem) = self.problems(None).into_iter().next() {
             return Err(problem.to_string());
         }
