@@ -2,7 +2,7 @@
 //! credentials and the vhost), which exchange messages are published to, TLS files, and the
 //! limits a batch keeps to; what is wrong with it on its own.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
