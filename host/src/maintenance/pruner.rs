@@ -61,7 +61,7 @@ pub enum RetentionMode {
 
 /// What is wrong with `relay.retention_mode = "drop-partitions"` given the other keys (the
 /// table itself is checked when the relay opens it, and by `sluice config check --connect`).
-pub fn retention_mode_problems(
+pub(crate) fn retention_mode_problems(
     mode: RetentionMode,
     mark: MarkMode,
     driver: Option<Driver>,

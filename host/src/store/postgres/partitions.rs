@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPool;
-use sqlx::{AssertSqlSafe, Executor, PgConnection, Row};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Row};
 
 use crate::store::layout_sql::LayoutSql;
 use crate::store::partitioning::{PartitionInterval, PartitionRound, Partitioning};
@@ -161,17 +161,26 @@ pub(super) async fn premake(
             from = bound(from, kind),
             to = bound(from + interval.length(), kind),
         );
-        match (&mut *conn).execute(AssertSqlSafe(statement)).await {
-            Ok(_) => created.push(name),
+        // Its own transaction (a savepoint inside `sluice migrate`'s), so a refusal leaves
+        // the others to be made.
+        let mut one = conn.begin().await?;
+        match one.execute(AssertSqlSafe(statement)).await {
+            Ok(_) => {
+                one.commit().await?;
+                created.push(name);
+            }
             // A partition of another name covers the range, or the DEFAULT partition holds
             // rows of it: leave it to the operator, and go on with the next.
-            Err(sqlx::Error::Database(e)) => tracing::warn!(
-                table = %table,
-                partition = %name,
-                error = %e,
-                "cannot make a partition ahead (rows of its range in the DEFAULT partition must \
-                 be moved to a partition of their own first; see docs/operations.md)"
-            ),
+            Err(sqlx::Error::Database(e)) => {
+                one.rollback().await?;
+                tracing::warn!(
+                    table = %table,
+                    partition = %name,
+                    error = %e,
+                    "cannot make a partition ahead (rows of its range in the DEFAULT partition \
+                     must be moved to a partition of their own first; see docs/operations.md)"
+                );
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -162,7 +162,7 @@ fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> (String, String) {
 pub(crate) type PgBatch = TxBatch<Postgres, PgRows>;
 
 /// The batch's marking and rescheduling statements (see [`Statements`]).
-pub struct BatchSql {
+pub(super) struct BatchSql {
     pub(super) mark: Arc<str>,
     pub(super) reschedule: Arc<str>,
     /// The statements take each id's `created_at` too ([`keyed_statements`]).
