@@ -94,7 +94,7 @@ pub(super) async fn migrate(
         let sql = LayoutSql::new(layout.clone(), Driver::Postgres);
         tx.execute(AssertSqlSafe(partitions::default_partition(&sql)))
             .await?;
-        partitions::premake(&mut *tx, &sql, interval, chrono::Utc::now()).await?;
+        partitions::premake(&mut tx, &sql, interval, chrono::Utc::now()).await?;
     }
     tx.commit().await?;
     Ok(layout)

@@ -255,7 +255,7 @@ pub(super) async fn drop_old(
             sql.table
         )))
         .await?;
-        if holds_rows(&mut *tx, &name, ms).await? {
+        if holds_rows(&mut tx, &name, ms).await? {
             tx.rollback().await?;
             round.kept.push(name);
             continue;

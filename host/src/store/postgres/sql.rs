@@ -77,28 +77,25 @@ impl Statements {
             })
         });
         let keys = key_array(sql, "$1");
-        let (mark, reschedule) = if layout.keyed_with_created_at {
-            keyed_statements(sql, options.mark)
-        } else {
-            let mark = match options.mark {
-                MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
-                MarkMode::PublishedAt => format!(
-                    "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
-                    sql.id
-                ),
-            };
-            let reschedule = format!(
-                "UPDATE {table} AS o
-                    SET {set}
-                   FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
-                        AS f(id, error, delay_ms, dead, counted)
-                  WHERE o.{id} = f.id::{cast}",
-                set = RESCHEDULE_SET,
-                id = sql.id,
-                cast = sql.key_cast(),
-            );
-            (mark, reschedule)
+        let mark = match options.mark {
+            MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
+            MarkMode::PublishedAt => format!(
+                "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
+                sql.id
+            ),
         };
+        let reschedule = format!(
+            "UPDATE {table} AS o
+                SET {RESCHEDULE_SET}
+               FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
+                    AS f(id, error, delay_ms, dead, counted)
+              WHERE o.{id} = f.id::{cast}",
+            id = sql.id,
+            cast = sql.key_cast(),
+        );
+        let keyed = layout
+            .keyed_with_created_at
+            .then(|| keyed_statements(sql, options.mark));
         Self {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim("").into(),
@@ -107,7 +104,7 @@ impl Statements {
             batch: Arc::new(BatchSql {
                 mark: mark.into(),
                 reschedule: reschedule.into(),
-                keyed_with_created_at: layout.keyed_with_created_at,
+                keyed,
             }),
         }
     }
@@ -124,15 +121,15 @@ const RESCHEDULE_SET: &str = "attempts = o.attempts + f.counted::int,
 /// table's primary key): each id travels with the `created_at` it was claimed with (`$2`
 /// when marking, `$6` when rescheduling), so a row of another partition that happens to have
 /// the same id is never touched (marking it too would fail the row-count check, roll the batch
-/// back and claim it again, for ever). A NULL time (settling after a failed commit, where the
-/// claim's times are gone) matches the id alone. The time is compared with the column as
-/// stored: a `timestamp` without time zone holds UTC.
-fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> (String, String) {
+/// back and claim it again, for ever), and each id's lookup is pruned to its own partition at
+/// run time (by id alone it probes every partition's index). The time is compared with the
+/// column as stored: a `timestamp` without time zone holds UTC.
+fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> (Arc<str>, Arc<str>) {
     let layout = &sql.layout;
     let created = &sql.created_at;
     let at = |alias: &str| match layout.created_at_kind {
-        TimeKind::WithZone => format!("COALESCE({alias}.at, o.{created})"),
-        TimeKind::WithoutZone => format!("COALESCE({alias}.at AT TIME ZONE 'UTC', o.{created})"),
+        TimeKind::WithZone => format!("{alias}.at"),
+        TimeKind::WithoutZone => format!("({alias}.at AT TIME ZONE 'UTC')"),
     };
     let (table, id, cast) = (&sql.table, &sql.id, sql.key_cast());
     let keys = format!(
@@ -155,7 +152,7 @@ fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> (String, String) {
           WHERE o.{id} = f.id::{cast} AND o.{created} = {}",
         at("f"),
     );
-    (mark, reschedule)
+    (mark.into(), reschedule.into())
 }
 
 /// A claimed batch: the open transaction holding the row locks.
@@ -163,29 +160,36 @@ pub(crate) type PgBatch = TxBatch<Postgres, PgRows>;
 
 /// The batch's marking and rescheduling statements (see [`Statements`]).
 pub(super) struct BatchSql {
+    /// By id alone.
     pub(super) mark: Arc<str>,
     pub(super) reschedule: Arc<str>,
-    /// The statements take each id's `created_at` too ([`keyed_statements`]).
-    keyed_with_created_at: bool,
+    /// Where the id is unique only with `created_at`: marking and rescheduling by both
+    /// ([`keyed_statements`]), used whenever the batch knows every id's time.
+    keyed: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// One batch's rows as its statements record them: the statements, and — where the id is
 /// unique only with `created_at` — the time each claimed id was claimed with.
 pub struct PgRows {
     pub(super) sql: Arc<BatchSql>,
-    /// Empty for tables keyed by id alone, and when settling (the claim's times are gone).
+    /// Empty for tables keyed by id alone, and when settling after a failed commit (the
+    /// claim's times are gone: such a table is then settled by id alone, among the rows still
+    /// pending and not locked by another relay).
     pub(super) created: HashMap<OutboxId, DateTime<Utc>>,
 }
 
 impl PgRows {
-    /// The batch's ids' `created_at`, in the order of `ids`, when the statements take them.
-    fn times<'a>(
+    /// The keyed statements and the batch's ids' `created_at`, in the order of `ids`, when
+    /// the table is keyed with `created_at` and the batch knows every id's time.
+    fn keyed<'a>(
         &self,
         ids: impl Iterator<Item = &'a OutboxId>,
-    ) -> Option<Vec<Option<DateTime<Utc>>>> {
-        self.sql
-            .keyed_with_created_at
-            .then(|| ids.map(|id| self.created.get(id).copied()).collect())
+    ) -> Option<(&(Arc<str>, Arc<str>), Vec<DateTime<Utc>>)> {
+        let keyed = self.sql.keyed.as_ref()?;
+        let times = ids
+            .map(|id| self.created.get(id).copied())
+            .collect::<Option<Vec<_>>>()?;
+        Some((keyed, times))
     }
 }
 
@@ -195,11 +199,12 @@ impl RecordRows<Postgres> for PgRows {
         conn: &'c mut PgConnection,
         ids: &'c [OutboxId],
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
-        let times = self.times(ids.iter());
+        let keyed = self.keyed(ids.iter());
         Box::pin(async move {
-            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.mark)))
+            let sql = keyed.as_ref().map_or(&self.sql.mark, |((mark, _), _)| mark);
+            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
                 .bind(ids.iter().map(OutboxId::to_string).collect::<Vec<_>>());
-            if let Some(times) = times {
+            if let Some((_, times)) = keyed {
                 query = query.bind(times);
             }
             Ok(query.execute(conn).await?.rows_affected())
@@ -223,15 +228,18 @@ impl RecordRows<Postgres> for PgRows {
             dead.push(r.dead);
             counted.push(r.counted);
         }
-        let times = self.times(failed.iter().map(|f| &f.id));
+        let keyed = self.keyed(failed.iter().map(|f| &f.id));
         Box::pin(async move {
-            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.reschedule)))
+            let sql = keyed
+                .as_ref()
+                .map_or(&self.sql.reschedule, |((_, reschedule), _)| reschedule);
+            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
                 .bind(ids)
                 .bind(errors)
                 .bind(delays)
                 .bind(dead)
                 .bind(counted);
-            if let Some(times) = times {
+            if let Some((_, times)) = keyed {
                 query = query.bind(times);
             }
             Ok(query.execute(conn).await?.rows_affected())
