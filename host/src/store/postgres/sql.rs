@@ -124,7 +124,7 @@ const RESCHEDULE_SET: &str = "attempts = o.attempts + f.counted::int,
 /// back and claim it again, for ever), and each id's lookup is pruned to its own partition at
 /// run time (by id alone it probes every partition's index). The time is compared with the
 /// column as stored: a `timestamp` without time zone holds UTC.
-fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> (Arc<str>, Arc<str>) {
+fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> KeyedSql {
     let layout = &sql.layout;
     let created = &sql.created_at;
     let at = |alias: &str| match layout.created_at_kind {
@@ -152,7 +152,16 @@ fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> (Arc<str>, Arc<str>) {
           WHERE o.{id} = f.id::{cast} AND o.{created} = {}",
         at("f"),
     );
-    (mark.into(), reschedule.into())
+    KeyedSql {
+        mark: mark.into(),
+        reschedule: reschedule.into(),
+    }
+}
+
+/// Marking and rescheduling by id and `created_at` ([`keyed_statements`]).
+pub(super) struct KeyedSql {
+    mark: Arc<str>,
+    reschedule: Arc<str>,
 }
 
 /// A claimed batch: the open transaction holding the row locks.
@@ -165,7 +174,7 @@ pub(super) struct BatchSql {
     pub(super) reschedule: Arc<str>,
     /// Where the id is unique only with `created_at`: marking and rescheduling by both
     /// ([`keyed_statements`]), used whenever the batch knows every id's time.
-    keyed: Option<(Arc<str>, Arc<str>)>,
+    keyed: Option<KeyedSql>,
 }
 
 /// One batch's rows as its statements record them: the statements, and — where the id is
@@ -184,7 +193,7 @@ impl PgRows {
     fn keyed<'a>(
         &self,
         ids: impl Iterator<Item = &'a OutboxId>,
-    ) -> Option<(&(Arc<str>, Arc<str>), Vec<DateTime<Utc>>)> {
+    ) -> Option<(&KeyedSql, Vec<DateTime<Utc>>)> {
         let keyed = self.sql.keyed.as_ref()?;
         let times = ids
             .map(|id| self.created.get(id).copied())
@@ -201,7 +210,7 @@ impl RecordRows<Postgres> for PgRows {
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
         let keyed = self.keyed(ids.iter());
         Box::pin(async move {
-            let sql = keyed.as_ref().map_or(&self.sql.mark, |((mark, _), _)| mark);
+            let sql = keyed.as_ref().map_or(&self.sql.mark, |(k, _)| &k.mark);
             let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
                 .bind(ids.iter().map(OutboxId::to_string).collect::<Vec<_>>());
             if let Some((_, times)) = keyed {
@@ -232,7 +241,7 @@ impl RecordRows<Postgres> for PgRows {
         Box::pin(async move {
             let sql = keyed
                 .as_ref()
-                .map_or(&self.sql.reschedule, |((_, reschedule), _)| reschedule);
+                .map_or(&self.sql.reschedule, |(k, _)| &k.reschedule);
             let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
                 .bind(ids)
                 .bind(errors)
