@@ -435,3 +435,38 @@ async fn drop_partitions_is_refused_on_a_table_that_is_not_partitioned() {
     );
     t.drop_table().await;
 }
+
+/// `relay.fair_share` on a partitioned table: the walk over the tenants takes each tenant's
+/// oldest rows across the partitions, and they are marked by id and time like the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_shares_take_each_tenants_oldest_rows_across_partitions() {
+    let t = app_table("part_fair", "bigserial").await;
+    let options = StoreOptions {
+        fair_share: std::num::NonZeroUsize::new(1),
+        ..published_at()
+    };
+    // The tenant index the walk needs.
+    store::migrate(&t.url, &spec(&t), &options, None)
+        .await
+        .expect("migrate");
+    for (tenant, days_ago) in [("big", 3), ("big", 2), ("big", 1), ("small", 0)] {
+        t.execute(&format!(
+            "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, created_at)
+             VALUES ('{tenant}', 'order', 'x', 'E', now() - {days_ago} * interval '1 day')"
+        ))
+        .await;
+    }
+    let store = open(&t, options).await;
+    let claim = store.claim(2, &[]).await.expect("claim");
+    let mut tenants: Vec<&str> = claim.rows.iter().map(|r| r.tenant.as_str()).collect();
+    tenants.sort();
+    assert_eq!(
+        tenants,
+        ["big", "small"],
+        "one head each, not big's two oldest"
+    );
+    let outcome = sent(&claim.rows);
+    claim.batch.complete(outcome).await.expect("complete");
+    assert_eq!(t.unsent().await, 2);
+    t.drop_table().await;
+}
