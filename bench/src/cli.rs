@@ -138,6 +138,12 @@ pub(crate) enum Command {
     /// others at --nats-url, --rabbitmq-url, --redis-url, with their own stream, queues or
     /// streams made for each measurement and deleted after it. Not part of `all`.
     Brokers,
+    /// Partitioned outbox tables (issue #42), through the store driver: a plain and a
+    /// partitioned table (`PARTITION BY RANGE (created_at)`, 22 daily partitions) each drained
+    /// of the same --rows backlog (claim + mark `published_at`), then retention removes every
+    /// row: chunked deletes + VACUUM on the plain table, dropped partitions on the other. Wall
+    /// time and PostgreSQL CPU of each. Not part of `all`.
+    Partitions,
 }
 
 #[derive(clap::Args)]

@@ -84,6 +84,11 @@
 //! reference plugin and `broker = "…"` (two backlogs into one relay): drain rows/s, the
 //! pipeline limit, drain / limit, relay and broker CPU per 1,000 rows; then the brokers side by
 //! side. Brokers at `--nats-url`, `--rabbitmq-url`, `--redis-url`; Kafka is a fresh Tansu.
+//!
+//! Also not in `all`: `partitions` — partitioned outbox tables (issue #42) through the store
+//! driver: a plain and a partitioned table drained of the same backlog (claim + mark by id and
+//! `created_at`), then retention removes every row: chunked deletes and VACUUM against dropped
+//! partitions, wall time and PostgreSQL CPU.
 
 mod brokers;
 mod cli;

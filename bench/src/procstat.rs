@@ -53,7 +53,7 @@ fn mappings(pid: u32) -> anyhow::Result<u64> {
 /// The servers whose CPU [`SystemSample`] records, by command name (`/proc/<pid>/stat`): the
 /// database and each broker Sluice publishes to on this machine (RabbitMQ is its Erlang VM).
 pub(crate) const SERVERS: [&str; 5] = [POSTGRES, TANSU, "nats-server", "beam.smp", "redis-server"];
-const POSTGRES: &str = "postgres";
+pub(crate) const POSTGRES: &str = "postgres";
 const TANSU: &str = "tansu";
 
 /// CPU time of everything else that a drain keeps busy: the database server, the brokers, and

@@ -12,6 +12,7 @@ mod metrics_overhead;
 mod naive;
 mod noisy;
 mod notify_cost;
+mod partitions;
 mod pgbench;
 mod pipeline;
 mod ratios;
@@ -80,6 +81,7 @@ enum Step {
     Broker(Broker),
     /// The brokers side by side.
     BrokersSummary,
+    Partitions,
 }
 
 impl Step {
@@ -117,6 +119,7 @@ impl Step {
             Self::Fairness => fairness::NAME,
             Self::SchemaRegistry => schema_registry::NAME,
             Self::BrokersSummary => brokers::SUMMARY,
+            Self::Partitions => partitions::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios | Self::Broker(_) => "",
         }
     }
@@ -148,6 +151,7 @@ impl Step {
             Self::SchemaRegistry => schema_registry::run(settings).await,
             Self::Broker(broker) => brokers::run(settings, broker, report).await,
             Self::BrokersSummary => brokers::summary(settings, report),
+            Self::Partitions => partitions::run(settings).await,
         }
     }
 }
@@ -203,6 +207,7 @@ fn steps(command: Command, settings: &Settings) -> Vec<Step> {
             Step::DrainOn(Database::Sqlite),
             Step::DatabaseRatios,
         ],
+        Command::Partitions => vec![Step::Partitions],
         Command::Brokers => std::iter::once(Step::SqlCeiling)
             .chain(settings.brokers.iter().copied().map(Step::Broker))
             .chain(std::iter::once(Step::BrokersSummary))

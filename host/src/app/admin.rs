@@ -76,8 +76,13 @@ pub struct Migrated {
     pub summary: String,
 }
 
-/// Creates or upgrades the table and checks it, then installs or drops the NOTIFY trigger.
-pub async fn migrate(target: &Target<'_>, trigger: &TriggerChange) -> anyhow::Result<Migrated> {
+/// Creates or upgrades the table and checks it (with `partitioned`: creates it partitioned by
+/// `created_at`, PostgreSQL only), then installs or drops the NOTIFY trigger.
+pub async fn migrate(
+    target: &Target<'_>,
+    trigger: &TriggerChange,
+    partitioned: Option<store::PartitionInterval>,
+) -> anyhow::Result<Migrated> {
     // With `--config`, the indexes its `[relay]` settings need too.
     let (url, spec, options) = target.resolve_with_options()?;
     // Refused before the table is touched, not after migrating it.
@@ -93,7 +98,7 @@ pub async fn migrate(target: &Target<'_>, trigger: &TriggerChange) -> anyhow::Re
             .map_err(anyhow::Error::msg)
             .context("--notify-channel")?;
     }
-    let summary = store::migrate(&url, &spec, &options).await?;
+    let summary = store::migrate(&url, &spec, &options, partitioned).await?;
     if !matches!(trigger, TriggerChange::Keep) {
         let opened = store::open(&url, &spec, StoreOptions::default(), 1).await?;
         match trigger {

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, Problem};
+use crate::maintenance::pruner::RetentionMode;
 use crate::plugin::{InstanceBudgets, LoadMode, PluginRouter, PluginsSettings, TenantState};
 use crate::sink::{self, Brokers};
 use crate::store;
@@ -119,21 +120,28 @@ async fn check_database(config: &Config) -> Vec<Problem> {
         // Already reported by `Config::problems`.
         Err(_) => return Vec::new(),
     };
+    let mut problems = Vec::new();
     // The options `sluice run` opens with: they say what the table must have beyond its
     // columns (e.g. the tenant index `relay.fair_share` walks).
     let opened = match store::open(config.database_url(), &spec, config.store_options(), 1).await {
         // The grants `sluice run` checks at start-up.
         Ok(store) => {
+            // The table `relay.retention_mode = "drop-partitions"` needs, as `sluice run`
+            // checks it at start-up.
+            let drops = config.relay.retention_mode == RetentionMode::DropPartitions;
+            if drops && let Err(e) = store.check_drop_partitions().await {
+                problems.push(Problem::new("relay.retention_mode", e.to_string()));
+            }
             store
                 .check_privileges(&super::assemble::privileges_needed(config))
                 .await
         }
         Err(e) => Err(e),
     };
-    match opened {
-        Ok(()) => Vec::new(),
-        Err(e) => vec![Problem::new("database", e.to_string())],
+    if let Err(e) = opened {
+        problems.push(Problem::new("database", e.to_string()));
     }
+    problems
 }
 
 /// Connects to every broker `sluice run` would (see [`Config::broker_settings`]) and asks

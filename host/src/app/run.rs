@@ -49,6 +49,11 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
         reloads,
         metrics,
     } = started;
+    let pruner_metrics = metrics.clone();
+    // Before any service starts: a table `retention_mode = "drop-partitions"` cannot serve.
+    if config.relay.retention_mode == pruner::RetentionMode::DropPartitions {
+        store.check_drop_partitions().await?;
+    }
     // SIGHUP is listened for from here on, not from when the service's task first runs: a
     // signal sent once the relay says it started must reach it.
     let hangup = signal(SignalKind::hangup());
@@ -79,15 +84,7 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
             wakeups::run(&*store, &channel, &move || pacer.wake(), stop).await
         });
     }
-    if let (MarkMode::PublishedAt, pruner::Retention::Keep(retention)) =
-        (config.relay.mark, config.relay.retention)
-    {
-        let store = Arc::clone(&store);
-        let interval = config.relay.prune_interval;
-        services.start("pruner", move |stop| async move {
-            pruner::run(&*store, retention, interval, stop).await
-        });
-    }
+    start_pruners(&mut services, &config, &store, pruner_metrics.as_ref()).await?;
     tracing::info!(
         table = %config.database.table,
         batch_size = config.relay.batch_size,
@@ -98,6 +95,46 @@ pub async fn run(config: Config, mut stop: Shutdown) -> anyhow::Result<()> {
     let ran = relay.run(stop).await;
     stop_and_flush(services, relay, &config, "relay stopped").await;
     ran.context("the relay stopped without being asked to")?;
+    Ok(())
+}
+
+/// The retention pruner (`mark = "published_at"`, `relay.retention_mode = "delete"`) and, for a
+/// partitioned table, partition maintenance: partitions made ahead when `sluice migrate
+/// --partitioned` set the table up, old ones dropped with `retention_mode =
+/// "drop-partitions"` (the table checked by [`run`] before).
+async fn start_pruners(
+    services: &mut Services,
+    config: &Config,
+    store: &Arc<Store>,
+    metrics: Option<&Arc<Metrics>>,
+) -> anyhow::Result<()> {
+    let relay = &config.relay;
+    let interval = relay.prune_interval;
+    let retention = match (relay.mark, relay.retention) {
+        (MarkMode::PublishedAt, pruner::Retention::Keep(retention)) => Some(retention),
+        _ => None,
+    };
+    let drops = relay.retention_mode == pruner::RetentionMode::DropPartitions;
+    if let (Some(retention), false) = (retention, drops) {
+        let store = Arc::clone(store);
+        services.start("pruner", move |stop| async move {
+            pruner::run(&*store, retention, interval, stop).await
+        });
+    }
+    let made_ahead = matches!(store.partitioning().await?, Some(p) if p.interval.is_some());
+    if drops || made_ahead {
+        let store = Arc::clone(store);
+        let drop_after = retention.filter(|_| drops);
+        let metrics = metrics.cloned();
+        services.start("partitions", move |stop| async move {
+            let dropped = move |n| {
+                if let Some(m) = &metrics {
+                    m.relay.partitions_dropped(n);
+                }
+            };
+            pruner::run_partitions(&store, drop_after, interval, stop, &dropped).await
+        });
+    }
     Ok(())
 }
 

@@ -17,7 +17,9 @@ pub use crate::store::DATABASE_URL_ENV;
 pub use tenant_files::{MAX_TENANT_FILE_BYTES, TenantFiles, tenant_of};
 
 use crate::encoding::{Format, RegistrySettings};
-use crate::maintenance::pruner::{DEFAULT_PRUNE_INTERVAL, Retention};
+use crate::maintenance::pruner::{
+    DEFAULT_PRUNE_INTERVAL, Retention, RetentionMode, retention_mode_problems,
+};
 use crate::model::Broker;
 use crate::plugin::{PluginSpec, PluginsSettings};
 use crate::relay::{
@@ -140,6 +142,9 @@ pub struct RelayConfig {
     pub mark: MarkMode,
     /// In `published_at` mode: how long sent rows are kept before the pruner deletes them.
     pub retention: Retention,
+    /// `"delete"` (default): rows past the retention are deleted; `"drop-partitions"`
+    /// (PostgreSQL, partitioned tables): their partitions are dropped.
+    pub retention_mode: RetentionMode,
     /// How often the pruner runs in `published_at` mode (default `"1m"`).
     #[serde(with = "humantime_serde")]
     pub prune_interval: Duration,
@@ -211,6 +216,7 @@ impl Default for RelayConfig {
             min_poll_interval: DEFAULT_MIN_POLL_INTERVAL,
             notify_channel: None,
             retention: Retention::default(),
+            retention_mode: RetentionMode::default(),
             prune_interval: DEFAULT_PRUNE_INTERVAL,
             mark: MarkMode::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
@@ -488,6 +494,9 @@ impl Config {
             ));
         }
         problems.extend(self.relay.settings().problems());
+        let r = &self.relay;
+        let driver = self.database.driver();
+        problems.extend(retention_mode_problems(r.retention_mode, r.mark, driver));
         problems.extend(self.fair_share_problem());
         problems.extend(self.relay.problems());
         problems.extend(self.kafka.problems());

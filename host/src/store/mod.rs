@@ -40,6 +40,7 @@ mod layout_sql;
 pub(crate) mod memory;
 mod mysql;
 mod open;
+mod partitioning;
 mod postgres;
 mod privileges;
 mod prune;
@@ -64,6 +65,7 @@ pub use columns::{
 };
 pub use dialect::Driver;
 pub use open::{Store, StoreBatch, check_url, migrate, open, redact};
+pub use partitioning::{PartitionInterval, PartitionRound, Partitioning};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
 pub use schema::SchemaError;
@@ -198,6 +200,15 @@ pub enum StoreError {
         /// The outbox table.
         table: String,
         /// What is missing, and how to add it.
+        message: String,
+    },
+    /// The table's partitioning does not allow what was asked (`sluice migrate --partitioned`,
+    /// `relay.retention_mode = "drop-partitions"`).
+    #[error("outbox table {table}: {message}")]
+    Partitions {
+        /// The outbox table.
+        table: String,
+        /// What is wrong, and what to do.
         message: String,
     },
     /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).

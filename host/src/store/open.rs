@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::Driver;
 use super::driver::StoreDriver;
 use super::mysql::{self, MyBatch, MyStore};
+use super::partitioning::{PartitionInterval, PartitionRound, Partitioning};
 use super::postgres::{self, PgBatch, PgStore};
 use super::sqlite::{self, LiteBatch, LiteStore};
 use super::{
@@ -34,18 +35,68 @@ pub async fn open(
 
 /// Creates the outbox table, or upgrades one the application created, then checks it as
 /// [`open`] would (`sluice migrate`), with the indexes claims with `options` need (the tenant
-/// index of `relay.fair_share`). Returns a one-line description of the table.
+/// index of `relay.fair_share`); with `partitioned` (PostgreSQL only), a new table partitioned
+/// by `created_at` (`sluice migrate --partitioned`). Returns a one-line description of the
+/// table.
 pub async fn migrate(
     url: &str,
     spec: &TableSpec,
     options: &StoreOptions,
+    partitioned: Option<PartitionInterval>,
 ) -> Result<String, StoreError> {
     let driver = Driver::of(url)?;
     super::tls::check_files(url)?;
+    if partitioned.is_some() && driver != Driver::Postgres {
+        return Err(unsupported_partitions(driver));
+    }
     match driver {
-        Driver::Postgres => postgres::migrate(url, spec, options).await,
+        Driver::Postgres => postgres::migrate(url, spec, options, partitioned).await,
         Driver::Mysql => mysql::migrate(url, spec, options).await,
         Driver::Sqlite => sqlite::migrate(url, spec, options).await,
+    }
+}
+
+/// Partitioned outbox tables on a database other than PostgreSQL.
+fn unsupported_partitions(driver: Driver) -> StoreError {
+    StoreError::Unsupported {
+        database: driver.name(),
+        what: "partitioned outbox tables (sluice migrate --partitioned, relay.retention_mode = \
+               \"drop-partitions\"): PostgreSQL only; use retention_mode = \"delete\"",
+    }
+}
+
+impl Store {
+    /// One round of partition maintenance (PostgreSQL): partitions made ahead for a table
+    /// `sluice migrate --partitioned` set up; with `drop_after`, old partitions whose rows were
+    /// all sent before it dropped. Nothing for a table that is not partitioned.
+    pub async fn maintain_partitions(
+        &self,
+        drop_after: Option<Duration>,
+    ) -> Result<PartitionRound, StoreError> {
+        match self {
+            Self::Postgres(s) => s.maintain_partitions(drop_after).await,
+            _ if drop_after.is_none() => Ok(PartitionRound::default()),
+            Self::Mysql(_) => Err(unsupported_partitions(Driver::Mysql)),
+            Self::Sqlite(_) => Err(unsupported_partitions(Driver::Sqlite)),
+        }
+    }
+
+    /// How the table is partitioned (PostgreSQL); `None` when it is not, or on other databases.
+    pub async fn partitioning(&self) -> Result<Option<Partitioning>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.partitioning().await,
+            _ => Ok(None),
+        }
+    }
+
+    /// Refuses `relay.retention_mode = "drop-partitions"` where it cannot work: a table not
+    /// partitioned by `RANGE` on `created_at`, or a database other than PostgreSQL.
+    pub async fn check_drop_partitions(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(s) => s.check_drop_partitions().await,
+            Self::Mysql(_) => Err(unsupported_partitions(Driver::Mysql)),
+            Self::Sqlite(_) => Err(unsupported_partitions(Driver::Sqlite)),
+        }
     }
 }
 

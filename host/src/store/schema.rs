@@ -27,6 +27,10 @@ pub(super) struct FoundColumn {
     pub not_null: bool,
     /// Whether a primary key or unique index covers this column alone.
     pub unique: bool,
+    /// The columns a two-column primary key or unique index pairs this column with (PostgreSQL
+    /// only: a partitioned table's unique keys must include the partition key, so its id is
+    /// unique only together with, say, `created_at`).
+    pub unique_with: Vec<String>,
 }
 
 /// How an id is carried: integers as 64-bit integers, anything else as its text form (compared
@@ -74,6 +78,9 @@ pub struct Layout {
     pub created_at_kind: TimeKind,
     /// The column rows are claimed in; the id itself for integer ids.
     pub order: ColumnName,
+    /// The id is unique only together with `created_at` (a table partitioned by
+    /// `created_at`, whose primary key is `(id, created_at)`): rows are marked by both.
+    pub keyed_with_created_at: bool,
 }
 
 impl Layout {
@@ -188,9 +195,10 @@ pub(super) fn check<T: ColumnTypes>(
         problems: Vec::new(),
     };
     let id = checker.require("id", &map.id, T::ACCEPTED_ID, |c| T::key_kind(c).is_some());
-    if let Some(id) = &id {
-        checker.unique_id::<T>(&map.id, id, &table);
-    }
+    let keyed_with_created_at = match &id {
+        Some(id) => checker.unique_id::<T>(map, id, &table),
+        None => false,
+    };
     let tenant = checker.tenant::<T>(&map.tenant);
     for (key, name) in [
         ("aggregate_type", &map.aggregate_type),
@@ -228,6 +236,7 @@ pub(super) fn check<T: ColumnTypes>(
                 created_at: map.created_at.clone(),
                 created_at_kind: T::time_kind(&created_at).unwrap_or(TimeKind::WithZone),
                 order,
+                keyed_with_created_at,
             })
         }
         _ => Err(SchemaError {
@@ -309,15 +318,34 @@ impl Checker<'_> {
         None
     }
 
-    /// Sluice marks rows by id, so an id must name exactly one row.
-    fn unique_id<T: ColumnTypes>(&mut self, name: &ColumnName, id: &FoundColumn, table: &str) {
-        if !id.not_null || !id.unique {
-            self.problems.push(format!(
-                "column {name} (database.columns.id) must be NOT NULL and unique on its own \
-                 (a primary key or a unique index on it alone): Sluice marks rows by id; {}",
-                T::unique_id_hint(table, name)
-            ));
+    /// Sluice marks rows by id, so an id must name exactly one row: on its own, or together
+    /// with `created_at` (a partitioned table's primary key `(id, created_at)`; returns true
+    /// then, and rows are marked by both). A `created_at` in the key must be `NOT NULL`, which
+    /// a primary key makes it.
+    fn unique_id<T: ColumnTypes>(
+        &mut self,
+        map: &ColumnMap,
+        id: &FoundColumn,
+        table: &str,
+    ) -> bool {
+        let name = &map.id;
+        if id.not_null && id.unique {
+            return false;
         }
+        let created_at = map.created_at.as_str();
+        let with_created_at = id.unique_with.iter().any(|c| c == created_at)
+            && self.find(&map.created_at).is_some_and(|c| c.not_null);
+        if id.not_null && with_created_at {
+            return true;
+        }
+        self.problems.push(format!(
+            "column {name} (database.columns.id) must be NOT NULL and unique on its own \
+             (a primary key or a unique index on it alone) or together with {created} (a \
+             partitioned table's PRIMARY KEY ({name}, {created})): Sluice marks rows by id; {}",
+            T::unique_id_hint(table, name),
+            created = map.created_at,
+        ));
+        false
     }
 
     /// The tenant column, if the table has one (or must have the configured one).

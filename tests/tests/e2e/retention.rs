@@ -62,3 +62,95 @@ async fn sent_rows_are_pruned_after_retention_and_dead_rows_are_kept_until_purge
     assert_eq!(s.table.count().await, 0);
     s.finish().await;
 }
+
+/// `sluice migrate --partitioned hourly`, then a relay in `published_at` mode with
+/// `retention_mode = "drop-partitions"`: the rows of an old partition are relayed, and once
+/// every one was sent longer ago than the retention the partition is dropped; the DEFAULT
+/// partition and the current ones stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn old_partitions_are_dropped_once_their_rows_were_sent_past_the_retention() {
+    let table = DbTable::fresh(Database::Postgres, "retention_parts").await;
+    let migrate = sluice(&[
+        "migrate",
+        "--database-url",
+        &table.url,
+        "--table",
+        &table.name,
+        "--partitioned",
+        "hourly",
+    ]);
+    let stdout = String::from_utf8_lossy(&migrate.stdout);
+    assert!(
+        migrate.status.success() && stdout.contains("partitioned by created_at, hourly"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let partitions = format!(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = '{}'::regclass",
+        table.name
+    );
+    assert_eq!(table.scalar_i64(&partitions).await, 1 + 1 + 48);
+    // An hour three hours ago, with rows in it.
+    table
+        .execute(&format!(
+            "CREATE TABLE \"{}_old\" PARTITION OF {{t}}
+                FOR VALUES FROM (date_trunc('hour', now()) - interval '3 hours')
+                            TO (date_trunc('hour', now()) - interval '2 hours')",
+            table.name
+        ))
+        .await;
+    table
+        .execute(
+            "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, created_at)
+             SELECT 'order', 'a' || g, 'OrderCreated', '{}',
+                    date_trunc('hour', now()) - interval '150 minutes'
+               FROM generate_series(1, 20) AS g",
+        )
+        .await;
+    table.insert_rows(10, None).await;
+    let s = Scenario::with_table(table, &["order", "customer"]).await;
+    let config = s.config(
+        "mark = \"published_at\"\nretention = \"2s\"\nretention_mode = \"drop-partitions\"\n\
+         prune_interval = \"300ms\"",
+        "",
+    );
+    let relay = RelayProcess::start(&config).unwrap();
+    let dropped = wait_until(SCENARIO_WAIT, || async {
+        s.table.count().await == 10
+            && s.table
+                .scalar_i64("SELECT count(*) FROM {t} WHERE published_at IS NULL")
+                .await
+                == 0
+    })
+    .await;
+    let exit = relay.stop();
+    assert!(dropped, "{}", exit.log);
+    assert!(
+        exit.log
+            .contains("dropped outbox partitions past relay.retention"),
+        "{}",
+        exit.log
+    );
+    assert_eq!(s.table.scalar_i64(&partitions).await, 1 + 1 + 48);
+    s.finish().await;
+}
+
+/// `retention_mode = "drop-partitions"` on a table that is not partitioned: `sluice run`
+/// refuses to start, naming the key.
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_partitions_on_a_plain_table_is_refused_at_start() {
+    let s = Scenario::new("retention_plain", &["order", "customer"]).await;
+    let config = s.config(
+        "mark = \"published_at\"\nretention_mode = \"drop-partitions\"",
+        "",
+    );
+    let mut relay = RelayProcess::start(&config).unwrap();
+    let status = relay.wait_exit(SCENARIO_WAIT).await.unwrap();
+    let log = relay.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("retention_mode") && log.contains("partitioned by RANGE"),
+        "{log}"
+    );
+    s.finish().await;
+}

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use crate::plugin::scaffold::Language;
 use sluice::app::admin::Target;
 use sluice::app::logging::LogFormat;
-use sluice::store::DEFAULT_CHANNEL;
+use sluice::store::{DEFAULT_CHANNEL, PartitionInterval};
 
 /// What `sluice --help` ends with: the five commands operators run most, as they run them.
 const EXAMPLES: &str = "\
@@ -83,6 +83,11 @@ pub(crate) enum Command {
         /// Remove the NOTIFY trigger installed by --notify-trigger.
         #[arg(long)]
         drop_notify_trigger: bool,
+        /// PostgreSQL: create the table partitioned by created_at, one partition per UTC day
+        /// or hour (`daily` or `hourly`), with a DEFAULT partition and partitions made ahead
+        /// (the relay's pruner keeps making them; see docs/operations.md).
+        #[arg(long, value_name = "daily|hourly")]
+        partitioned: Option<PartitionInterval>,
     },
     /// Relay outbox rows to Kafka until SIGINT/SIGTERM.
     Run {

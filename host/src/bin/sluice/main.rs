@@ -54,14 +54,22 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             notify_trigger,
             notify_channel,
             drop_notify_trigger,
+            partitioned,
         } => {
             let trigger = match (notify_trigger, drop_notify_trigger) {
                 (true, _) => TriggerChange::Install(notify_channel),
                 (false, true) => TriggerChange::Drop,
                 (false, false) => TriggerChange::Keep,
             };
-            let migrated = on_runtime(admin::migrate(&target.target(), &trigger))?;
+            let migrated = on_runtime(admin::migrate(&target.target(), &trigger, partitioned))?;
             print::migrated(&migrated, &trigger);
+            if let Some(interval) = partitioned {
+                println!(
+                    "partitioned by created_at, {interval}: a DEFAULT partition and {} partitions \
+                     ahead; a relay's pruner keeps making them",
+                    interval.ahead()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { config } => {

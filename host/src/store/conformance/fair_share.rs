@@ -216,7 +216,9 @@ pub(super) async fn a_table_without_the_tenant_index_or_a_tenant_column_is_refus
     let f = F::new().await;
     f.create_debezium_table().await;
     let spec = f.debezium_spec();
-    store::migrate(&f.url(), &spec, &fair(10)).await.unwrap();
+    store::migrate(&f.url(), &spec, &fair(10), None)
+        .await
+        .unwrap();
     let refused = store::open(&f.url(), &spec, fair(10), 1).await;
     let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(message.contains("has no tenant column"), "{message}");

@@ -143,7 +143,7 @@ trait DbFixture: Fixture<Store = Store> {
 
 /// `sluice migrate` of the standard table on `f`'s database, then a store with `options`.
 async fn migrated_db(f: &impl DbFixture, options: StoreOptions) -> Store {
-    store::migrate(&f.url(), &f.spec(), &options)
+    store::migrate(&f.url(), &f.spec(), &options, None)
         .await
         .unwrap_or_else(|e| panic!("migrate {}: {e}", f.table()));
     open_db(f, options).await

@@ -22,7 +22,7 @@ pub(super) async fn unusable_tables_are_refused_naming_every_problem<F: DbFixtur
                 .await
                 .err()
                 .map(|e| e.to_string()),
-            _ => store::migrate(&f.url(), &f.spec(), &StoreOptions::default())
+            _ => store::migrate(&f.url(), &f.spec(), &StoreOptions::default(), None)
                 .await
                 .err()
                 .map(|e| e.to_string()),
@@ -57,10 +57,10 @@ pub(super) async fn an_application_table_is_relayed_through_the_column_mapping<F
     f.insert_debezium("customer", "c-1", r#"{"name":"x"}"#)
         .await;
     let spec = f.debezium_spec();
-    let first = store::migrate(&f.url(), &spec, &StoreOptions::default())
+    let first = store::migrate(&f.url(), &spec, &StoreOptions::default(), None)
         .await
         .unwrap();
-    let again = store::migrate(&f.url(), &spec, &StoreOptions::default())
+    let again = store::migrate(&f.url(), &spec, &StoreOptions::default(), None)
         .await
         .unwrap();
     assert_eq!(first, again, "migrate is idempotent");

@@ -131,6 +131,7 @@ fn planned_column(name: &str, ty: &str) -> FoundColumn {
         bounded: false,
         not_null: ty.contains("NOT NULL"),
         unique: false,
+        unique_with: Vec::new(),
     }
 }
 
@@ -235,6 +236,7 @@ mod tests {
             bounded: false,
             not_null: true,
             unique: name == "id",
+            unique_with: Vec::new(),
         }
     }
 

@@ -146,6 +146,7 @@ where
                 base,
                 not_null: row.try_get::<i64, _>("not_null")? != 0,
                 unique: row.try_get::<i64, _>("is_unique")? != 0,
+                unique_with: Vec::new(),
             })
         })
         .collect::<Result<_, sqlx::Error>>()
@@ -173,6 +174,7 @@ mod tests {
             bounded: CHAR_TYPES.contains(&base),
             not_null: name == "id" || name == "sluice_seq",
             unique: name == "id",
+            unique_with: Vec::new(),
         }
     }
 

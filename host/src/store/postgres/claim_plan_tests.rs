@@ -33,7 +33,7 @@ async fn a_claim_reads_the_claim_order_index_on_a_table_fresh_from_a_bulk_load()
         fair_share: NonZeroUsize::new(10),
         ..StoreOptions::default()
     };
-    store::migrate(&t.url, &spec, &options)
+    store::migrate(&t.url, &spec, &options, None)
         .await
         .expect("migrate");
     // As a bulk load leaves the table until autovacuum comes by (kept away for the test): no

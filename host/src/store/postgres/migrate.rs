@@ -5,9 +5,12 @@
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Executor};
 
+use super::partitions;
 use super::schema::{self, PgTypes};
 use crate::store::ddl::{self, DdlTypes};
 use crate::store::dialect::Driver;
+use crate::store::layout_sql::LayoutSql;
+use crate::store::partitioning::PartitionInterval;
 use crate::store::schema::{Layout, check};
 use crate::store::{StoreError, TableSpec};
 
@@ -31,11 +34,14 @@ impl DdlTypes for PgTypes {
 
 /// Creates or upgrades the table and its indexes (see the module documentation); with
 /// `tenant_index`, also the index `relay.fair_share` walks ([`ddl::tenant_index`]): only then,
-/// as every index costs the application's inserts.
+/// as every index costs the application's inserts. With `partitioned`, the table is created
+/// partitioned by `created_at` (see [`partitions`]) with its DEFAULT partition and the
+/// partitions ahead, and its comment names the interval.
 pub(super) async fn migrate(
     pool: &PgPool,
     spec: &TableSpec,
     tenant_index: bool,
+    partitioned: Option<PartitionInterval>,
 ) -> Result<Layout, StoreError> {
     let mut tx = pool.begin().await?;
     // "already exists, skipping" notices are expected on every re-run; keep them quiet.
@@ -45,10 +51,34 @@ pub(super) async fn migrate(
         .bind(MIGRATE_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
-    tx.execute(AssertSqlSafe(ddl::create_table::<PgTypes>(spec)))
-        .await?;
+    let created_at = spec.columns.created_at.as_str();
+    let existing = partitions::read(&mut *tx, &spec.name, created_at).await?;
+    let create = ddl::create_table::<PgTypes>(spec);
+    match partitioned {
+        Some(interval) => {
+            let exists = !schema::read_columns(&mut *tx, &spec.name).await?.is_empty();
+            partitions::check_migratable(&spec.name, existing.as_ref(), exists)?;
+            let (id, at) = (&spec.columns.id, &spec.columns.created_at);
+            let create = partitions::partitioned_create(&create, &q(id), &q(at));
+            tx.execute(AssertSqlSafe(create)).await?;
+            let comment = format!("COMMENT ON TABLE {} IS '{}'", spec.name, interval.comment());
+            tx.execute(AssertSqlSafe(comment)).await?;
+        }
+        None => {
+            tx.execute(AssertSqlSafe(create)).await?;
+        }
+    }
+    let is_partitioned = existing.is_some() || partitioned.is_some();
     let found = schema::read_columns(&mut *tx, &spec.name).await?;
-    let missing = ddl::missing_columns::<PgTypes>(spec, &found);
+    let mut missing = ddl::missing_columns::<PgTypes>(spec, &found);
+    if is_partitioned {
+        // PostgreSQL before 17 cannot add an identity column to a partitioned table.
+        for (_, ty) in &mut missing {
+            if *ty == <PgTypes as DdlTypes>::ORDER {
+                *ty = "bigserial";
+            }
+        }
+    }
     if !missing.is_empty() {
         let sql = ddl::add_columns::<PgTypes>(&spec.name, &missing);
         tx.execute(AssertSqlSafe(sql)).await?;
@@ -60,8 +90,19 @@ pub(super) async fn migrate(
     for sql in ddl::partial_indexes::<PgTypes>(&layout, tenant) {
         tx.execute(AssertSqlSafe(sql)).await?;
     }
+    if let Some(interval) = partitioned {
+        let sql = LayoutSql::new(layout.clone(), Driver::Postgres);
+        tx.execute(AssertSqlSafe(partitions::default_partition(&sql)))
+            .await?;
+        partitions::premake(&mut tx, &sql, interval, chrono::Utc::now()).await?;
+    }
     tx.commit().await?;
     Ok(layout)
+}
+
+/// A column name quoted for PostgreSQL.
+fn q(name: &crate::store::columns::ColumnName) -> String {
+    name.quoted_with('"')
 }
 
 #[cfg(test)]
@@ -134,6 +175,7 @@ mod tests {
             bounded: false,
             not_null: true,
             unique: true,
+            unique_with: Vec::new(),
         };
         let missing = ddl::missing_columns::<PgTypes>(&spec, std::slice::from_ref(&uuid_id));
         let alter = squash(&ddl::add_columns::<PgTypes>(&spec.name, &missing));

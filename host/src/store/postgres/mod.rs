@@ -13,10 +13,12 @@ mod cursor;
 mod fair;
 mod listen;
 mod migrate;
+mod partitions;
 mod paused;
 mod schema;
 mod sql;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -30,6 +32,7 @@ use crate::store::batch::TxBatch;
 pub use listen::{DEFAULT_CHANNEL, validate_channel};
 use schema::Layout;
 pub(super) use sql::PgBatch;
+use sql::PgRows;
 
 use super::connect::{self, CONNECT_TIMEOUT};
 use super::dialect::Driver;
@@ -37,6 +40,7 @@ use super::driver::StoreDriver;
 use super::fair::TenantTurn;
 use super::statement::{Param, Statement};
 use super::{BatchOutcome, Claim, Settlement, StoreError, StoreOptions, TableSpec};
+use super::{PartitionInterval, PartitionRound, Partitioning};
 use super::{prune, settle};
 use crate::model::{OutboxId, TenantId};
 use crate::store::layout_sql::LayoutSql;
@@ -90,9 +94,11 @@ pub(super) async fn migrate(
     url: &str,
     spec: &TableSpec,
     options: &StoreOptions,
+    partitioned: Option<PartitionInterval>,
 ) -> Result<String, StoreError> {
     let pool = connect(url, 1).await?;
-    let layout = migrate::migrate(&pool, spec, options.fair_share.is_some()).await?;
+    let fair = options.fair_share.is_some();
+    let layout = migrate::migrate(&pool, spec, fair, partitioned).await?;
     Ok(layout.summary())
 }
 
@@ -141,6 +147,47 @@ impl PgStore {
     /// The checked table this store relays from.
     pub fn layout(&self) -> &Layout {
         &self.sql.layout
+    }
+
+    /// How the table is partitioned; `None` when it is not.
+    pub async fn partitioning(&self) -> Result<Option<Partitioning>, StoreError> {
+        let layout = &self.sql.layout;
+        partitions::read(&self.pool, &layout.table, layout.created_at.as_str()).await
+    }
+
+    /// One round of partition maintenance: the partitions ahead when `sluice migrate
+    /// --partitioned` set the table up, then — with `drop_after` (`relay.retention_mode =
+    /// "drop-partitions"`) — the partitions wholly older than it whose rows were all sent
+    /// before it, detached and dropped ([`partitions::drop_old`]).
+    pub async fn maintain_partitions(
+        &self,
+        drop_after: Option<Duration>,
+    ) -> Result<PartitionRound, StoreError> {
+        let mut round = PartitionRound::default();
+        let Some(partitioning) = self.partitioning().await? else {
+            return Ok(round);
+        };
+        if let Some(interval) = partitioning.interval {
+            let mut conn = self.pool.acquire().await?;
+            round.created = partitions::premake(&mut conn, &self.sql, interval, Utc::now()).await?;
+        }
+        if let Some(retention) = drop_after {
+            if !partitioning.by_created_at {
+                return Err(not_by_created_at(&self.sql));
+            }
+            partitions::drop_old(&self.pool, &self.sql, retention, PRUNE_LOCK_KEY, &mut round)
+                .await?;
+        }
+        Ok(round)
+    }
+
+    /// Refuses `relay.retention_mode = "drop-partitions"` on a table it cannot serve: one not
+    /// partitioned by `RANGE` on `created_at` alone.
+    pub async fn check_drop_partitions(&self) -> Result<(), StoreError> {
+        match self.partitioning().await? {
+            Some(p) if p.by_created_at => Ok(()),
+            _ => Err(not_by_created_at(&self.sql)),
+        }
     }
 
     /// Opens new connections with `url` from now on (see [`connect::use_options`]), LISTEN's
@@ -233,15 +280,36 @@ impl StoreDriver for PgStore {
                 .filter_map(|row| row.try_get(column::TENANT).ok());
             self.turn.filled(tenants, fair.share);
         }
-        let batch = TxBatch::new(tx, Arc::clone(&s.batch));
-        let rows = heads.iter().chain(&filled);
-        Claim::of(batch, rows.map(|row| decode_claimed(row, &self.sql)))
+        let mut rows = PgRows {
+            sql: Arc::clone(&s.batch),
+            created: HashMap::new(),
+        };
+        let claimed = heads.iter().chain(&filled);
+        if self.sql.layout.keyed_with_created_at {
+            let claimed = keyed_rows(&self.sql, claimed, &mut rows.created)?;
+            let batch = TxBatch::new(tx, Arc::new(rows));
+            return Claim::of(batch, claimed.map(|row| decode_claimed(row, &self.sql)));
+        }
+        let batch = TxBatch::new(tx, Arc::new(rows));
+        Claim::of(batch, claimed.map(|row| decode_claimed(row, &self.sql)))
     }
 
     async fn settle(&self, outcome: &BatchOutcome) -> Result<Settlement, StoreError> {
         let tx = self.pool.begin().await?;
-        let rows = &*self.statements.batch;
-        settle::settle(tx, &self.sql, outcome, |_| settle::SKIP_LOCKED.into(), rows).await
+        // The claim's `created_at`s are gone: a table keyed with it is settled by id alone
+        // (among the rows still pending and not locked by another relay).
+        let rows = PgRows {
+            sql: Arc::clone(&self.statements.batch),
+            created: HashMap::new(),
+        };
+        settle::settle(
+            tx,
+            &self.sql,
+            outcome,
+            |_| settle::SKIP_LOCKED.into(),
+            &rows,
+        )
+        .await
     }
 
     async fn prune_sent(&self, retention: Duration) -> Result<u64, StoreError> {
@@ -279,7 +347,46 @@ impl StoreDriver for PgStore {
     }
 }
 
+/// `relay.retention_mode = "drop-partitions"` on a table that is not partitioned by
+/// `created_at`.
+fn not_by_created_at(sql: &LayoutSql) -> StoreError {
+    StoreError::Partitions {
+        table: sql.layout.table.to_string(),
+        message: format!(
+            "relay.retention_mode = \"drop-partitions\" needs a table partitioned by RANGE \
+             ({}) alone (see docs/operations.md, \"Partitioned outbox tables\"); use \
+             retention_mode = \"delete\" for this table",
+            sql.layout.created_at
+        ),
+    }
+}
+
+/// The claimed rows of a table whose id is unique only with `created_at`, each id's time
+/// filed in `created` for marking by both. Ids are unique through a sequence as long as the
+/// application lets the sequence number its rows, but nothing in the table enforces that
+/// across partitions: a row whose id an earlier row of the batch already has is left out of
+/// the batch — still locked, untouched, and claimed again by a later batch — so an id names
+/// one row of the batch, as the relay's outcome needs.
+fn keyed_rows<'r>(
+    sql: &LayoutSql,
+    claimed: impl Iterator<Item = &'r PgRow>,
+    created: &mut HashMap<OutboxId, DateTime<Utc>>,
+) -> Result<std::vec::IntoIter<&'r PgRow>, StoreError> {
+    let mut kept = Vec::new();
+    for row in claimed {
+        let id = read_id(row, &sql.layout.key, column::ID).map_err(|e| unreadable_key(sql, e))?;
+        let at: DateTime<Utc> = row.try_get(column::CREATED_AT)?;
+        if let std::collections::hash_map::Entry::Vacant(entry) = created.entry(id) {
+            entry.insert(at);
+            kept.push(row);
+        }
+    }
+    Ok(kept.into_iter())
+}
+
 #[cfg(test)]
 mod claim_plan_tests;
+#[cfg(test)]
+mod partition_tests;
 #[cfg(test)]
 mod startup_tests;

@@ -96,7 +96,8 @@ pub(super) async fn read_columns<'e, E>(
 where
     E: Executor<'e, Database = Postgres>,
 {
-    let rows: Vec<(String, String, String, bool, bool, bool)> = sqlx::query_as(
+    type Found = (String, String, String, bool, bool, bool, Vec<String>);
+    let rows: Vec<Found> = sqlx::query_as(
         "SELECT a.attname::text AS name,
                 format_type(a.atttypid, a.atttypmod) AS shown,
                 format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL)
@@ -106,7 +107,14 @@ where
                 EXISTS (SELECT 1 FROM pg_index i
                          WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indisvalid
                            AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum
-                           AND i.indpred IS NULL AND i.indexprs IS NULL) AS unique
+                           AND i.indpred IS NULL AND i.indexprs IS NULL) AS unique,
+                ARRAY(SELECT b.attname::text FROM pg_index i
+                        JOIN pg_attribute b ON b.attrelid = i.indrelid
+                                           AND b.attnum IN (i.indkey[0], i.indkey[1])
+                       WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indisvalid
+                         AND i.indnkeyatts = 2 AND a.attnum IN (i.indkey[0], i.indkey[1])
+                         AND b.attnum <> a.attnum
+                         AND i.indpred IS NULL AND i.indexprs IS NULL) AS unique_with
            FROM pg_attribute a
            JOIN pg_type t ON t.oid = a.atttypid
           WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
@@ -118,13 +126,14 @@ where
     Ok(rows
         .into_iter()
         .map(
-            |(name, shown, base, bounded, not_null, unique)| FoundColumn {
+            |(name, shown, base, bounded, not_null, unique, unique_with)| FoundColumn {
                 name,
                 shown,
                 base,
                 bounded,
                 not_null,
                 unique,
+                unique_with,
             },
         )
         .collect())
@@ -163,6 +172,7 @@ mod tests {
             bounded: shown.contains('('),
             not_null: name == "id" || name == "sluice_seq",
             unique: name == "id",
+            unique_with: Vec::new(),
         }
     }
 
@@ -348,6 +358,31 @@ mod tests {
         table[0].unique = false;
         let err = check::<PgTypes>(&spec(), &table).unwrap_err().to_string();
         assert!(err.contains("ADD PRIMARY KEY (\"id\")"), "{err}");
+    }
+
+    #[test]
+    fn an_id_unique_only_with_created_at_is_keyed_with_it() {
+        let mut table = sluice_table("bigint");
+        table[0].unique = false;
+        table[0].unique_with = vec!["created_at".into()];
+        table[7].not_null = true;
+        let layout = check::<PgTypes>(&spec(), &table).unwrap();
+        assert!(layout.keyed_with_created_at);
+        // Paired with another column, the id names no single row.
+        table[0].unique_with = vec!["tenant".into()];
+        let err = check::<PgTypes>(&spec(), &table).unwrap_err().to_string();
+        assert!(
+            err.contains("PRIMARY KEY (\"id\", \"created_at\")"),
+            "{err}"
+        );
+        // Unique on its own: marked by id alone, whatever else is unique.
+        table[0].unique = true;
+        table[0].unique_with = vec!["created_at".into()];
+        assert!(
+            !check::<PgTypes>(&spec(), &table)
+                .unwrap()
+                .keyed_with_created_at
+        );
     }
 
     #[test]

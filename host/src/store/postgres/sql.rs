@@ -3,14 +3,16 @@
 //! Ids travel as one `text[]` parameter, cast to the id column's type ([`key_array`]); the
 //! failures as arrays.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use super::fair::{FairClaim, FairSql};
 use super::paused::unpaused;
-use super::schema::KeyKind;
+use super::schema::{KeyKind, TimeKind};
 use crate::model::OutboxId;
 use crate::store::batch::{RecordRows, TxBatch};
 use crate::store::layout_sql::LayoutSql;
@@ -84,17 +86,16 @@ impl Statements {
         };
         let reschedule = format!(
             "UPDATE {table} AS o
-                SET attempts = o.attempts + f.counted::int,
-                    last_error = f.error,
-                    next_attempt_at = CASE WHEN f.dead THEN NULL
-                                      ELSE now() + f.delay_ms * interval '1 millisecond' END,
-                    dead_at = CASE WHEN f.dead THEN now() END
+                SET {RESCHEDULE_SET}
                FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[])
                     AS f(id, error, delay_ms, dead, counted)
               WHERE o.{id} = f.id::{cast}",
             id = sql.id,
             cast = sql.key_cast(),
         );
+        let keyed = layout
+            .keyed_with_created_at
+            .then(|| keyed_statements(sql, options.mark));
         Self {
             due: format!("SELECT EXISTS (SELECT 1 FROM {table} AS o WHERE {due})").into(),
             claim: claim("").into(),
@@ -103,32 +104,119 @@ impl Statements {
             batch: Arc::new(BatchSql {
                 mark: mark.into(),
                 reschedule: reschedule.into(),
+                keyed,
             }),
         }
     }
 }
 
-/// A claimed batch: the open transaction holding the row locks.
-pub(crate) type PgBatch = TxBatch<Postgres, BatchSql>;
+/// What a reschedule sets, from the failures' arrays (`f`).
+const RESCHEDULE_SET: &str = "attempts = o.attempts + f.counted::int,
+                    last_error = f.error,
+                    next_attempt_at = CASE WHEN f.dead THEN NULL
+                                      ELSE now() + f.delay_ms * interval '1 millisecond' END,
+                    dead_at = CASE WHEN f.dead THEN now() END";
 
-/// The batch's marking and rescheduling statements (see [`Statements`]).
-pub struct BatchSql {
-    pub(super) mark: Arc<str>,
-    pub(super) reschedule: Arc<str>,
+/// Marking and rescheduling where the id is unique only with `created_at` (a partitioned
+/// table's primary key): each id travels with the `created_at` it was claimed with (`$2`
+/// when marking, `$6` when rescheduling), so a row of another partition that happens to have
+/// the same id is never touched (marking it too would fail the row-count check, roll the batch
+/// back and claim it again, for ever), and each id's lookup is pruned to its own partition at
+/// run time (by id alone it probes every partition's index). The time is compared with the
+/// column as stored: a `timestamp` without time zone holds UTC.
+fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> KeyedSql {
+    let layout = &sql.layout;
+    let created = &sql.created_at;
+    let at = |alias: &str| match layout.created_at_kind {
+        TimeKind::WithZone => format!("{alias}.at"),
+        TimeKind::WithoutZone => format!("({alias}.at AT TIME ZONE 'UTC')"),
+    };
+    let (table, id, cast) = (&sql.table, &sql.id, sql.key_cast());
+    let keys = format!(
+        "unnest({}, $2::timestamptz[]) AS k(id, at)",
+        key_array(sql, "$1")
+    );
+    let matched = format!("o.{id} = k.id AND o.{created} = {}", at("k"));
+    let mark = match mark {
+        MarkMode::Delete => format!("DELETE FROM {table} AS o USING {keys} WHERE {matched}"),
+        MarkMode::PublishedAt => {
+            format!("UPDATE {table} AS o SET published_at = now() FROM {keys} WHERE {matched}")
+        }
+    };
+    let reschedule = format!(
+        "UPDATE {table} AS o
+            SET {RESCHEDULE_SET}
+           FROM unnest($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[],
+                       $6::timestamptz[])
+                AS f(id, error, delay_ms, dead, counted, at)
+          WHERE o.{id} = f.id::{cast} AND o.{created} = {}",
+        at("f"),
+    );
+    KeyedSql {
+        mark: mark.into(),
+        reschedule: reschedule.into(),
+    }
 }
 
-impl RecordRows<Postgres> for BatchSql {
+/// Marking and rescheduling by id and `created_at` ([`keyed_statements`]).
+pub(super) struct KeyedSql {
+    mark: Arc<str>,
+    reschedule: Arc<str>,
+}
+
+/// A claimed batch: the open transaction holding the row locks.
+pub(crate) type PgBatch = TxBatch<Postgres, PgRows>;
+
+/// The batch's marking and rescheduling statements (see [`Statements`]).
+pub(super) struct BatchSql {
+    /// By id alone.
+    pub(super) mark: Arc<str>,
+    pub(super) reschedule: Arc<str>,
+    /// Where the id is unique only with `created_at`: marking and rescheduling by both
+    /// ([`keyed_statements`]), used whenever the batch knows every id's time.
+    keyed: Option<KeyedSql>,
+}
+
+/// One batch's rows as its statements record them: the statements, and — where the id is
+/// unique only with `created_at` — the time each claimed id was claimed with.
+pub struct PgRows {
+    pub(super) sql: Arc<BatchSql>,
+    /// Empty for tables keyed by id alone, and when settling after a failed commit (the
+    /// claim's times are gone: such a table is then settled by id alone, among the rows still
+    /// pending and not locked by another relay).
+    pub(super) created: HashMap<OutboxId, DateTime<Utc>>,
+}
+
+impl PgRows {
+    /// The keyed statements and the batch's ids' `created_at`, in the order of `ids`, when
+    /// the table is keyed with `created_at` and the batch knows every id's time.
+    fn keyed<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a OutboxId>,
+    ) -> Option<(&KeyedSql, Vec<DateTime<Utc>>)> {
+        let keyed = self.sql.keyed.as_ref()?;
+        let times = ids
+            .map(|id| self.created.get(id).copied())
+            .collect::<Option<Vec<_>>>()?;
+        Some((keyed, times))
+    }
+}
+
+impl RecordRows<Postgres> for PgRows {
     fn mark<'c>(
         &'c self,
         conn: &'c mut PgConnection,
         ids: &'c [OutboxId],
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+        let keyed = self.keyed(ids.iter());
         Box::pin(async move {
-            Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.mark)))
-                .bind(ids.iter().map(OutboxId::to_string).collect::<Vec<_>>())
-                .execute(conn)
-                .await?
-                .rows_affected())
+            let sql = keyed.as_ref().map_or(&self.sql.mark, |(k, _)| &k.mark);
+            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+                .bind(ids.iter().map(OutboxId::to_string).collect::<Vec<_>>());
+            if let Some((_, times)) = keyed {
+                query = query.bind(times);
+            }
+            Ok(query.execute(conn).await?.rows_affected())
         })
     }
 
@@ -149,16 +237,21 @@ impl RecordRows<Postgres> for BatchSql {
             dead.push(r.dead);
             counted.push(r.counted);
         }
+        let keyed = self.keyed(failed.iter().map(|f| &f.id));
         Box::pin(async move {
-            Ok(sqlx::query(AssertSqlSafe(Arc::clone(&self.reschedule)))
+            let sql = keyed
+                .as_ref()
+                .map_or(&self.sql.reschedule, |(k, _)| &k.reschedule);
+            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
                 .bind(ids)
                 .bind(errors)
                 .bind(delays)
                 .bind(dead)
-                .bind(counted)
-                .execute(conn)
-                .await?
-                .rows_affected())
+                .bind(counted);
+            if let Some((_, times)) = keyed {
+                query = query.bind(times);
+            }
+            Ok(query.execute(conn).await?.rows_affected())
         })
     }
 }

@@ -81,6 +81,7 @@ mod tests {
             bounded: false,
             not_null: true,
             unique: false,
+            unique_with: Vec::new(),
         }];
         let adds: Vec<String> = ddl::missing_columns::<LiteTypes>(&spec, &found)
             .into_iter()

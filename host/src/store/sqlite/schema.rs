@@ -178,6 +178,7 @@ pub(super) async fn read_columns(
                 bounded: false,
                 not_null: row.try_get::<i64, _>("notnull")? != 0 || rowid,
                 unique: sole_key || row.try_get::<i64, _>("is_unique")? != 0,
+                unique_with: Vec::new(),
             })
         })
         .collect::<Result<_, sqlx::Error>>()
@@ -200,6 +201,7 @@ mod tests {
             bounded: false,
             not_null: name == "id",
             unique: name == "id",
+            unique_with: Vec::new(),
         }
     }
 

@@ -97,9 +97,15 @@ pub struct RelayMetrics {
     mark_duration: HistogramFamily<ModeLabel>,
     delivered_not_marked: Counter,
     batch_concurrency: Gauge,
+    partitions_dropped: Counter,
 }
 
 impl RelayMetrics {
+    /// The pruner dropped `n` partitions past `relay.retention`.
+    pub(crate) fn partitions_dropped(&self, n: u64) {
+        self.partitions_dropped.inc_by(n);
+    }
+
     /// The families, with every known label set of `tenants` at 0.
     pub(super) fn new(tenants: &TenantLabels) -> Self {
         let m = Self {
@@ -112,6 +118,7 @@ impl RelayMetrics {
             mark_duration: Family::new_with_constructor(latency_histogram),
             delivered_not_marked: Counter::default(),
             batch_concurrency: Gauge::default(),
+            partitions_dropped: Counter::default(),
         };
         for &result in ClaimResult::ALL {
             let _ = m.claims.get_or_create(&ResultLabel { result });
@@ -158,6 +165,12 @@ impl RelayMetrics {
     }
 
     pub(super) fn register(&self, r: &mut Registry) {
+        // Registered without the suffix: the client library adds `_total` to counters.
+        r.register(
+            "partitions_dropped",
+            "Outbox partitions the pruner detached and dropped (relay.retention_mode = \"drop-partitions\")",
+            self.partitions_dropped.clone(),
+        );
         r.register(
             "claims",
             "Claims by result (rows, empty, error)",
