@@ -156,7 +156,7 @@ fn plugin_check_prints_info() {
     // The contract version read from the component's export, and the file's digest as
     // coreutils' sha256sum computes it.
     assert!(
-        text.contains(": OK (exports sluice:plugin/transformer@0.2.0)"),
+        text.contains(": OK (exports sluice:plugin/transformer@0.3.0)"),
         "{text}"
     );
     let sum = std::process::Command::new("sha256sum")
