@@ -188,7 +188,7 @@ pub(super) mod pg {
             "seen_at timestamptz",
             "meta jsonb",
             "raw bytea",
-            "nothing text",
+            "note text",
             "amount numeric(10, 2)",
         ];
         const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = true, \
@@ -302,7 +302,7 @@ pub(super) mod my {
             "seen_at DATETIME(3)",
             "meta JSON",
             "raw VARBINARY(16)",
-            "nothing TEXT",
+            "note TEXT",
             "amount DECIMAL(10, 2)",
         ];
         const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = TRUE, \
@@ -413,7 +413,7 @@ pub(super) mod lite {
             "seen_at TIMESTAMP",
             "meta JSON",
             "raw BLOB",
-            "nothing TEXT",
+            "note TEXT",
             "amount NUMERIC(10, 2)",
         ];
         const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = 1, \

@@ -129,7 +129,7 @@ trait DbFixture: Fixture<Store = Store> {
 
     /// Columns of the database's usual types, as `ALTER TABLE … ADD COLUMN` takes them, in
     /// this order: `region` (text), `n` (a big integer), `flag` (boolean), `score` (double),
-    /// `seen_at` (a timestamp), `meta` (JSON), `raw` (binary), `nothing` (text), `amount` (a
+    /// `seen_at` (a timestamp), `meta` (JSON), `raw` (binary), `note` (text), `amount` (a
     /// decimal).
     const TYPED_COLUMNS: [&'static str; 9];
     /// `UPDATE … SET` of those columns: `eu-west`, 42, true, 19.5, 2026-01-02 03:04:05.123

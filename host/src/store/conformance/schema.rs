@@ -164,7 +164,7 @@ pub(super) async fn extra_columns_reach_the_row_with_their_types<F: DbFixture>()
     let f = F::new().await;
     typed_table(&f).await;
     let names = [
-        "region", "n", "flag", "score", "seen_at", "meta", "raw", "nothing", "amount",
+        "region", "n", "flag", "score", "seen_at", "meta", "raw", "note", "amount",
     ];
     let spec = spec_with_extra(&f, &names).unwrap();
     let store = store::open(&f.url(), &spec, StoreOptions::default(), 2)
@@ -189,7 +189,7 @@ pub(super) async fn extra_columns_reach_the_row_with_their_types<F: DbFixture>()
     assert_eq!(value("score"), ColumnValue::Float(19.5));
     assert_eq!(value("seen_at"), ColumnValue::Timestamp(at.to_utc()));
     assert_eq!(value("raw"), ColumnValue::Bytes(vec![0x00, 0xff]));
-    assert_eq!(value("nothing"), ColumnValue::Null);
+    assert_eq!(value("note"), ColumnValue::Null);
     match value("meta") {
         ColumnValue::Json(text) => {
             assert_eq!(text, r#"{"a": [1, 2]}"#);
