@@ -595,6 +595,37 @@ mod tests {
     }
 
     #[test]
+    fn extra_columns_take_their_type_from_the_json_value() {
+        let row = parse_row(
+            r#"{"aggregate_type":"o","aggregate_id":"1","event_type":"e","extra":{"t":"x",
+               "i":-7,"f":2.5,"b":true,"n":null,"at":{"timestamp":"1970-01-01T00:00:01.5Z"},
+               "raw":{"base64":"AP8="},"j":{"k":[1]}}}"#,
+            1,
+            None,
+        )
+        .unwrap();
+        let at = DateTime::from_timestamp_millis(1_500).unwrap();
+        assert_eq!(
+            row.extra,
+            vec![
+                (Arc::from("at"), ColumnValue::Timestamp(at)),
+                (Arc::from("b"), ColumnValue::Boolean(true)),
+                (Arc::from("f"), ColumnValue::Float(2.5)),
+                (Arc::from("i"), ColumnValue::Integer(-7)),
+                (Arc::from("j"), ColumnValue::Json(r#"{"k":[1]}"#.into())),
+                (Arc::from("n"), ColumnValue::Null),
+                (Arc::from("raw"), ColumnValue::Bytes(vec![0, 255])),
+                (Arc::from("t"), ColumnValue::Text("x".into())),
+            ],
+            "in name order"
+        );
+        let bad = r#"{"aggregate_type":"o","aggregate_id":"1","event_type":"e",
+                      "extra":{"at":{"timestamp":"yesterday"}}}"#;
+        let err = parse_row(bad, 4, None).unwrap_err();
+        assert!(err.contains("line 4") && err.contains("at"), "{err}");
+    }
+
+    #[test]
     fn missing_column_names_the_line_and_field() {
         let err = parse_row(r#"{"aggregate_type":"order","event_type":"x"}"#, 7, None).unwrap_err();
         assert!(
