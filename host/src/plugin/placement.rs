@@ -57,7 +57,9 @@ impl Placements {
                 }
             };
             if parts[0].is_empty() {
-                return Err(format!("additional_placement {entry:?}: the column is empty"));
+                return Err(format!(
+                    "additional_placement {entry:?}: the column is empty"
+                ));
             }
             placements.push(Placement {
                 column: parts[0].to_owned(),
@@ -191,7 +193,11 @@ mod tests {
     #[test]
     fn an_integer_column_sets_the_partition_and_anything_else_is_refused() {
         assert_eq!(placed("shard:partition").unwrap().1, Some(2));
-        assert_eq!(placed("gone:partition").unwrap().1, None, "NULL: no partition");
+        assert_eq!(
+            placed("gone:partition").unwrap().1,
+            None,
+            "NULL: no partition"
+        );
         let Err(TransformError::Permanent(e)) = placed("region:partition") else {
             panic!("text accepted as a partition");
         };
@@ -210,7 +216,13 @@ mod tests {
 
     #[test]
     fn malformed_lists_and_envelope_are_refused() {
-        for bad in ["region", "region:body", ":header", "region:header:", "a:envelope"] {
+        for bad in [
+            "region",
+            "region:body",
+            ":header",
+            "region:header:",
+            "a:envelope",
+        ] {
             assert!(Placements::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(

@@ -148,7 +148,10 @@ impl ExtraColumnNames {
         if names.iter().any(|n| n == "*") {
             return match names.len() {
                 1 => Ok(Self::All),
-                _ => Err(Problem::new(key, "\"*\" stands alone: every column not mapped")),
+                _ => Err(Problem::new(
+                    key,
+                    "\"*\" stands alone: every column not mapped",
+                )),
             };
         }
         let mut parsed: Vec<ColumnName> = Vec::with_capacity(names.len());
@@ -245,7 +248,10 @@ impl ColumnMap {
     /// plugin, or is none of the plugin's business.
     fn validate_extra(&self, roles: &[(&'static str, &ColumnName)]) -> Result<(), Problem> {
         for column in self.extra.named() {
-            let own = BOOKKEEPING.iter().chain(&LEASE).any(|(c, _)| *c == column.as_str())
+            let own = BOOKKEEPING
+                .iter()
+                .chain(&LEASE)
+                .any(|(c, _)| *c == column.as_str())
                 || column.as_str() == DEFAULT_ORDER_COLUMN;
             if own {
                 return Err(Problem::new(
@@ -442,7 +448,10 @@ mod tests {
             (&["region", "*"][..], "stands alone"),
             (&["a b"][..], "invalid column name"),
             (&["region", "region"][..], "listed twice"),
-            (&["payload"][..], "already mapped as database.columns.payload"),
+            (
+                &["payload"][..],
+                "already mapped as database.columns.payload",
+            ),
             (&["dead_at"][..], "bookkeeping"),
             (&["sluice_seq"][..], "bookkeeping"),
         ] {

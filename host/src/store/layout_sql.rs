@@ -178,9 +178,10 @@ impl LayoutSql {
         let c = Self::column(alias, &quoted);
         match kind {
             ValueKind::Integer => self.dialect.cast(&c, Cast::Int),
-            ValueKind::Boolean => self
-                .dialect
-                .cast(&format!("(CASE WHEN {c} THEN 1 WHEN NOT {c} THEN 0 END)"), Cast::Int),
+            ValueKind::Boolean => self.dialect.cast(
+                &format!("(CASE WHEN {c} THEN 1 WHEN NOT {c} THEN 0 END)"),
+                Cast::Int,
+            ),
             ValueKind::Time(kind) => self.time_expr(alias, &quoted, kind),
             ValueKind::Bytes if self.dialect == Driver::Sqlite => format!("CAST({c} AS BLOB)"),
             ValueKind::Bytes => c,
@@ -193,7 +194,10 @@ impl LayoutSql {
     pub(crate) fn claimed_columns(&self, alias: &str) -> String {
         let mut columns = self.mapped_columns(alias);
         for (i, (column, kind)) in self.layout.extra.iter().enumerate() {
-            columns.push_str(&format!(", {} AS x{i}", self.extra_expr(alias, column, *kind)));
+            columns.push_str(&format!(
+                ", {} AS x{i}",
+                self.extra_expr(alias, column, *kind)
+            ));
         }
         columns
     }

@@ -9,7 +9,9 @@
 
 use std::fmt;
 
-use super::columns::{self, ColumnMap, ColumnName, ExtraColumnNames, Holds, TableSpec, TenantColumn};
+use super::columns::{
+    self, ColumnMap, ColumnName, ExtraColumnNames, Holds, TableSpec, TenantColumn,
+};
 use super::{StoreError, TableName};
 use crate::model::OutboxId;
 
@@ -367,9 +369,9 @@ impl Checker<'_> {
                 for name in names {
                     match found.iter().find(|c| c.name == name.as_str()) {
                         Some(column) => extra.push((name.clone(), T::value_kind(column))),
-                        None => self.problems.push(format!(
-                            "column {name} (database.columns.extra) is missing"
-                        )),
+                        None => self
+                            .problems
+                            .push(format!("column {name} (database.columns.extra) is missing")),
                     }
                 }
                 extra

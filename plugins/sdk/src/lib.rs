@@ -234,10 +234,7 @@ impl ColumnValue {
 
 /// Looks up an extra column (`[database.columns] extra`) of the row by name.
 pub fn extra<'a>(row: &'a OutboxRow, name: &str) -> Option<&'a ColumnValue> {
-    row.extra
-        .iter()
-        .find(|c| c.name == name)
-        .map(|c| &c.value)
+    row.extra.iter().find(|c| c.name == name).map(|c| &c.value)
 }
 
 impl TransformError {
@@ -292,7 +289,9 @@ mod placement {
                 let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
                 let target = match parts.as_slice() {
                     [column, "header"] => Target::Header((*column).to_owned()),
-                    [_, "header", alias] if !alias.is_empty() => Target::Header((*alias).to_owned()),
+                    [_, "header", alias] if !alias.is_empty() => {
+                        Target::Header((*alias).to_owned())
+                    }
                     [_, "partition"] => Target::Partition,
                     [_, "envelope", ..] => {
                         return Err(format!(
@@ -308,7 +307,9 @@ mod placement {
                     }
                 };
                 if parts[0].is_empty() {
-                    return Err(format!("additional_placement {entry:?}: the column is empty"));
+                    return Err(format!(
+                        "additional_placement {entry:?}: the column is empty"
+                    ));
                 }
                 placements.push((parts[0].to_owned(), target));
             }
@@ -318,7 +319,11 @@ mod placement {
         /// `message` with the row's placed extra columns: headers appended in list order (none
         /// for NULL), the partition set from an integer column. A column the row lacks, or a
         /// partition that is not an integer from 0 to 2^31-1, is a permanent error.
-        pub fn apply(&self, row: &OutboxRow, mut message: Message) -> Result<Message, TransformError> {
+        pub fn apply(
+            &self,
+            row: &OutboxRow,
+            mut message: Message,
+        ) -> Result<Message, TransformError> {
             for (column, target) in &self.0 {
                 let Some(value) = extra(row, column) else {
                     return Err(TransformError::permanent(

@@ -312,8 +312,10 @@ fn order_and_payment(dir: &tempfile::TempDir) -> String {
     let path = dir.path().join("mixed.jsonl");
     std::fs::write(
         &path,
-        "{\"id\": 1, \"aggregate_type\": \"order\", \"aggregate_id\": \"o-1\", \"event_type\": \"E\"}\n\
-         {\"id\": 2, \"aggregate_type\": \"payment\", \"aggregate_id\": \"p-1\", \"event_type\": \"E\"}\n",
+        // A fixed created_at: the reference plugin stamps it as the message's timestamp, so
+        // two runs print the same.
+        "{\"id\": 1, \"aggregate_type\": \"order\", \"aggregate_id\": \"o-1\", \"event_type\": \"E\", \"created_at\": \"2026-01-01T00:00:00Z\"}\n\
+         {\"id\": 2, \"aggregate_type\": \"payment\", \"aggregate_id\": \"p-1\", \"event_type\": \"E\", \"created_at\": \"2026-01-01T00:00:00Z\"}\n",
     )
     .unwrap();
     path.display().to_string()

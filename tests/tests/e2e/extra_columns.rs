@@ -131,7 +131,11 @@ async fn extra_columns_become_headers_and_the_timestamp_the_record_timestamp(kin
     for ((m, (region, author)), (_, ms)) in got.iter().zip(expected).zip(TIMES) {
         assert_eq!(m.header("region").as_deref(), region, "{m:?}");
         assert_eq!(m.header("author").as_deref(), author, "{m:?}");
-        assert_eq!(m.header("created_by"), None, "placed under its alias: {m:?}");
+        assert_eq!(
+            m.header("created_by"),
+            None,
+            "placed under its alias: {m:?}"
+        );
         assert_eq!(m.header("event-type").as_deref(), Some("OrderCreated"));
         assert_eq!(m.timestamp, Some(ms), "the row's timestamp: {m:?}");
     }

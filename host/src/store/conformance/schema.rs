@@ -232,7 +232,10 @@ pub(super) async fn every_other_column_is_extra_with_a_star_and_a_missing_one_is
         .iter()
         .map(|c| c.split(' ').next().unwrap_or_default())
         .collect();
-    assert_eq!(got, added, "neither mapped nor bookkeeping columns, in table order");
+    assert_eq!(
+        got, added,
+        "neither mapped nor bookkeeping columns, in table order"
+    );
     put_back(claim).await;
 
     let spec = spec_with_extra(&f, &["region", "tier"]).unwrap();
@@ -247,7 +250,10 @@ pub(super) async fn every_other_column_is_extra_with_a_star_and_a_missing_one_is
     );
     assert!(!err.contains("\"region\""), "{err}");
     for (names, says) in [
-        (&["aggregate_type"][..], "already mapped as database.columns.aggregate_type"),
+        (
+            &["aggregate_type"][..],
+            "already mapped as database.columns.aggregate_type",
+        ),
         (&["attempts"][..], "bookkeeping"),
         (&["*", "region"][..], "stands alone"),
         (&["region", "region"][..], "listed twice"),
