@@ -116,6 +116,51 @@ pub struct OutboxRow {
     pub created_at: DateTime<Utc>,
     /// Delivery attempts already made (0 on the first claim).
     pub attempts: i32,
+    /// The `[database.columns] extra` columns, in the order configured (`*`: table order).
+    pub extra: ExtraColumns,
+}
+
+/// A row's extra columns (`[database.columns] extra`), name and value, in configured order.
+pub type ExtraColumns = Vec<(Arc<str>, ColumnValue)>;
+
+/// The value of an extra column, typed as the database holds it (docs/configuration.md,
+/// `extra`: which column types read as which).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnValue {
+    /// SQL NULL.
+    Null,
+    /// Text, and every type without a variant of its own (`numeric`, `uuid`, `date`, …), as
+    /// the database prints it.
+    Text(String),
+    /// Any integer type.
+    Integer(i64),
+    /// `real`, `double precision`, `float`.
+    Float(f64),
+    /// `boolean` (MySQL/MariaDB: `tinyint(1)`).
+    Boolean(bool),
+    /// A timestamp, read as UTC like `created_at`.
+    Timestamp(DateTime<Utc>),
+    /// `json`/`jsonb`: the JSON text.
+    Json(String),
+    /// Binary types: the raw bytes.
+    Bytes(Vec<u8>),
+}
+
+impl ColumnValue {
+    /// The value as a header carries it: text and JSON as UTF-8, integers and floats in
+    /// decimal, booleans `true`/`false`, timestamps as milliseconds since the epoch in
+    /// decimal, bytes as they are; `None` for NULL (no header).
+    pub fn header_value(&self) -> Option<Vec<u8>> {
+        Some(match self {
+            Self::Null => return None,
+            Self::Text(s) | Self::Json(s) => s.as_bytes().to_vec(),
+            Self::Integer(n) => n.to_string().into_bytes(),
+            Self::Float(f) => f.to_string().into_bytes(),
+            Self::Boolean(b) => b.to_string().into_bytes(),
+            Self::Timestamp(t) => t.timestamp_millis().to_string().into_bytes(),
+            Self::Bytes(b) => b.clone(),
+        })
+    }
 }
 
 /// Which broker a message goes to: chosen per plugin section (`broker = "…"`), so per tenant.
@@ -183,6 +228,10 @@ pub struct OutboundMessage {
     pub value_record: Option<String>,
     /// As `value_record`, for the key.
     pub key_record: Option<String>,
+    /// The record's timestamp in milliseconds since the epoch (contract 0.3.0
+    /// `timestamp-ms`; the builtin router: the row's `created_at`); `None`: the broker's or
+    /// producer's time (docs/brokers.md, "Timestamps").
+    pub timestamp_ms: Option<i64>,
 }
 
 /// How a message's key and value are still to be encoded, in the encoding layer's own type

@@ -1,4 +1,4 @@
-// Guest SDK for Sluice plugins written in JavaScript (`sluice:plugin@0.2.0`).
+// Guest SDK for Sluice plugins written in JavaScript (`sluice:plugin@0.3.0`).
 //
 // The JavaScript counterpart of the Rust SDK in plugins/sdk: extend `Plugin`, then export the
 // interface object componentize-qjs looks for:
@@ -38,9 +38,11 @@
 // WIT values as this runtime sees them: records are objects with camelCase fields
 // (`row.aggregateId`, `row.createdAtMs`), `list<u8>` is a Uint8Array, headers are arrays of
 // `[name, Uint8Array]`, `option` is the value or null. `row.id` is the outbox id as a string
-// ("42" for an integer id, a uuid's canonical text, a text id as stored).
+// ("42" for an integer id, a uuid's canonical text, a text id as stored). `row.extra` is an
+// array of `{name, value}`, each value a variant `{tag, val}` (`tag` "null", "text",
+// "integer", "float", "boolean", "timestamp-ms", "json" or "bytes").
 
-import * as host from "sluice:plugin/host@0.2.0";
+import * as host from "sluice:plugin/host@0.3.0";
 
 // ---- bytes ------------------------------------------------------------------------------
 
@@ -155,6 +157,130 @@ export function header(row, name) {
   return null;
 }
 
+/** The value (`{tag, val}`) of the row's extra column called `name` (`[database.columns]
+ * extra`), or null when the row does not carry it. */
+export function extra(row, name) {
+  for (const column of row.extra || []) {
+    if (column.name === name) {
+      return column.value;
+    }
+  }
+  return null;
+}
+
+// Rust's `f64` Display: the shortest digits that read back, never an exponent, no ".0".
+function floatText(f) {
+  if (Number.isNaN(f)) return "NaN";
+  if (f === Infinity) return "inf";
+  if (f === -Infinity) return "-inf";
+  if (f === 0) return Object.is(f, -0) ? "-0" : "0";
+  const text = String(f);
+  const e = text.indexOf("e");
+  if (e < 0) return text;
+  const sign = text[0] === "-" ? "-" : "";
+  const mantissa = text.slice(sign.length, e);
+  const exponent = Number(text.slice(e + 1));
+  const point = mantissa.indexOf(".");
+  const digits = mantissa.replace(".", "");
+  const intLen = (point < 0 ? mantissa.length : point) + exponent;
+  if (intLen <= 0) return sign + "0." + "0".repeat(-intLen) + digits;
+  if (intLen >= digits.length) return sign + digits + "0".repeat(intLen - digits.length);
+  return sign + digits.slice(0, intLen) + "." + digits.slice(intLen);
+}
+
+/** An extra column's value as a header carries it, as the builtin router writes it: text and
+ * JSON as UTF-8, integers and floats in decimal, booleans `true`/`false`, timestamps as
+ * milliseconds since the epoch in decimal, bytes as they are; null for NULL. */
+export function headerValue(value) {
+  switch (value.tag) {
+    case "null":
+      return null;
+    case "text":
+    case "json":
+      return utf8Encode(value.val);
+    case "integer":
+    case "timestamp-ms":
+      return utf8Encode(String(value.val));
+    case "float":
+      return utf8Encode(floatText(value.val));
+    case "boolean":
+      return utf8Encode(value.val ? "true" : "false");
+    case "bytes":
+      return toBytes(value.val);
+    default:
+      throw new TypeError(`unknown column value ${quote(String(value.tag))}`);
+  }
+}
+
+/** `additional_placement`, as the host's builtin router reads it (Debezium's
+ * `table.fields.additional.placement`): `column:header[:alias]` and `column:partition`,
+ * comma-separated; same output and errors as the builtin and the Rust SDK. */
+export class Placements {
+  /** Parses the list; throws ConfigError when it is malformed or asks for `envelope`. */
+  static parse(spec) {
+    const placements = [];
+    for (const raw of String(spec).split(",")) {
+      const entry = raw.trim();
+      if (entry === "") continue;
+      const parts = entry.split(":").map((p) => p.trim());
+      let target;
+      if (parts.length === 2 && parts[1] === "header") {
+        target = { header: parts[0] };
+      } else if (parts.length === 3 && parts[1] === "header" && parts[2] !== "") {
+        target = { header: parts[2] };
+      } else if (parts.length === 2 && parts[1] === "partition") {
+        target = { partition: true };
+      } else if (parts.length >= 2 && parts[1] === "envelope") {
+        throw new ConfigError(
+          `additional_placement ${quote(entry)}: envelope is not supported (the payload is published unchanged); use header or partition`,
+        );
+      } else {
+        throw new ConfigError(
+          `additional_placement ${quote(entry)}: expected column:header[:alias] or column:partition`,
+        );
+      }
+      if (parts[0] === "") {
+        throw new ConfigError(`additional_placement ${quote(entry)}: the column is empty`);
+      }
+      placements.push({ column: parts[0], target });
+    }
+    return new Placements(placements);
+  }
+
+  constructor(placements) {
+    this.placements = placements;
+  }
+
+  /** `message` with the row's placed extra columns: headers appended in list order (none for
+   * NULL), the partition set from an integer column. Throws a permanent TransformError for a
+   * column the row lacks or a partition that is not an integer from 0 to 2^31-1. */
+  apply(row, message) {
+    for (const { column, target } of this.placements) {
+      const value = extra(row, column);
+      if (value === null) {
+        throw TransformError.permanent(
+          "missing-extra-column",
+          `additional_placement names column ${column}, which the row does not carry (list it in [database.columns] extra)`,
+        );
+      }
+      if (target.header !== undefined) {
+        const bytes = headerValue(value);
+        if (bytes !== null) message.header(target.header, bytes);
+      } else if (value.tag !== "null") {
+        const n = value.tag === "integer" ? Number(value.val) : -1;
+        if (!(Number.isInteger(n) && n >= 0 && n <= 2147483647)) {
+          throw TransformError.permanent(
+            "invalid-partition",
+            `column ${column} is placed as the partition but does not hold an integer from 0 to 2147483647`,
+          );
+        }
+        message.partition(n);
+      }
+    }
+    return message;
+  }
+}
+
 /** The row's payload as text (jsonb/json/text columns arrive as UTF-8). */
 export function payloadText(row) {
   return utf8Decode(row.payload);
@@ -176,6 +302,7 @@ export class Message {
     this._partition = null;
     this._valueRecord = null;
     this._keyRecord = null;
+    this._timestampMs = null;
   }
 
   key(key) {
@@ -218,6 +345,20 @@ export class Message {
     return this;
   }
 
+  /** The record's timestamp, in milliseconds since the epoch (Kafka's record timestamp;
+   * docs/brokers.md, "Timestamps"). Unset: the producer's time. */
+  timestampMs(ms) {
+    this._timestampMs = ms;
+    return this;
+  }
+
+  /** The row's `created_at` as the timestamp, as the reference plugins and the builtin router
+   * do (none for a time before the epoch, which Kafka refuses). */
+  timestampOf(row) {
+    this._timestampMs = row.createdAtMs >= 0 ? row.createdAtMs : null;
+    return this;
+  }
+
   /** The WIT `output-message` record. */
   toWit() {
     return {
@@ -228,6 +369,7 @@ export class Message {
       partition: this._partition,
       valueRecord: this._valueRecord,
       keyRecord: this._keyRecord,
+      timestampMs: this._timestampMs,
     };
   }
 }

@@ -504,6 +504,7 @@ mod tests {
             }))),
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
     }
 

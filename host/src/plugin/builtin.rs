@@ -6,6 +6,7 @@
 //! are interchangeable; the benchmark uses this to measure the sandbox's cost.
 
 use crate::model::OutboxRow;
+use crate::plugin::placement::Placements;
 use crate::plugin::wasm::bindings::types::{ErrorDetail, OutputMessage, TransformError};
 
 /// Topic prefix of `route-by-aggregate`, as in Debezium's Outbox Event Router.
@@ -15,10 +16,13 @@ const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Builtin {
     /// Same output as `plugins/route-by-aggregate`: topic `<topic_prefix><aggregate_type>`,
-    /// key = aggregate id, payload unchanged, row headers plus `id` and `event-type`.
+    /// key = aggregate id, payload unchanged, row headers plus `id` and `event-type` (then
+    /// the placed extra columns), timestamp = the row's `created_at`.
     RouteByAggregate {
         /// `config` key `topic_prefix` (default `outbox.event.`).
         topic_prefix: String,
+        /// `config` key `additional_placement` (default none; see [`Placements`]).
+        placements: Placements,
     },
 }
 
@@ -43,23 +47,32 @@ impl Builtin {
     pub fn configure(name: &str, config: &[(String, String)]) -> Result<Self, String> {
         Self::check_name(name)?;
         let mut topic_prefix = DEFAULT_TOPIC_PREFIX.to_owned();
+        let mut placements = Placements::default();
         for (key, value) in config {
             match key.as_str() {
                 "topic_prefix" => topic_prefix.clone_from(value),
+                "additional_placement" => placements = Placements::parse(value)?,
                 other => {
                     return Err(format!(
-                        "unknown config key {other:?} (known keys: topic_prefix)"
+                        "unknown config key {other:?} (known keys: topic_prefix, \
+                         additional_placement)"
                     ));
                 }
             }
         }
-        Ok(Self::RouteByAggregate { topic_prefix })
+        Ok(Self::RouteByAggregate {
+            topic_prefix,
+            placements,
+        })
     }
 
     /// The builtin's messages for one row (validated by the caller like a guest's).
     pub fn transform(&self, row: &OutboxRow) -> Result<Vec<OutputMessage>, TransformError> {
         match self {
-            Self::RouteByAggregate { topic_prefix } => {
+            Self::RouteByAggregate {
+                topic_prefix,
+                placements,
+            } => {
                 if row.aggregate_type.is_empty() {
                     return Err(TransformError::Permanent(ErrorDetail {
                         code: "empty-aggregate-type".into(),
@@ -70,14 +83,19 @@ impl Builtin {
                 headers.extend(row.headers.iter().cloned());
                 headers.push(("id".to_owned(), row.id.to_string().into_bytes()));
                 headers.push(("event-type".to_owned(), row.event_type.as_bytes().to_vec()));
+                let mut partition = None;
+                placements.apply(&row.extra, &mut headers, &mut partition)?;
+                // Kafka takes no timestamp before the epoch: such a row gets the producer's.
+                let created_at_ms = row.created_at.timestamp_millis();
                 Ok(vec![OutputMessage {
                     topic: format!("{topic_prefix}{}", row.aggregate_type),
                     key: Some(row.aggregate_id.as_bytes().to_vec()),
                     payload: Some(row.payload.clone()),
                     headers,
-                    partition: None,
+                    partition,
                     value_record: None,
                     key_record: None,
+                    timestamp_ms: (created_at_ms >= 0).then_some(created_at_ms),
                 }])
             }
         }
@@ -86,8 +104,10 @@ impl Builtin {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use crate::model::{OutboxId, TenantId};
+    use crate::model::{ColumnValue, OutboxId, TenantId};
 
     fn row() -> OutboxRow {
         OutboxRow {
@@ -100,6 +120,7 @@ mod tests {
             headers: vec![("trace".into(), b"t1".to_vec())],
             created_at: chrono::Utc::now(),
             attempts: 0,
+            extra: Vec::new(),
         }
     }
 
@@ -117,6 +138,48 @@ mod tests {
         assert_eq!(out[0].payload.as_deref(), Some(&br#"{"n":1}"#[..]));
         let names: Vec<&str> = out[0].headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, ["trace", "id", "event-type"]);
+        assert_eq!(
+            out[0].timestamp_ms,
+            Some(row().created_at.timestamp_millis()),
+            "the row's created_at"
+        );
+    }
+
+    #[test]
+    fn extra_columns_are_placed_after_the_routing_headers() {
+        let b = Builtin::configure(
+            "route-by-aggregate",
+            &[(
+                "additional_placement".into(),
+                "region:header,shard:partition,created_by:header:author".into(),
+            )],
+        )
+        .unwrap();
+        let mut r = row();
+        r.extra = vec![
+            (Arc::from("region"), ColumnValue::Text("eu".into())),
+            (Arc::from("created_by"), ColumnValue::Text("ann".into())),
+            (Arc::from("shard"), ColumnValue::Integer(1)),
+        ];
+        let out = b.transform(&r).unwrap();
+        let headers: Vec<(&str, &[u8])> = out[0]
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(
+            headers[3..],
+            [("region", &b"eu"[..]), ("author", &b"ann"[..])]
+        );
+        assert_eq!(out[0].partition, Some(1));
+        r.extra.clear();
+        assert!(matches!(b.transform(&r), Err(TransformError::Permanent(_))));
+        let err = Builtin::configure(
+            "route-by-aggregate",
+            &[("additional_placement".into(), "region:envelope".into())],
+        )
+        .unwrap_err();
+        assert!(err.contains("envelope"), "{err}");
     }
 
     #[test]

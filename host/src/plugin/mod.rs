@@ -40,6 +40,7 @@ mod live;
 pub mod memory_limit;
 pub mod metrics;
 pub mod output;
+pub mod placement;
 mod reload;
 mod router;
 pub mod settings;
@@ -236,7 +237,7 @@ pub struct PluginCheck {
     /// Its `info()`, the text escaped and cut.
     pub info: PluginInfo,
     /// The contract interface it exports, with the version of the WIT it was built against
-    /// (`sluice:plugin/transformer@0.2.0`).
+    /// (`sluice:plugin/transformer@0.3.0`).
     pub contract: String,
     /// `sha256:` and the file's SHA-256 in hex, as `/status` and `sluice_plugin_info` show it.
     pub digest: String,

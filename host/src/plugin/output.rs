@@ -127,6 +127,14 @@ fn accept_message(
             )));
         }
     }
+    if let Some(ms) = m.timestamp_ms
+        && ms < 0
+    {
+        // Kafka takes no record timestamp before the epoch (-1 means "none").
+        return Err(invalid(format!(
+            "plugin returned timestamp-ms {ms}, before 1970-01-01 (none: leave it unset)"
+        )));
+    }
     let size = message_bytes(m.key.as_deref(), m.payload.as_deref(), &m.headers);
     if size > limits.max_message_bytes {
         return Err(invalid(format!(
@@ -146,6 +154,7 @@ fn accept_message(
         encoding: None,
         value_record: m.value_record,
         key_record: m.key_record,
+        timestamp_ms: m.timestamp_ms,
     })
 }
 
@@ -252,6 +261,7 @@ mod tests {
             headers: Vec::new(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+            extra: Vec::new(),
         }
     }
 
@@ -264,7 +274,24 @@ mod tests {
             partition: None,
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
+    }
+
+    #[test]
+    fn a_timestamp_is_kept_and_one_before_the_epoch_is_refused() {
+        let stamped = wit::OutputMessage {
+            timestamp_ms: Some(1_767_323_045_000),
+            ..message("t", vec![])
+        };
+        let out = accept(&Limits::default(), &row(), Ok(vec![stamped])).unwrap();
+        assert_eq!(out[0].timestamp_ms, Some(1_767_323_045_000));
+        let before = wit::OutputMessage {
+            timestamp_ms: Some(-5),
+            ..message("t", vec![])
+        };
+        let err = accept(&Limits::default(), &row(), Ok(vec![before])).unwrap_err();
+        assert!(err.to_string().contains("timestamp-ms -5"), "{err}");
     }
 
     #[test]

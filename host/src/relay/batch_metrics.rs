@@ -172,6 +172,7 @@ mod tests {
             headers: Vec::new(),
             created_at: Utc::now(),
             attempts,
+            extra: Vec::new(),
         }
     }
 

@@ -89,5 +89,6 @@ fn dead_letter_message(
         encoding: None,
         value_record: None,
         key_record: None,
+        timestamp_ms: None,
     }
 }

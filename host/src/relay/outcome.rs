@@ -305,6 +305,7 @@ mod tests {
             headers: Vec::new(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+            extra: Vec::new(),
         }
     }
 
@@ -320,6 +321,7 @@ mod tests {
             encoding: None,
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
     }
 

@@ -335,6 +335,7 @@ mod tests {
             encoding: None,
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
     }
 

@@ -123,6 +123,59 @@ pub struct ColumnMap {
     /// The column rows are claimed in (and ordered by per key); `None`: the id if it is an
     /// integer, else [`DEFAULT_ORDER_COLUMN`].
     pub order: Option<ColumnName>,
+    /// Columns besides the mapped ones whose values reach plugins (`extra`). Default none.
+    pub extra: ExtraColumnNames,
+}
+
+/// `[database.columns] extra`: the columns, beyond the mapped ones, whose typed values every
+/// row carries to its plugin (`OutboxRow::extra`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ExtraColumnNames {
+    /// None (the default): rows carry the mapped columns only.
+    #[default]
+    None,
+    /// These columns, in this order.
+    Named(Vec<ColumnName>),
+    /// `["*"]`: every column of the table that is neither mapped nor Sluice's own, in table
+    /// order.
+    All,
+}
+
+impl ExtraColumnNames {
+    /// The configured list: `["*"]` for every column, else names.
+    fn parse(names: &[String]) -> Result<Self, Problem> {
+        let key = "database.columns.extra";
+        if names.iter().any(|n| n == "*") {
+            return match names.len() {
+                1 => Ok(Self::All),
+                _ => Err(Problem::new(
+                    key,
+                    "\"*\" stands alone: every column not mapped",
+                )),
+            };
+        }
+        let mut parsed: Vec<ColumnName> = Vec::with_capacity(names.len());
+        for name in names {
+            let column = ColumnName::parse(name).map_err(|e| Problem::invalid(key, e))?;
+            if parsed.contains(&column) {
+                return Err(Problem::new(key, format!("{column} is listed twice")));
+            }
+            parsed.push(column);
+        }
+        Ok(if parsed.is_empty() {
+            Self::None
+        } else {
+            Self::Named(parsed)
+        })
+    }
+
+    /// The columns named (none for `None` and `All`).
+    pub fn named(&self) -> &[ColumnName] {
+        match self {
+            Self::Named(names) => names,
+            Self::None | Self::All => &[],
+        }
+    }
 }
 
 impl Default for ColumnMap {
@@ -137,6 +190,7 @@ impl Default for ColumnMap {
             headers: ColumnName::known("headers"),
             created_at: ColumnName::known("created_at"),
             order: None,
+            extra: ExtraColumnNames::None,
         }
     }
 }
@@ -187,6 +241,31 @@ impl ColumnMap {
                 ));
             }
         }
+        self.validate_extra(&roles)
+    }
+
+    /// An extra column may be neither mapped nor Sluice's own: its value already reaches the
+    /// plugin, or is none of the plugin's business.
+    fn validate_extra(&self, roles: &[(&'static str, &ColumnName)]) -> Result<(), Problem> {
+        for column in self.extra.named() {
+            let own = BOOKKEEPING
+                .iter()
+                .chain(&LEASE)
+                .any(|(c, _)| *c == column.as_str())
+                || column.as_str() == DEFAULT_ORDER_COLUMN;
+            if own {
+                return Err(Problem::new(
+                    "database.columns.extra",
+                    format!("{column} is one of Sluice's bookkeeping columns"),
+                ));
+            }
+            if let Some((key, _)) = roles.iter().find(|(_, c)| *c == column) {
+                return Err(Problem::new(
+                    "database.columns.extra",
+                    format!("{column} is already mapped as database.columns.{key}"),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -234,6 +313,8 @@ pub struct ColumnsSettings {
     pub created_at: Option<String>,
     /// The column rows are claimed in: default the id if it is an integer, else `sluice_seq`.
     pub order: Option<String>,
+    /// See [`ColumnMap::extra`]: column names, or `["*"]`; default none.
+    pub extra: Option<Vec<String>>,
 }
 
 impl TableSpec {
@@ -262,6 +343,7 @@ impl TableSpec {
             headers: parse("headers", &c.headers)?.unwrap_or(d.headers),
             created_at: parse("created_at", &c.created_at)?.unwrap_or(d.created_at),
             order,
+            extra: ExtraColumnNames::parse(c.extra.as_deref().unwrap_or_default())?,
         };
         columns.validate()?;
         Ok(Self { name, columns })
@@ -344,5 +426,38 @@ mod tests {
             ..ColumnMap::default()
         };
         order_is_id.validate().unwrap();
+    }
+
+    fn extra(names: &[&str]) -> Result<ColumnMap, Problem> {
+        let settings = ColumnsSettings {
+            extra: Some(names.iter().map(|n| (*n).to_owned()).collect()),
+            ..ColumnsSettings::default()
+        };
+        TableSpec::from_settings("outbox", &settings).map(|spec| spec.columns)
+    }
+
+    #[test]
+    fn extra_columns_are_named_or_all_and_never_mapped_or_sluices_own() {
+        assert_eq!(
+            extra(&["region", "created_by"]).unwrap().extra,
+            ExtraColumnNames::Named(vec![col("region"), col("created_by")])
+        );
+        assert_eq!(extra(&["*"]).unwrap().extra, ExtraColumnNames::All);
+        assert_eq!(extra(&[]).unwrap().extra, ExtraColumnNames::None);
+        for (names, says) in [
+            (&["region", "*"][..], "stands alone"),
+            (&["a b"][..], "invalid column name"),
+            (&["region", "region"][..], "listed twice"),
+            (
+                &["payload"][..],
+                "already mapped as database.columns.payload",
+            ),
+            (&["dead_at"][..], "bookkeeping"),
+            (&["sluice_seq"][..], "bookkeeping"),
+        ] {
+            let problem = extra(names).unwrap_err();
+            assert_eq!(problem.key, "database.columns.extra", "{names:?}");
+            assert!(problem.to_string().contains(says), "{names:?}: {problem}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! filter. Every driver's statements are built from it.
 
 use super::dialect::{Cast, Driver};
-use super::schema::{KeyKind, Layout, PayloadKind, TimeKind};
+use super::schema::{KeyKind, Layout, PayloadKind, TimeKind, ValueKind};
 use super::statement::{Param, Statement};
 use super::{AfterDead, ColumnName, Ordering};
 use crate::model::OutboxId;
@@ -148,8 +148,61 @@ impl LayoutSql {
         }
     }
 
-    /// The claim's columns, in the order [`super::rows::column`] reads them, with its aliases.
+    /// A time column as a UTC time (SQLite: milliseconds since the epoch, NULL when the value
+    /// is not a time); NULL stays NULL.
+    fn time_expr(&self, alias: &str, column: &str, kind: TimeKind) -> String {
+        let c = Self::column(alias, column);
+        match (self.dialect, kind) {
+            (Driver::Postgres, TimeKind::WithZone) | (Driver::Mysql, _) => c,
+            (Driver::Postgres, TimeKind::WithoutZone) => format!("({c} AT TIME ZONE 'UTC')"),
+            (Driver::Sqlite, _) => {
+                format!("CAST(round((julianday({c}) - 2440587.5) * 86400000.0) AS INTEGER)")
+            }
+        }
+    }
+
+    /// Text of any type, in UTF-8 (MySQL: whatever the column's character set).
+    fn utf8_expr(&self, alias: &str, column: &str) -> String {
+        let c = Self::column(alias, column);
+        match self.dialect {
+            Driver::Mysql => format!("CAST({c} AS CHAR CHARACTER SET utf8mb4)"),
+            Driver::Postgres | Driver::Sqlite => self.dialect.cast(&c, Cast::Text),
+        }
+    }
+
+    /// An extra column read as its [`ValueKind`] is decoded (`rows::decode_extra`): integers
+    /// and booleans as 64-bit integers, times as times, bytes as bytes, everything else
+    /// (floats included, parsed in Rust) as UTF-8 text.
+    fn extra_expr(&self, alias: &str, column: &ColumnName, kind: ValueKind) -> String {
+        let quoted = column.quoted_with(self.dialect.quote());
+        let c = Self::column(alias, &quoted);
+        match kind {
+            ValueKind::Integer => self.dialect.cast(&c, Cast::Int),
+            ValueKind::Boolean => self.dialect.cast(
+                &format!("(CASE WHEN {c} THEN 1 WHEN NOT {c} THEN 0 END)"),
+                Cast::Int,
+            ),
+            ValueKind::Time(kind) => self.time_expr(alias, &quoted, kind),
+            ValueKind::Bytes if self.dialect == Driver::Sqlite => format!("CAST({c} AS BLOB)"),
+            ValueKind::Bytes => c,
+            ValueKind::Text | ValueKind::Float | ValueKind::Json => self.utf8_expr(alias, &quoted),
+        }
+    }
+
+    /// The claim's columns, in the order [`super::rows::column`] reads them, with its aliases;
+    /// the extra columns last, as `x0`, `x1`, … (their names may clash with the aliases).
     pub(crate) fn claimed_columns(&self, alias: &str) -> String {
+        let mut columns = self.mapped_columns(alias);
+        for (i, (column, kind)) in self.layout.extra.iter().enumerate() {
+            columns.push_str(&format!(
+                ", {} AS x{i}",
+                self.extra_expr(alias, column, *kind)
+            ));
+        }
+        columns
+    }
+
+    fn mapped_columns(&self, alias: &str) -> String {
         format!(
             "{id} AS id, {tenant} AS tenant, {at} AS aggregate_type, {ai} AS aggregate_id,
              {et} AS event_type, {payload} AS payload, {headers} AS headers,

@@ -60,8 +60,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 pub use columns::{
-    ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN, TableSpec,
-    TenantColumn,
+    ColumnMap, ColumnName, ColumnNameError, ColumnsSettings, DEFAULT_ORDER_COLUMN,
+    ExtraColumnNames, TableSpec, TenantColumn,
 };
 pub use dialect::Driver;
 pub use open::{Store, StoreBatch, check_url, migrate, open, redact};

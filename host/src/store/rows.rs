@@ -3,14 +3,16 @@
 //! a failure does to its row as the reschedule statements take it, and how long id lists are
 //! cut for databases without array parameters.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 
 use super::dialect::{Driver, millis};
 use super::layout_sql::LayoutSql;
-use super::schema::{KeyKind, PayloadKind};
+use super::schema::{KeyKind, PayloadKind, ValueKind};
 use super::statement::{Param, ReadRow, Statement};
 use super::{ColumnName, Disposition, RowFailure, StoreError};
-use crate::model::{Headers, OutboxId, OutboxRow, TenantId};
+use crate::model::{ColumnValue, ExtraColumns, Headers, OutboxId, OutboxRow, TenantId};
 use crate::text::{MAX_STORED, bounded};
 
 /// The claim's columns, in the order [`LayoutSql::claimed_columns`] lists them (a test of
@@ -26,10 +28,14 @@ pub(crate) mod column {
     pub(crate) const HEADERS: usize = 6;
     pub(crate) const CREATED_AT: usize = 7;
     pub(crate) const ATTEMPTS: usize = 8;
-    /// SQLite only: the order column, to sort `RETURNING`'s rows (in no set order).
-    pub(crate) const CLAIM_ORDER: usize = 9;
-    /// PostgreSQL's fair heads only: the tenant the walk visited.
-    pub(crate) const VISITED: usize = 9;
+    /// The first extra column (`[database.columns] extra`), if any.
+    pub(crate) const EXTRA: usize = 9;
+
+    /// The column after the extra ones: SQLite's order column (to sort `RETURNING`'s rows, in
+    /// no set order), PostgreSQL's fair heads' visited tenant.
+    pub(crate) fn after_extra(sql: &super::LayoutSql) -> usize {
+        EXTRA + sql.layout.extra.len()
+    }
 }
 
 /// Reads column `index` as an id as `key` carries it.
@@ -113,7 +119,36 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
         attempts: row
             .int32(column::ATTEMPTS)
             .map_err(|e| format!("cannot decode column attempts: {e}"))?,
+        extra: decode_extra(row, sql)?,
     })
+}
+
+/// Reads the extra columns as [`LayoutSql::claimed_columns`] cast them (see `extra_expr`).
+fn decode_extra(row: &impl ReadRow, sql: &LayoutSql) -> Result<ExtraColumns, String> {
+    let mut extra = Vec::with_capacity(sql.layout.extra.len());
+    for (i, (name, kind)) in sql.layout.extra.iter().enumerate() {
+        let index = column::EXTRA + i;
+        let cannot = |e: sqlx::Error| format!("cannot decode column {name}: {e}");
+        let value = match kind {
+            ValueKind::Integer => row.int(index).map_err(cannot)?.map(ColumnValue::Integer),
+            ValueKind::Boolean => row
+                .int(index)
+                .map_err(cannot)?
+                .map(|n| ColumnValue::Boolean(n != 0)),
+            ValueKind::Time(_) => row.time(index).map_err(cannot)?.map(ColumnValue::Timestamp),
+            ValueKind::Bytes => row.bytes(index).map_err(cannot)?.map(ColumnValue::Bytes),
+            ValueKind::Text => row.text(index).map_err(cannot)?.map(ColumnValue::Text),
+            ValueKind::Json => row.text(index).map_err(cannot)?.map(ColumnValue::Json),
+            ValueKind::Float => match row.text(index).map_err(cannot)? {
+                Some(text) => Some(ColumnValue::Float(text.trim().parse().map_err(|e| {
+                    format!("cannot decode column {name}: {text:?} is not a number: {e}")
+                })?)),
+                None => None,
+            },
+        };
+        extra.push((Arc::from(name.as_str()), value.unwrap_or(ColumnValue::Null)));
+    }
+    Ok(extra)
 }
 
 /// Rows per statement where ids travel as one placeholder each (MySQL, SQLite): far below

@@ -9,7 +9,9 @@
 
 use std::fmt;
 
-use super::columns::{self, ColumnMap, ColumnName, Holds, TableSpec, TenantColumn};
+use super::columns::{
+    self, ColumnMap, ColumnName, ExtraColumnNames, Holds, TableSpec, TenantColumn,
+};
 use super::{StoreError, TableName};
 use crate::model::OutboxId;
 
@@ -60,6 +62,20 @@ pub enum TimeKind {
     WithoutZone,
 }
 
+/// How an extra column (`[database.columns] extra`) is read, by its type; each is one
+/// [`crate::model::ColumnValue`] variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    /// Text, and every type without a kind of its own, as the database prints it.
+    Text,
+    Integer,
+    Float,
+    Boolean,
+    Time(TimeKind),
+    Json,
+    Bytes,
+}
+
 /// A checked outbox table: its columns and how to read each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -81,6 +97,8 @@ pub struct Layout {
     /// The id is unique only together with `created_at` (a table partitioned by
     /// `created_at`, whose primary key is `(id, created_at)`): rows are marked by both.
     pub keyed_with_created_at: bool,
+    /// The extra columns, in the order rows carry them, and how each is read.
+    pub extra: Vec<(ColumnName, ValueKind)>,
 }
 
 impl Layout {
@@ -165,6 +183,9 @@ pub(super) trait ColumnTypes {
     fn payload_kind(column: &FoundColumn) -> Option<PayloadKind>;
     fn is_headers(column: &FoundColumn) -> bool;
     fn time_kind(column: &FoundColumn) -> Option<TimeKind>;
+    /// How an extra column of this type is read ([`ValueKind::Text`] for types without a
+    /// kind of their own).
+    fn value_kind(column: &FoundColumn) -> ValueKind;
     /// The types a bookkeeping column holding `what` may have (as a refusal lists them), and
     /// the test.
     fn bookkeeping(what: Holds) -> (&'static str, fn(&FoundColumn) -> bool);
@@ -215,6 +236,7 @@ pub(super) fn check<T: ColumnTypes>(
         T::time_kind(c).is_some()
     });
     let order = checker.order::<T>(map, id.as_ref());
+    let extra = checker.extra::<T>(map, order.as_ref());
     for (name, holds) in bookkeeping::<T>() {
         let (accepted, accept) = T::bookkeeping(holds);
         let name = ColumnName::known(name);
@@ -237,6 +259,7 @@ pub(super) fn check<T: ColumnTypes>(
                 created_at_kind: T::time_kind(&created_at).unwrap_or(TimeKind::WithZone),
                 order,
                 keyed_with_created_at,
+                extra,
             })
         }
         _ => Err(SchemaError {
@@ -357,6 +380,45 @@ impl Checker<'_> {
         };
         self.require("tenant", name, T::ACCEPTED_STRING, T::is_string)
             .map(|_| name.clone())
+    }
+
+    /// The extra columns: each named one must exist; `*` takes every column that is neither
+    /// mapped (`order` included) nor Sluice's own, in table order.
+    fn extra<T: ColumnTypes>(
+        &mut self,
+        map: &ColumnMap,
+        order: Option<&ColumnName>,
+    ) -> Vec<(ColumnName, ValueKind)> {
+        match &map.extra {
+            ExtraColumnNames::None => Vec::new(),
+            ExtraColumnNames::Named(names) => {
+                let found = self.found;
+                let mut extra = Vec::with_capacity(names.len());
+                for name in names {
+                    match found.iter().find(|c| c.name == name.as_str()) {
+                        Some(column) => extra.push((name.clone(), T::value_kind(column))),
+                        None => self
+                            .problems
+                            .push(format!("column {name} (database.columns.extra) is missing")),
+                    }
+                }
+                extra
+            }
+            ExtraColumnNames::All => {
+                let roles = map.roles();
+                let own: Vec<&str> = bookkeeping::<T>().map(|(name, _)| name).collect();
+                self.found
+                    .iter()
+                    .filter(|c| {
+                        !own.contains(&c.name.as_str())
+                            && !roles.iter().any(|(_, r)| r.as_str() == c.name)
+                            && order.is_none_or(|o| o.as_str() != c.name)
+                            && c.name != columns::DEFAULT_ORDER_COLUMN
+                    })
+                    .filter_map(|c| Some((ColumnName::parse(&c.name).ok()?, T::value_kind(c))))
+                    .collect()
+            }
+        }
     }
 
     /// The [`order_column`], which must be an integer and `NOT NULL`.

@@ -27,6 +27,7 @@ pub(super) fn debezium_layout() -> Layout {
         created_at_kind: TimeKind::WithZone,
         order: col("sluice_seq"),
         keyed_with_created_at: false,
+        extra: Vec::new(),
     }
 }
 
@@ -46,6 +47,7 @@ pub(super) fn sluice_layout() -> Layout {
         created_at_kind: TimeKind::WithZone,
         order: col("id"),
         keyed_with_created_at: false,
+        extra: Vec::new(),
     }
 }
 

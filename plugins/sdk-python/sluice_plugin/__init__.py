@@ -1,4 +1,4 @@
-"""Guest SDK for Sluice plugins written in Python (``sluice:plugin@0.2.0``).
+"""Guest SDK for Sluice plugins written in Python (``sluice:plugin@0.3.0``).
 
 The Python counterpart of the Rust SDK in ``plugins/sdk``: subclass :class:`Plugin`, then bind
 the export name componentize-py looks for::
@@ -46,8 +46,12 @@ What the SDK takes care of, so plugin code need not know the runtime's rules:
 
 ``row.id`` is the outbox id as a ``str``, whatever the id column's type: ``"42"`` for an
 integer id, a uuid's canonical lower-case text, a text id as the database returns it.
+``row.extra`` lists the ``[database.columns] extra`` columns as ``ExtraColumn(name, value)``,
+each value one of the ``ColumnValue_…`` classes (``ColumnValue_Text("eu")``,
+``ColumnValue_Integer(5)``, ``ColumnValue_Null()``, …); :func:`extra` finds one by name.
 """
 
+import decimal
 import sys
 import traceback
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
@@ -56,7 +60,16 @@ from componentize_py_types import Err, Ok
 from wit_world import exports
 from wit_world.imports import host
 from wit_world.imports.types import (
+    ColumnValue_Boolean,
+    ColumnValue_Bytes,
+    ColumnValue_Float,
+    ColumnValue_Integer,
+    ColumnValue_Json,
+    ColumnValue_Null,
+    ColumnValue_Text,
+    ColumnValue_TimestampMs,
     ErrorDetail,
+    ExtraColumn,
     LogLevel,
     OutboxRow,
     OutputMessage,
@@ -68,7 +81,20 @@ from wit_world.imports.types import (
 )
 
 __all__ = [
+    "ColumnValue_Boolean",
+    "ColumnValue_Bytes",
+    "ColumnValue_Float",
+    "ColumnValue_Integer",
+    "ColumnValue_Json",
+    "ColumnValue_Null",
+    "ColumnValue_Text",
+    "ColumnValue_TimestampMs",
     "Config",
+    "ExtraColumn",
+    "Placements",
+    "extra",
+    "header_value",
+    "timestamp_of",
     "RecordSchema",
     "SchemaFormat",
     "ConfigError",
@@ -133,11 +159,14 @@ def message(
     partition: Optional[int] = None,
     value_record: Optional[str] = None,
     key_record: Optional[str] = None,
+    timestamp_ms: Optional[int] = None,
 ) -> Message:
     """A message to ``topic``. ``key``/``payload`` ``None`` mean no key / a tombstone; text is
     sent as UTF-8. ``partition`` ``None`` leaves the choice to Kafka's partitioner (by key).
     ``value_record``/``key_record``: with ``value_format``/``key_format`` set for the tenant,
-    the Avro record or Protobuf message (full name) to encode as, in place of the section's."""
+    the Avro record or Protobuf message (full name) to encode as, in place of the section's.
+    ``timestamp_ms``: the record's timestamp in milliseconds since the epoch (Kafka's record
+    timestamp; ``None``: the producer's time); :func:`timestamp_of` gives the row's."""
     return OutputMessage(
         topic=topic,
         key=None if key is None else _as_bytes(key),
@@ -146,7 +175,125 @@ def message(
         partition=partition,
         value_record=value_record,
         key_record=key_record,
+        timestamp_ms=timestamp_ms,
     )
+
+
+def timestamp_of(row: OutboxRow) -> Optional[int]:
+    """The row's ``created_at`` as a message timestamp, as the reference plugins and the
+    builtin router use it (``None`` for a time before the epoch, which Kafka refuses)."""
+    return row.created_at_ms if row.created_at_ms >= 0 else None
+
+
+def extra(row: OutboxRow, name: str):
+    """The value of the row's extra column called ``name`` (a ``ColumnValue_…``), or
+    ``None`` when the row does not carry it."""
+    for column in row.extra:
+        if column.name == name:
+            return column.value
+    return None
+
+
+def _float_text(f: float) -> str:
+    """Rust's ``f64`` Display: the shortest digits that read back, no exponent, no ``.0``."""
+    if f != f:
+        return "NaN"
+    if f in (float("inf"), float("-inf")):
+        return "inf" if f > 0 else "-inf"
+    text = format(decimal.Decimal(repr(f)), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def header_value(value) -> Optional[bytes]:
+    """An extra column's value as a header carries it, as the builtin router writes it:
+    text and JSON as UTF-8, integers and floats in decimal, booleans ``true``/``false``,
+    timestamps as milliseconds since the epoch in decimal, bytes as they are; ``None`` for
+    NULL."""
+    if isinstance(value, ColumnValue_Null):
+        return None
+    if isinstance(value, (ColumnValue_Text, ColumnValue_Json)):
+        return value.value.encode("utf-8")
+    if isinstance(value, (ColumnValue_Integer, ColumnValue_TimestampMs)):
+        return str(value.value).encode("utf-8")
+    if isinstance(value, ColumnValue_Float):
+        return _float_text(value.value).encode("utf-8")
+    if isinstance(value, ColumnValue_Boolean):
+        return b"true" if value.value else b"false"
+    if isinstance(value, ColumnValue_Bytes):
+        return bytes(value.value)
+    raise TypeError(f"not a column value: {value!r}")
+
+
+class Placements:
+    """``additional_placement``, as the host's builtin router reads it (Debezium's
+    ``table.fields.additional.placement``): ``column:header[:alias]`` and
+    ``column:partition``, comma-separated; same output and errors as the builtin and the Rust
+    SDK."""
+
+    def __init__(self, placements):
+        self.placements = placements
+
+    @classmethod
+    def parse(cls, spec: str) -> "Placements":
+        """Raises :class:`ConfigError` when the list is malformed or asks for
+        ``envelope``."""
+        placements = []
+        for raw in spec.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            parts = [p.strip() for p in entry.split(":")]
+            if len(parts) == 2 and parts[1] == "header":
+                target = ("header", parts[0])
+            elif len(parts) == 3 and parts[1] == "header" and parts[2]:
+                target = ("header", parts[2])
+            elif len(parts) == 2 and parts[1] == "partition":
+                target = ("partition", None)
+            elif len(parts) >= 2 and parts[1] == "envelope":
+                raise ConfigError(
+                    f"additional_placement {_quote(entry)}: envelope is not supported (the "
+                    "payload is published unchanged); use header or partition"
+                )
+            else:
+                raise ConfigError(
+                    f"additional_placement {_quote(entry)}: expected column:header[:alias] or "
+                    "column:partition"
+                )
+            if not parts[0]:
+                raise ConfigError(f"additional_placement {_quote(entry)}: the column is empty")
+            placements.append((parts[0], target))
+        return cls(placements)
+
+    def apply(self, row: OutboxRow, msg: Message) -> Message:
+        """``msg`` with the row's placed extra columns: headers appended in list order (none
+        for NULL), the partition set from an integer column. Raises a permanent
+        :class:`TransformError` for a column the row lacks, or a partition that is not an
+        integer from 0 to 2^31-1."""
+        for column, (kind, name) in self.placements:
+            value = extra(row, column)
+            if value is None:
+                raise TransformError.permanent(
+                    "missing-extra-column",
+                    f"additional_placement names column {column}, which the row does not "
+                    "carry (list it in [database.columns] extra)",
+                )
+            if kind == "header":
+                data = header_value(value)
+                if data is not None:
+                    msg.headers.append((name, data))
+            elif not isinstance(value, ColumnValue_Null):
+                if not (
+                    isinstance(value, ColumnValue_Integer) and 0 <= value.value <= 2147483647
+                ):
+                    raise TransformError.permanent(
+                        "invalid-partition",
+                        f"column {column} is placed as the partition but does not hold an "
+                        "integer from 0 to 2147483647",
+                    )
+                msg.partition = value.value
+        return msg
 
 
 def header(row: OutboxRow, name: str) -> Optional[bytes]:

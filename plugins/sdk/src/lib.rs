@@ -1,4 +1,4 @@
-//! Guest SDK for Sluice plugins (`sluice:plugin@0.2.0`).
+//! Guest SDK for Sluice plugins (`sluice:plugin@0.3.0`).
 //!
 //! Implement [`Plugin`] for a type and register it with [`plugin!`]; build the crate as a
 //! `cdylib` with `cargo build --release --target wasm32-wasip2` and the `.wasm` file is a
@@ -38,9 +38,11 @@ pub mod bindings {
 }
 
 pub use bindings::sluice::plugin::types::{
-    ErrorDetail, LogLevel, OutboxRow, OutputMessage as Message, PluginInfo, RecordSchema,
-    SchemaFormat, TransformError,
+    ColumnValue, ErrorDetail, ExtraColumn, LogLevel, OutboxRow, OutputMessage as Message,
+    PluginInfo, RecordSchema, SchemaFormat, TransformError,
 };
+
+pub use placement::Placements;
 
 /// Host logging, tagged with the tenant by the host.
 pub mod log {
@@ -155,6 +157,7 @@ impl Message {
             partition: None,
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
     }
 
@@ -196,6 +199,42 @@ impl Message {
         self.key_record = Some(record.into());
         self
     }
+
+    /// The record's timestamp, in milliseconds since the epoch (Kafka's record timestamp;
+    /// docs/brokers.md, "Timestamps"). Unset: the producer's time.
+    pub fn timestamp_ms(mut self, ms: i64) -> Self {
+        self.timestamp_ms = Some(ms);
+        self
+    }
+
+    /// The row's `created_at` as the timestamp, as the reference plugins and the builtin
+    /// router do (none for a time before the epoch, which Kafka refuses).
+    pub fn timestamp_of(mut self, row: &OutboxRow) -> Self {
+        self.timestamp_ms = (row.created_at_ms >= 0).then_some(row.created_at_ms);
+        self
+    }
+}
+
+impl ColumnValue {
+    /// The value as a header carries it, as the builtin router writes it: text and JSON as
+    /// UTF-8, integers and floats in decimal, booleans `true`/`false`, timestamps as
+    /// milliseconds since the epoch in decimal, bytes as they are; `None` for NULL.
+    pub fn header_value(&self) -> Option<Vec<u8>> {
+        Some(match self {
+            Self::Null => return None,
+            Self::Text(s) | Self::Json(s) => s.as_bytes().to_vec(),
+            Self::Integer(n) => n.to_string().into_bytes(),
+            Self::Float(f) => f.to_string().into_bytes(),
+            Self::Boolean(b) => b.to_string().into_bytes(),
+            Self::TimestampMs(ms) => ms.to_string().into_bytes(),
+            Self::Bytes(b) => b.clone(),
+        })
+    }
+}
+
+/// Looks up an extra column (`[database.columns] extra`) of the row by name.
+pub fn extra<'a>(row: &'a OutboxRow, name: &str) -> Option<&'a ColumnValue> {
+    row.extra.iter().find(|c| c.name == name).map(|c| &c.value)
 }
 
 impl TransformError {
@@ -220,6 +259,107 @@ pub fn header<'a>(row: &'a OutboxRow, name: &str) -> Option<&'a [u8]> {
         .iter()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_slice())
+}
+
+/// `additional_placement`, as the host's builtin router reads it (Debezium's
+/// `table.fields.additional.placement`): `column:header[:alias]` and `column:partition`,
+/// comma-separated. Same parsing, same output, same errors as the builtin, so a tenant moving
+/// from the builtin to its own plugin publishes the same messages.
+// Inline rather than a file of its own: `sluice plugin new` vendors this one file.
+mod placement {
+    use crate::{Message, OutboxRow, TransformError, extra};
+
+    /// Where one extra column goes.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Target {
+        Header(String),
+        Partition,
+    }
+
+    /// A parsed `additional_placement` list.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct Placements(Vec<(String, Target)>);
+
+    impl Placements {
+        /// Parses `column:header[:alias],column:partition,…`; empty: none. `envelope` is refused:
+        /// the payload is published unchanged.
+        pub fn parse(spec: &str) -> Result<Self, String> {
+            let mut placements = Vec::new();
+            for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
+                let target = match parts.as_slice() {
+                    [column, "header"] => Target::Header((*column).to_owned()),
+                    [_, "header", alias] if !alias.is_empty() => {
+                        Target::Header((*alias).to_owned())
+                    }
+                    [_, "partition"] => Target::Partition,
+                    [_, "envelope", ..] => {
+                        return Err(format!(
+                            "additional_placement {entry:?}: envelope is not supported (the payload \
+                             is published unchanged); use header or partition"
+                        ));
+                    }
+                    _ => {
+                        return Err(format!(
+                            "additional_placement {entry:?}: expected column:header[:alias] or \
+                             column:partition"
+                        ));
+                    }
+                };
+                if parts[0].is_empty() {
+                    return Err(format!(
+                        "additional_placement {entry:?}: the column is empty"
+                    ));
+                }
+                placements.push((parts[0].to_owned(), target));
+            }
+            Ok(Self(placements))
+        }
+
+        /// `message` with the row's placed extra columns: headers appended in list order (none
+        /// for NULL), the partition set from an integer column. A column the row lacks, or a
+        /// partition that is not an integer from 0 to 2^31-1, is a permanent error.
+        pub fn apply(
+            &self,
+            row: &OutboxRow,
+            mut message: Message,
+        ) -> Result<Message, TransformError> {
+            for (column, target) in &self.0 {
+                let Some(value) = extra(row, column) else {
+                    return Err(TransformError::permanent(
+                        "missing-extra-column",
+                        format!(
+                            "additional_placement names column {column}, which the row does not \
+                             carry (list it in [database.columns] extra)"
+                        ),
+                    ));
+                };
+                match target {
+                    Target::Header(name) => {
+                        if let Some(bytes) = value.header_value() {
+                            message.headers.push((name.clone(), bytes));
+                        }
+                    }
+                    Target::Partition => match value {
+                        crate::ColumnValue::Null => {}
+                        crate::ColumnValue::Integer(n) if (0..=i64::from(i32::MAX)).contains(n) => {
+                            message.partition = i32::try_from(*n).ok();
+                        }
+                        _ => {
+                            return Err(TransformError::permanent(
+                                "invalid-partition",
+                                format!(
+                                    "column {column} is placed as the partition but does not hold \
+                                     an integer from 0 to 2147483647"
+                                ),
+                            ));
+                        }
+                    },
+                }
+            }
+            Ok(message)
+        }
+    }
 }
 
 #[doc(hidden)]

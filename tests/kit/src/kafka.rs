@@ -105,6 +105,9 @@ pub struct Received {
     pub payload: Option<Vec<u8>>,
     /// Its headers, in order.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// Its record timestamp in milliseconds since the epoch (CreateTime or LogAppendTime),
+    /// if it has one.
+    pub timestamp: Option<i64>,
 }
 
 impl Received {
@@ -194,6 +197,7 @@ pub fn consume_until_with(
                     key: m.key().map(<[u8]>::to_vec),
                     payload: m.payload().map(<[u8]>::to_vec),
                     headers,
+                    timestamp: m.timestamp().to_millis(),
                 });
                 if settle_until.is_none() && done(&out) {
                     settle_until = Some(Instant::now() + settle);

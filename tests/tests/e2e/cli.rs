@@ -156,7 +156,7 @@ fn plugin_check_prints_info() {
     // The contract version read from the component's export, and the file's digest as
     // coreutils' sha256sum computes it.
     assert!(
-        text.contains(": OK (exports sluice:plugin/transformer@0.2.0)"),
+        text.contains(": OK (exports sluice:plugin/transformer@0.3.0)"),
         "{text}"
     );
     let sum = std::process::Command::new("sha256sum")
@@ -312,8 +312,10 @@ fn order_and_payment(dir: &tempfile::TempDir) -> String {
     let path = dir.path().join("mixed.jsonl");
     std::fs::write(
         &path,
-        "{\"id\": 1, \"aggregate_type\": \"order\", \"aggregate_id\": \"o-1\", \"event_type\": \"E\"}\n\
-         {\"id\": 2, \"aggregate_type\": \"payment\", \"aggregate_id\": \"p-1\", \"event_type\": \"E\"}\n",
+        // A fixed created_at: the reference plugin stamps it as the message's timestamp, so
+        // two runs print the same.
+        "{\"id\": 1, \"aggregate_type\": \"order\", \"aggregate_id\": \"o-1\", \"event_type\": \"E\", \"created_at\": \"2026-01-01T00:00:00Z\"}\n\
+         {\"id\": 2, \"aggregate_type\": \"payment\", \"aggregate_id\": \"p-1\", \"event_type\": \"E\", \"created_at\": \"2026-01-01T00:00:00Z\"}\n",
     )
     .unwrap();
     path.display().to_string()

@@ -15,6 +15,7 @@ mod config_check;
 mod databases;
 mod db_roles;
 mod db_tls;
+mod extra_columns;
 mod failures;
 mod fairness;
 mod injected_errors;

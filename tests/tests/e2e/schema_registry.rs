@@ -693,7 +693,7 @@ async fn components_of_both_contract_versions_run_and_a_plugin_picks_the_record(
     let new = test_plugin("test_pick_record");
     for (plugin, export) in [
         (&old, "sluice:plugin/transformer@0.1.0"),
-        (&new, "sluice:plugin/transformer@0.2.0"),
+        (&new, "sluice:plugin/transformer@0.3.0"),
     ] {
         let checked = sluice(&["plugin", "check", &plugin.to_string_lossy()]);
         let said = String::from_utf8_lossy(&checked.stdout);

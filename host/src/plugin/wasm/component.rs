@@ -31,7 +31,7 @@ pub(crate) struct LoadedPlugin {
     /// The trusted key that signed the bytes (`None` without `[plugins] trusted_keys`).
     signer: Option<Signer>,
     /// The contract interface the component exports, with its version
-    /// (`sluice:plugin/transformer@0.2.0`): the WIT it was built against.
+    /// (`sluice:plugin/transformer@0.3.0`): the WIT it was built against.
     contract: String,
     /// The version the plugin reports in `info()`, asked once by its first instance.
     version: OnceLock<String>,
@@ -158,7 +158,7 @@ impl LoadedPlugin {
         self.signer.as_ref()
     }
 
-    /// The contract interface it exports, versioned (`sluice:plugin/transformer@0.2.0`).
+    /// The contract interface it exports, versioned (`sluice:plugin/transformer@0.3.0`).
     pub(crate) fn contract(&self) -> &str {
         &self.contract
     }

@@ -10,7 +10,7 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::plugin::PluginError;
-use crate::plugin::wasm::bindings::{Plugin, v0_1};
+use crate::plugin::wasm::bindings::{Plugin, v0_1, v0_2};
 use crate::plugin::wasm::call;
 use crate::plugin::wasm::host_api::HostState;
 
@@ -192,10 +192,12 @@ impl PluginEngine {
         call::shadow_waits(&mut linker).map_err(PluginError::engine)?;
         linker.allow_shadowing(false);
         // The host interface of every supported contract version (docs/plugins.md, "Contract
-        // versions"): components built against 0.1.0 import sluice:plugin/host@0.1.0.
+        // versions"): components built against 0.1.0 import sluice:plugin/host@0.1.0, …
         Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PluginError::engine)?;
         v0_1::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(PluginError::engine)?;
+        v0_2::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PluginError::engine)?;
 
         let this = Arc::new(Self {

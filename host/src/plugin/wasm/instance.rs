@@ -8,7 +8,7 @@ use std::time::Instant;
 use wasmtime::{PoolConcurrencyLimitError, Trap};
 
 use crate::model::TransformFailure;
-use crate::model::{OutboxId, OutboxRow};
+use crate::model::{ColumnValue, OutboxId, OutboxRow};
 use crate::plugin::PluginError;
 use crate::plugin::limits::{LimitExceeded, Limits};
 use crate::plugin::wasm::bindings::types::{self as wit, PluginInfo};
@@ -314,11 +314,27 @@ impl Trapped {
     }
 }
 
-/// What a row's WIT record needs that the row does not hold in that form: its id as text
-/// and its headers as borrowed pairs. Everything else is borrowed from the row as it is.
+/// What a row's WIT record needs that the row does not hold in that form: its id as text,
+/// its headers as borrowed pairs and its extra columns as WIT values. Everything else is
+/// borrowed from the row as it is.
 pub(crate) struct WitParts<'r> {
     id: std::borrow::Cow<'r, str>,
     headers: Vec<(&'r str, &'r [u8])>,
+    extra: Vec<wit::ExtraColumn<'r>>,
+}
+
+/// An extra column's value as the WIT carries it (timestamps in milliseconds).
+fn wit_value(value: &ColumnValue) -> wit::ColumnValue<'_> {
+    match value {
+        ColumnValue::Null => wit::ColumnValue::Null,
+        ColumnValue::Text(s) => wit::ColumnValue::Text(s),
+        ColumnValue::Integer(n) => wit::ColumnValue::Integer(*n),
+        ColumnValue::Float(f) => wit::ColumnValue::Float(*f),
+        ColumnValue::Boolean(b) => wit::ColumnValue::Boolean(*b),
+        ColumnValue::Timestamp(t) => wit::ColumnValue::TimestampMs(t.timestamp_millis()),
+        ColumnValue::Json(s) => wit::ColumnValue::Json(s),
+        ColumnValue::Bytes(b) => wit::ColumnValue::Bytes(b),
+    }
 }
 
 impl<'r> WitParts<'r> {
@@ -332,6 +348,14 @@ impl<'r> WitParts<'r> {
                 .headers
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect(),
+            extra: row
+                .extra
+                .iter()
+                .map(|(name, value)| wit::ExtraColumn {
+                    name: name.as_ref(),
+                    value: wit_value(value),
+                })
                 .collect(),
         }
     }
@@ -348,6 +372,7 @@ impl<'r> WitParts<'r> {
             headers: &self.headers,
             created_at_ms: row.created_at.timestamp_millis(),
             attempt: u32::try_from(row.attempts.saturating_add(1)).unwrap_or(1),
+            extra: &self.extra,
         }
     }
 }

@@ -38,6 +38,7 @@ pub(super) fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxR
         headers: vec![("trace".to_owned(), format!("t-{id}").into_bytes())],
         created_at: chrono::Utc::now(),
         attempts: 0,
+        extra: Vec::new(),
     }
 }
 
@@ -97,6 +98,7 @@ pub(super) fn message(row: &OutboxRow, topic: &str) -> OutboundMessage {
         encoding: None,
         value_record: None,
         key_record: None,
+        timestamp_ms: None,
     }
 }
 

@@ -125,6 +125,7 @@ fn message(destination: &str, row: i64, key: &str) -> OutboundMessage {
         encoding: None,
         value_record: None,
         key_record: None,
+        timestamp_ms: None,
     }
 }
 

@@ -335,6 +335,11 @@ fn record(m: &OutboundMessage, opaque: Opaque) -> BaseRecord<'_, [u8], [u8], Opa
     if let Some(partition) = m.partition {
         record = record.partition(partition);
     }
+    // The record's CreateTime (a topic with message.timestamp.type=LogAppendTime replaces
+    // it with the broker's); none: librdkafka stamps the time of the send.
+    if let Some(ms) = m.timestamp_ms {
+        record = record.timestamp(ms);
+    }
     record
 }
 
@@ -526,6 +531,7 @@ mod tests {
             encoding: None,
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
     }
 

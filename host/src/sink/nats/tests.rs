@@ -48,6 +48,7 @@ fn message(subject: &str, row: i64) -> OutboundMessage {
         encoding: None,
         value_record: None,
         key_record: None,
+        timestamp_ms: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! How an [`OutboundMessage`] becomes an AMQP message: the routing key is its topic, the body
 //! its payload (empty for a tombstone), and its properties say persistent (`delivery_mode`
-//! 2), its `message_id` (`{prefix}{row}-{index}`), a timestamp, and the headers as an AMQP
+//! 2), its `message_id` (`{prefix}{row}-{index}`), a timestamp (the message's, else the time
+//! of the send; AMQP's is in whole seconds), and the headers as an AMQP
 //! field table of byte strings — with `sluice-key` for the key and `sluice-tombstone: true`
 //! for a tombstone. Messages RabbitMQ would refuse (or act on: `CC`/`BCC` route a message to
 //! more routing keys) fail here, before anything is sent.
@@ -85,7 +86,7 @@ impl Mapping<'_> {
         let properties = BasicProperties::default()
             .with_delivery_mode(PERSISTENT)
             .with_message_id(message_id)
-            .with_timestamp(now())
+            .with_timestamp(m.timestamp_ms.map_or_else(now, seconds))
             .with_headers(headers);
         Ok(Amqp {
             routing_key,
@@ -176,6 +177,11 @@ pub(super) fn indexes_in_row(messages: &[OutboundMessage]) -> Vec<usize> {
         .collect()
 }
 
+/// A message's timestamp in AMQP's unit, whole seconds (rounded down).
+fn seconds(ms: i64) -> u64 {
+    u64::try_from(ms.div_euclid(1000)).unwrap_or(0)
+}
+
 /// Seconds since the epoch, AMQP's `timestamp`.
 fn now() -> u64 {
     SystemTime::now()
@@ -203,6 +209,7 @@ mod tests {
             encoding: None,
             value_record: None,
             key_record: None,
+            timestamp_ms: None,
         }
     }
 
@@ -234,6 +241,12 @@ mod tests {
             Some("shop-7-2")
         );
         assert!(p.timestamp().is_some());
+        let stamped = OutboundMessage {
+            timestamp_ms: Some(1_767_323_045_999),
+            ..m.clone()
+        };
+        let at = *MAPPING.map(&stamped, 2).unwrap().properties.timestamp();
+        assert_eq!(at, Some(1_767_323_045), "the message's, in seconds");
         let headers = p.headers().as_ref().unwrap().inner();
         assert_eq!(string(&headers["sluice-tenant"]), b"acme");
         assert_eq!(string(&headers["sluice-key"]), b"k1");

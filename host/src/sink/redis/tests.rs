@@ -51,6 +51,7 @@ fn message(topic: &str, row: i64) -> OutboundMessage {
         encoding: None,
         value_record: None,
         key_record: None,
+        timestamp_ms: None,
     }
 }
 

@@ -45,6 +45,10 @@ macro_rules! kit_db_fixture_common {
         async fn insert_bulk(&self, n: i64, tenant: Option<&str>) {
             self.t.insert_rows(n, tenant).await;
         }
+
+        async fn execute(&self, sql: &str) {
+            self.exec(sql).await;
+        }
     };
 }
 
@@ -175,6 +179,21 @@ pub(super) mod pg {
             )
             .await;
         }
+
+        const TYPED_COLUMNS: [&'static str; 9] = [
+            "region text",
+            "n bigint",
+            "flag boolean",
+            "score double precision",
+            "seen_at timestamptz",
+            "meta jsonb",
+            "raw bytea",
+            "note text",
+            "amount numeric(10, 2)",
+        ];
+        const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = true, \
+            score = 19.5, seen_at = '2026-01-02T03:04:05.123Z', meta = '{\"a\": [1, 2]}', \
+            raw = '\\x00ff', amount = 12.30";
     }
 }
 
@@ -274,6 +293,21 @@ pub(super) mod my {
             )
             .await;
         }
+
+        const TYPED_COLUMNS: [&'static str; 9] = [
+            "region VARCHAR(32)",
+            "n BIGINT",
+            "flag BOOLEAN",
+            "score DOUBLE",
+            "seen_at DATETIME(3)",
+            "meta JSON",
+            "raw VARBINARY(16)",
+            "note TEXT",
+            "amount DECIMAL(10, 2)",
+        ];
+        const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = TRUE, \
+            score = 19.5, seen_at = '2026-01-02 03:04:05.123', meta = '{\"a\": [1, 2]}', \
+            raw = X'00FF', amount = 12.30";
     }
 }
 
@@ -370,5 +404,20 @@ pub(super) mod lite {
             )
             .await;
         }
+
+        const TYPED_COLUMNS: [&'static str; 9] = [
+            "region TEXT",
+            "n INTEGER",
+            "flag BOOLEAN",
+            "score REAL",
+            "seen_at TIMESTAMP",
+            "meta JSON",
+            "raw BLOB",
+            "note TEXT",
+            "amount NUMERIC(10, 2)",
+        ];
+        const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = 1, \
+            score = 19.5, seen_at = '2026-01-02 03:04:05.123', meta = '{\"a\": [1, 2]}', \
+            raw = X'00FF', amount = 12.30";
     }
 }

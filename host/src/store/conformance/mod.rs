@@ -124,6 +124,17 @@ trait DbFixture: Fixture<Store = Store> {
     /// Creates a table Sluice cannot use: an id of a non-key type, `aggregate_id` missing,
     /// an integer `payload`, no bookkeeping columns.
     async fn create_unusable_table(&self);
+    /// Runs `sql` (`{t}` stands for the quoted table).
+    async fn execute(&self, sql: &str);
+
+    /// Columns of the database's usual types, as `ALTER TABLE … ADD COLUMN` takes them, in
+    /// this order: `region` (text), `n` (a big integer), `flag` (boolean), `score` (double),
+    /// `seen_at` (a timestamp), `meta` (JSON), `raw` (binary), `note` (text), `amount` (a
+    /// decimal).
+    const TYPED_COLUMNS: [&'static str; 9];
+    /// `UPDATE … SET` of those columns: `eu-west`, 42, true, 19.5, 2026-01-02 03:04:05.123
+    /// UTC, `{"a": [1, 2]}`, the bytes 00 ff, NULL, 12.30.
+    const TYPED_VALUES: &'static str;
 
     fn spec(&self) -> TableSpec {
         TableSpec::new(TableName::parse(self.table()).unwrap())
@@ -235,6 +246,8 @@ macro_rules! conformance {
         conformance!(@tests schema, $fixture;
             unusable_tables_are_refused_naming_every_problem,
             an_application_table_is_relayed_through_the_column_mapping,
+            extra_columns_reach_the_row_with_their_types,
+            every_other_column_is_extra_with_a_star_and_a_missing_one_is_named,
         );
     };
     (@fair_share $fixture:ty) => {

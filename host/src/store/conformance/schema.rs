@@ -3,9 +3,12 @@
 
 use std::collections::HashSet;
 
-use super::{DbFixture, ids, sent};
-use crate::model::{OutboxId, TenantId};
-use crate::store::{self, ClaimedBatch, OutboxStore, StoreOptions};
+use super::{DbFixture, ids, row, sent};
+use crate::model::{ColumnValue, OutboxId, TenantId};
+use crate::store::{
+    self, BatchOutcome, ClaimedBatch, ColumnsSettings, Disposition, OutboxStore, RowFailure,
+    StoreOptions, TableSpec,
+};
 
 pub(super) async fn unusable_tables_are_refused_naming_every_problem<F: DbFixture>() {
     let f = F::new().await;
@@ -106,5 +109,160 @@ pub(super) async fn an_application_table_is_relayed_through_the_column_mapping<F
     assert_eq!(distinct.len(), 3);
     claim.batch.complete(sent(ids(&claim.rows))).await.unwrap();
     assert_eq!(f.count().await, 0);
+    f.cleanup().await;
+}
+
+/// The standard table with [`DbFixture::TYPED_COLUMNS`] added, two rows (the first with
+/// [`DbFixture::TYPED_VALUES`], the second all NULL); returns their ids.
+async fn typed_table<F: DbFixture>(f: &F) -> Vec<i64> {
+    f.migrated(StoreOptions::default()).await;
+    for column in F::TYPED_COLUMNS {
+        f.execute(&format!("ALTER TABLE {{t}} ADD COLUMN {column}"))
+            .await;
+    }
+    let ids = f.insert(&[row(None, "o-1", 1), row(None, "o-2", 2)]).await;
+    f.execute(&format!(
+        "UPDATE {{t}} SET {} WHERE id = {}",
+        F::TYPED_VALUES,
+        ids[0]
+    ))
+    .await;
+    ids
+}
+
+/// `f`'s standard table with `extra = names`.
+fn spec_with_extra<F: DbFixture>(f: &F, names: &[&str]) -> Result<TableSpec, String> {
+    let columns = ColumnsSettings {
+        extra: Some(names.iter().map(|n| (*n).to_owned()).collect()),
+        ..Default::default()
+    };
+    TableSpec::from_settings(f.table(), &columns).map_err(|e| e.to_string())
+}
+
+/// Puts the claimed rows back, due at once, without counting an attempt.
+async fn put_back(claim: store::Claim<store::StoreBatch>) {
+    let failed = claim
+        .rows
+        .iter()
+        .map(|r| RowFailure {
+            id: r.id.clone(),
+            error: "put back".into(),
+            disposition: Disposition::Wait(std::time::Duration::ZERO),
+        })
+        .collect();
+    claim
+        .batch
+        .complete(BatchOutcome {
+            sent: Vec::new(),
+            failed,
+        })
+        .await
+        .unwrap();
+}
+
+pub(super) async fn extra_columns_reach_the_row_with_their_types<F: DbFixture>() {
+    let f = F::new().await;
+    typed_table(&f).await;
+    let names = [
+        "region", "n", "flag", "score", "seen_at", "meta", "raw", "note", "amount",
+    ];
+    let spec = spec_with_extra(&f, &names).unwrap();
+    let store = store::open(&f.url(), &spec, StoreOptions::default(), 2)
+        .await
+        .unwrap();
+    let claim = store.claim(10, &[]).await.unwrap();
+    assert_eq!(claim.rows.len(), 2);
+    let first = &claim.rows[0].extra;
+    let got: Vec<&str> = first.iter().map(|(name, _)| &**name).collect();
+    assert_eq!(got, names, "in the configured order");
+    let value = |name: &str| {
+        first
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    let at = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123Z").unwrap();
+    assert_eq!(value("region"), ColumnValue::Text("eu-west".into()));
+    assert_eq!(value("n"), ColumnValue::Integer(42));
+    assert_eq!(value("flag"), ColumnValue::Boolean(true));
+    assert_eq!(value("score"), ColumnValue::Float(19.5));
+    assert_eq!(value("seen_at"), ColumnValue::Timestamp(at.to_utc()));
+    assert_eq!(value("raw"), ColumnValue::Bytes(vec![0x00, 0xff]));
+    assert_eq!(value("note"), ColumnValue::Null);
+    match value("meta") {
+        ColumnValue::Json(text) => {
+            assert_eq!(text, r#"{"a": [1, 2]}"#);
+        }
+        // MariaDB's JSON is LONGTEXT: read as text (docs/configuration.md, `extra`).
+        ColumnValue::Text(text) if f.url().starts_with("mysql") => {
+            assert_eq!(text, r#"{"a": [1, 2]}"#);
+        }
+        other => panic!("meta: {other:?}"),
+    }
+    // Decimals are read as text: exact, as the database prints them (SQLite stores a REAL).
+    let ColumnValue::Text(amount) = value("amount") else {
+        panic!("amount: {:?}", value("amount"));
+    };
+    assert_eq!(amount.parse::<f64>(), Ok(12.3), "{amount}");
+    assert!(
+        claim.rows[1]
+            .extra
+            .iter()
+            .all(|(_, v)| *v == ColumnValue::Null),
+        "{:?}",
+        claim.rows[1].extra
+    );
+    put_back(claim).await;
+    f.cleanup().await;
+}
+
+pub(super) async fn every_other_column_is_extra_with_a_star_and_a_missing_one_is_named<
+    F: DbFixture,
+>() {
+    let f = F::new().await;
+    typed_table(&f).await;
+    let spec = spec_with_extra(&f, &["*"]).unwrap();
+    let store = store::open(&f.url(), &spec, StoreOptions::default(), 2)
+        .await
+        .unwrap();
+    let claim = store.claim(10, &[]).await.unwrap();
+    let got: Vec<&str> = claim.rows[0].extra.iter().map(|(n, _)| &**n).collect();
+    let added: Vec<&str> = F::TYPED_COLUMNS
+        .iter()
+        .map(|c| c.split(' ').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        got, added,
+        "neither mapped nor bookkeeping columns, in table order"
+    );
+    put_back(claim).await;
+
+    let spec = spec_with_extra(&f, &["region", "tier"]).unwrap();
+    let err = store::open(&f.url(), &spec, StoreOptions::default(), 1)
+        .await
+        .err()
+        .expect("a missing extra column is refused")
+        .to_string();
+    assert!(
+        err.contains("column \"tier\" (database.columns.extra) is missing"),
+        "{err}"
+    );
+    assert!(!err.contains("\"region\""), "{err}");
+    for (names, says) in [
+        (
+            &["aggregate_type"][..],
+            "already mapped as database.columns.aggregate_type",
+        ),
+        (&["attempts"][..], "bookkeeping"),
+        (&["*", "region"][..], "stands alone"),
+        (&["region", "region"][..], "listed twice"),
+    ] {
+        let err = spec_with_extra(&f, names).unwrap_err();
+        assert!(
+            err.contains("database.columns.extra") && err.contains(says),
+            "{names:?}: {err}"
+        );
+    }
     f.cleanup().await;
 }

@@ -5,7 +5,7 @@ use sqlx::mysql::MySql;
 use sqlx::{Executor, Row};
 
 use crate::store::columns::{ColumnName, Holds};
-use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind};
+use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, PayloadKind, TimeKind, ValueKind};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 5] = ["tinyint", "smallint", "mediumint", "int", "bigint"];
@@ -77,6 +77,19 @@ impl ColumnTypes for MyTypes {
             "timestamp" => Some(TimeKind::WithZone),
             "datetime" => Some(TimeKind::WithoutZone),
             _ => None,
+        }
+    }
+
+    /// `BOOLEAN` is `tinyint(1)`; MariaDB's `JSON` is `longtext` and reads as text.
+    fn value_kind(column: &FoundColumn) -> ValueKind {
+        match column.base.as_str() {
+            "tinyint" if column.shown.starts_with("tinyint(1)") => ValueKind::Boolean,
+            "bit" if column.shown == "bit(1)" => ValueKind::Boolean,
+            b if INT_TYPES.contains(&b) => ValueKind::Integer,
+            "float" | "double" => ValueKind::Float,
+            "json" => ValueKind::Json,
+            b if BINARY_TYPES.contains(&b) => ValueKind::Bytes,
+            _ => Self::time_kind(column).map_or(ValueKind::Text, ValueKind::Time),
         }
     }
 

@@ -66,6 +66,8 @@ pub(super) struct FairSql {
     /// The heads of the rows without a tenant (`$2` the room left, `$3` the share): they
     /// take their turn after the last tenant.
     pub no_tenant: Arc<str>,
+    /// The heads' column holding the visited tenant (after the extra columns).
+    pub visited: usize,
 }
 
 impl FairSql {
@@ -132,6 +134,7 @@ impl FairSql {
             unpaused = unpaused(&sql.tenant_expr("o")),
         );
         Some(Self {
+            visited: column::after_extra(sql),
             no_tenant: no_tenant.into(),
             heads: heads("", ""),
             heads_after: heads(&format!("AND o.{tenant} > $4"), ""),
@@ -153,14 +156,18 @@ impl Heads {
     /// Reads the result of a heads statement run with `limit` (`$2`): a row per claimed
     /// head, and one without a row (all its columns NULL) per visited tenant that had none
     /// to take.
-    pub(super) fn read(result: Vec<PgRow>, limit: usize) -> Result<Self, StoreError> {
+    pub(super) fn read(
+        result: Vec<PgRow>,
+        limit: usize,
+        visited_column: usize,
+    ) -> Result<Self, StoreError> {
         let mut heads = Self {
             rows: Vec::with_capacity(result.len()),
             last: None,
             cut: result.len() >= limit,
         };
         for row in result {
-            let visited: Option<String> = row.try_get(column::VISITED)?;
+            let visited: Option<String> = row.try_get(visited_column)?;
             heads.last = visited;
             if !row.try_get_raw(column::ID)?.is_null() {
                 heads.rows.push(row);
@@ -231,7 +238,7 @@ async fn walk(
         Some(tenant) => query.bind(tenant),
         None => query,
     };
-    Heads::read(query.fetch_all(&mut *tx).await?, limit)
+    Heads::read(query.fetch_all(&mut *tx).await?, limit, fair.heads.visited)
 }
 
 #[cfg(test)]

@@ -7,7 +7,9 @@ use sqlx::{Executor, Postgres};
 use crate::store::columns::{ColumnName, Holds, TableSpec};
 use crate::store::ddl::DdlTypes;
 use crate::store::schema::{self, ColumnTypes};
-pub(super) use crate::store::schema::{FoundColumn, KeyKind, Layout, PayloadKind, TimeKind};
+pub(super) use crate::store::schema::{
+    FoundColumn, KeyKind, Layout, PayloadKind, TimeKind, ValueKind,
+};
 use crate::store::{StoreError, TableName};
 
 const INT_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
@@ -67,6 +69,17 @@ impl ColumnTypes for PgTypes {
             "timestamp with time zone" => Some(TimeKind::WithZone),
             "timestamp without time zone" => Some(TimeKind::WithoutZone),
             _ => None,
+        }
+    }
+
+    fn value_kind(column: &FoundColumn) -> ValueKind {
+        match column.base.as_str() {
+            b if INT_TYPES.contains(&b) => ValueKind::Integer,
+            "real" | "double precision" => ValueKind::Float,
+            "boolean" => ValueKind::Boolean,
+            "json" | "jsonb" => ValueKind::Json,
+            "bytea" => ValueKind::Bytes,
+            _ => Self::time_kind(column).map_or(ValueKind::Text, ValueKind::Time),
         }
     }
 

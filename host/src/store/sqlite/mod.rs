@@ -69,11 +69,12 @@ struct Claimed {
 /// Decodes a claimed row ([`decode_claimed`]) and its place in claim order.
 fn decode_row(row: &SqliteRow, sql: &LayoutSql) -> Result<Claimed, StoreError> {
     let decoded = decode_claimed(row, sql)?;
+    let claim_order = column::after_extra(sql);
     let order = row
-        .int(column::CLAIM_ORDER)
+        .int(claim_order)
         .and_then(|order| {
             order.ok_or_else(|| sqlx::Error::ColumnDecode {
-                index: column::CLAIM_ORDER.to_string(),
+                index: claim_order.to_string(),
                 source: "the order column is NULL".into(),
             })
         })

@@ -10,7 +10,9 @@ use sqlx::Row;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 
 use crate::store::columns::{ColumnName, Holds};
-use crate::store::schema::{ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, TimeKind};
+use crate::store::schema::{
+    ColumnTypes, FoundColumn, KeyKind, Layout, PayloadKind, TimeKind, ValueKind,
+};
 use crate::store::{StoreError, TableName};
 use crate::store::{ddl, fair};
 
@@ -92,6 +94,27 @@ impl ColumnTypes for LiteTypes {
         let t = column.base.as_str();
         (is_text(column) || t.contains("date") || t.contains("time"))
             .then_some(TimeKind::WithoutZone)
+    }
+
+    /// By declared type: `BOOLEAN`/`BOOL`, `JSON`, `DATETIME`/`TIMESTAMP`/`DATE…` (ISO-8601
+    /// text, as `created_at`) before the affinity rules; values are cast to the declared kind.
+    fn value_kind(column: &FoundColumn) -> ValueKind {
+        let t = column.base.as_str();
+        if t.starts_with("bool") {
+            return ValueKind::Boolean;
+        }
+        if is_json(column) {
+            return ValueKind::Json;
+        }
+        if t.contains("date") || t.contains("time") {
+            return ValueKind::Time(TimeKind::WithoutZone);
+        }
+        match affinity(t) {
+            Affinity::Integer => ValueKind::Integer,
+            Affinity::Real => ValueKind::Float,
+            Affinity::Blob if !t.is_empty() => ValueKind::Bytes,
+            _ => ValueKind::Text,
+        }
     }
 
     fn bookkeeping(what: Holds) -> (&'static str, fn(&FoundColumn) -> bool) {

@@ -2,17 +2,20 @@
 //! (the defaults of Debezium's Outbox Event Router): each outbox row goes to
 //! `<topic_prefix><aggregate_type>` (prefix default `outbox.event.`), keyed by the aggregate
 //! id, with the payload unchanged and the row's headers plus `id` (the outbox id) and
-//! `event-type`. A row without an aggregate type is dead-lettered.
+//! `event-type`, then the extra columns `additional_placement` places (Debezium's
+//! `table.fields.additional.placement`), and the row's `created_at` as the record timestamp.
+//! A row without an aggregate type is dead-lettered.
 //!
 //! Change `transform` to route your rows; keep `rows.jsonl`/`expected.jsonl` in step (see
 //! README.md).
 
-use sluice_plugin_sdk::{Config, Message, OutboxRow, Plugin, TransformError};
+use sluice_plugin_sdk::{Config, Message, OutboxRow, Placements, Plugin, TransformError};
 
 const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
 
 struct Router {
     topic_prefix: String,
+    placements: Placements,
 }
 
 impl Plugin for Router {
@@ -20,11 +23,12 @@ impl Plugin for Router {
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
 
     fn configure(config: Config) -> Result<Self, String> {
-        config.allow_only(&["topic_prefix"])?;
+        config.allow_only(&["topic_prefix", "additional_placement"])?;
         Ok(Self {
             topic_prefix: config
                 .get_or("topic_prefix", DEFAULT_TOPIC_PREFIX)
                 .to_owned(),
+            placements: Placements::parse(config.get_or("additional_placement", ""))?,
         })
     }
 
@@ -36,16 +40,18 @@ impl Plugin for Router {
             ));
         }
         let topic = format!("{}{}", self.topic_prefix, row.aggregate_type);
-        Ok(vec![
-            Message::to(topic)
-                .key(row.aggregate_id.into_bytes())
-                .payload(row.payload)
-                .headers(row.headers)
-                // Consumers of Debezium's router de-duplicate on `id`; keep it when you change
-                // the routing (the host adds the unforgeable `sluice-outbox-id` as well).
-                .header("id", row.id.into_bytes())
-                .header("event-type", row.event_type.into_bytes()),
-        ])
+        let message = Message::to(topic)
+            .key(row.aggregate_id.as_bytes())
+            .payload(row.payload.as_slice())
+            .headers(row.headers.iter().cloned())
+            // Consumers of Debezium's router de-duplicate on `id`; keep it when you change
+            // the routing (the host adds the unforgeable `sluice-outbox-id` as well).
+            .header("id", row.id.as_bytes())
+            .header("event-type", row.event_type.as_bytes())
+            // Kafka's record timestamp: when the application wrote the row.
+            .timestamp_of(&row);
+        // Extra columns ([database.columns] extra) as headers or the partition.
+        Ok(vec![self.placements.apply(&row, message)?])
     }
 }
 

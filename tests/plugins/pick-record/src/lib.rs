@@ -1,4 +1,4 @@
-//! Test plugin of the current contract (`sluice:plugin@0.2.0`, through the SDK): routes each
+//! Test plugin of the current contract (`sluice:plugin@0.3.0`, through the SDK): routes each
 //! row to `<topic_prefix><aggregate type>` and names the record its value is encoded as,
 //! `<record_namespace>.<event type>` (`value-record`), so `OrderCreated` and `OrderShipped`
 //! share one topic under the record-name strategy. Declares the Avro schemas of

@@ -22,7 +22,7 @@ use sluice::encoding::{
     SchemaEncoder, SchemaSource,
 };
 use sluice::model::OutboundMessage;
-use sluice::model::{OutboxId, OutboxRow, RowResult, TenantId, TransformFailure};
+use sluice::model::{ColumnValue, OutboxId, OutboxRow, RowResult, TenantId, TransformFailure};
 use sluice::plugin::{PluginRouter, PluginSource, PluginSpec, PluginsSettings, RowTransformer};
 
 pub(crate) use diff::unified as diff_expected;
@@ -63,6 +63,40 @@ struct InputRow {
     created_at: Option<DateTime<Utc>>,
     #[serde(default)]
     attempts: Option<i32>,
+    /// The extra columns (`[database.columns] extra`), in name order: strings are
+    /// text, integers and other numbers integers and floats, `true`/`false` booleans, `null`
+    /// NULL, `{"timestamp": "RFC 3339"}` a timestamp, `{"base64": "…"}` bytes, and any other
+    /// object or array JSON.
+    #[serde(default)]
+    extra: Option<serde_json::Map<String, Value>>,
+}
+
+/// An input row's extra column value (see [`InputRow::extra`]).
+fn extra_value(name: &str, value: Value) -> Result<ColumnValue, String> {
+    Ok(match value {
+        Value::Null => ColumnValue::Null,
+        Value::Bool(b) => ColumnValue::Boolean(b),
+        Value::String(s) => ColumnValue::Text(s),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => ColumnValue::Integer(i),
+            None => ColumnValue::Float(n.as_f64().unwrap_or_default()),
+        },
+        Value::Object(o) if o.len() == 1 && o.contains_key("timestamp") => {
+            let at = o["timestamp"].as_str().unwrap_or_default();
+            let at = DateTime::parse_from_rfc3339(at)
+                .map_err(|e| format!("extra: {name}: timestamp {at:?}: {e}"))?;
+            ColumnValue::Timestamp(at.with_timezone(&Utc))
+        }
+        Value::Object(o) if o.len() == 1 && o.contains_key("base64") => {
+            let b = o["base64"].as_str().unwrap_or_default();
+            ColumnValue::Bytes(
+                BASE64
+                    .decode(b)
+                    .map_err(|e| format!("extra: {name}: base64: {e}"))?,
+            )
+        }
+        json => ColumnValue::Json(json.to_string()),
+    })
 }
 
 /// What `sluice plugin test` runs: a plugin, its config, and the limits and call grouping
@@ -475,6 +509,15 @@ fn parse_row(line: &str, line_no: usize, tenant: Option<&str>) -> Result<OutboxR
             )),
         })
         .collect::<Result<_, _>>()?;
+    let extra = input
+        .extra
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, value)| {
+            let value = extra_value(&name, value).map_err(|e| format!("line {line_no}: {e}"))?;
+            Ok((Arc::from(name), value))
+        })
+        .collect::<Result<_, String>>()?;
     Ok(OutboxRow {
         id,
         tenant: TenantId::from_column(tenant),
@@ -485,6 +528,7 @@ fn parse_row(line: &str, line_no: usize, tenant: Option<&str>) -> Result<OutboxR
         headers,
         created_at: input.created_at.unwrap_or_else(Utc::now),
         attempts: input.attempts.unwrap_or(0),
+        extra,
     })
 }
 
@@ -515,6 +559,10 @@ fn message_json(m: &OutboundMessage) -> Value {
         "payload": m.payload.as_deref().map(|p| encoded(p, value_encoded)),
         "headers": m.headers.iter().map(|(k, v)| json!([k, bytes_json(v)])).collect::<Vec<_>>(),
     });
+    // Only when the plugin set one (contract 0.3.0): older plugins' golden files stay valid.
+    if let Some(ms) = m.timestamp_ms {
+        line["timestamp_ms"] = json!(ms);
+    }
     // Only when the plugin named one (contract 0.2.0): older golden files stay valid.
     for (name, record) in [
         ("value_record", &m.value_record),
@@ -544,6 +592,37 @@ mod tests {
         assert_eq!(row.payload, br#"{"a":1}"#);
         assert_eq!(row.id, OutboxId::Int(3));
         assert_eq!(row.tenant.as_str(), "default");
+    }
+
+    #[test]
+    fn extra_columns_take_their_type_from_the_json_value() {
+        let row = parse_row(
+            r#"{"aggregate_type":"o","aggregate_id":"1","event_type":"e","extra":{"t":"x",
+               "i":-7,"f":2.5,"b":true,"n":null,"at":{"timestamp":"1970-01-01T00:00:01.5Z"},
+               "raw":{"base64":"AP8="},"j":{"k":[1]}}}"#,
+            1,
+            None,
+        )
+        .unwrap();
+        let at = DateTime::from_timestamp_millis(1_500).unwrap();
+        assert_eq!(
+            row.extra,
+            vec![
+                (Arc::from("at"), ColumnValue::Timestamp(at)),
+                (Arc::from("b"), ColumnValue::Boolean(true)),
+                (Arc::from("f"), ColumnValue::Float(2.5)),
+                (Arc::from("i"), ColumnValue::Integer(-7)),
+                (Arc::from("j"), ColumnValue::Json(r#"{"k":[1]}"#.into())),
+                (Arc::from("n"), ColumnValue::Null),
+                (Arc::from("raw"), ColumnValue::Bytes(vec![0, 255])),
+                (Arc::from("t"), ColumnValue::Text("x".into())),
+            ],
+            "in name order"
+        );
+        let bad = r#"{"aggregate_type":"o","aggregate_id":"1","event_type":"e",
+                      "extra":{"at":{"timestamp":"yesterday"}}}"#;
+        let err = parse_row(bad, 4, None).unwrap_err();
+        assert!(err.contains("line 4") && err.contains("at"), "{err}");
     }
 
     #[test]
