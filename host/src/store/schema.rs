@@ -74,6 +74,8 @@ pub struct Layout {
     pub created_at_kind: TimeKind,
     /// The column rows are claimed in; the id itself for integer ids.
     pub order: ColumnName,
+    /// `[database.columns] trace_context`: a text column with the row's trace context.
+    pub trace_context: Option<ColumnName>,
 }
 
 impl Layout {
@@ -206,6 +208,9 @@ pub(super) fn check<T: ColumnTypes>(
     let created_at = checker.require("created_at", &map.created_at, T::ACCEPTED_CREATED_AT, |c| {
         T::time_kind(c).is_some()
     });
+    if let Some(trace) = &map.trace_context {
+        checker.require("trace_context", trace, T::ACCEPTED_STRING, T::is_string);
+    }
     let order = checker.order::<T>(map, id.as_ref());
     for (name, holds) in bookkeeping::<T>() {
         let (accepted, accept) = T::bookkeeping(holds);
@@ -228,6 +233,7 @@ pub(super) fn check<T: ColumnTypes>(
                 created_at: map.created_at.clone(),
                 created_at_kind: T::time_kind(&created_at).unwrap_or(TimeKind::WithZone),
                 order,
+                trace_context: map.trace_context.clone(),
             })
         }
         _ => Err(SchemaError {

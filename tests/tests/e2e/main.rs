@@ -38,3 +38,4 @@ mod silence;
 mod startup;
 mod supply_chain;
 mod telemetry;
+mod traces;
