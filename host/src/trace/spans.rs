@@ -31,11 +31,11 @@ use crate::model::{
 };
 
 /// Name of the span of a row's wait in the outbox.
-pub const WAIT_SPAN: &str = "sluice.outbox.wait";
+const WAIT_SPAN: &str = "sluice.outbox.wait";
 /// Name of the span of a row's transform.
-pub const TRANSFORM_SPAN: &str = "sluice.transform";
+const TRANSFORM_SPAN: &str = "sluice.transform";
 /// Name of the root span of a row that came without a parent.
-pub const ROW_SPAN: &str = "sluice.row";
+const ROW_SPAN: &str = "sluice.row";
 
 /// A sampled row of the batch: what its spans need once the batch is published.
 #[derive(Debug)]
