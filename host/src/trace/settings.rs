@@ -138,6 +138,12 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
     let url = url::Url::parse(endpoint).map_err(|e| {
         format!("{endpoint:?} is not a URL ({e}); expected e.g. \"http://otel-collector:4318\"")
     })?;
+    if url.cannot_be_a_base() {
+        // `host:port`, as gRPC clients take it: parsed as a scheme `host`.
+        return Err(format!(
+            "{endpoint:?} has no http:// or https:// scheme; write it as \"http://{endpoint}\""
+        ));
+    }
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!(
             "{endpoint:?}: the scheme must be http or https (OTLP over HTTP/protobuf), not {:?}",
