@@ -4,10 +4,10 @@
 //! trace shows the request, the relay and the consumer without a gap (docs/operations.md,
 //! "Tracing").
 //!
-//! - [`context`]: `traceparent`/`tracestate` values, from headers or a `trace_context` column
-//! - [`settings`]: `[tracing]`
-//! - [`spans`]: one batch's spans, from the rows' contexts to the publish reports
-//! - [`export`]: the bounded queue and the OTLP/HTTP export task
+//! - [`context`][]: `traceparent`/`tracestate` values, from headers or a `trace_context` column
+//! - [`settings`][]: `[tracing]`
+//! - [`spans`][]: one batch's spans, from the rows' contexts to the publish reports
+//! - [`export`][]: the bounded queue and the OTLP/HTTP export task
 //!
 //! Without `[tracing]` the relay only passes contexts on: no span is built, nothing is queued.
 

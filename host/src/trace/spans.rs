@@ -128,7 +128,7 @@ impl Tracing {
                 sampled.insert(row.id.clone(), traced);
             }
         }
-        (!sampled.is_empty()).then(|| BatchSpans {
+        (!sampled.is_empty()).then_some(BatchSpans {
             claimed_at,
             transform: (transform_started, transform_ended),
             rows: sampled,
