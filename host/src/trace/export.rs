@@ -123,7 +123,15 @@ impl ExportTask {
                     Ok(None) | Err(_) => break,
                 }
             }
-            let outcome = self.export(batch, self.timeout).await;
+            // A stalled collector must not hold up the process's exit for `export_timeout`.
+            let spans = batch.len() as u64;
+            let outcome = tokio::select! {
+                outcome = self.export(batch, self.timeout) => outcome,
+                () = shutdown.recv() => {
+                    self.counters.spans_dropped.inc_by(spans);
+                    break;
+                }
+            };
             match (&outcome, failing) {
                 (Err(why), false) => tracing::warn!(endpoint = %self.endpoint, error = %why,
                     "exporting spans failed; spans are dropped (sluice_trace_spans_dropped_total) until the collector answers again"),
