@@ -8,7 +8,8 @@
 //! their attributes; a row whose parent is not sampled exports nothing but still propagates;
 //! an invalid context is not passed on and is counted. And a collector that is not there, or
 //! accepts connections but never answers, costs no row, does not stall the relay, keeps
-//! `/readyz` green, and the dropped spans are counted.
+//! `/readyz` green, and the dropped spans are counted. A context in the `headers` column
+//! continues the same way on a NATS JetStream tenant (the host stamps it for every broker).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -470,4 +471,67 @@ async fn a_stalled_collector_costs_no_row_and_drops_counted_spans() {
     });
     a_silent_collector_costs_no_row("trace_stalled", &endpoint).await;
     drop(held);
+}
+
+/// The context in the row's `headers` column, a NATS JetStream tenant: the message's
+/// `traceparent` header names the relay's publish span, which the receiver got with
+/// `messaging.system = nats`, under the application's span.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_context_in_the_headers_column_continues_on_nats() {
+    let table = DbTable::create(Database::Postgres, "trace_nats").await;
+    let prefix = format!("{}.", table.name);
+    let subject = format!("{prefix}order");
+    let nats = NatsStreams::connect(&nats_url()).await.expect("NATS");
+    nats.create_stream(&table.name, std::slice::from_ref(&subject))
+        .await
+        .expect("create a NATS stream");
+    table
+        .execute(&format!(
+            "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ('acme', 'order', 'o-1', 'OrderCreated', '{{}}',
+                     '{{\"traceparent\": \"00-{SAMPLED_TRACE}-{SAMPLED_PARENT}-01\"}}')"
+        ))
+        .await;
+    let receiver = Receiver::start();
+    let config = table.config(&kafka_bootstrap(), &prefix, "", "", "")
+        + &format!(
+            "[nats]\nurl = \"{}\"\n\n[tenants.acme]\nbroker = \"nats\"\n\n\
+             [tracing]\notlp_endpoint = \"{}\"\n",
+            nats_url(),
+            receiver.endpoint()
+        );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let sent = wait_until(SCENARIO_WAIT, || async { table.count().await == 0 }).await;
+    let exported = wait_until(Duration::from_secs(30), || {
+        let n = receiver.spans().len();
+        async move { n >= 3 }
+    })
+    .await;
+    let exit = relay.stop();
+    assert!(sent && exported && exit.success, "{}", exit.log);
+
+    let got = nats
+        .read_stream(&table.name, 1, SCENARIO_WAIT, Duration::from_millis(200))
+        .await
+        .expect("read NATS");
+    assert_eq!(got.len(), 1);
+    let traceparent = got[0].header("traceparent").expect("traceparent");
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(
+        (fields[1], fields[3]),
+        (SAMPLED_TRACE, "01"),
+        "{traceparent}"
+    );
+    let spans = receiver.spans();
+    let publish = spans
+        .iter()
+        .find(|s| text(s, "name") == format!("send {subject}"))
+        .unwrap_or_else(|| panic!("no publish span: {spans:#?}"));
+    assert_eq!(text(publish, "span_id"), fields[2]);
+    assert_eq!(text(publish, "parent_span_id"), SAMPLED_PARENT);
+    assert_eq!(publish["attributes"]["messaging.system"], "nats");
+    assert_eq!(publish["attributes"]["sluice.tenant"], "acme");
+    let _ = nats.delete_stream(&table.name).await;
+    table.drop_table().await;
 }
