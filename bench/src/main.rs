@@ -56,6 +56,8 @@
 //! one with metrics off and one with `[telemetry] listen` set, the order alternating, each
 //! against a broker started for it: the median of the per-pair throughput ratios on / off
 //! (target ≥ 0.97, i.e. metrics cost ≤ 3 %) with its quartiles, and relay CPU per 1,000 rows.
+//! `tracing-overhead` is the same with `[tracing]` exporting every row (to an OTLP/HTTP stub
+//! in the benchmark process) in place of metrics.
 //!
 //! Also not in `all`: `languages` — the reference plugin in Rust, Python and JavaScript
 //! (`--plugin`, `--python-plugin`, `--js-plugin`): per language, time to "relay started" with an

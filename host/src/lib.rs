@@ -25,6 +25,7 @@ mod sink;
 pub mod store;
 mod telemetry;
 pub mod text;
+pub mod trace;
 
 pub use config::Config;
 pub use relay::{Relay, RelaySettings, RelayStats};

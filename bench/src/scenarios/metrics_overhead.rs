@@ -1,9 +1,12 @@
-//! `metrics-overhead`: what metrics cost a drain. `--pairs` pairs of drains (default settings,
-//! WASM reference plugin, the `--rows` backlog), each drain against a broker started for it:
-//! one with metrics off, one with `[telemetry] listen` set (metrics recorded, endpoints
-//! served, the backlog sampled, librdkafka's statistics on). The order alternates from pair to
-//! pair, so whatever drifts during the run (the database's caches, other load) falls on both
-//! sides alike.
+//! `metrics-overhead` and `tracing-overhead`: what metrics, or span export, cost a drain.
+//! `--pairs` pairs of drains (default settings, WASM reference plugin, the `--rows` backlog),
+//! each drain against a broker started for it: one with the feature off, one with it on —
+//! `[telemetry] listen` set (metrics recorded, endpoints served, the backlog sampled,
+//! librdkafka's statistics on), or `[tracing]` exporting every row (`sample_ratio = 1.0`: the
+//! standard rows have no parent, so each gets a trace of its own, four spans) to an OTLP/HTTP
+//! stub on this machine that answers every export with 200 (its CPU is not the relay's).
+//! The order alternates from pair to pair, so whatever drifts during the run (the database's
+//! caches, other load) falls on both sides alike.
 //!
 //! One drain varies by ±7 % from the next in either mode, more than the cost being measured,
 //! so the figure is the median of the per-pair ratios on / off, with its quartiles: with
@@ -22,6 +25,31 @@ use sluice_testkit::OwnTansu;
 use sluice_testkit::config::Plugin;
 
 pub(super) const NAME: &str = "metrics-overhead";
+/// The scenario of span export's cost.
+pub(super) const TRACING_NAME: &str = "tracing-overhead";
+
+/// What a pair's second drain turns on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Feature {
+    Metrics,
+    Tracing,
+}
+
+impl Feature {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Metrics => NAME,
+            Self::Tracing => TRACING_NAME,
+        }
+    }
+
+    fn noun(self) -> &'static str {
+        match self {
+            Self::Metrics => "metrics",
+            Self::Tracing => "tracing",
+        }
+    }
+}
 
 /// One drain's figures.
 #[derive(Debug, Clone, Copy)]
@@ -30,7 +58,13 @@ struct Measured {
     relay_cpu_per_1k: f64,
 }
 
-pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
+pub(super) async fn run(settings: &Settings, feature: Feature) -> anyhow::Result<Vec<Figure>> {
+    let name = feature.name();
+    let noun = feature.noun();
+    let collector = match feature {
+        Feature::Tracing => Some(OtlpStub::start().await?),
+        Feature::Metrics => None,
+    };
     let plugin = Plugin::Wasm(settings.reference_plugin()?);
     let table = outbox::create(settings, "overhead", None).await?;
     // (pair, metrics on): off first in even pairs, on first in odd ones.
@@ -41,9 +75,17 @@ pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
         })
         .collect();
     let drains = outbox::for_each(table, order, async |table, (pair, on)| {
-        let measured = measure(settings, table, &plugin, on).await?;
+        let tracing = collector.as_ref().filter(|_| on).map(OtlpStub::endpoint);
+        let measured = measure(
+            settings,
+            table,
+            &plugin,
+            on && feature == Feature::Metrics,
+            tracing,
+        )
+        .await?;
         eprintln!(
-            "    pair {}: metrics {}: {:.0} rows/s, relay CPU {:.2} ms per 1,000 rows",
+            "    pair {}: {noun} {}: {:.0} rows/s, relay CPU {:.2} ms per 1,000 rows",
             pair + 1,
             if on { "on " } else { "off" },
             measured.rows_per_second,
@@ -81,58 +123,63 @@ pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
     let median = |values: Vec<f64>| percentile(&sorted(values), 50.0).unwrap_or(f64::NAN);
 
     let pairs = settings.pairs;
+    let median_ratio = Figure::new(
+        name,
+        "throughput on / off: median of the pairs",
+        quartile(50.0),
+        "ratio",
+    );
+    // Metrics must cost at most 3 %; tracing every row costs what it costs (stated).
+    let median_ratio = match feature {
+        Feature::Metrics => median_ratio.at_least(0.97),
+        Feature::Tracing => median_ratio,
+    };
     Ok(vec![
         Figure::new(
-            NAME,
-            &format!("{THROUGHPUT}, metrics off (median of {pairs})"),
+            name,
+            &format!("{THROUGHPUT}, {noun} off (median of {pairs})"),
             median(side(false, rate)),
             "rows/s",
         ),
         Figure::new(
-            NAME,
-            &format!("{THROUGHPUT}, metrics on (median of {pairs})"),
+            name,
+            &format!("{THROUGHPUT}, {noun} on (median of {pairs})"),
             median(side(true, rate)),
             "rows/s",
         ),
+        median_ratio,
         Figure::new(
-            NAME,
-            "throughput on / off: median of the pairs",
-            quartile(50.0),
-            "ratio",
-        )
-        .at_least(0.97),
-        Figure::new(
-            NAME,
+            name,
             "throughput on / off: first quartile",
             quartile(25.0),
             "ratio",
         ),
         Figure::new(
-            NAME,
+            name,
             "throughput on / off: third quartile",
             quartile(75.0),
             "ratio",
         ),
         Figure::new(
-            NAME,
-            "pairs where metrics on was slower",
+            name,
+            &format!("pairs where {noun} on was slower"),
             slower as f64,
             "pairs",
         ),
         Figure::new(
-            NAME,
-            "relay CPU per 1,000 rows, metrics off (median)",
+            name,
+            &format!("relay CPU per 1,000 rows, {noun} off (median)"),
             median(side(false, cpu)),
             "CPU s",
         ),
         Figure::new(
-            NAME,
-            "relay CPU per 1,000 rows, metrics on (median)",
+            name,
+            &format!("relay CPU per 1,000 rows, {noun} on (median)"),
             median(side(true, cpu)),
             "CPU s",
         ),
         Figure::new(
-            NAME,
+            name,
             "relay CPU on / off: median of the pairs",
             median(ratios(cpu)),
             "ratio",
@@ -145,6 +192,7 @@ async fn measure(
     table: &DbTable,
     plugin: &Plugin,
     metrics: bool,
+    tracing: Option<String>,
 ) -> anyhow::Result<Measured> {
     let broker = OwnTansu::fresh()?;
     let telemetry = if metrics {
@@ -166,7 +214,12 @@ async fn measure(
         plugin: plugin.clone(),
         rows: settings.rows,
         cache_dir: None,
-        extra: None,
+        extra: tracing.map(|endpoint| {
+            (
+                String::new(),
+                format!("[tracing]\notlp_endpoint = \"{endpoint}\"\nsample_ratio = 1.0\n"),
+            )
+        }),
         broker: Broker::Kafka,
     };
     let figures = drain::measure(&settings, &drain, table).await?;
@@ -183,4 +236,69 @@ async fn measure(
     };
     drop(broker);
     Ok(measured)
+}
+
+/// An OTLP/HTTP endpoint that reads each request and answers 200 with an empty
+/// `ExportTraceServiceResponse`, so the relay's export runs as against a collector while the
+/// benchmark spends next to nothing on it.
+struct OtlpStub {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OtlpStub {
+    async fn start() -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(Self::serve(stream));
+            }
+        });
+        Ok(Self { port, task })
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Answers the requests of one keep-alive connection until it closes.
+    async fn serve(stream: tokio::net::TcpStream) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let mut stream = BufReader::new(stream);
+        loop {
+            let mut length = 0usize;
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match stream.read_line(&mut line).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let header = line.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = header.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if stream.read_exact(&mut body).await.is_err() {
+                return;
+            }
+            let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+            if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for OtlpStub {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

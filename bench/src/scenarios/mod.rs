@@ -59,6 +59,7 @@ enum Step {
     Pipeline,
     Stages,
     MetricsOverhead,
+    TracingOverhead,
     ScaleOut,
     LatencyPoll,
     LatencyNotify,
@@ -106,6 +107,7 @@ impl Step {
             Self::Pipeline => pipeline::NAME,
             Self::Stages => stages::NAME,
             Self::MetricsOverhead => metrics_overhead::NAME,
+            Self::TracingOverhead => metrics_overhead::TRACING_NAME,
             Self::ScaleOut => scale_out::NAME,
             Self::LatencyPoll => latency::Wakeup::Poll.label(),
             Self::LatencyNotify => latency::Wakeup::Notify.label(),
@@ -136,7 +138,12 @@ impl Step {
             Self::Ratios => ratios::figures(report),
             Self::Pipeline => pipeline::run(settings).await,
             Self::Stages => stages::run(settings).await,
-            Self::MetricsOverhead => metrics_overhead::run(settings).await,
+            Self::MetricsOverhead => {
+                metrics_overhead::run(settings, metrics_overhead::Feature::Metrics).await
+            }
+            Self::TracingOverhead => {
+                metrics_overhead::run(settings, metrics_overhead::Feature::Tracing).await
+            }
             Self::ScaleOut => scale_out::run(settings).await,
             Self::LatencyPoll => latency::run(settings, latency::Wakeup::Poll).await,
             Self::LatencyNotify => latency::run(settings, latency::Wakeup::Notify).await,
@@ -187,6 +194,7 @@ fn steps(command: Command, settings: &Settings) -> Vec<Step> {
         Command::Pipeline => vec![Step::Pipeline],
         Command::Stages => vec![Step::Stages],
         Command::MetricsOverhead => vec![Step::MetricsOverhead],
+        Command::TracingOverhead => vec![Step::TracingOverhead],
         Command::ScaleOut => vec![Step::ScaleOut],
         Command::Latency => vec![Step::LatencyPoll, Step::LatencyNotify],
         Command::Idle => vec![Step::Idle],

@@ -18,6 +18,7 @@ use crate::sink::Brokers;
 use crate::store::{self, MarkMode, Store};
 use crate::telemetry::metrics::{Loaded, PluginStates};
 use crate::telemetry::{Metrics, TenantLabels};
+use crate::trace::{ExportTask, TraceCounters, Tracing};
 
 /// How long start-up keeps trying a database that is not reachable yet (restarting, a
 /// connection cut while the table is checked) before giving up.
@@ -37,6 +38,8 @@ pub(super) struct Parts {
     pub metrics: Option<Arc<Metrics>>,
     /// With `[schema_registry]`: its client (for the readiness check).
     pub registry: Option<Arc<RegistryClient>>,
+    /// With `[tracing]`: the span export, to run as a background service.
+    pub trace_export: Option<ExportTask>,
 }
 
 /// Loads the plugins, then connects the database and the brokers. Returns `None` when
@@ -119,17 +122,41 @@ pub(super) async fn assemble(
             };
             relay = relay.with_metrics(Arc::clone(metrics), mode);
         }
+        let (tracing, trace_export) = trace_setup(config, metrics.as_deref())?;
+        relay = relay.with_tracing(Arc::new(tracing));
         Ok::<_, anyhow::Error>(Parts {
             router,
             store,
             relay: Arc::new(relay),
             metrics,
             registry,
+            trace_export,
         })
     };
     tokio::select! {
         started = starting => started.map(Some),
         _ = stop.recv() => Ok(None),
+    }
+}
+
+/// The relay's tracing: contexts passed on always, spans exported with `[tracing]` (by the
+/// returned task). Its counters are the metrics' when `[telemetry] listen` is set.
+fn trace_setup(
+    config: &Config,
+    metrics: Option<&Metrics>,
+) -> anyhow::Result<(Tracing, Option<ExportTask>)> {
+    let counters = metrics.map_or_else(TraceCounters::default, |m| m.trace.clone());
+    match &config.tracing {
+        None => Ok((Tracing::propagation_only(counters), None)),
+        Some(settings) => {
+            let (tracing, task) = Tracing::exporting(settings, counters)?;
+            tracing::info!(
+                endpoint = settings.traces_url().unwrap_or_default(),
+                sample_ratio = settings.sample_ratio,
+                "exporting spans (OTLP/HTTP)"
+            );
+            Ok((tracing, Some(task)))
+        }
     }
 }
 

@@ -142,6 +142,7 @@ impl RestartOnly {
             ("telemetry", format!("{telemetry:?}")),
             ("schema_registry.url", format!("{registry:?}")),
             ("brokers", format!("{brokers:?}")),
+            ("tracing", format!("{:?}", config.tracing)),
         ]))
     }
 
@@ -401,5 +402,11 @@ mod tests {
         assert!(RestartOnly::of(&a).changed(&RestartOnly::of(&b)).is_empty());
         let c = Config::parse(&format!("{text}[relay]\nbatch_size = 7\n"), &path).unwrap();
         assert_eq!(RestartOnly::of(&a).changed(&RestartOnly::of(&c)), ["relay"]);
+        let d = format!("{text}[tracing]\notlp_endpoint = \"http://c:4318\"\n");
+        let d = Config::parse(&d, &path).unwrap();
+        assert_eq!(
+            RestartOnly::of(&a).changed(&RestartOnly::of(&d)),
+            ["tracing"]
+        );
     }
 }

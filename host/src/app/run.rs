@@ -167,8 +167,12 @@ impl Started {
             relay,
             metrics,
             registry,
+            trace_export,
         } = parts;
         let mut services = Services::default();
+        if let Some(export) = trace_export {
+            services.start("span export", move |stop| export.run(stop));
+        }
         // Lazily loaded plugins are compiled by this service, for `run` and `drain` alike.
         let loader = Arc::clone(&router);
         services.start("plugin loader", move |stop| plugin_loader(loader, stop));

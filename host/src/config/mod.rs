@@ -104,6 +104,9 @@ pub struct Config {
     /// `[schema_registry]`: where `value_format`/`key_format` schemas come from.
     #[serde(default)]
     pub schema_registry: Option<RegistrySettings>,
+    /// `[tracing]`: where the relay's spans go (no export without it).
+    #[serde(default)]
+    pub tracing: Option<crate::trace::TracingSettings>,
     /// `${env:…}`/`${file:…}` references that could not be resolved (see [`crate::secret`]),
     /// reported first by [`Config::problems`].
     #[serde(skip)]
@@ -499,6 +502,7 @@ impl Config {
         problems.extend(retention_mode_problems(r.retention_mode, r.mark, driver));
         problems.extend(self.fair_share_problem());
         problems.extend(self.relay.problems());
+        problems.extend(self.tracing.iter().flat_map(|t| t.problems()));
         problems.extend(self.kafka.problems());
         problems.extend(self.broker_problems());
         if let Some((key, value)) = self.kafka.weak_acks()

@@ -84,6 +84,14 @@ pub trait RowTransformer: Send + Sync + 'static {
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
         let _ = (tenant, delivered, refused);
     }
+
+    /// The plugin `tenant`'s rows run — its configured file, or `builtin:<name>`, as the
+    /// metrics' `plugin` label names it — for the transform span's attributes; `None` when
+    /// the tenant has none (yet).
+    fn plugin_of(&self, tenant: &TenantId) -> Option<String> {
+        let _ = tenant;
+        None
+    }
 }
 
 impl<T: RowTransformer> RowTransformer for Arc<T> {
@@ -97,6 +105,10 @@ impl<T: RowTransformer> RowTransformer for Arc<T> {
 
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
         T::record_publish(self, tenant, delivered, refused)
+    }
+
+    fn plugin_of(&self, tenant: &TenantId) -> Option<String> {
+        T::plugin_of(self, tenant)
     }
 }
 

@@ -610,6 +610,11 @@ impl RowTransformer for PluginRouter {
         paused
     }
 
+    fn plugin_of(&self, tenant: &TenantId) -> Option<String> {
+        let known = self.known(tenant)?;
+        Some(known.health.template().describe().to_owned())
+    }
+
     fn record_publish(&self, tenant: &TenantId, delivered: usize, refused: usize) {
         let known = lock(&self.tenants).map.get(tenant).cloned();
         if let Some(known) = known {

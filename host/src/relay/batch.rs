@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::outcome::Outcomes;
 use super::stats::BatchReport;
@@ -44,6 +44,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
                 return Err(e.into());
             }
         };
+        let claimed_at = SystemTime::now();
         if let Some(m) = self.metrics() {
             m.relay.claimed(claim.len(), claiming.elapsed());
         }
@@ -81,12 +82,19 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             .partition(|r| self.held_back.is_held(&r.id, now));
         let rows: Arc<[OutboxRow]> = rows.into();
         // The transformer records its own calls (time and outcome per tenant and plugin).
+        let transform_started = SystemTime::now();
         let results = if rows.is_empty() {
             Vec::new()
         } else {
             self.transformer.transform(Arc::clone(&rows)).await
         };
-        let results = self.encode(results).await;
+        let mut results = self.encode(results).await;
+        let spans = self.tracing.stamp(
+            &rows,
+            &mut results,
+            (claimed_at, transform_started),
+            &|tenant| self.transformer.plugin_of(tenant),
+        );
         let mut outcomes = match Outcomes::build(&rows, results, &self.settings.retry) {
             Ok(outcomes) => outcomes,
             Err(mismatch) => {
@@ -101,7 +109,16 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         };
 
         let publishing = Instant::now();
+        let publish_started = SystemTime::now();
         let reports = self.publish(outcomes.messages()).await;
+        if let Some(spans) = spans {
+            spans.finish(
+                &self.tracing,
+                outcomes.messages(),
+                &reports,
+                publish_started,
+            );
+        }
         if let Some(m) = self.metrics() {
             if !reports.is_empty() {
                 m.sink.published(publishing.elapsed());

@@ -40,6 +40,7 @@ use crate::shutdown::{self, Shutdown};
 use crate::sink::Sink;
 use crate::store::{OutboxStore, StoreError};
 use crate::telemetry::Metrics;
+use crate::trace::Tracing;
 use concurrency::ConcurrencyLimit;
 use held_back::HeldBack;
 pub use outcome::ResultCountMismatch;
@@ -111,6 +112,8 @@ pub struct Relay<S, T, K> {
     metrics: Option<Recording>,
     /// Encodes messages whose tenant set `key_format`/`value_format` (`[schema_registry]`).
     schemas: Option<Arc<dyn Encoder>>,
+    /// Passes rows' trace contexts on; exports spans with `[tracing]`.
+    tracing: Arc<Tracing>,
 }
 
 /// The relay's metrics and the `mode` label of its mark timings.
@@ -184,7 +187,15 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
             held_back: HeldBack::default(),
             metrics: None,
             schemas: None,
+            tracing: Arc::default(),
         }
+    }
+
+    /// Passes trace contexts on and exports spans as `tracing` says (by default contexts are
+    /// passed on and nothing is exported).
+    pub fn with_tracing(mut self, tracing: Arc<Tracing>) -> Self {
+        self.tracing = tracing;
+        self
     }
 
     /// Encodes messages against `[schema_registry]` schemas before publishing.

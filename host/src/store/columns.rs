@@ -123,6 +123,9 @@ pub struct ColumnMap {
     /// The column rows are claimed in (and ordered by per key); `None`: the id if it is an
     /// integer, else [`DEFAULT_ORDER_COLUMN`].
     pub order: Option<ColumnName>,
+    /// A column holding the row's W3C trace context (Debezium's `tracingspancontext`); `None`:
+    /// only the `headers` column's `traceparent`/`tracestate` are read.
+    pub trace_context: Option<ColumnName>,
     /// Columns besides the mapped ones whose values reach plugins (`extra`). Default none.
     pub extra: ExtraColumnNames,
 }
@@ -190,6 +193,7 @@ impl Default for ColumnMap {
             headers: ColumnName::known("headers"),
             created_at: ColumnName::known("created_at"),
             order: None,
+            trace_context: None,
             extra: ExtraColumnNames::None,
         }
     }
@@ -210,6 +214,7 @@ impl ColumnMap {
             ("created_at", &self.created_at),
         ]);
         roles.extend(self.order.as_ref().map(|c| ("order", c)));
+        roles.extend(self.trace_context.as_ref().map(|c| ("trace_context", c)));
         roles
     }
 
@@ -313,6 +318,8 @@ pub struct ColumnsSettings {
     pub created_at: Option<String>,
     /// The column rows are claimed in: default the id if it is an integer, else `sluice_seq`.
     pub order: Option<String>,
+    /// See [`ColumnMap::trace_context`]; default none.
+    pub trace_context: Option<String>,
     /// See [`ColumnMap::extra`]: column names, or `["*"]`; default none.
     pub extra: Option<Vec<String>>,
 }
@@ -343,6 +350,7 @@ impl TableSpec {
             headers: parse("headers", &c.headers)?.unwrap_or(d.headers),
             created_at: parse("created_at", &c.created_at)?.unwrap_or(d.created_at),
             order,
+            trace_context: parse("trace_context", &c.trace_context)?,
             extra: ExtraColumnNames::parse(c.extra.as_deref().unwrap_or_default())?,
         };
         columns.validate()?;

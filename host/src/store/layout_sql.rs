@@ -25,6 +25,7 @@ pub(crate) struct LayoutSql {
     pub(crate) headers: String,
     pub(crate) created_at: String,
     pub(crate) order: String,
+    pub(crate) trace_context: Option<String>,
 }
 
 impl LayoutSql {
@@ -42,6 +43,7 @@ impl LayoutSql {
             headers: q(&layout.headers),
             created_at: q(&layout.created_at),
             order: q(&layout.order),
+            trace_context: layout.trace_context.as_ref().map(q),
             layout,
             dialect,
         }
@@ -206,7 +208,7 @@ impl LayoutSql {
         format!(
             "{id} AS id, {tenant} AS tenant, {at} AS aggregate_type, {ai} AS aggregate_id,
              {et} AS event_type, {payload} AS payload, {headers} AS headers,
-             {created_at} AS created_at, {attempts} AS attempts",
+             {created_at} AS created_at, {attempts} AS attempts, {trace} AS trace_context",
             id = self.id_expr(alias),
             tenant = self.tenant_expr(alias),
             at = self.text_expr(alias, &self.aggregate_type),
@@ -216,6 +218,10 @@ impl LayoutSql {
             headers = self.headers_expr(alias),
             created_at = self.created_at_expr(alias),
             attempts = Self::column(alias, "attempts"),
+            trace = match &self.trace_context {
+                Some(t) => self.text_expr(alias, t),
+                None => self.dialect.cast("NULL", Cast::Text),
+            },
         )
     }
 

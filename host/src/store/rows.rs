@@ -28,8 +28,10 @@ pub(crate) mod column {
     pub(crate) const HEADERS: usize = 6;
     pub(crate) const CREATED_AT: usize = 7;
     pub(crate) const ATTEMPTS: usize = 8;
+    /// `[database.columns] trace_context` (NULL when not mapped).
+    pub(crate) const TRACE_CONTEXT: usize = 9;
     /// The first extra column (`[database.columns] extra`), if any.
-    pub(crate) const EXTRA: usize = 9;
+    pub(crate) const EXTRA: usize = 10;
 
     /// The column after the extra ones: SQLite's order column (to sort `RETURNING`'s rows, in
     /// no set order), PostgreSQL's fair heads' visited tenant.
@@ -102,6 +104,13 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
     }
     .map_err(|e| cannot(&layout.payload, e))?;
     let headers = text(column::HEADERS, &layout.headers)?;
+    let mut headers = parse_headers(&headers)?;
+    if let Some(name) = &layout.trace_context {
+        let value = row
+            .text(column::TRACE_CONTEXT)
+            .map_err(|e| cannot(name, e))?;
+        add_trace_context(&mut headers, value.as_deref());
+    }
     // NULL: PostgreSQL and MySQL read it as now in SQL; SQLite's value is not a time.
     let created_at = row
         .time(column::CREATED_AT)
@@ -114,7 +123,7 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
         aggregate_id: text(column::AGGREGATE_ID, &layout.aggregate_id)?,
         event_type: text(column::EVENT_TYPE, &layout.event_type)?,
         payload: payload.unwrap_or_default(),
-        headers: parse_headers(&headers)?,
+        headers,
         created_at,
         attempts: row
             .int32(column::ATTEMPTS)
@@ -149,6 +158,24 @@ fn decode_extra(row: &impl ReadRow, sql: &LayoutSql) -> Result<ExtraColumns, Str
         extra.push((Arc::from(name.as_str()), value.unwrap_or(ColumnValue::Null)));
     }
     Ok(extra)
+}
+
+/// Puts a `trace_context` column's `traceparent`/`tracestate` into the row's headers, where
+/// the relay (and the plugin) find them, in place of any the `headers` column had: the
+/// column is where the application's tracing library wrote them. An empty or NULL column
+/// changes nothing.
+fn add_trace_context(headers: &mut Headers, column: Option<&str>) {
+    use crate::trace::context::{TRACEPARENT, TRACESTATE, from_column};
+    let (Some(parent), state) = from_column(column.unwrap_or_default()) else {
+        return;
+    };
+    headers.retain(|(k, _)| {
+        !k.eq_ignore_ascii_case(TRACEPARENT) && !k.eq_ignore_ascii_case(TRACESTATE)
+    });
+    headers.push((TRACEPARENT.to_owned(), parent.into_bytes()));
+    if let Some(state) = state {
+        headers.push((TRACESTATE.to_owned(), state.into_bytes()));
+    }
 }
 
 /// Rows per statement where ids travel as one placeholder each (MySQL, SQLite): far below

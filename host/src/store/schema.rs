@@ -99,6 +99,8 @@ pub struct Layout {
     pub keyed_with_created_at: bool,
     /// The extra columns, in the order rows carry them, and how each is read.
     pub extra: Vec<(ColumnName, ValueKind)>,
+    /// `[database.columns] trace_context`: a text column with the row's trace context.
+    pub trace_context: Option<ColumnName>,
 }
 
 impl Layout {
@@ -235,6 +237,9 @@ pub(super) fn check<T: ColumnTypes>(
     let created_at = checker.require("created_at", &map.created_at, T::ACCEPTED_CREATED_AT, |c| {
         T::time_kind(c).is_some()
     });
+    if let Some(trace) = &map.trace_context {
+        checker.require("trace_context", trace, T::ACCEPTED_STRING, T::is_string);
+    }
     let order = checker.order::<T>(map, id.as_ref());
     let extra = checker.extra::<T>(map, order.as_ref());
     for (name, holds) in bookkeeping::<T>() {
@@ -260,6 +265,7 @@ pub(super) fn check<T: ColumnTypes>(
                 order,
                 keyed_with_created_at,
                 extra,
+                trace_context: map.trace_context.clone(),
             })
         }
         _ => Err(SchemaError {

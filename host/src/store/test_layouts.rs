@@ -28,6 +28,7 @@ pub(super) fn debezium_layout() -> Layout {
         order: col("sluice_seq"),
         keyed_with_created_at: false,
         extra: Vec::new(),
+        trace_context: None,
     }
 }
 
@@ -48,6 +49,7 @@ pub(super) fn sluice_layout() -> Layout {
         order: col("id"),
         keyed_with_created_at: false,
         extra: Vec::new(),
+        trace_context: None,
     }
 }
 

@@ -39,3 +39,4 @@ mod silence;
 mod startup;
 mod supply_chain;
 mod telemetry;
+mod traces;

@@ -339,6 +339,7 @@ mod tests {
                     (HEADERS, "headers"),
                     (CREATED_AT, "created_at"),
                     (ATTEMPTS, "attempts"),
+                    (TRACE_CONTEXT, "trace_context"),
                 ];
                 assert_eq!(aliases.len(), expected.len(), "{select}");
                 for (index, alias) in expected {

@@ -13,6 +13,7 @@
 //! - [`backlog`]: the sampled outbox gauges (due rows, oldest due row, dead rows)
 //! - [`health`]: dependency checks and worker heartbeats (`/healthz`, `/readyz`)
 //! - [`process`]: `sluice_build_info` and the `process_*` families
+//! - [`trace`]: spans exported and dropped, invalid trace contexts
 
 pub(crate) mod backlog;
 pub(crate) mod health;
@@ -20,6 +21,7 @@ pub(crate) mod plugin;
 pub(crate) mod process;
 pub(crate) mod relay;
 pub(crate) mod sink;
+mod trace;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -104,6 +106,8 @@ pub struct Metrics {
     pub sink: SinkMetrics,
     pub backlog: BacklogMetrics,
     pub health: HealthMetrics,
+    /// Tracing's counters (exposed whether or not `[tracing]` is set: 0 without it).
+    pub trace: crate::trace::TraceCounters,
 }
 
 impl Metrics {
@@ -118,6 +122,7 @@ impl Metrics {
             sink: SinkMetrics::default(),
             backlog: BacklogMetrics::new(tenants.clone()),
             health: HealthMetrics::default(),
+            trace: crate::trace::TraceCounters::default(),
             tenants,
             retired: Mutex::default(),
         };
@@ -130,6 +135,7 @@ impl Metrics {
         m.sink.register(sluice);
         m.backlog.register(sluice);
         m.health.register(sluice);
+        trace::register(sluice, &m.trace);
         process::register(&mut registry);
         Self { registry, ..m }
     }
