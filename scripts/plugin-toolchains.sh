@@ -106,7 +106,7 @@ ensure_oras_python() {
 }
 
 # ensure_otlp_proto_python: afterwards SLUICE_OTLP_PYTHON is a Python that imports
-# opentelemetry.proto (tests/otlp-receiver/receiver.py decodes OTLP/HTTP with it).
+# opentelemetry.proto (tests/otlp/receiver.py decodes OTLP/HTTP with it).
 ensure_otlp_proto_python() {
     local dir="$SLUICE_TOOLCHAINS/opentelemetry-proto-$OTLP_PROTO_VERSION"
     _ensure_venv "$dir" "opentelemetry-proto==$OTLP_PROTO_VERSION" || return 1

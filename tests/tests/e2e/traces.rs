@@ -10,6 +10,9 @@
 //! accepts connections but never answers, costs no row, does not stall the relay, keeps
 //! `/readyz` green, and the dropped spans are counted. A context in the `headers` column
 //! continues the same way on a NATS JetStream tenant (the host stamps it for every broker).
+//! The same messages carry the table's two extra columns as headers (`[database.columns]
+//! extra`, the builtin router's `additional_placement`) and the row's `timestamp` as the Kafka
+//! record timestamp: everything a Debezium-shaped row carries reaches the message.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -93,7 +96,7 @@ impl Drop for Receiver {
 
 /// The Debezium-shaped table on `database`: Debezium's columns, the Quarkus extension's
 /// `timestamp` and `tracingspancontext`, and two columns of the application's own (`region`,
-/// `created_by`) that the relay is not told about.
+/// `created_by`) that reach the messages as headers.
 fn create_sql(database: Database) -> &'static str {
     match database {
         Database::Postgres => {
@@ -181,6 +184,7 @@ aggregate_id = "aggregateid"
 event_type = "type"
 created_at = "timestamp"
 trace_context = "tracingspancontext"
+extra = ["region", "created_by"]
 
 [relay]
 poll_interval = "100ms"
@@ -190,7 +194,7 @@ poll_interval = "100ms"
 
 [plugins.default]
 builtin = "route-by-aggregate"
-config = {{ topic_prefix = "{prefix}" }}
+config = {{ topic_prefix = "{prefix}", additional_placement = "region:header,created_by:header:author" }}
 
 [telemetry]
 listen = "127.0.0.1:{port}"
@@ -277,6 +281,10 @@ async fn context_continues_into_kafka_and_the_collector(database: Database) {
         "the message's parent is the relay's span"
     );
     assert_eq!(message.header("tracestate").as_deref(), Some(TRACESTATE));
+    // The extra columns, placed as headers, and the row's `timestamp` as the record's.
+    assert_eq!(message.header("region").as_deref(), Some("eu-west"));
+    assert_eq!(message.header("author").as_deref(), Some("alice"));
+    let record_ms = message.timestamp.expect("a record timestamp");
 
     let spans = receiver.spans();
     assert_eq!(spans.len(), 3, "only the sampled row exports: {spans:#?}");
@@ -310,6 +318,11 @@ async fn context_continues_into_kafka_and_the_collector(database: Database) {
     assert_eq!(attributes["sluice.tenant"], "default");
 
     let wait = named("sluice.outbox.wait");
+    assert_eq!(
+        wait["start_ns"].as_u64().map(|ns| ns / 1_000_000),
+        u64::try_from(record_ms).ok(),
+        "the record timestamp and the wait's start are both the row's timestamp: {wait}"
+    );
     let waited = wait["end_ns"].as_u64().unwrap_or(0) - wait["start_ns"].as_u64().unwrap_or(0);
     assert!(
         waited >= 4_000_000_000,
