@@ -116,6 +116,9 @@ pub struct OutboxRow {
     pub created_at: DateTime<Utc>,
     /// Delivery attempts already made (0 on the first claim).
     pub attempts: i32,
+    /// The `sluice replay` that made this sent row due again (stamped on its messages as the
+    /// `sluice-replay` header); `None` for a row's own delivery.
+    pub replay: Option<Arc<str>>,
 }
 
 /// Which broker a message goes to: chosen per plugin section (`broker = "…"`), so per tenant.

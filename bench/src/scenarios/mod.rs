@@ -15,6 +15,7 @@ mod notify_cost;
 mod pgbench;
 mod pipeline;
 mod ratios;
+mod replay;
 mod scale_out;
 mod schema_registry;
 mod sql_ceiling;
@@ -70,6 +71,7 @@ enum Step {
     Lazy,
     Fairness,
     SchemaRegistry,
+    Replay,
     /// sql-ceiling on MariaDB or SQLite.
     SqlCeilingOn(Database),
     /// drain-native on MariaDB or SQLite.
@@ -116,6 +118,7 @@ impl Step {
             Self::Lazy => lazy::NAME,
             Self::Fairness => fairness::NAME,
             Self::SchemaRegistry => schema_registry::NAME,
+            Self::Replay => replay::NAME,
             Self::BrokersSummary => brokers::SUMMARY,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios | Self::Broker(_) => "",
         }
@@ -146,6 +149,7 @@ impl Step {
             Self::Lazy => lazy::run(settings).await,
             Self::Fairness => fairness::run(settings).await,
             Self::SchemaRegistry => schema_registry::run(settings).await,
+            Self::Replay => replay::run(settings).await,
             Self::Broker(broker) => brokers::run(settings, broker, report).await,
             Self::BrokersSummary => brokers::summary(settings, report),
         }
@@ -194,6 +198,7 @@ fn steps(command: Command, settings: &Settings) -> Vec<Step> {
         Command::Lazy => vec![Step::Lazy],
         Command::Fairness => vec![Step::Fairness],
         Command::SchemaRegistry => vec![Step::SchemaRegistry],
+        Command::Replay => vec![Step::Replay],
         Command::Databases => vec![
             Step::SqlCeiling,
             Step::DrainNative,

@@ -100,6 +100,7 @@ mod tests {
             headers: vec![("trace".into(), b"t1".to_vec())],
             created_at: chrono::Utc::now(),
             attempts: 0,
+            replay: None,
         }
     }
 

@@ -305,6 +305,7 @@ mod tests {
             headers: Vec::new(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+            replay: None,
         }
     }
 

@@ -43,6 +43,7 @@ mod open;
 mod postgres;
 mod privileges;
 mod prune;
+mod replay;
 mod rows;
 mod schema;
 mod settings;
@@ -66,6 +67,7 @@ pub use dialect::Driver;
 pub use open::{Store, StoreBatch, check_url, migrate, open, redact};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
+pub use replay::{ReplayFilter, ReplayPace, ReplayProgress};
 pub use schema::SchemaError;
 pub use settings::{
     AfterDead, DATABASE_URL_ENV, DEFAULT_LEASE, DatabaseSettings, LEASE_MARGIN, MarkMode, Ordering,
@@ -200,6 +202,9 @@ pub enum StoreError {
         /// What is missing, and how to add it.
         message: String,
     },
+    /// `sluice replay` cannot run on this table (e.g. it lacks the replay marker column).
+    #[error("{0}")]
+    Replay(String),
     /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
     #[error("{database} does not support {what}")]
     Unsupported {

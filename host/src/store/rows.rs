@@ -26,10 +26,12 @@ pub(crate) mod column {
     pub(crate) const HEADERS: usize = 6;
     pub(crate) const CREATED_AT: usize = 7;
     pub(crate) const ATTEMPTS: usize = 8;
+    /// The replay marker (NULL: not a replay, or no such column).
+    pub(crate) const REPLAY: usize = 9;
     /// SQLite only: the order column, to sort `RETURNING`'s rows (in no set order).
-    pub(crate) const CLAIM_ORDER: usize = 9;
+    pub(crate) const CLAIM_ORDER: usize = 10;
     /// PostgreSQL's fair heads only: the tenant the walk visited.
-    pub(crate) const VISITED: usize = 9;
+    pub(crate) const VISITED: usize = 10;
 }
 
 /// Reads column `index` as an id as `key` carries it.
@@ -113,6 +115,10 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
         attempts: row
             .int32(column::ATTEMPTS)
             .map_err(|e| format!("cannot decode column attempts: {e}"))?,
+        replay: row
+            .text(column::REPLAY)
+            .map_err(|e| format!("cannot decode column replay_id: {e}"))?
+            .map(Into::into),
     })
 }
 

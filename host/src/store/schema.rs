@@ -74,6 +74,9 @@ pub struct Layout {
     pub created_at_kind: TimeKind,
     /// The column rows are claimed in; the id itself for integer ids.
     pub order: ColumnName,
+    /// Whether the table has the replay marker ([`columns::REPLAY`], added by `sluice
+    /// migrate`): without it the relay runs as before and `sluice replay` refuses.
+    pub replay: bool,
 }
 
 impl Layout {
@@ -212,6 +215,7 @@ pub(super) fn check<T: ColumnTypes>(
         let name = ColumnName::known(name);
         checker.require(Role::Bookkeeping, &name, accepted, accept);
     }
+    let replay = checker.optional_bookkeeping::<T>(columns::REPLAY);
     match (id, payload, created_at, order) {
         (Some(id), Some(payload), Some(created_at), Some(order)) if checker.problems.is_empty() => {
             Ok(Layout {
@@ -228,6 +232,7 @@ pub(super) fn check<T: ColumnTypes>(
                 created_at: map.created_at.clone(),
                 created_at_kind: T::time_kind(&created_at).unwrap_or(TimeKind::WithZone),
                 order,
+                replay,
             })
         }
         _ => Err(SchemaError {
@@ -307,6 +312,21 @@ impl Checker<'_> {
         };
         self.problems.push(problem);
         None
+    }
+
+    /// Whether the optional bookkeeping column `name` is there; one of a type Sluice cannot
+    /// use is a problem like any other.
+    fn optional_bookkeeping<T: ColumnTypes>(
+        &mut self,
+        (name, holds): (&'static str, Holds),
+    ) -> bool {
+        let name = ColumnName::known(name);
+        if self.find(&name).is_none() {
+            return false;
+        }
+        let (accepted, accept) = T::bookkeeping(holds);
+        self.require(Role::Bookkeeping, &name, accepted, accept)
+            .is_some()
     }
 
     /// Sluice marks rows by id, so an id must name exactly one row.

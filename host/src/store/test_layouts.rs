@@ -26,6 +26,7 @@ pub(super) fn debezium_layout() -> Layout {
         created_at: col("created_at"),
         created_at_kind: TimeKind::WithZone,
         order: col("sluice_seq"),
+        replay: false,
     }
 }
 
@@ -44,6 +45,7 @@ pub(super) fn sluice_layout() -> Layout {
         created_at: col("created_at"),
         created_at_kind: TimeKind::WithZone,
         order: col("id"),
+        replay: true,
     }
 }
 

@@ -187,6 +187,7 @@ pub(crate) mod tests {
             headers: Vec::new(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+            replay: None,
         }
     }
 

@@ -38,6 +38,7 @@ pub(super) fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxR
         headers: vec![("trace".to_owned(), format!("t-{id}").into_bytes())],
         created_at: chrono::Utc::now(),
         attempts: 0,
+        replay: None,
     }
 }
 

@@ -45,6 +45,10 @@ macro_rules! kit_db_fixture_common {
         async fn insert_bulk(&self, n: i64, tenant: Option<&str>) {
             self.t.insert_rows(n, tenant).await;
         }
+
+        async fn execute(&self, sql: &str) {
+            self.t.execute(sql).await;
+        }
     };
 }
 

@@ -39,6 +39,7 @@ impl Fixture for MemoryFixture {
                 headers: headers.clone().unwrap_or_default(),
                 created_at: Utc::now(),
                 attempts: 0,
+                replay: None,
             });
             if let Err(error) = headers
                 && let Some(row) = self.table.state().rows.get_mut(&id)

@@ -218,6 +218,13 @@ fn index_sql(layout: &Layout, found: &[FoundColumn], tenant_index: bool) -> Vec<
         indexes.push((name, sql));
         made.push(parts);
     }
+    // The rows a replay made due and that are not sent yet, for its progress in `sluice
+    // status`: rows without the marker are NULL in it, which a range scan skips.
+    if layout.replay {
+        let name = index_name(layout.table.table(), "_replay_idx");
+        let sql = format!("CREATE INDEX `{name}` ON {table} (`replay_id`({INDEX_PREFIX}))");
+        indexes.push((name, sql));
+    }
     indexes
 }
 

@@ -57,7 +57,11 @@ pub(super) async fn migrate(
     // Refused: `tx` is dropped, which rolls everything above back.
     let layout = check::<PgTypes>(spec, &found)?;
     let tenant = tenant_index.then(|| ddl::tenant_index(&layout)).flatten();
-    for sql in ddl::partial_indexes::<PgTypes>(&layout, tenant) {
+    let replay = ddl::replay_index::<PgTypes>(&layout);
+    for sql in ddl::partial_indexes::<PgTypes>(&layout, tenant)
+        .into_iter()
+        .chain(replay)
+    {
         tx.execute(AssertSqlSafe(sql)).await?;
     }
     tx.commit().await?;

@@ -78,7 +78,8 @@ impl Statements {
         let mark = match options.mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
             MarkMode::PublishedAt => format!(
-                "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
+                "UPDATE {table} SET published_at = now(){} WHERE {} = ANY({keys})",
+                sql.replay_cleared(""),
                 sql.id
             ),
         };
@@ -246,6 +247,7 @@ mod tests {
                     (HEADERS, "headers"),
                     (CREATED_AT, "created_at"),
                     (ATTEMPTS, "attempts"),
+                    (REPLAY, "replay_id"),
                 ];
                 assert_eq!(aliases.len(), expected.len(), "{select}");
                 for (index, alias) in expected {
@@ -264,7 +266,7 @@ mod tests {
         let s = statements(sluice_layout(), options);
         assert_eq!(
             squash(&s.batch.mark),
-            "UPDATE \"outbox\" SET published_at = now() WHERE \"id\" = ANY($1::text[]::int8[])"
+            "UPDATE \"outbox\" SET published_at = now(), \"replay_id\" = NULL WHERE \"id\" = ANY($1::text[]::int8[])"
         );
         let claim = squash(&s.claim);
         assert!(

@@ -58,7 +58,11 @@ pub(super) async fn migrate(
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     let layout = check::<LiteTypes>(spec, &found)?;
     let tenant = tenant_index.then(|| ddl::tenant_index(&layout)).flatten();
-    for sql in ddl::partial_indexes::<LiteTypes>(&layout, tenant) {
+    let replay = ddl::replay_index::<LiteTypes>(&layout);
+    for sql in ddl::partial_indexes::<LiteTypes>(&layout, tenant)
+        .into_iter()
+        .chain(replay)
+    {
         conn.execute(AssertSqlSafe(sql)).await?;
     }
     Ok(layout)
