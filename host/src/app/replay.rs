@@ -18,7 +18,7 @@ use crate::store::{
 
 /// Rows per second a replay makes due unless `--rate` says otherwise: a fraction of what one
 /// relay sends on a small machine (thousands per second), so live rows keep flowing beside it.
-pub const DEFAULT_RATE: u32 = 500;
+pub const DEFAULT_RATE: NonZeroU32 = NonZeroU32::new(500).expect("not zero");
 
 /// A time on the command line: a moment (RFC 3339) or a duration before now ("2h").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

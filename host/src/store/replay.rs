@@ -404,6 +404,14 @@ async fn now<DB: Execute>(
         .unwrap_or_else(Utc::now))
 }
 
+/// The database's clock, on a connection of `pool`.
+async fn now_on<DB: Execute>(
+    pool: &sqlx::Pool<DB>,
+    dialect: Driver,
+) -> Result<DateTime<Utc>, StoreError> {
+    now::<DB>(&mut *pool.acquire().await?, dialect).await
+}
+
 /// The refusal on a table `sluice migrate` has not given the marker yet.
 fn no_marker(sql: &LayoutSql) -> StoreError {
     StoreError::Replay(format!(
@@ -434,10 +442,7 @@ impl Store {
     /// The database's clock: what a replay's times (`--since 2h`, its rows' due times) are
     /// counted on, wherever `sluice replay` runs.
     pub async fn database_now(&self) -> Result<DateTime<Utc>, StoreError> {
-        on_driver!(self, s => {
-            let mut conn = s.pool().acquire().await?;
-            now::<_>(&mut *conn, s.sql().dialect).await
-        })
+        on_driver!(self, s => now_on(s.pool(), s.sql().dialect).await)
     }
 
     /// How many sent rows `filter` selects (changes nothing: `--dry-run`).

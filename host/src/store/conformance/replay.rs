@@ -205,11 +205,14 @@ pub(super) async fn a_replay_is_spread_over_time_at_its_rate_in_chunks<F: DbFixt
     // Due times are kept to the millisecond.
     let last = (progress.last_due_at.unwrap() - now).num_milliseconds();
     assert!((11_899..=11_900).contains(&last), "{last} ms: {progress:?}");
-    let claim = store.claim(1_000, &[]).await.unwrap();
+    // A claim takes only the rows whose time has come: a tick's worth per 100 ms since the
+    // start (the claim of up to all of them notwithstanding).
+    let claim = store.claim(n as usize, &[]).await.unwrap();
+    let elapsed = (store.database_now().await.unwrap() - now).num_milliseconds();
+    let claimed = claim.rows.len() as i64;
     assert!(
-        claim.rows.len() < 1_000,
-        "only the due rows are claimed: {}",
-        claim.rows.len()
+        claimed >= 100 && claimed <= (elapsed / 100 + 1) * 100 && claimed < n,
+        "{claimed} rows claimed {elapsed} ms after the start"
     );
     assert!(
         claim

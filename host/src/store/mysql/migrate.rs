@@ -291,7 +291,9 @@ mod tests {
         );
         assert!(!create.contains("tenant"), "{create}");
         assert!(
-            create.ends_with("`dead_at` DATETIME(6)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"),
+            create.ends_with(
+                "`dead_at` DATETIME(6), `replay_id` TEXT) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+            ),
             "{create}"
         );
     }

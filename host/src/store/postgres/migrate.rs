@@ -128,7 +128,7 @@ mod tests {
             "{create}"
         );
         assert!(
-            create.ends_with("\"last_error\" text, \"dead_at\" timestamptz)"),
+            create.ends_with("\"dead_at\" timestamptz, \"replay_id\" text)"),
             "{create}"
         );
         let uuid_id = FoundColumn {

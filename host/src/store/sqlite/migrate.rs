@@ -90,7 +90,7 @@ mod tests {
             .into_iter()
             .map(|added| squash(&ddl::add_columns::<LiteTypes>(&spec.name, &[added])))
             .collect();
-        assert_eq!(adds.len(), 8, "{adds:?}");
+        assert_eq!(adds.len(), 9, "{adds:?}");
         assert_eq!(
             adds[0],
             "ALTER TABLE \"outbox\" ADD COLUMN \"created_at\" TEXT"
@@ -99,13 +99,17 @@ mod tests {
             adds[7],
             "ALTER TABLE \"outbox\" ADD COLUMN \"lease_until\" INTEGER"
         );
+        assert_eq!(
+            adds[8],
+            "ALTER TABLE \"outbox\" ADD COLUMN \"replay_id\" TEXT"
+        );
         let create = squash(&ddl::create_table::<LiteTypes>(&spec));
         assert!(
             create.contains("\"id\" INTEGER PRIMARY KEY AUTOINCREMENT"),
             "{create}"
         );
         assert!(
-            create.ends_with("\"leased_by\" TEXT, \"lease_until\" INTEGER)"),
+            create.ends_with("\"lease_until\" INTEGER, \"replay_id\" TEXT)"),
             "{create}"
         );
     }
