@@ -315,13 +315,15 @@ pub(crate) async fn replay<DB: Execute>(
         return Err(no_marker(sql));
     }
     let id_chunks = id_chunks(sql, filter)?;
-    let mut conn = pool.acquire().await?;
+    // Each chunk is read on a connection given back before it is marked on another: an
+    // admin command's pool has one.
     let (mut done, mut tick) = (0, 0);
     match id_chunks {
         Some(chunks) => {
             for ids in &chunks {
                 let (chosen, _) =
-                    next_chunk::<DB>(&mut *conn, sql, filter, None, Some(ids)).await?;
+                    next_chunk::<DB>(&mut *pool.acquire().await?, sql, filter, None, Some(ids))
+                        .await?;
                 done += mark_chunk(pool, sql, pace, &chosen, &mut tick).await?;
                 progress(done);
             }
@@ -329,8 +331,14 @@ pub(crate) async fn replay<DB: Execute>(
         None => {
             let mut cursor = None;
             loop {
-                let (chosen, next) =
-                    next_chunk::<DB>(&mut *conn, sql, filter, cursor.as_ref(), None).await?;
+                let (chosen, next) = next_chunk::<DB>(
+                    &mut *pool.acquire().await?,
+                    sql,
+                    filter,
+                    cursor.as_ref(),
+                    None,
+                )
+                .await?;
                 if chosen.is_empty() {
                     break;
                 }
