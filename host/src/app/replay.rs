@@ -147,7 +147,9 @@ pub async fn prepare(
     let now = store.database_now().await?;
     let filter = ReplayFilter {
         since: request.since.map(|t| t.resolve(now)),
-        until: request.until.map(|t| t.resolve(now)),
+        // Not later than now: rows sent while the replay runs (its own, or live rows) are
+        // not taken by its later chunks.
+        until: Some(request.until.map_or(now, |t| t.resolve(now).min(now))),
         tenant: request.tenant.clone(),
         aggregate_type: request.aggregate_type.clone(),
         event_type: request.event_type.clone(),

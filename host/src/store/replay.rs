@@ -3,13 +3,16 @@
 //! A replay changes rows, nothing else: each matching sent row gets `published_at`,
 //! `attempts` and (SQLite) its lease cleared, the replay's id in the marker column
 //! ([`super::columns::REPLAY`]) and a `next_attempt_at` staggered by the replay's rate, so
-//! the relays' ordinary claim picks the rows up a few at a time beside live rows, and no
-//! process has to run for the replay's length. Rows are taken in claim order, in chunks of
-//! [`CHUNK`] (one transaction each), through a keyset cursor, so a chunk costs the same at
-//! the end of a large replay as at the start. The relay stamps the marker as the
-//! `sluice-replay` header and clears it when the row is sent again.
+//! the relays' ordinary claim picks the rows up a few at a time beside live rows. Rows are
+//! taken in claim order, in chunks of about [`AHEAD`] of the rate (one transaction each),
+//! through a keyset cursor, so a chunk costs the same at the end of a large replay as at the
+//! start; each chunk is marked only [`AHEAD`] before its first rows are due, so the command
+//! runs for the replay's length and few not-yet-due rows ever wait in the claim's path. The
+//! relay stamps the marker as the `sluice-replay` header and clears it when the row is sent
+//! again.
 
 use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
@@ -22,8 +25,12 @@ use super::rows::{IDS_PER_STATEMENT, read_id};
 use super::statement::{Execute, Param, ReadRow, Statement, padded};
 use crate::model::OutboxId;
 
-/// Rows per chunk: one transaction, one progress step.
+/// Most rows per chunk: one transaction, one progress step.
 const CHUNK: usize = 5_000;
+/// A chunk holds about this long of the rate's rows, and is marked this long before its
+/// first rows come due: rows made due ahead of their time wait in the claim's index in front
+/// of every live row (they are older), and each claim steps over them, so few may wait.
+const AHEAD: Duration = Duration::from_millis(500);
 /// How far apart the due times of a replay's rows are: its rows come due in groups every
 /// tick, so a relay polling beside live traffic takes a few at a time.
 const TICK_MS: f64 = 100.0;
@@ -70,6 +77,14 @@ impl ReplayPace {
         let spacing_ms = self.per_tick() as f64 * 1000.0 / f64::from(self.rate.get());
         let offset = (tick as f64 * spacing_ms).round() as i64;
         self.start + TimeDelta::milliseconds(offset)
+    }
+
+    /// Rows per chunk: [`AHEAD`] worth of the rate, whole ticks, at most [`CHUNK`].
+    fn chunk_rows(&self) -> usize {
+        let per_tick = self.per_tick();
+        let ahead = f64::from(self.rate.get()) * AHEAD.as_secs_f64();
+        let ticks = (ahead / per_tick as f64).ceil().max(1.0) as usize;
+        (ticks * per_tick).min((CHUNK / per_tick).max(1) * per_tick)
     }
 
     /// When the last of `rows` rows is due.
@@ -218,6 +233,7 @@ async fn next_chunk<DB: Execute>(
     filter: &ReplayFilter,
     cursor: Option<&Cursor>,
     ids: Option<&[OutboxId]>,
+    limit: usize,
 ) -> Result<(Vec<OutboxId>, Option<Cursor>), StoreError> {
     let mut statement = Statement::new(sql.dialect);
     let condition = condition(sql, &mut statement, filter);
@@ -239,7 +255,7 @@ async fn next_chunk<DB: Execute>(
         }
     };
     let among = ids.map_or_else(String::new, |ids| among(sql, &mut statement, ids));
-    let limit = statement.param(Param::Int(CHUNK as i64));
+    let limit = statement.param(Param::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
     let text = format!(
         "SELECT {id} AS id, {order} AS claim_order FROM {table} AS o
           WHERE {condition} {after} {among}
@@ -315,17 +331,32 @@ pub(crate) async fn replay<DB: Execute>(
         return Err(no_marker(sql));
     }
     let id_chunks = id_chunks(sql, filter)?;
+    let mut marking = Marking {
+        pool,
+        sql,
+        pace,
+        started: Instant::now(),
+        tick: 0,
+        done: 0,
+    };
     // Each chunk is read on a connection given back before it is marked on another: an
     // admin command's pool has one.
-    let (mut done, mut tick) = (0, 0);
+    let limit = pace.chunk_rows();
     match id_chunks {
         Some(chunks) => {
             for ids in &chunks {
-                let (chosen, _) =
-                    next_chunk::<DB>(&mut *pool.acquire().await?, sql, filter, None, Some(ids))
-                        .await?;
-                done += mark_chunk(pool, sql, pace, &chosen, &mut tick).await?;
-                progress(done);
+                let (chosen, _) = next_chunk::<DB>(
+                    &mut *pool.acquire().await?,
+                    sql,
+                    filter,
+                    None,
+                    Some(ids),
+                    CHUNK,
+                )
+                .await?;
+                for part in chosen.chunks(limit) {
+                    marking.mark(part, progress).await?;
+                }
             }
         }
         None => {
@@ -337,18 +368,50 @@ pub(crate) async fn replay<DB: Execute>(
                     filter,
                     cursor.as_ref(),
                     None,
+                    limit,
                 )
                 .await?;
                 if chosen.is_empty() {
                     break;
                 }
-                done += mark_chunk(pool, sql, pace, &chosen, &mut tick).await?;
-                progress(done);
+                marking.mark(&chosen, progress).await?;
                 cursor = next;
             }
         }
     }
-    Ok(done)
+    Ok(marking.done)
+}
+
+/// A replay being marked, chunk by chunk, each just ahead of its time.
+struct Marking<'a, DB: Execute> {
+    pool: &'a sqlx::Pool<DB>,
+    sql: &'a LayoutSql,
+    pace: &'a ReplayPace,
+    /// When marking began (the pace's start, on this process's clock).
+    started: Instant,
+    /// The next group's tick.
+    tick: u64,
+    /// Rows changed so far.
+    done: u64,
+}
+
+impl<DB: Execute> Marking<'_, DB> {
+    /// Waits until `ids`' first rows are [`AHEAD`] of their time, marks them, reports.
+    async fn mark(
+        &mut self,
+        ids: &[OutboxId],
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<(), StoreError> {
+        let due = (self.pace.due_at(self.tick) - self.pace.start)
+            .to_std()
+            .unwrap_or_default();
+        if let Some(wait) = due.checked_sub(AHEAD) {
+            tokio::time::sleep_until((self.started + wait).into()).await;
+        }
+        self.done += mark_chunk(self.pool, self.sql, self.pace, ids, &mut self.tick).await?;
+        progress(self.done);
+        Ok(())
+    }
 }
 
 /// Replays whose rows are not all sent again yet, read through the marker's index.
@@ -497,7 +560,11 @@ mod tests {
         let slow = pace(2);
         assert_eq!(slow.per_tick(), 1);
         assert_eq!((slow.due_at(3) - slow.start).num_milliseconds(), 1_500);
+        assert_eq!(p.chunk_rows(), 500, "half a second of rows");
+        assert_eq!(pace(4_000).chunk_rows(), 2_000);
+        assert_eq!(slow.chunk_rows(), 1);
         let fast = pace(1_000_000);
+        assert_eq!(fast.chunk_rows(), CHUNK);
         assert_eq!(fast.per_tick(), IDS_PER_STATEMENT);
         assert_eq!(
             (fast.last_due(1_000_000) - fast.start).num_milliseconds(),

@@ -54,25 +54,27 @@ async fn replayed_rows_are_published_again_with_the_header_beside_live_rows(kind
     );
     assert_eq!(table.scalar_i64(sent).await, n);
 
-    // 2 rows/s: the replay's last row is due after 9.5 s.
-    let replay = sluice(&[
-        "replay", "--config", &path, "--since", "1h", "--rate", "2", "--yes",
-    ]);
-    assert!(
-        replay.status.success(),
-        "{}{}",
-        stdout(&replay),
-        stderr(&replay)
-    );
-    let out = stdout(&replay);
-    assert!(out.contains(&format!("{n} rows are due again")), "{out}");
-    let id = out
-        .split("sluice-replay: ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the replay's id")
-        .to_owned();
-
+    // 2 rows/s: the replay's last row is due after 9.5 s; the command paces itself that long.
+    let replay = std::process::Command::new(sluice_bin())
+        .args([
+            "replay", "--config", &path, "--since", "1h", "--rate", "2", "--yes",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start sluice replay");
+    let mut id = String::new();
+    let listed = wait_until(Duration::from_secs(10), || {
+        let status = sluice(&["status", "--config", &path, "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
+        let found = json["replays"][0]["id"].as_str().map(str::to_owned);
+        if let Some(found) = &found {
+            id = found.clone();
+        }
+        async move { found.is_some() }
+    })
+    .await;
+    assert!(listed, "sluice status never listed the replay");
     // `sluice status` (from the database) and the relay's `/status` show it running.
     let status = sluice(&["status", "--config", &path, "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&status.stdout)
@@ -119,6 +121,16 @@ async fn replayed_rows_are_published_again_with_the_header_beside_live_rows(kind
             > 0,
         "the replay was still running while live rows were sent"
     );
+    let replay = replay.wait_with_output().expect("sluice replay");
+    assert!(
+        replay.status.success(),
+        "{}{}",
+        stdout(&replay),
+        stderr(&replay)
+    );
+    let out = stdout(&replay);
+    assert!(out.contains(&format!("{n} rows are due again")), "{out}");
+    assert!(out.contains(&format!("sluice-replay: {id}")), "{out}");
     // Then every replayed row is sent again, its marker cleared.
     let done = wait_until(SCENARIO_WAIT, || async {
         table

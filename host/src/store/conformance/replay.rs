@@ -186,32 +186,39 @@ pub(super) async fn a_replay_is_spread_over_time_at_its_rate_in_chunks<F: DbFixt
         claim.batch.complete(sent(claimed)).await.unwrap();
     }
     let now = store.database_now().await.unwrap();
-    // 1,000 rows/s: 100 rows every 100 ms, the last due after 11.9 s.
-    let run = pace(now, 1_000);
+    // 4,000 rows/s: 400 rows every 100 ms, the last due after 2.9 s; chunks of half a
+    // second's rows, each marked half a second before its first rows are due.
+    let run = pace(now, 4_000);
     let mut steps = Vec::new();
     let filter = ReplayFilter::default();
+    let started = std::time::Instant::now();
     let replayed = store
         .replay_sent(&filter, &run, &mut |done| steps.push(done))
         .await
         .unwrap();
     assert_eq!(replayed, n as u64);
-    assert_eq!(steps, [5_000, 10_000, 12_000], "one step per chunk");
+    assert_eq!(steps, [2_000, 4_000, 6_000, 8_000, 10_000, 12_000]);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_900),
+        "the last chunk (due at 2.5 s) is marked 0.5 s ahead, not sooner: {:?}",
+        started.elapsed()
+    );
     let progress = &store.replay_progress().await.unwrap()[0];
     assert_eq!(progress.left, n);
     assert!(
-        (100..n).contains(&progress.due),
+        (400..n).contains(&progress.due),
         "the first ticks' rows are due, not all: {progress:?}"
     );
     // Due times are kept to the millisecond.
     let last = (progress.last_due_at.unwrap() - now).num_milliseconds();
-    assert!((11_899..=11_900).contains(&last), "{last} ms: {progress:?}");
+    assert!((2_899..=2_900).contains(&last), "{last} ms: {progress:?}");
     // A claim takes only the rows whose time has come: a tick's worth per 100 ms since the
     // start (the claim of up to all of them notwithstanding).
     let claim = store.claim(n as usize, &[]).await.unwrap();
     let elapsed = (store.database_now().await.unwrap() - now).num_milliseconds();
     let claimed = claim.rows.len() as i64;
     assert!(
-        claimed >= 100 && claimed <= (elapsed / 100 + 1) * 100 && claimed < n,
+        claimed >= 400 && claimed <= (elapsed / 100 + 1) * 400 && claimed < n,
         "{claimed} rows claimed {elapsed} ms after the start"
     );
     assert!(
