@@ -129,6 +129,10 @@ pub(crate) enum Command {
     /// alternating 3 times: rows/s, relay CPU per 1,000 rows, the ratio avro / raw (target
     /// ≥ 0.8) and registry requests per drain. Not part of `all`.
     SchemaRegistry,
+    /// Live rows' commit → Kafka latency at --rate while `sluice replay` publishes the --rows
+    /// backlog of sent rows (default 200,000) again at 2,000 rows/s, and without a replay
+    /// (issue #42). Not part of `all`.
+    Replay,
     /// On PostgreSQL, MariaDB and SQLite: the SQL-only ceiling (through each database's driver)
     /// and drain-native, side by side.
     Databases,

@@ -118,6 +118,9 @@ pub struct OutboxRow {
     pub attempts: i32,
     /// The `[database.columns] extra` columns, in the order configured (`*`: table order).
     pub extra: ExtraColumns,
+    /// The `sluice replay` that made this sent row due again (stamped on its messages as the
+    /// `sluice-replay` header); `None` for a row's own delivery.
+    pub replay: Option<Arc<str>>,
 }
 
 /// A row's extra columns (`[database.columns] extra`), name and value, in configured order.

@@ -134,13 +134,13 @@ async fn measure(
 }
 
 /// Rows committed by the inserter: (outbox id, µs since the epoch right after COMMIT).
-struct Inserted {
-    commits: Vec<(i64, i64)>,
-    elapsed: Duration,
+pub(super) struct Inserted {
+    pub(super) commits: Vec<(i64, i64)>,
+    pub(super) elapsed: Duration,
 }
 
 /// Rows per transaction for `rate` rows/s, one transaction every [`INSERT_EVERY`].
-fn rows_per_transaction(rate: u64) -> anyhow::Result<i64> {
+pub(super) fn rows_per_transaction(rate: u64) -> anyhow::Result<i64> {
     let per_tick = rate * INSERT_EVERY.as_millis() as u64 / 1000;
     if per_tick == 0 {
         anyhow::bail!("--rate must be at least 100 rows/s (one row every 10 ms)");
@@ -150,7 +150,7 @@ fn rows_per_transaction(rate: u64) -> anyhow::Result<i64> {
 
 /// Commits `rows_per_transaction` rows every [`INSERT_EVERY`] for `duration` (a late tick
 /// delays the following ones rather than bursting).
-async fn insert_load(
+pub(super) async fn insert_load(
     url: &str,
     table: &DbTable,
     duration: Duration,
@@ -186,7 +186,11 @@ async fn insert_load(
     })
 }
 
-fn figures(label: &str, inserted: &Inserted, sightings: &Sightings) -> anyhow::Result<Vec<Figure>> {
+pub(super) fn figures(
+    label: &str,
+    inserted: &Inserted,
+    sightings: &Sightings,
+) -> anyhow::Result<Vec<Figure>> {
     let mut produce = Vec::new();
     let mut consume = Vec::new();
     // The first second of load meets a relay that has backed off to its idle poll interval:

@@ -16,6 +16,7 @@ mod partitions;
 mod pgbench;
 mod pipeline;
 mod ratios;
+mod replay;
 mod scale_out;
 mod schema_registry;
 mod sql_ceiling;
@@ -72,6 +73,7 @@ enum Step {
     Lazy,
     Fairness,
     SchemaRegistry,
+    Replay,
     /// sql-ceiling on MariaDB or SQLite.
     SqlCeilingOn(Database),
     /// drain-native on MariaDB or SQLite.
@@ -120,6 +122,7 @@ impl Step {
             Self::Lazy => lazy::NAME,
             Self::Fairness => fairness::NAME,
             Self::SchemaRegistry => schema_registry::NAME,
+            Self::Replay => replay::NAME,
             Self::BrokersSummary => brokers::SUMMARY,
             Self::Partitions => partitions::NAME,
             Self::SqlCeilingOn(_) | Self::DrainOn(_) | Self::DatabaseRatios | Self::Broker(_) => "",
@@ -156,6 +159,7 @@ impl Step {
             Self::Lazy => lazy::run(settings).await,
             Self::Fairness => fairness::run(settings).await,
             Self::SchemaRegistry => schema_registry::run(settings).await,
+            Self::Replay => replay::run(settings).await,
             Self::Broker(broker) => brokers::run(settings, broker, report).await,
             Self::BrokersSummary => brokers::summary(settings, report),
             Self::Partitions => partitions::run(settings).await,
@@ -206,6 +210,7 @@ fn steps(command: Command, settings: &Settings) -> Vec<Step> {
         Command::Lazy => vec![Step::Lazy],
         Command::Fairness => vec![Step::Fairness],
         Command::SchemaRegistry => vec![Step::SchemaRegistry],
+        Command::Replay => vec![Step::Replay],
         Command::Databases => vec![
             Step::SqlCeiling,
             Step::DrainNative,

@@ -12,7 +12,7 @@ use super::assemble::AppRelay;
 use super::reload::ReloadRequest;
 use super::sampler::{self, LastSample};
 use super::services::Services;
-use super::status::StatusReport;
+use super::status::{ReplayReport, StatusReport};
 use crate::config::Config;
 use crate::encoding::{RegistryClient, RegistryState};
 use crate::model::Broker;
@@ -203,6 +203,7 @@ impl Endpoints for AppEndpoints {
             )
         };
         report.rank_laggards(self.settings.laggards);
+        report.replays = last.replays.iter().map(ReplayReport::of).collect();
         report.instances = Some(self.router.instances());
         report.tenant_changes = Some(self.router.change_status());
         serde_json::to_value(report).unwrap_or_else(|e| json!({ "error": e.to_string() }))

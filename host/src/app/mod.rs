@@ -5,6 +5,7 @@
 //!   background services started, everything joined at exit
 //! - [`admin`]: `sluice migrate` and `sluice dead …`
 //! - [`check`]: `sluice config check`
+//! - [`replay`]: `sluice replay` (sent rows published again)
 //! - `assemble`: one relay wired from the config (plugins, store, sink, loop, metrics)
 //! - `endpoints`: what `/metrics`, `/healthz`, `/readyz` and `/status` answer, and starting
 //!   them with `[telemetry] listen`
@@ -22,6 +23,7 @@ pub mod check;
 mod endpoints;
 pub mod logging;
 mod reload;
+pub mod replay;
 mod rotate;
 mod run;
 mod sampler;

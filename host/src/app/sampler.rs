@@ -21,7 +21,7 @@ use crate::plugin::RowTransformer;
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
 use crate::sink::Brokers;
-use crate::store::{OutboxStore, Store, TenantBacklog};
+use crate::store::{OutboxStore, ReplayProgress, Store, TenantBacklog};
 use crate::telemetry::metrics::Dependency;
 use crate::telemetry::settings::{BROKER_PROBE_TIMEOUT, DATABASE_PROBE_TIMEOUT};
 use crate::telemetry::{Metrics, TelemetrySettings, TenantSample};
@@ -34,6 +34,8 @@ pub(super) struct LastSample {
     /// Each broker the relay publishes to, and why its last check failed (authentication,
     /// TLS, unreachable; `None`: it answered), for `/readyz`.
     pub brokers: BTreeMap<Broker, Option<String>>,
+    /// `sluice replay`s with rows still to send again.
+    pub replays: Vec<ReplayProgress>,
 }
 
 impl LastSample {
@@ -117,9 +119,19 @@ async fn sample_database(
                 })
                 .collect();
             metrics.set_tenant_samples(&samples);
+            // A replay's progress reads its rows through the marker's own index: cheap, and
+            // the backlog sample above already answered for the database's health.
+            let replays = match store.replay_progress().await {
+                Ok(replays) => replays,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the progress of replays failed");
+                    Vec::new()
+                }
+            };
             let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
             last.at = Some(Utc::now());
             last.backlog = backlog;
+            last.replays = replays;
         }
         Ok(Err(e)) => {
             metrics

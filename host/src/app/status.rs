@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::plugin::{
     InstanceUse, PluginInstances, PluginSource, TenantChangeStatus, TenantState, TenantStatus,
 };
-use crate::store::{self, OutboxStore, StoreOptions, TenantBacklog};
+use crate::store::{self, OutboxStore, ReplayProgress, StoreOptions, TenantBacklog};
 use crate::telemetry::auth::Access;
 use crate::telemetry::client::get;
 use crate::telemetry::laggards::{Lag, worst};
@@ -69,6 +69,49 @@ pub struct Laggard {
     pub state: Option<String>,
 }
 
+/// A `sluice replay` whose rows are not all sent again yet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// The replay's id (its `sluice-replay` header): when it started, by the database's clock.
+    pub id: String,
+    /// Its rows not sent again yet (dead ones not counted).
+    pub rows_left: i64,
+    /// Of those, rows due now: how far the relays are behind its schedule.
+    pub rows_due: i64,
+    /// Rows per second its schedule still makes due; `None`: all are due already.
+    pub rate_per_second: Option<f64>,
+    /// Seconds until its last row comes due; `None`: all are due already.
+    pub eta_seconds: Option<f64>,
+}
+
+impl ReplayReport {
+    /// The report of one replay's progress.
+    pub fn of(p: &ReplayProgress) -> Self {
+        Self {
+            id: p.id.clone(),
+            rows_left: p.left,
+            rows_due: p.due,
+            rate_per_second: p.rate(),
+            eta_seconds: p.eta_seconds(),
+        }
+    }
+
+    /// One line for people: `replay 2026-…Z: 1200 rows left (30 due now), 500 rows/s, ETA 2s`.
+    pub fn line(&self) -> String {
+        let rate = self
+            .rate_per_second
+            .map_or_else(|| "all due".to_owned(), |r| format!("{} rows/s", r.round()));
+        let eta = self.eta_seconds.map_or_else(
+            || "as fast as the relays send".to_owned(),
+            |s| humantime::format_duration(Duration::from_secs(s.ceil() as u64)).to_string(),
+        );
+        format!(
+            "replay {}: {} rows left ({} due now), {rate}, ETA {eta}",
+            self.id, self.rows_left, self.rows_due
+        )
+    }
+}
+
 /// The whole status: every tenant the sample or the router knows, rows without a tenant
 /// first, then by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -103,6 +146,9 @@ pub struct StatusReport {
     /// older version because their latest change did not apply (a running relay's only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_changes: Option<TenantChangeStatus>,
+    /// `sluice replay`s with rows still to send again: rows left, rate and ETA.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replays: Vec<ReplayReport>,
 }
 
 impl StatusReport {
@@ -226,6 +272,12 @@ pub async fn status(config: &Config) -> anyhow::Result<(StatusReport, StatusSour
     let backlog = store.sample_backlog(limit).await?;
     let mut report = StatusReport {
         database_up: Some(true),
+        replays: store
+            .replay_progress()
+            .await?
+            .iter()
+            .map(ReplayReport::of)
+            .collect(),
         ..StatusReport::of_sample(Some(Utc::now()), &backlog, &[], limit)
     };
     for (name, spec) in &config.tenants {
@@ -463,6 +515,10 @@ pub fn render_table(report: &StatusReport) -> String {
                 bounded(why, MAX_LOGGED)
             ));
         }
+    }
+    for replay in &report.replays {
+        out.push_str(&replay.line());
+        out.push('\n');
     }
     for t in report.tenants.iter().filter(|t| t.last_error.is_some()) {
         out.push_str(&format!(

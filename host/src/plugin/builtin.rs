@@ -121,6 +121,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             attempts: 0,
             extra: Vec::new(),
+            replay: None,
         }
     }
 

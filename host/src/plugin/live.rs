@@ -672,6 +672,7 @@ mod tests {
                 created_at: chrono::Utc::now(),
                 attempts: 0,
                 extra: Vec::new(),
+                replay: None,
             })
             .collect()
     }

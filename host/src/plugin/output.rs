@@ -18,7 +18,9 @@ use crate::text::{MAX_LOGGED, bounded};
 pub const TENANT_HEADER: &str = "sluice-tenant";
 /// Carries the row's outbox id.
 pub const OUTBOX_ID_HEADER: &str = "sluice-outbox-id";
-const HOST_HEADERS: [&str; 2] = [TENANT_HEADER, OUTBOX_ID_HEADER];
+/// On every message of a row `sluice replay` made due again: the replay's id.
+pub const REPLAY_HEADER: &str = "sluice-replay";
+const HOST_HEADERS: [&str; 3] = [TENANT_HEADER, OUTBOX_ID_HEADER, REPLAY_HEADER];
 
 /// What each header costs towards `max_message_bytes` on top of its name and value: a broker,
 /// librdkafka and every consumer allocate a record per header, so 200,000 empty headers are
@@ -235,12 +237,15 @@ fn fold(c: char) -> char {
 /// the true values, so consumers see exactly one of each and can trust them.
 fn stamp_headers(mut headers: Vec<(String, Vec<u8>)>, row: &OutboxRow) -> Vec<(String, Vec<u8>)> {
     headers.retain(|(k, _)| !host_owned(k));
-    headers.reserve_exact(2);
+    headers.reserve_exact(2 + usize::from(row.replay.is_some()));
     headers.push((
         TENANT_HEADER.to_owned(),
         row.tenant.as_str().as_bytes().to_vec(),
     ));
     headers.push((OUTBOX_ID_HEADER.to_owned(), row.id.to_string().into_bytes()));
+    if let Some(replay) = &row.replay {
+        headers.push((REPLAY_HEADER.to_owned(), replay.as_bytes().to_vec()));
+    }
     headers
 }
 
@@ -262,6 +267,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             attempts: 0,
             extra: Vec::new(),
+            replay: None,
         }
     }
 
@@ -340,6 +346,38 @@ mod tests {
                 (OUTBOX_ID_HEADER.to_owned(), b"3".to_vec()),
             ]
         );
+    }
+
+    #[test]
+    fn a_replayed_row_carries_the_replay_header_which_plugins_cannot_forge() {
+        let forged = vec![("SLUICE-REPLAY".to_owned(), b"forged".to_vec())];
+        // A live row: a plugin's `sluice-replay` is dropped, none is added.
+        let live = accept(
+            &Limits::default(),
+            &row(),
+            Ok(vec![message("t", forged.clone())]),
+        );
+        assert!(
+            !live.unwrap()[0]
+                .headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case(REPLAY_HEADER))
+        );
+        // A replayed row: every message gets the replay's id.
+        let replayed = OutboxRow {
+            replay: Some("2026-12-06T15:30:00.000Z".into()),
+            ..row()
+        };
+        let answer = Ok(vec![message("t", forged), message("u", vec![])]);
+        for m in accept(&Limits::default(), &replayed, answer).unwrap() {
+            let replay: Vec<&[u8]> = m
+                .headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(REPLAY_HEADER))
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            assert_eq!(replay, [b"2026-12-06T15:30:00.000Z".as_slice()]);
+        }
     }
 
     #[test]

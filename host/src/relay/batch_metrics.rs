@@ -60,7 +60,9 @@ pub(super) fn record_reports(
                 }
             }
         }
-        if all_acked {
+        // A replayed row is as old as the events it replays: its age would say nothing about
+        // how fast the outbox is relayed.
+        if all_acked && o.row.replay.is_none() {
             let age = (now - o.row.created_at)
                 .num_microseconds()
                 .unwrap_or(i64::MAX);
@@ -173,6 +175,7 @@ mod tests {
             created_at: Utc::now(),
             attempts,
             extra: Vec::new(),
+            replay: None,
         }
     }
 

@@ -46,6 +46,20 @@ pub(crate) async fn count<DB: Execute>(
     })
 }
 
+/// When a row became due, for its age: its `created_at`, but for a row `sluice replay` made
+/// due again the time its replay scheduled it (`next_attempt_at`), so a replay of old rows does
+/// not look like a stuck backlog.
+fn due_since(sql: &LayoutSql) -> String {
+    let created_at = sql.created_at_expr("o");
+    match sql.layout.replay {
+        true => format!(
+            "CASE WHEN o.{} IS NOT NULL THEN o.next_attempt_at ELSE {created_at} END",
+            sql.replay_column()
+        ),
+        false => created_at,
+    }
+}
+
 /// The sampler's statement for reading at most `limit` unsent and `limit` dead rows.
 fn statement(sql: &LayoutSql, limit: i64) -> Statement {
     let dialect = sql.dialect;
@@ -88,7 +102,7 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
         waiting = dialect.cast("SUM(waiting)", Cast::Int),
         table = sql.table,
         tenant = sql.tenant_expr("o"),
-        created_at = sql.created_at_expr("o"),
+        created_at = due_since(sql),
         order_by = sql.order_by("o"),
     );
     statement.with_sql(text)

@@ -25,6 +25,10 @@ pub(super) const BOOKKEEPING: [(&str, Holds); 5] = [
     ("last_error", Holds::Text),
     ("dead_at", Holds::Time),
 ];
+/// Which `sluice replay` made a sent row due again (its id, stamped as the `sluice-replay`
+/// header), cleared when the row is sent again. Optional: `sluice migrate` adds it, but a
+/// relay runs on a table without it (only `sluice replay` then refuses).
+pub(super) const REPLAY: (&str, Holds) = ("replay_id", Holds::Text);
 /// SQLite's too: the relay holding a row's lease, and until when (see `store::sqlite`).
 pub(super) const LEASE: [(&str, Holds); 2] =
     [("leased_by", Holds::Text), ("lease_until", Holds::Time)];
@@ -227,6 +231,7 @@ impl ColumnMap {
             if BOOKKEEPING
                 .iter()
                 .chain(&LEASE)
+                .chain([&REPLAY])
                 .any(|(c, _)| *c == column.as_str())
             {
                 return Err(Problem::new(

@@ -4,7 +4,7 @@
 //! own way (locks, transactions, MySQL's prefix key parts and index look-ups).
 
 use super::TableName;
-use super::columns::{ColumnName, Holds, TableSpec};
+use super::columns::{self, ColumnName, Holds, TableSpec};
 use super::dialect::Driver;
 use super::schema::{self, ColumnTypes, FoundColumn, Layout};
 
@@ -53,6 +53,7 @@ pub(super) fn create_table<T: DdlTypes>(spec: &TableSpec) -> String {
         .filter(|(key, name)| *key != "order" || **name != c.id)
         .map(|(key, name)| (name.as_str(), ty(key)))
         .chain(bookkeeping::<T>())
+        .chain([replay::<T>()])
         .map(|(name, ty)| format!("{q}{name}{q} {ty}"))
         .collect();
     let (table, list) = (spec.name.quoted_with(q), list.join(", "));
@@ -79,6 +80,7 @@ pub(super) fn missing_columns<T: DdlTypes>(
     ]
     .into_iter()
     .chain(bookkeeping::<T>())
+    .chain([replay::<T>()])
     .map(|(name, ty)| (name.to_owned(), ty))
     .chain(order.map(|((order, _), ty)| (order.as_str().to_owned(), ty)))
     .filter(|(name, _)| !found.iter().any(|f| f.name == *name))
@@ -106,6 +108,38 @@ fn bookkeeping<'a, 'b, T: DdlTypes>() -> impl Iterator<Item = (&'a str, &'b str)
         Holds::Count => (name, T::COUNT),
         Holds::Text => (name, T::TEXT),
     })
+}
+
+/// The replay marker ([`columns::REPLAY`]) with its type: created and added like the
+/// bookkeeping columns, but not required by the schema check.
+fn replay<'a, T: DdlTypes>() -> (&'a str, &'a str) {
+    let (name, holds) = columns::REPLAY;
+    let ty = match holds {
+        Holds::Time => T::TIME,
+        Holds::Count => T::COUNT,
+        Holds::Text => T::TEXT,
+    };
+    (name, ty)
+}
+
+/// PostgreSQL and SQLite: the partial index on rows a replay made due and that are not sent
+/// yet (the marker is cleared when a row is sent, so it stays small), which the replay
+/// progress of `sluice status` reads; `None` without the marker column. MySQL has no partial
+/// indexes: see `mysql::migrate::index_sql`.
+pub(super) fn replay_index<T: DdlTypes>(layout: &Layout) -> Option<String> {
+    if !layout.replay {
+        return None;
+    }
+    let table = &layout.table;
+    let (schema, on) = match T::DIALECT {
+        Driver::Sqlite => (table.schema_prefix(), format!("\"{}\"", table.table())),
+        Driver::Postgres | Driver::Mysql => (String::new(), table.to_string()),
+    };
+    let (name, column) = (table.table(), columns::REPLAY.0);
+    Some(format!(
+        "CREATE INDEX IF NOT EXISTS {schema}\"{name}_replay_idx\" ON {on} (\"{column}\") \
+         WHERE \"{column}\" IS NOT NULL"
+    ))
 }
 
 /// One of the indexes on unsent rows.

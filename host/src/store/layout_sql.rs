@@ -208,7 +208,8 @@ impl LayoutSql {
         format!(
             "{id} AS id, {tenant} AS tenant, {at} AS aggregate_type, {ai} AS aggregate_id,
              {et} AS event_type, {payload} AS payload, {headers} AS headers,
-             {created_at} AS created_at, {attempts} AS attempts, {trace} AS trace_context",
+             {created_at} AS created_at, {attempts} AS attempts, {trace} AS trace_context,
+             {replay} AS replay_id",
             id = self.id_expr(alias),
             tenant = self.tenant_expr(alias),
             at = self.text_expr(alias, &self.aggregate_type),
@@ -222,7 +223,31 @@ impl LayoutSql {
                 Some(t) => self.text_expr(alias, t),
                 None => self.dialect.cast("NULL", Cast::Text),
             },
+            replay = self.replay_expr(alias),
         )
+    }
+
+    /// The replay marker as text: NULL for rows no replay made due, and on tables without the
+    /// column.
+    pub(crate) fn replay_expr(&self, alias: &str) -> String {
+        match self.layout.replay {
+            true => self.text_expr(alias, &self.replay_column()),
+            false => self.dialect.cast("NULL", Cast::Text),
+        }
+    }
+
+    /// The replay marker column, quoted.
+    pub(crate) fn replay_column(&self) -> String {
+        ColumnName::known(super::columns::REPLAY.0).quoted_with(self.dialect.quote())
+    }
+
+    /// What a statement marking rows sent adds to its `SET` list: the replay marker cleared
+    /// (`prefix`: the table's alias and a dot, or empty), or nothing on tables without it.
+    pub(crate) fn replay_cleared(&self, prefix: &str) -> String {
+        match self.layout.replay {
+            true => format!(", {prefix}{} = NULL", self.replay_column()),
+            false => String::new(),
+        }
     }
 
     /// The SQL type a text id is cast to for comparison with the id column (PostgreSQL, where

@@ -44,6 +44,7 @@ mod partitioning;
 mod postgres;
 mod privileges;
 mod prune;
+mod replay;
 mod rows;
 mod schema;
 mod settings;
@@ -68,6 +69,7 @@ pub use open::{Store, StoreBatch, check_url, migrate, open, redact};
 pub use partitioning::{PartitionInterval, PartitionRound, Partitioning};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
 pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
+pub use replay::{ReplayFilter, ReplayPace, ReplayProgress};
 pub use schema::SchemaError;
 pub use settings::{
     AfterDead, DATABASE_URL_ENV, DEFAULT_LEASE, DatabaseSettings, LEASE_MARGIN, MarkMode, Ordering,
@@ -211,6 +213,9 @@ pub enum StoreError {
         /// What is wrong, and what to do.
         message: String,
     },
+    /// `sluice replay` cannot run on this table (e.g. it lacks the replay marker column).
+    #[error("{0}")]
+    Replay(String),
     /// Something this database cannot do (e.g. LISTEN/NOTIFY on MySQL or SQLite).
     #[error("{database} does not support {what}")]
     Unsupported {

@@ -30,8 +30,10 @@ pub(crate) mod column {
     pub(crate) const ATTEMPTS: usize = 8;
     /// `[database.columns] trace_context` (NULL when not mapped).
     pub(crate) const TRACE_CONTEXT: usize = 9;
+    /// The replay marker (NULL: not a replay, or no such column).
+    pub(crate) const REPLAY: usize = 10;
     /// The first extra column (`[database.columns] extra`), if any.
-    pub(crate) const EXTRA: usize = 10;
+    pub(crate) const EXTRA: usize = 11;
 
     /// The column after the extra ones: SQLite's order column (to sort `RETURNING`'s rows, in
     /// no set order), PostgreSQL's fair heads' visited tenant.
@@ -129,6 +131,10 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
             .int32(column::ATTEMPTS)
             .map_err(|e| format!("cannot decode column attempts: {e}"))?,
         extra: decode_extra(row, sql)?,
+        replay: row
+            .text(column::REPLAY)
+            .map_err(|e| format!("cannot decode column replay_id: {e}"))?
+            .map(Into::into),
     })
 }
 

@@ -101,6 +101,9 @@ pub struct Layout {
     pub extra: Vec<(ColumnName, ValueKind)>,
     /// `[database.columns] trace_context`: a text column with the row's trace context.
     pub trace_context: Option<ColumnName>,
+    /// Whether the table has the replay marker ([`columns::REPLAY`], added by `sluice
+    /// migrate`): without it the relay runs as before and `sluice replay` refuses.
+    pub replay: bool,
 }
 
 impl Layout {
@@ -247,6 +250,7 @@ pub(super) fn check<T: ColumnTypes>(
         let name = ColumnName::known(name);
         checker.require(Role::Bookkeeping, &name, accepted, accept);
     }
+    let replay = checker.optional_bookkeeping::<T>(columns::REPLAY);
     match (id, payload, created_at, order) {
         (Some(id), Some(payload), Some(created_at), Some(order)) if checker.problems.is_empty() => {
             Ok(Layout {
@@ -266,6 +270,7 @@ pub(super) fn check<T: ColumnTypes>(
                 keyed_with_created_at,
                 extra,
                 trace_context: map.trace_context.clone(),
+                replay,
             })
         }
         _ => Err(SchemaError {
@@ -345,6 +350,21 @@ impl Checker<'_> {
         };
         self.problems.push(problem);
         None
+    }
+
+    /// Whether the optional bookkeeping column `name` is there; one of a type Sluice cannot
+    /// use is a problem like any other.
+    fn optional_bookkeeping<T: ColumnTypes>(
+        &mut self,
+        (name, holds): (&'static str, Holds),
+    ) -> bool {
+        let name = ColumnName::known(name);
+        if self.find(&name).is_none() {
+            return false;
+        }
+        let (accepted, accept) = T::bookkeeping(holds);
+        self.require(Role::Bookkeeping, &name, accepted, accept)
+            .is_some()
     }
 
     /// Sluice marks rows by id, so an id must name exactly one row: on its own, or together

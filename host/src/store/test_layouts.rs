@@ -29,6 +29,7 @@ pub(super) fn debezium_layout() -> Layout {
         keyed_with_created_at: false,
         extra: Vec::new(),
         trace_context: None,
+        replay: false,
     }
 }
 
@@ -50,6 +51,7 @@ pub(super) fn sluice_layout() -> Layout {
         keyed_with_created_at: false,
         extra: Vec::new(),
         trace_context: None,
+        replay: true,
     }
 }
 

@@ -395,6 +395,7 @@ mod tests {
             created_at: chrono::Utc::now() - chrono::Duration::seconds(3),
             attempts: 0,
             extra: Default::default(),
+            replay: None,
         }
     }
 

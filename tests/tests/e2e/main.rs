@@ -26,6 +26,7 @@ mod ordering;
 mod polling;
 mod relay;
 mod reload;
+mod replay;
 mod retention;
 mod retry;
 mod rotation;

@@ -1,6 +1,7 @@
 //! The command line's shape: every command, argument and its help text.
 
 use sluice::encoding::Format;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,9 +10,10 @@ use clap::{Parser, Subcommand};
 use crate::plugin::scaffold::Language;
 use sluice::app::admin::Target;
 use sluice::app::logging::LogFormat;
+use sluice::app::replay::{DEFAULT_RATE, TimeArg};
 use sluice::store::{DEFAULT_CHANNEL, PartitionInterval};
 
-/// What `sluice --help` ends with: the five commands operators run most, as they run them.
+/// What `sluice --help` ends with: the six commands operators run most, as they run them.
 const EXAMPLES: &str = "\
 Examples:
   sluice migrate --config /etc/sluice/sluice.toml
@@ -26,6 +28,8 @@ Examples:
       The slowest tenants first: backlog, oldest due row, dead rows, state
   sluice dead replay --config /etc/sluice/sluice.toml --tenant acme
       Make a tenant's dead-lettered rows due again (see sluice dead list)
+  sluice replay --config /etc/sluice/sluice.toml --since 2h --rate 500
+      Publish the rows sent in the last two hours again (mark = published_at)
 
 More: sluice COMMAND --help, man sluice, docs/operations.md";
 
@@ -134,6 +138,16 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: DeadCommand,
     },
+    /// Publish sent rows again (relay.mark = "published_at"): the rows sent in a time window
+    /// (or listed by id) are made due again, spread out by --rate, so the running relays send
+    /// them beside live rows, every message with a `sluice-replay` header. Counts first and asks
+    /// (unless --yes); needs only the database, not the relay's host.
+    Replay {
+        #[command(flatten)]
+        target: TableTarget,
+        #[command(flatten)]
+        args: ReplayArgs,
+    },
     /// Print a shell completion script, e.g. `sluice completions bash >
     /// ~/.local/share/bash-completion/completions/sluice` (the Debian package installs those
     /// for bash, zsh and fish).
@@ -177,6 +191,50 @@ impl TableTarget {
             },
         }
     }
+}
+
+/// `sluice replay`'s selection, pace and safety switches.
+#[derive(clap::Args)]
+pub(crate) struct ReplayArgs {
+    /// Rows sent (published_at) at or after TIME: an RFC 3339 time (2026-12-06T15:00:00Z,
+    /// 2026-12-06T16:00:00+01:00) or a duration before now by the database's clock (2h, 30m,
+    /// 1d). Required unless --ids is given.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<TimeArg>,
+    /// Rows sent before TIME (same forms as --since) [default: now].
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<TimeArg>,
+    /// Only rows of this tenant (`default` for rows without tenant).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only rows of this aggregate type.
+    #[arg(long)]
+    pub aggregate_type: Option<String>,
+    /// Only rows of this event type.
+    #[arg(long)]
+    pub event_type: Option<String>,
+    /// Only the rows whose ids are listed in FILE, one per line (`-`: standard input); with
+    /// --since/--until, those of them sent in the window.
+    #[arg(long, value_name = "FILE")]
+    pub ids: Option<PathBuf>,
+    /// Rows made due per second: the relays send the replay at about this rate beside live
+    /// rows.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RATE)]
+    pub rate: NonZeroU32,
+    /// Count the rows and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask before replaying (for scripts).
+    #[arg(long, short)]
+    pub yes: bool,
+    /// Replay although relay.ordering = "key" (old events reach consumers after newer ones
+    /// of their key), or without --config.
+    #[arg(long)]
+    pub force: bool,
+    /// After making the rows due, show them being sent until none is left (Ctrl-C stops
+    /// watching, not the replay).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 #[derive(Subcommand)]

@@ -7,6 +7,7 @@ mod ops;
 mod plugin;
 mod print;
 mod progress;
+mod replay;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -115,6 +116,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         } => on_runtime(ops::config_check(&config, connect)),
         Command::Plugin { command } => plugin::run(command),
         Command::Dead { target, command } => on_runtime(dead(target.target(), command)).map(ok),
+        Command::Replay { target, args } => on_runtime(replay::run(target.target(), args)).map(ok),
         Command::Completions { shell } => {
             manuals::completions(shell, &mut std::io::stdout()).map(ok)
         }

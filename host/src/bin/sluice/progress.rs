@@ -1,5 +1,6 @@
-//! Progress of `sluice drain`: a bar with rows done, rate and ETA when standard error is a
-//! terminal, plain log lines otherwise (log files and CI have no use for a redrawn bar).
+//! Progress of `sluice drain` (and `sluice replay`): a bar with rows done, rate and ETA when
+//! standard error is a terminal, plain log lines otherwise (log files and CI have no use for a
+//! redrawn bar).
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use sluice::relay::Counters;
 use sluice::shutdown::Shutdown;
 
 /// How often a log line is written when there is no terminal.
-const LOG_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(5);
 /// How often the bar is updated.
 const DRAW_EVERY: Duration = Duration::from_millis(200);
 
@@ -54,6 +55,21 @@ pub(crate) async fn report(counters: Arc<Counters>, total: u64, mut done: Shutdo
             log_line(handled(), total, start.elapsed());
         }
     }
+}
+
+/// A bar over `total` rows of `what`, with rate and ETA, on standard error; `None` when it is
+/// not a terminal (log a line every [`LOG_EVERY`] instead).
+pub(crate) fn bar(total: u64, what: &str) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let template =
+        format!("{{bar:40}} {{human_pos}}/{{human_len}} {what}  {{per_sec}}  ETA {{eta}}");
+    bar.set_style(
+        ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    Some(bar)
 }
 
 /// Rows per second over `elapsed`.

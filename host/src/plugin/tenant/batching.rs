@@ -188,6 +188,7 @@ pub(crate) mod tests {
             created_at: chrono::Utc::now(),
             attempts: 0,
             extra: Vec::new(),
+            replay: None,
         }
     }
 

@@ -39,6 +39,7 @@ pub(super) fn outbox_row(id: i64, tenant: &str, aggregate_type: &str) -> OutboxR
         created_at: chrono::Utc::now(),
         attempts: 0,
         extra: Vec::new(),
+        replay: None,
     }
 }
 

@@ -40,6 +40,7 @@ impl Fixture for MemoryFixture {
                 created_at: Utc::now(),
                 attempts: 0,
                 extra: Vec::new(),
+                replay: None,
             });
             if let Err(error) = headers
                 && let Some(row) = self.table.state().rows.get_mut(&id)

@@ -21,6 +21,8 @@
 //!   an in-memory table does not have.
 //! - [`fair_share`]: `relay.fair_share`'s turns between tenants. The databases run it (the
 //!   in-memory store claims in order only).
+//! - [`replay`]: `sluice replay` — which sent rows become due again, when, and the marker the
+//!   relay reads and clears. The databases run it (the store's own statements).
 //!
 //! What only one database needs proven (MariaDB's gap locks, SQLite's leases) is in
 //! [`mariadb_locks`] and [`sqlite_leases`].
@@ -36,6 +38,7 @@ mod databases;
 mod fair_share;
 mod mariadb_locks;
 mod memory;
+mod replay;
 mod schema;
 mod sqlite_leases;
 
@@ -121,11 +124,11 @@ trait DbFixture: Fixture<Store = Store> {
     async fn create_debezium_table(&self);
     /// Inserts into that table.
     async fn insert_debezium(&self, aggregate_type: &str, aggregate_id: &str, payload: &str);
+    /// Runs `sql` (`{t}` stands for the quoted table), as an administrator would.
+    async fn execute(&self, sql: &str);
     /// Creates a table Sluice cannot use: an id of a non-key type, `aggregate_id` missing,
     /// an integer `payload`, no bookkeeping columns.
     async fn create_unusable_table(&self);
-    /// Runs `sql` (`{t}` stands for the quoted table).
-    async fn execute(&self, sql: &str);
 
     /// Columns of the database's usual types, as `ALTER TABLE … ADD COLUMN` takes them, in
     /// this order: `region` (text), `n` (a big integer), `flag` (boolean), `score` (double),
@@ -250,6 +253,13 @@ macro_rules! conformance {
             every_other_column_is_extra_with_a_star_and_a_missing_one_is_named,
         );
     };
+    (@replay $fixture:ty) => {
+        conformance!(@tests replay, $fixture;
+            only_sent_rows_of_the_window_and_filters_become_due_again,
+            a_replay_is_spread_over_time_at_its_rate_in_chunks,
+            a_table_without_the_marker_relays_and_refuses_to_replay,
+        );
+    };
     (@fair_share $fixture:ty) => {
         conformance!(@tests fair_share, $fixture;
             a_small_tenant_is_not_held_back_behind_a_big_tenants_backlog,
@@ -271,7 +281,7 @@ macro_rules! conformance {
     };
 }
 
-conformance!(postgres: databases::PgFixture; contract, schema, fair_share);
-conformance!(mariadb: databases::MyFixture; contract, schema, fair_share);
-conformance!(sqlite: databases::LiteFixture; contract, schema, fair_share);
+conformance!(postgres: databases::PgFixture; contract, schema, fair_share, replay);
+conformance!(mariadb: databases::MyFixture; contract, schema, fair_share, replay);
+conformance!(sqlite: databases::LiteFixture; contract, schema, fair_share, replay);
 conformance!(in_memory: memory::MemoryFixture; contract);

@@ -243,7 +243,10 @@ mod tests {
         );
         assert_eq!(
             ddl::missing_columns::<MyTypes>(&spec(), &table("char")),
-            [("sluice_seq".to_owned(), "BIGINT NOT NULL AUTO_INCREMENT")]
+            [
+                ("replay_id".to_owned(), "TEXT"),
+                ("sluice_seq".to_owned(), "BIGINT NOT NULL AUTO_INCREMENT")
+            ]
         );
         let mut with_seq = table("char");
         with_seq.push(column("sluice_seq", "bigint"));

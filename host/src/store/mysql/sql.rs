@@ -181,7 +181,10 @@ impl ChunkedRows for Statements {
         });
         let text = match self.mark {
             MarkMode::Delete => format!("DELETE o FROM {rows}"),
-            MarkMode::PublishedAt => format!("UPDATE {rows} SET o.published_at = UTC_TIMESTAMP(6)"),
+            MarkMode::PublishedAt => format!(
+                "UPDATE {rows} SET o.published_at = UTC_TIMESTAMP(6){}",
+                self.sql.replay_cleared("o.")
+            ),
         };
         statement.with_sql(text)
     }
@@ -274,7 +277,7 @@ mod tests {
             mark.sql,
             "UPDATE (SELECT ? AS id UNION ALL SELECT ? AS id UNION ALL SELECT ? AS id \
              UNION ALL SELECT ?) AS f STRAIGHT_JOIN `outbox` AS o ON o.`id` = f.id \
-             SET o.published_at = UTC_TIMESTAMP(6)"
+             SET o.published_at = UTC_TIMESTAMP(6), o.`replay_id` = NULL"
         );
         assert_eq!(
             mark.params,

@@ -36,6 +36,11 @@ async fn a_claim_reads_the_claim_order_index_on_a_table_fresh_from_a_bulk_load()
     store::migrate(&t.url, &spec, &options, None)
         .await
         .expect("migrate");
+    // Without statistics the planner estimates rows per page from the columns' types: with
+    // the (NULL) `replay_id` column it estimates too few rows to sort them, and the plain plan
+    // this test needs as its premise does not appear. The table of issue #45 had no such
+    // column.
+    t.execute("ALTER TABLE {t} DROP COLUMN replay_id").await;
     // As a bulk load leaves the table until autovacuum comes by (kept away for the test): no
     // statistics, so the planner expects a handful of unsent rows.
     t.execute("ALTER TABLE {t} SET (autovacuum_enabled = off)")

@@ -87,7 +87,11 @@ pub(super) async fn migrate(
     // Refused: `tx` is dropped, which rolls everything above back.
     let layout = check::<PgTypes>(spec, &found)?;
     let tenant = tenant_index.then(|| ddl::tenant_index(&layout)).flatten();
-    for sql in ddl::partial_indexes::<PgTypes>(&layout, tenant) {
+    let replay = ddl::replay_index::<PgTypes>(&layout);
+    for sql in ddl::partial_indexes::<PgTypes>(&layout, tenant)
+        .into_iter()
+        .chain(replay)
+    {
         tx.execute(AssertSqlSafe(sql)).await?;
     }
     if let Some(interval) = partitioned {
@@ -165,7 +169,7 @@ mod tests {
             "{create}"
         );
         assert!(
-            create.ends_with("\"last_error\" text, \"dead_at\" timestamptz)"),
+            create.ends_with("\"dead_at\" timestamptz, \"replay_id\" text)"),
             "{create}"
         );
         let uuid_id = FoundColumn {

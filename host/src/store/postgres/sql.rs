@@ -80,7 +80,8 @@ impl Statements {
         let mark = match options.mark {
             MarkMode::Delete => format!("DELETE FROM {table} WHERE {} = ANY({keys})", sql.id),
             MarkMode::PublishedAt => format!(
-                "UPDATE {table} SET published_at = now() WHERE {} = ANY({keys})",
+                "UPDATE {table} SET published_at = now(){} WHERE {} = ANY({keys})",
+                sql.replay_cleared(""),
                 sql.id
             ),
         };
@@ -340,6 +341,7 @@ mod tests {
                     (CREATED_AT, "created_at"),
                     (ATTEMPTS, "attempts"),
                     (TRACE_CONTEXT, "trace_context"),
+                    (REPLAY, "replay_id"),
                 ];
                 assert_eq!(aliases.len(), expected.len(), "{select}");
                 for (index, alias) in expected {
@@ -358,7 +360,7 @@ mod tests {
         let s = statements(sluice_layout(), options);
         assert_eq!(
             squash(&s.batch.mark),
-            "UPDATE \"outbox\" SET published_at = now() WHERE \"id\" = ANY($1::text[]::int8[])"
+            "UPDATE \"outbox\" SET published_at = now(), \"replay_id\" = NULL WHERE \"id\" = ANY($1::text[]::int8[])"
         );
         let claim = squash(&s.claim);
         assert!(

@@ -58,7 +58,11 @@ pub(super) async fn migrate(
     let found = schema::read_columns(&mut *conn, &spec.name).await?;
     let layout = check::<LiteTypes>(spec, &found)?;
     let tenant = tenant_index.then(|| ddl::tenant_index(&layout)).flatten();
-    for sql in ddl::partial_indexes::<LiteTypes>(&layout, tenant) {
+    let replay = ddl::replay_index::<LiteTypes>(&layout);
+    for sql in ddl::partial_indexes::<LiteTypes>(&layout, tenant)
+        .into_iter()
+        .chain(replay)
+    {
         conn.execute(AssertSqlSafe(sql)).await?;
     }
     Ok(layout)
@@ -87,7 +91,7 @@ mod tests {
             .into_iter()
             .map(|added| squash(&ddl::add_columns::<LiteTypes>(&spec.name, &[added])))
             .collect();
-        assert_eq!(adds.len(), 8, "{adds:?}");
+        assert_eq!(adds.len(), 9, "{adds:?}");
         assert_eq!(
             adds[0],
             "ALTER TABLE \"outbox\" ADD COLUMN \"created_at\" TEXT"
@@ -96,13 +100,17 @@ mod tests {
             adds[7],
             "ALTER TABLE \"outbox\" ADD COLUMN \"lease_until\" INTEGER"
         );
+        assert_eq!(
+            adds[8],
+            "ALTER TABLE \"outbox\" ADD COLUMN \"replay_id\" TEXT"
+        );
         let create = squash(&ddl::create_table::<LiteTypes>(&spec));
         assert!(
             create.contains("\"id\" INTEGER PRIMARY KEY AUTOINCREMENT"),
             "{create}"
         );
         assert!(
-            create.ends_with("\"leased_by\" TEXT, \"lease_until\" INTEGER)"),
+            create.ends_with("\"lease_until\" INTEGER, \"replay_id\" TEXT)"),
             "{create}"
         );
     }

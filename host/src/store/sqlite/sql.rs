@@ -120,9 +120,11 @@ impl Statements {
         let text = match self.mark {
             MarkMode::Delete => format!("DELETE FROM {table} AS o WHERE {rows}"),
             MarkMode::PublishedAt => format!(
-                "UPDATE {table} AS o SET published_at = {now}, leased_by = NULL, lease_until = NULL
+                "UPDATE {table} AS o SET published_at = {now}{replay}, leased_by = NULL,
+                        lease_until = NULL
                   WHERE {rows}",
                 now = statement.param(Param::Int(now)),
+                replay = self.sql.replay_cleared(""),
             ),
         };
         statement.with_sql(text)

@@ -529,6 +529,7 @@ fn parse_row(line: &str, line_no: usize, tenant: Option<&str>) -> Result<OutboxR
         created_at: input.created_at.unwrap_or_else(Utc::now),
         attempts: input.attempts.unwrap_or(0),
         extra,
+        replay: None,
     })
 }
 
