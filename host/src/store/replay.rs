@@ -281,10 +281,12 @@ async fn next_chunk<DB: Execute>(
 
 /// Makes `ids` due again for `pace` in one transaction, a tick's group per statement, the
 /// first group at tick `tick`; returns the rows changed (a row sent or pruned meanwhile is
-/// skipped) and advances `tick`.
+/// skipped) and advances `tick`. The filter is applied again: on a partitioned table an id
+/// may name rows of several partitions, and only those the filter selects are replayed.
 async fn mark_chunk<DB: Execute>(
     pool: &sqlx::Pool<DB>,
     sql: &LayoutSql,
+    filter: &ReplayFilter,
     pace: &ReplayPace,
     ids: &[OutboxId],
     tick: &mut u64,
@@ -302,12 +304,13 @@ async fn mark_chunk<DB: Execute>(
         let mut statement = Statement::new(sql.dialect);
         let due = bind_time(sql.dialect, &mut statement, pace.due_at(*tick));
         let replay = statement.param(Param::Text(pace.id.clone()));
+        let condition = condition(sql, &mut statement, filter);
         let among = among(sql, &mut statement, group);
         let text = format!(
             "UPDATE {table} AS o
                 SET published_at = NULL, attempts = 0, next_attempt_at = {due},
                     {marker} = {replay}{lease}
-              WHERE o.published_at IS NOT NULL AND o.dead_at IS NULL {among}",
+              WHERE {condition} {among}",
             table = sql.table,
             marker = sql.replay_column(),
         );
@@ -334,6 +337,7 @@ pub(crate) async fn replay<DB: Execute>(
     let mut marking = Marking {
         pool,
         sql,
+        filter,
         pace,
         started: Instant::now(),
         tick: 0,
@@ -386,6 +390,7 @@ pub(crate) async fn replay<DB: Execute>(
 struct Marking<'a, DB: Execute> {
     pool: &'a sqlx::Pool<DB>,
     sql: &'a LayoutSql,
+    filter: &'a ReplayFilter,
     pace: &'a ReplayPace,
     /// When marking began (the pace's start, on this process's clock).
     started: Instant,
@@ -408,7 +413,15 @@ impl<DB: Execute> Marking<'_, DB> {
         if let Some(wait) = due.checked_sub(AHEAD) {
             tokio::time::sleep_until((self.started + wait).into()).await;
         }
-        self.done += mark_chunk(self.pool, self.sql, self.pace, ids, &mut self.tick).await?;
+        self.done += mark_chunk(
+            self.pool,
+            self.sql,
+            self.filter,
+            self.pace,
+            ids,
+            &mut self.tick,
+        )
+        .await?;
         progress(self.done);
         Ok(())
     }

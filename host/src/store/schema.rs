@@ -432,7 +432,10 @@ impl Checker<'_> {
             }
             ExtraColumnNames::All => {
                 let roles = map.roles();
-                let own: Vec<&str> = bookkeeping::<T>().map(|(name, _)| name).collect();
+                let own: Vec<&str> = bookkeeping::<T>()
+                    .chain([columns::REPLAY])
+                    .map(|(name, _)| name)
+                    .collect();
                 self.found
                     .iter()
                     .filter(|c| {

@@ -181,6 +181,65 @@ async fn the_same_id_in_two_partitions_is_marked_one_row_at_a_time() {
     t.drop_table().await;
 }
 
+/// `sluice replay` on a partitioned table: of two sent rows that share an id, only the one the
+/// window selects is replayed, and marking it sent again (by id and time) clears its marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_takes_only_the_selected_row_of_an_id_and_the_keyed_mark_clears_its_marker() {
+    let t = app_table("part_replay", "bigint").await;
+    insert_at(&t, Some(7), 5, "old").await;
+    insert_at(&t, Some(7), 1, "recent").await;
+    // Sent: the old row two days ago, the recent one a minute ago.
+    t.execute(
+        "UPDATE {t} SET published_at = CASE aggregate_id
+                         WHEN 'old' THEN now() - interval '2 days'
+                         ELSE now() - interval '1 minute' END",
+    )
+    .await;
+    let store = open(&t, published_at()).await;
+    assert!(store.can_replay());
+    let now = store.database_now().await.expect("now");
+    let filter = store::ReplayFilter {
+        since: Some(now - chrono::TimeDelta::hours(1)),
+        until: Some(now),
+        ids: Some(vec!["7".into()]),
+        ..store::ReplayFilter::default()
+    };
+    assert_eq!(store.count_replayable(&filter).await.expect("count"), 1);
+    let pace = store::ReplayPace {
+        id: "r-1".into(),
+        start: now,
+        rate: std::num::NonZeroU32::new(1_000_000).expect("rate"),
+    };
+    let replayed = store
+        .replay_sent(&filter, &pace, &mut |_| {})
+        .await
+        .expect("replay");
+    assert_eq!(replayed, 1, "only the row of the window");
+    let state = "SELECT aggregate_id || ' ' || (published_at IS NOT NULL)::text || ' ' ||
+                        coalesce(replay_id, '-')
+                   FROM {t} ORDER BY aggregate_id";
+    let rows = |rows: Vec<Vec<Option<String>>>| -> Vec<String> {
+        rows.into_iter()
+            .map(|r| r[0].clone().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(
+        rows(t.text_rows(state).await),
+        ["old true -", "recent false r-1"]
+    );
+
+    let claim = store.claim(10, &[]).await.expect("claim");
+    assert_eq!(claim.rows.len(), 1);
+    assert_eq!(claim.rows[0].aggregate_id, "recent");
+    assert_eq!(claim.rows[0].replay.as_deref(), Some("r-1"));
+    let outcome = sent(&claim.rows);
+    claim.batch.complete(outcome).await.expect("complete");
+    assert_eq!(
+        rows(t.text_rows(state).await),
+        ["old true -", "recent true -"]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_order_holds_across_partitions() {
     let t = app_table("part_order", "bigint GENERATED ALWAYS AS IDENTITY").await;

@@ -141,7 +141,11 @@ fn keyed_statements(sql: &LayoutSql, mark: MarkMode) -> KeyedSql {
     let mark = match mark {
         MarkMode::Delete => format!("DELETE FROM {table} AS o USING {keys} WHERE {matched}"),
         MarkMode::PublishedAt => {
-            format!("UPDATE {table} AS o SET published_at = now() FROM {keys} WHERE {matched}")
+            // Like the plain mark, a row sent again by a replay loses its marker.
+            format!(
+                "UPDATE {table} AS o SET published_at = now(){} FROM {keys} WHERE {matched}",
+                sql.replay_cleared("")
+            )
         }
     };
     let reschedule = format!(
