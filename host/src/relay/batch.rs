@@ -11,7 +11,7 @@ use super::stats::BatchReport;
 use super::{BatchError, Relay, batch_metrics, dead_letter};
 use crate::model::{OutboundMessage, OutboxId, OutboxRow, RowResult, TransformFailure};
 use crate::plugin::RowTransformer;
-use crate::sink::{Sink, SinkError};
+use crate::sink::{Delivered, Sink, SinkError};
 use crate::store::{
     BatchOutcome, Claim, ClaimedBatch, Disposition, OutboxStore, RowFailure, Settlement, StoreError,
 };
@@ -312,7 +312,7 @@ impl<S: OutboxStore, T: RowTransformer, K: Sink> Relay<S, T, K> {
         }
     }
 
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         if messages.is_empty() {
             Vec::new()
         } else {

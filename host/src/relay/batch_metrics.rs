@@ -10,7 +10,7 @@ use chrono::Utc;
 
 use super::outcome::{Fate, Outcomes};
 use crate::model::{Broker, OutboxId, TenantId};
-use crate::sink::{PublishFault, SinkError};
+use crate::sink::{Delivered, PublishFault, SinkError};
 use crate::store::{Disposition, RowFailure};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{DeadReason, ProduceError, RowOutcome};
@@ -29,7 +29,7 @@ fn error_type(error: &SinkError) -> ProduceError {
 pub(super) fn record_reports(
     metrics: &Metrics,
     outcomes: &Outcomes<'_>,
-    reports: &[Result<(), SinkError>],
+    reports: &[Result<Delivered, SinkError>],
 ) {
     let now = Utc::now();
     let mut produced: HashMap<(&TenantId, Broker, &str), (u64, u64)> = HashMap::new();
@@ -43,7 +43,7 @@ pub(super) fn record_reports(
         let mut all_acked = true;
         for (message, report) in messages.by_ref().take(n) {
             match report {
-                Ok(()) => {
+                Ok(_) => {
                     let bytes = message.payload.as_ref().map_or(0, Vec::len)
                         + message.key.as_ref().map_or(0, Vec::len);
                     let entry = produced

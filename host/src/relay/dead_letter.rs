@@ -35,7 +35,7 @@ pub(super) async fn publish<K: Sink>(
     let results = sink.publish(&copies).await;
     for (index, failure) in failures.into_iter().enumerate() {
         let error = match results.get(index) {
-            Some(Ok(())) => continue,
+            Some(Ok(_)) => continue,
             Some(Err(e)) => e.to_string(),
             None => "sink returned no delivery report".to_owned(),
         };

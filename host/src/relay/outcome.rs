@@ -11,7 +11,7 @@ use super::retry::RetryPolicy;
 use crate::model::OutboundMessage;
 use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::model::{RowResult, TransformFailure};
-use crate::sink::{PublishFault, SinkError};
+use crate::sink::{Delivered, PublishFault, SinkError};
 use crate::store::{BatchOutcome, Disposition, RowFailure};
 
 /// The fate of one row in this batch.
@@ -137,7 +137,7 @@ impl<'a> Outcomes<'a> {
     /// did not return counts as a broker failure.
     pub(super) fn apply_reports(
         &mut self,
-        reports: Vec<Result<(), SinkError>>,
+        reports: Vec<Result<Delivered, SinkError>>,
         retry: &RetryPolicy,
     ) {
         let mut reports = reports.into_iter();
@@ -339,7 +339,10 @@ mod tests {
         assert_eq!(outcomes.messages().len(), 3);
 
         // Two reports for three messages: row 2's second message has none.
-        outcomes.apply_reports(vec![Ok(()), Ok(())], &retry);
+        outcomes.apply_reports(
+            vec![Ok(Delivered::default()), Ok(Delivered::default())],
+            &retry,
+        );
 
         assert_eq!(outcomes.rows[0].fate, Fate::Sent { messages: 1 });
         match &outcomes.rows[1].fate {

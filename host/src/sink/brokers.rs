@@ -11,8 +11,8 @@ use std::time::Duration;
 use futures::future::{BoxFuture, join_all};
 
 use super::{
-    KafkaSink, NatsSettings, NatsSink, PublishFault, RabbitmqSettings, RabbitmqSink, RedisSettings,
-    RedisSink, Sink, SinkError,
+    Delivered, KafkaSink, NatsSettings, NatsSink, PublishFault, RabbitmqSettings, RabbitmqSink,
+    RedisSettings, RedisSink, Sink, SinkError,
 };
 use crate::model::{Broker, OutboundMessage};
 use crate::telemetry::Metrics;
@@ -43,7 +43,7 @@ pub(crate) trait BrokerSink: Send + Sync + 'static {
     fn publish_boxed<'a>(
         &'a self,
         messages: &'a [OutboundMessage],
-    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;
+    ) -> BoxFuture<'a, Vec<Result<Delivered, SinkError>>>;
 
     /// See [`Sink::flush`] (blocking).
     fn flush(&self, timeout: Duration) -> Result<(), SinkError>;
@@ -144,7 +144,7 @@ impl Brokers {
 }
 
 impl Sink for Brokers {
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         // Most batches go to one broker: no regrouping then.
         if let Some(first) = messages.first()
             && messages.iter().all(|m| m.broker == first.broker)
@@ -160,7 +160,9 @@ impl Sink for Brokers {
             group.0.push(index);
             group.1.push(m.clone());
         }
-        let mut results: Vec<Result<(), SinkError>> = messages.iter().map(|_| Ok(())).collect();
+        // Each is overwritten below: every message is in exactly one group.
+        let mut results: Vec<Result<Delivered, SinkError>> =
+            messages.iter().map(|_| Ok(Delivered::default())).collect();
         let published = join_all(groups.iter().map(|(broker, (_, group))| async move {
             match self.sinks.get(broker) {
                 Some(sink) => sink.publish_boxed(group).await,
@@ -199,7 +201,7 @@ impl Sink for Brokers {
 
 /// A message to a broker the relay has no section for (configuration checks refuse such a
 /// tenant, so only a broken invariant gets here): the tenant's setting, so `Refused`.
-fn no_sink(m: &OutboundMessage) -> Result<(), SinkError> {
+fn no_sink(m: &OutboundMessage) -> Result<Delivered, SinkError> {
     Err(SinkError::publish_failed(
         &m.topic,
         format!(
@@ -218,7 +220,7 @@ macro_rules! broker_sink {
             fn publish_boxed<'a>(
                 &'a self,
                 messages: &'a [OutboundMessage],
-            ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+            ) -> BoxFuture<'a, Vec<Result<Delivered, SinkError>>> {
                 Box::pin(Sink::publish(self, messages))
             }
 
@@ -277,7 +279,8 @@ mod tests {
     use super::*;
     use crate::model::OutboxId;
 
-    /// A broker that records what it got and fails messages whose topic starts with `bad`.
+    /// A broker that records what it got and fails messages whose topic starts with `bad`;
+    /// the others are delivered at their place in what it got.
     #[derive(Default)]
     struct Recording {
         got: Mutex<Vec<Vec<String>>>,
@@ -287,7 +290,7 @@ mod tests {
         fn publish_boxed<'a>(
             &'a self,
             messages: &'a [OutboundMessage],
-        ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        ) -> BoxFuture<'a, Vec<Result<Delivered, SinkError>>> {
             Box::pin(async move {
                 self.got
                     .lock()
@@ -295,13 +298,17 @@ mod tests {
                     .push(messages.iter().map(|m| m.topic.clone()).collect());
                 messages
                     .iter()
-                    .map(|m| match m.topic.starts_with("bad") {
+                    .zip(0..)
+                    .map(|(m, at)| match m.topic.starts_with("bad") {
                         true => Err(SinkError::publish_failed(
                             &m.topic,
                             "scripted",
                             PublishFault::Failed,
                         )),
-                        false => Ok(()),
+                        false => Ok(Delivered {
+                            partition: None,
+                            offset: Some(at),
+                        }),
                     })
                     .collect()
             })
@@ -358,6 +365,12 @@ mod tests {
         let results = brokers.publish(&batch).await;
         let failed: Vec<bool> = results.iter().map(Result::is_err).collect();
         assert_eq!(failed, [false, false, true, true, true, false]);
+        // Each message's report, not its neighbour's: n5 was third of what NATS got.
+        let offsets: Vec<Option<i64>> = results
+            .iter()
+            .map(|r| r.as_ref().ok().and_then(|d| d.offset))
+            .collect();
+        assert_eq!(offsets, [Some(0), Some(0), None, None, None, Some(2)]);
         // A broker without a section: the tenant's setting, so its fault.
         let no_sink = results[3].as_ref().unwrap_err();
         assert_eq!(no_sink.fault(), Some(PublishFault::Refused));

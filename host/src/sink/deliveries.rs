@@ -10,8 +10,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use rdkafka::error::KafkaError;
 use tokio::sync::oneshot;
 
-/// A message's report: acknowledged, or why not.
-pub(super) type Report = Result<(), KafkaError>;
+use super::Delivered;
+
+/// A message's report: acknowledged (and where it was stored), or why not.
+pub(super) type Report = Result<Delivered, KafkaError>;
 
 /// The opaque value of a message: its batch in the high 32 bits, its index in the low 32.
 pub(super) type Opaque = usize;
@@ -159,6 +161,13 @@ mod tests {
     use super::*;
     use rdkafka::types::RDKafkaErrorCode;
 
+    fn at(offset: i64) -> Report {
+        Ok(Delivered {
+            partition: Some(0),
+            offset: Some(offset),
+        })
+    }
+
     fn failed() -> Report {
         Err(KafkaError::MessageProduction(
             RDKafkaErrorCode::MessageTimedOut,
@@ -169,12 +178,12 @@ mod tests {
     async fn reports_come_back_in_message_order_whatever_order_they_arrive_in() {
         let deliveries = Deliveries::default();
         let pending = deliveries.open(3);
-        deliveries.file(pending.opaque(2), Ok(()));
+        deliveries.file(pending.opaque(2), at(2));
         pending.settle(1, failed());
-        deliveries.file(pending.opaque(0), Ok(()));
+        deliveries.file(pending.opaque(0), at(0));
         // A second report for a message already reported is ignored.
         deliveries.file(pending.opaque(0), failed());
-        assert_eq!(pending.reports().await, vec![Ok(()), failed(), Ok(())]);
+        assert_eq!(pending.reports().await, vec![at(0), failed(), at(2)]);
         assert!(deliveries.waiting().is_empty());
     }
 
@@ -190,8 +199,8 @@ mod tests {
         let a = deliveries.open(1);
         let b = deliveries.open(1);
         deliveries.file(b.opaque(0), failed());
-        deliveries.file(a.opaque(0), Ok(()));
-        assert_eq!(a.reports().await, vec![Ok(())]);
+        deliveries.file(a.opaque(0), at(0));
+        assert_eq!(a.reports().await, vec![at(0)]);
         assert_eq!(b.reports().await, vec![failed()]);
     }
 
@@ -201,7 +210,7 @@ mod tests {
         let pending = deliveries.open(2);
         let opaque = pending.opaque(1);
         drop(pending);
-        deliveries.file(opaque, Ok(()));
+        deliveries.file(opaque, at(0));
         assert!(deliveries.waiting().is_empty());
     }
 

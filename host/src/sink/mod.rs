@@ -184,14 +184,33 @@ impl SinkError {
     }
 }
 
+/// Where the broker stored one acknowledged message, as far as its acknowledgement says: what
+/// the publish span records (`[tracing]`). Small and `Copy`, so carrying it per message costs
+/// nothing when tracing is off.
+///
+/// - Kafka: the partition and offset of the delivery report.
+/// - NATS JetStream: the publish acknowledgement's stream sequence as `offset`; no partition.
+/// - RabbitMQ: nothing; a publisher confirm names no position.
+/// - Redis Streams: nothing; the XADD entry id (`<ms>-<seq>`) is not one integer, and mapping it
+///   to one would invent an order the broker does not promise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delivered {
+    /// The partition the broker wrote the message to (Kafka), whatever the plugin asked for.
+    pub partition: Option<i32>,
+    /// The message's position in what it was written to: the Kafka offset within `partition`,
+    /// the JetStream stream sequence.
+    pub offset: Option<i64>,
+}
+
 /// Publishes messages and reports, per message, whether the broker acknowledged it.
 pub trait Sink: Send + Sync + 'static {
     /// Sends every message at once and waits for all delivery reports. One result per
-    /// message, in order; `Ok` only after the broker acknowledged the message.
+    /// message, in order; `Ok` only after the broker acknowledged the message, with where it
+    /// stored it as far as the acknowledgement says.
     fn publish(
         &self,
         messages: &[OutboundMessage],
-    ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send;
+    ) -> impl Future<Output = Vec<Result<Delivered, SinkError>>> + Send;
 
     /// Waits up to `timeout` for messages still queued (called at shutdown). Blocks the
     /// calling thread: call it off the async reactor.

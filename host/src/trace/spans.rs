@@ -6,7 +6,9 @@
 //! - `sluice.outbox.wait`: from the row's `created_at` to the claim;
 //! - `sluice.transform`: the batch's transform step, with the row's tenant and outcome;
 //! - `send <destination>` (kind producer), one per message: the batch's publish step, with
-//!   the broker, destination, partition (when the plugin chose it), attempt and result;
+//!   the broker, destination, attempt and result, and where the broker stored the message as
+//!   far as its acknowledgement says ([`Delivered`]): the partition written (else the one the
+//!   plugin chose) and the Kafka offset or JetStream stream sequence;
 //!
 //! all children of the application's span (the row's `traceparent`); a row without one that
 //! the sample ratio picks gets a trace of its own under a `sluice.row` root span.
@@ -27,8 +29,9 @@ use opentelemetry_sdk::trace::{
 use super::context::{self, RowContext, TRACEPARENT, TRACESTATE, TraceParent};
 use super::{Exporting, Tracing};
 use crate::model::{
-    Headers, OutboundMessage, OutboxId, OutboxRow, RowResult, TenantId, TransformFailure,
+    Broker, Headers, OutboundMessage, OutboxId, OutboxRow, RowResult, TenantId, TransformFailure,
 };
+use crate::sink::Delivered;
 
 /// Name of the span of a row's wait in the outbox.
 const WAIT_SPAN: &str = "sluice.outbox.wait";
@@ -236,7 +239,7 @@ impl BatchSpans {
         self,
         tracing: &Tracing,
         messages: &[OutboundMessage],
-        reports: &[Result<(), E>],
+        reports: &[Result<Delivered, E>],
         publish_started: SystemTime,
     ) {
         let Some(export) = &tracing.export else {
@@ -262,14 +265,10 @@ impl BatchSpans {
                 KeyValue::new("sluice.tenant", row.tenant.clone()),
                 KeyValue::new("sluice.attempt", row.attempt),
             ];
-            if let Some(partition) = message.partition {
-                attributes.push(KeyValue::new(
-                    "messaging.destination.partition.id",
-                    partition.to_string(),
-                ));
-            }
+            let delivered = report.as_ref().ok().copied().unwrap_or_default();
+            where_stored(message, delivered, &mut attributes);
             let status = match report {
-                Ok(()) => Status::Unset,
+                Ok(_) => Status::Unset,
                 Err(e) => Status::error(e.to_string()),
             };
             export.queue.push(export.span(
@@ -327,6 +326,31 @@ impl BatchSpans {
         }
     }
 }
+
+/// The publish span's attributes saying where the broker stored `message`: the partition it
+/// wrote (else the one the plugin chose, for a message not acknowledged) and its position.
+fn where_stored(message: &OutboundMessage, delivered: Delivered, attributes: &mut Vec<KeyValue>) {
+    if let Some(partition) = delivered.partition.or(message.partition) {
+        attributes.push(KeyValue::new(
+            "messaging.destination.partition.id",
+            partition.to_string(),
+        ));
+    }
+    let Some(offset) = delivered.offset else {
+        return;
+    };
+    match message.broker {
+        Broker::Kafka => attributes.push(KeyValue::new("messaging.kafka.offset", offset)),
+        // The semantic conventions name no JetStream position: `messaging.message.id` is the
+        // message's own id (its `Nats-Msg-Id`), not where the stream put it, and `messaging.*`
+        // is theirs to extend; so the stream sequence is Sluice's own attribute.
+        Broker::Nats => attributes.push(KeyValue::new(NATS_SEQUENCE, offset)),
+        Broker::Rabbitmq | Broker::Redis => {}
+    }
+}
+
+/// The attribute of a NATS publish span with the JetStream stream sequence of the message.
+const NATS_SEQUENCE: &str = "sluice.nats.stream.sequence";
 
 /// The kind of a failed transform, as the `sluice.transform.outcome` attribute names it.
 fn failure_kind(failure: &TransformFailure) -> &'static str {
@@ -439,6 +463,13 @@ mod tests {
         (SystemTime::now(), SystemTime::now())
     }
 
+    fn attribute(span: &SpanData, key: &str) -> Option<String> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    }
+
     fn no_plugin(_: &TenantId) -> Option<String> {
         Some("builtin:route-by-aggregate".into())
     }
@@ -504,7 +535,16 @@ mod tests {
         assert!(value(&headers_of(&results[2]), "traceparent").is_empty());
 
         let messages: Vec<OutboundMessage> = results.into_iter().flat_map(|r| r.unwrap()).collect();
-        let reports: Vec<Result<(), String>> = vec![Ok(()), Ok(()), Ok(())];
+        // The broker wrote the sampled row's message elsewhere than the plugin asked (2).
+        let stored = Delivered {
+            partition: Some(5),
+            offset: Some(42),
+        };
+        let reports: Vec<Result<Delivered, String>> = vec![
+            Ok(stored),
+            Ok(Delivered::default()),
+            Ok(Delivered::default()),
+        ];
         spans.finish(&tracing, &messages, &reports, SystemTime::now());
         let exported = task.queued();
         let names: Vec<&str> = exported.iter().map(|s| s.name.as_ref()).collect();
@@ -520,15 +560,13 @@ mod tests {
         let publish = exported.iter().find(|s| s.name == "send orders").unwrap();
         assert_eq!(publish.span_context.span_id().to_bytes(), sent.span_id);
         assert_eq!(publish.span_kind, SpanKind::Producer);
-        let attribute = |span: &SpanData, key: &str| {
-            span.attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == key)
-                .map(|kv| kv.value.to_string())
-        };
         assert_eq!(
             attribute(publish, "messaging.destination.partition.id").as_deref(),
-            Some("2")
+            Some("5")
+        );
+        assert_eq!(
+            attribute(publish, "messaging.kafka.offset").as_deref(),
+            Some("42")
         );
         assert_eq!(attribute(publish, "sluice.attempt").as_deref(), Some("1"));
         let wait = exported.iter().find(|s| s.name == WAIT_SPAN).unwrap();
@@ -571,6 +609,12 @@ mod tests {
         }
         let publish = exported.iter().find(|s| s.name == "send orders").unwrap();
         assert_eq!(publish.status, Status::error("broker down"));
+        // Not stored: the partition the plugin chose, no offset.
+        assert_eq!(
+            attribute(publish, "messaging.destination.partition.id").as_deref(),
+            Some("2")
+        );
+        assert_eq!(attribute(publish, "messaging.kafka.offset"), None);
     }
 
     #[test]
@@ -603,5 +647,28 @@ mod tests {
                 .any(|kv| kv.key.as_str() == "sluice.transform.outcome"
                     && kv.value.as_str() == "retryable")
         );
+    }
+
+    #[test]
+    fn each_broker_names_the_position_it_reports_its_own_way() {
+        let row = row(1, &[]);
+        let stored = Delivered {
+            partition: None,
+            offset: Some(7),
+        };
+        let attributes_of = |broker: Broker| {
+            let mut attributes = Vec::new();
+            let mut message = message(&row, &[]);
+            message.broker = broker;
+            message.partition = None;
+            where_stored(&message, stored, &mut attributes);
+            attributes
+                .iter()
+                .map(|kv| format!("{}={}", kv.key, kv.value))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(attributes_of(Broker::Kafka), ["messaging.kafka.offset=7"]);
+        assert_eq!(attributes_of(Broker::Nats), [format!("{NATS_SEQUENCE}=7")]);
+        assert!(attributes_of(Broker::Redis).is_empty());
     }
 }

@@ -99,6 +99,8 @@ pub struct Received {
     pub topic: String,
     /// The partition it was read from.
     pub partition: i32,
+    /// Its offset in that partition.
+    pub offset: i64,
     /// The message key, if it has one.
     pub key: Option<Vec<u8>>,
     /// The value, unless it is a tombstone.
@@ -194,6 +196,7 @@ pub fn consume_until_with(
                 out.push(Received {
                     topic: m.topic().to_owned(),
                     partition: m.partition(),
+                    offset: m.offset(),
                     key: m.key().map(<[u8]>::to_vec),
                     payload: m.payload().map(<[u8]>::to_vec),
                     headers,

@@ -316,6 +316,16 @@ async fn context_continues_into_kafka_and_the_collector(database: Database) {
     assert_eq!(attributes["messaging.operation.name"], "send");
     assert_eq!(attributes["sluice.attempt"], 1);
     assert_eq!(attributes["sluice.tenant"], "default");
+    // Where the broker stored it, from its delivery report: the record read back.
+    assert_eq!(
+        attributes["messaging.destination.partition.id"],
+        message.partition.to_string().as_str(),
+        "{publish}"
+    );
+    assert_eq!(
+        attributes["messaging.kafka.offset"], message.offset,
+        "{publish}"
+    );
 
     let wait = named("sluice.outbox.wait");
     assert_eq!(

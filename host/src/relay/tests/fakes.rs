@@ -10,7 +10,7 @@ use crate::model::OutboundMessage;
 use crate::model::RowResult;
 use crate::model::{OutboxId, OutboxRow, TenantId};
 use crate::plugin::RowTransformer;
-use crate::sink::{PublishFault, Sink, SinkError};
+use crate::sink::{Delivered, PublishFault, Sink, SinkError};
 use crate::store::memory::MemoryStore;
 use crate::store::{MarkMode, StoreOptions};
 
@@ -135,7 +135,8 @@ impl RowTransformer for ScriptedTransformer {
 
 type Answer = Box<dyn Fn(&OutboundMessage) -> Result<(), SinkError> + Send + Sync>;
 
-/// A sink that records every message it is asked to publish and answers as scripted.
+/// A sink that records every message it is asked to publish and answers as scripted; an
+/// acknowledgement says nothing of where the message went.
 pub(super) struct RecordingSink {
     pub published: Mutex<Vec<OutboundMessage>>,
     pub calls: AtomicUsize,
@@ -186,7 +187,7 @@ pub(super) fn publish_error(topic: &str, fault: PublishFault) -> SinkError {
 }
 
 impl Sink for RecordingSink {
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.published
             .lock()
@@ -195,7 +196,10 @@ impl Sink for RecordingSink {
         if self.hang {
             std::future::pending::<()>().await;
         }
-        messages.iter().map(|m| (self.answer)(m)).collect()
+        messages
+            .iter()
+            .map(|m| (self.answer)(m).map(|()| Delivered::default()))
+            .collect()
     }
 
     fn probe(&self, _timeout: Duration) -> Result<(), SinkError> {

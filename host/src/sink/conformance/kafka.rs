@@ -10,7 +10,7 @@ use rdkafka::ClientConfig;
 use sluice_testkit::stall::StallingProxy;
 use sluice_testkit::{OwnTansu, TansuLaunch, free_port, unique};
 
-use super::{BrokerFixture, Received};
+use super::{BrokerFixture, Received, Reports};
 use crate::model::Broker;
 use crate::sink::KafkaSink;
 
@@ -34,6 +34,7 @@ impl KafkaFixture {
 impl BrokerFixture for KafkaFixture {
     type Sink = KafkaSink;
     const BROKER: Broker = Broker::Kafka;
+    const REPORTS: Reports = Reports::PartitionAndOffset;
 
     async fn new() -> Self {
         Self {

@@ -16,6 +16,9 @@
 //! - a broker that stalls mid-batch, or drops every connection (a restart), makes the batch
 //!   fail as [`PublishFault::Unavailable`] or succeed — never `Ok` for a message the broker
 //!   did not keep — and the next batch is delivered once the broker answers again;
+//! - an acknowledgement says where the broker stored the message as far as the broker tells
+//!   ([`BrokerFixture::REPORTS`]): Kafka its partition and offsets increasing in it, NATS
+//!   JetStream increasing stream sequences, the others nothing;
 //! - `flush` at shutdown waits for messages in flight;
 //! - `probe` answers for a healthy broker and fails for a silent one.
 //!
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use sluice_testkit::stall::StallingProxy;
 
-use super::{PublishFault, Sink, SinkError};
+use super::{Delivered, PublishFault, Sink, SinkError};
 use crate::model::{Broker, Headers, OutboundMessage, OutboxId};
 
 /// One message as a consumer of the broker read it back.
@@ -51,6 +54,18 @@ impl Received {
     }
 }
 
+/// What a broker's acknowledgement says of where it stored a message ([`Delivered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reports {
+    /// Nothing (RabbitMQ's publisher confirms, Redis's entry ids).
+    Nothing,
+    /// A position in the destination, increasing as messages are stored (JetStream's stream
+    /// sequence); no partition.
+    Sequence,
+    /// The partition and the offset in it (Kafka).
+    PartitionAndOffset,
+}
+
 /// A test broker, and what the suite needs of it besides the sink under test.
 pub(super) trait BrokerFixture: Sized + Send + Sync + 'static {
     type Sink: Sink;
@@ -63,6 +78,9 @@ pub(super) trait BrokerFixture: Sized + Send + Sync + 'static {
     /// the map's order; the values of one name keep their order
     /// there too, and the bodies compare headers grouped by name (stably) instead.
     const KEEPS_HEADER_ORDER: bool = true;
+
+    /// What the broker's acknowledgements say of where messages were stored.
+    const REPORTS: Reports = Reports::Nothing;
 
     /// Connects to the test broker.
     async fn new() -> Self;
@@ -161,7 +179,7 @@ fn comparable<F: BrokerFixture>(headers: &Headers) -> Headers {
     headers
 }
 
-fn assert_all_ok(results: &[Result<(), SinkError>]) {
+fn assert_all_ok(results: &[Result<Delivered, SinkError>]) {
     let failed: Vec<String> = results
         .iter()
         .filter_map(|r| r.as_ref().err().map(ToString::to_string))
@@ -175,7 +193,7 @@ fn assert_all_ok(results: &[Result<(), SinkError>]) {
 async fn publish_until_confirmed<S: Sink>(
     sink: &S,
     batch: &[OutboundMessage],
-    results: &[Result<(), SinkError>],
+    results: &[Result<Delivered, SinkError>],
 ) -> Vec<OutboundMessage> {
     let mut pending: Vec<OutboundMessage> = batch
         .iter()
@@ -276,7 +294,7 @@ async fn a_missing_destination_is_refused_alone<F: BrokerFixture>() {
     assert_eq!(results.len(), 4);
     match &results[1] {
         Err(e) => assert_eq!(e.fault(), Some(PublishFault::Refused), "{e}"),
-        Ok(()) => panic!("a message to {missing} was acknowledged"),
+        Ok(_) => panic!("a message to {missing} was acknowledged"),
     }
     for i in [0, 2, 3] {
         assert!(results[i].is_ok(), "{:?}", results[i]);
@@ -294,7 +312,7 @@ async fn an_oversized_message_is_refused_alone<F: BrokerFixture>() {
     let results = sink.publish(&batch).await;
     match &results[1] {
         Err(e) => assert_eq!(e.fault(), Some(PublishFault::Refused), "{e}"),
-        Ok(()) => panic!("an oversized message was acknowledged"),
+        Ok(_) => panic!("an oversized message was acknowledged"),
     }
     assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
     assert_eq!(rows_of(&f.received(&to, 2, ARRIVAL).await), vec![1, 3]);
@@ -378,6 +396,48 @@ async fn a_broker_restart_loses_nothing<F: BrokerFixture>() {
     for row in 1..=205 {
         assert!(got.contains(&row), "row {row} lost");
     }
+}
+
+/// Each acknowledgement says where the broker stored the message, as far as the broker tells
+/// ([`BrokerFixture::REPORTS`]): in the destination's one partition (Kafka), at positions
+/// that increase message by message and batch by batch.
+async fn acknowledgements_say_where_messages_were_stored<F: BrokerFixture>() {
+    let f = F::new().await;
+    let sink = f.sink_at(&f.address()).await;
+    let to = f.destination().await;
+    let mut delivered: Vec<Delivered> = Vec::new();
+    for first in [1, 21] {
+        let results = sink.publish(&messages::<F>(&to, first, 20)).await;
+        assert_all_ok(&results);
+        delivered.extend(results.into_iter().flatten());
+    }
+    assert_eq!(delivered.len(), 40);
+    let partitions: Vec<Option<i32>> = delivered.iter().map(|d| d.partition).collect();
+    let offsets: Vec<Option<i64>> = delivered.iter().map(|d| d.offset).collect();
+    match F::REPORTS {
+        Reports::Nothing => {
+            assert!(
+                delivered.iter().all(|d| *d == Delivered::default()),
+                "{delivered:?}"
+            );
+            return;
+        }
+        // The fixture's topics have one partition.
+        Reports::PartitionAndOffset => {
+            assert!(partitions.iter().all(|p| *p == Some(0)), "{partitions:?}")
+        }
+        Reports::Sequence => assert!(partitions.iter().all(Option::is_none), "{partitions:?}"),
+    }
+    let offsets: Vec<i64> = offsets.into_iter().flatten().collect();
+    assert_eq!(
+        offsets.len(),
+        40,
+        "every message has a position: {delivered:?}"
+    );
+    assert!(
+        offsets.windows(2).all(|w| w[0] < w[1]),
+        "positions not increasing: {offsets:?}"
+    );
 }
 
 /// Per key, batches arrive in the order they were published (one destination).
@@ -481,6 +541,7 @@ macro_rules! conformance {
                 a_stalled_broker_loses_nothing_and_blames_no_tenant,
                 a_broker_restart_loses_nothing,
                 order_per_key_holds_across_batches,
+                acknowledgements_say_where_messages_were_stored,
                 flush_waits_for_messages_in_flight,
                 probe_sees_a_silent_broker,
             );

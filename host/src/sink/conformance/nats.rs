@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream;
 use futures::StreamExt;
 
-use super::{BrokerFixture, Received};
+use super::{BrokerFixture, Received, Reports};
 use crate::model::Broker;
 use crate::secret::SecretUrl;
 use crate::sink::NatsSink;
@@ -121,6 +121,7 @@ impl BrokerFixture for NatsFixture {
     type Sink = NatsSink;
 
     const BROKER: Broker = Broker::Nats;
+    const REPORTS: Reports = Reports::Sequence;
     const KEEPS_HEADER_ORDER: bool = false;
 
     async fn new() -> Self {

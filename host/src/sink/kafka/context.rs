@@ -6,9 +6,11 @@ use std::sync::Arc;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::statistics::Statistics;
 
+use crate::sink::Delivered;
 use crate::sink::connection::ConnectionWatch;
 use crate::sink::deliveries::{Deliveries, Opaque};
 use crate::telemetry::Metrics;
@@ -73,13 +75,22 @@ impl ProducerContext for SinkContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Opaque) {
         let report = match result {
-            Ok(_) => {
+            Ok(message) => {
                 // An acknowledgement: whatever was wrong with the connection is over.
                 self.connection.works();
-                Ok(())
+                Ok(delivered(message.partition(), message.offset()))
             }
             Err((e, _)) => Err(e.clone()),
         };
         self.deliveries.file(opaque, report);
+    }
+}
+
+/// Where the broker stored a message, from its delivery report. librdkafka reports a negative
+/// offset when it does not know one (`acks=0`): that is no position.
+fn delivered(partition: i32, offset: i64) -> Delivered {
+    Delivered {
+        partition: Some(partition),
+        offset: (offset >= 0).then_some(offset),
     }
 }

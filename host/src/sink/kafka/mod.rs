@@ -21,7 +21,7 @@ use self::faults::{fault_of, is_unknown_topic, producer_is_broken};
 use self::settings::kafka_client_config;
 use super::deliveries::{Opaque, Pending};
 use super::topics::{Known, TopicCache};
-use super::{PublishFault, Sink, SinkError};
+use super::{Delivered, PublishFault, Sink, SinkError};
 use crate::model::OutboundMessage;
 use crate::telemetry::Metrics;
 
@@ -371,7 +371,7 @@ async fn send_all(
     producer: &KafkaProducer,
     messages: &[OutboundMessage],
     missing: &HashSet<&str>,
-) -> Vec<Result<(), Option<KafkaError>>> {
+) -> Vec<Result<Delivered, Option<KafkaError>>> {
     let pending: Pending<'_> = producer.context().deliveries.open(messages.len());
     for (index, m) in messages.iter().enumerate() {
         if missing.contains(m.topic.as_str()) {
@@ -389,7 +389,7 @@ async fn send_all(
         .into_iter()
         .zip(messages)
         .map(|(report, m)| match report {
-            Ok(()) => Ok(()),
+            Ok(delivered) => Ok(delivered),
             Err(_) if missing.contains(m.topic.as_str()) => Err(None),
             Err(e) => Err(Some(e)),
         })
@@ -397,7 +397,7 @@ async fn send_all(
 }
 
 impl Sink for KafkaSink {
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         let producer = Arc::clone(&self.inner.current());
         let missing = self.missing_topics(&producer, messages).await;
         // Every message is in flight before any report is awaited: librdkafka batches them
@@ -411,9 +411,9 @@ impl Sink for KafkaSink {
             .into_iter()
             .zip(messages)
             .map(|(report, m)| match report {
-                Ok(()) => {
+                Ok(delivered) => {
                     acknowledged.insert(m.topic.as_str());
-                    Ok(())
+                    Ok(delivered)
                 }
                 Err(None) => Err(missing_topic(&m.topic)),
                 Err(Some(e)) => {
@@ -643,8 +643,15 @@ mod tests {
             "not held for the metadata propagation wait: {:?}",
             started.elapsed()
         );
-        assert_eq!(results[0], Ok(()));
-        assert_eq!(results[2], Ok(()));
+        // Where the mock broker stored them: its one partition, one after the other.
+        let at = |offset| {
+            Ok(Delivered {
+                partition: Some(0),
+                offset: Some(offset),
+            })
+        };
+        assert_eq!(results[0], at(0));
+        assert_eq!(results[2], at(1));
         let err = results[1].as_ref().unwrap_err();
         assert_eq!(err.fault(), Some(PublishFault::Refused));
         assert!(err.to_string().contains("ghost"), "{err}");
@@ -652,6 +659,6 @@ mod tests {
         // Created later: found once the missing entry is due for a re-check.
         mock.create_topic("ghost", 1, 1).unwrap();
         sink.inner.topics.forget("ghost");
-        assert_eq!(sink.publish(&[message("ghost")]).await, vec![Ok(())]);
+        assert_eq!(sink.publish(&[message("ghost")]).await, vec![at(0)]);
     }
 }

@@ -33,7 +33,7 @@ pub(super) use self::mapping::{KEY_HEADER, TOMBSTONE_HEADER};
 use self::mapping::{Outgoing, check_subject, message_ids, outgoing};
 use self::settings::Credentials;
 pub(crate) use self::settings::NatsSettings;
-use super::{PublishFault, Sink, SinkError};
+use super::{Delivered, PublishFault, Sink, SinkError};
 use crate::model::{Broker, OutboundMessage};
 
 mod connection;
@@ -294,8 +294,8 @@ fn connect_error(error: &ConnectError) -> SinkError {
 /// acknowledgement either.
 fn settled(
     messages: &[OutboundMessage],
-    results: Vec<Option<Result<(), SinkError>>>,
-) -> Vec<Result<(), SinkError>> {
+    results: Vec<Option<Result<Delivered, SinkError>>>,
+) -> Vec<Result<Delivered, SinkError>> {
     messages
         .iter()
         .zip(results)
@@ -421,7 +421,7 @@ impl Link {
         subject: &str,
         awaiting: Awaiting,
         deadline: Instant,
-    ) -> Result<(), SinkError> {
+    ) -> Result<Delivered, SinkError> {
         // `_in_flight` is held until the message is settled, for `flush`.
         let Awaiting {
             ack,
@@ -443,7 +443,12 @@ impl Link {
             }
             tokio::select! {
                 answer = &mut ack => return match answer {
-                    Ok(_) => Ok(()),
+                    // The stream sequence is where the stream stored it (for a duplicate,
+                    // where the first copy is): JetStream's offset.
+                    Ok(ack) => Ok(Delivered {
+                        partition: None,
+                        offset: i64::try_from(ack.sequence).ok(),
+                    }),
                     Err(e) => Err(faults::ack_failed(subject, &e, self.jetstream_enabled())),
                 },
                 () = &mut expiry => return Err(faults::timed_out(subject, true, self.timeout())),
@@ -455,11 +460,11 @@ impl Link {
 }
 
 impl Sink for NatsSink {
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         let link = self.current();
         let deadline = Instant::now() + link.timeout();
         let ids = message_ids(&link.settings.message_id_prefix, messages);
-        let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; messages.len()];
+        let mut results: Vec<Option<Result<Delivered, SinkError>>> = vec![None; messages.len()];
         let mut prepared = Vec::with_capacity(messages.len());
         for ((m, id), result) in messages.iter().zip(&ids).zip(&mut results) {
             match check_subject(&m.topic).and_then(|()| outgoing(m, id)) {

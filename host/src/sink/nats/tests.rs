@@ -88,7 +88,7 @@ async fn stored(jetstream: &jetstream::Context, subject: &str) -> u64 {
         .messages
 }
 
-fn assert_all_ok(results: &[Result<(), SinkError>]) {
+fn assert_all_ok(results: &[Result<Delivered, SinkError>]) {
     let failed: Vec<String> = results
         .iter()
         .filter_map(|r| r.as_ref().err().map(ToString::to_string))

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use self::link::{Link, Links};
 use self::message::{Amqp, Mapping, indexes_in_row};
 pub(crate) use self::settings::RabbitmqSettings;
-use super::{PublishFault, Sink, SinkError};
+use super::{Delivered, PublishFault, Sink, SinkError};
 use crate::model::{Broker, OutboundMessage};
 
 mod faults;
@@ -141,7 +141,7 @@ enum Step {
 }
 
 impl Sink for RabbitmqSink {
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         let publishing = self.publishing();
         let deadline = Instant::now() + publishing.timeout;
         let mapping = publishing.mapping();
@@ -296,7 +296,7 @@ fn settle(
     steps: Vec<Step>,
     messages: &[OutboundMessage],
     publishing: &Publishing,
-) -> Vec<Result<(), SinkError>> {
+) -> Vec<Result<Delivered, SinkError>> {
     let closed_by: Option<AMQPError> = steps.iter().find_map(|s| match s {
         Step::Error(e) => match e.kind() {
             ErrorKind::ProtocolError(amqp) => Some(amqp.clone()),
@@ -309,7 +309,8 @@ fn settle(
         .into_iter()
         .zip(messages)
         .map(|(step, m)| match step {
-            Step::Done(result) => result,
+            // A publisher confirm names no position: nothing to say where it went.
+            Step::Done(result) => result.map(|()| Delivered::default()),
             Step::Error(e) => Err(faults::failed(
                 &m.topic,
                 exchange,

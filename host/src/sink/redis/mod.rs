@@ -20,7 +20,7 @@ use self::faults::{connection_is_broken, connection_problem, entry_error, is_aut
 use self::link::{Connection, Link};
 use self::watch::Watch;
 use super::connection::ConnectionProblem;
-use super::{PublishFault, Sink, SinkError};
+use super::{Delivered, PublishFault, Sink, SinkError};
 use crate::model::{Broker, OutboundMessage};
 
 mod entry;
@@ -266,19 +266,20 @@ impl RedisSink {
 }
 
 /// The fate of one sent entry from its reply; `replicated` is `Err(why)` when the batch's
-/// `WAIT` fell short.
+/// `WAIT` fell short. The reply is the entry id (`<ms>-<seq>`), two numbers rather than one
+/// offset: the [`Delivered`] stays empty.
 fn settle(
     m: &OutboundMessage,
     reply: &Value,
     replicated: &Result<(), String>,
-) -> Result<(), SinkError> {
+) -> Result<Delivered, SinkError> {
     match reply {
         Value::BulkString(_) | Value::SimpleString(_) => replicated
             .as_ref()
+            .map(|()| Delivered::default())
             .map_err(|why| {
                 SinkError::publish_failed(&m.topic, why.clone(), PublishFault::Unavailable)
-            })
-            .copied(),
+            }),
         Value::Nil => Err(SinkError::publish_failed(
             &m.topic,
             "stream does not exist (redis.create_streams = false: XADD NOMKSTREAM creates \
@@ -315,10 +316,10 @@ fn replicated(reply: Option<&Value>, wanted: u32, waited: Duration) -> Result<()
 }
 
 impl Sink for RedisSink {
-    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<(), SinkError>> {
+    async fn publish(&self, messages: &[OutboundMessage]) -> Vec<Result<Delivered, SinkError>> {
         let setup = self.setup();
         let deadline = Instant::now() + setup.timeout;
-        let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; messages.len()];
+        let mut results: Vec<Option<Result<Delivered, SinkError>>> = vec![None; messages.len()];
         let mut pipeline = ::redis::pipe();
         // Error replies come back as values, one per command: one entry's refusal fails
         // that message alone.

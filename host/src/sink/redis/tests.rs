@@ -88,7 +88,7 @@ async fn expire(conn: &mut ::redis::aio::MultiplexedConnection, key: &str) {
         .unwrap();
 }
 
-fn fault(result: &Result<(), SinkError>) -> Option<PublishFault> {
+fn fault(result: &Result<Delivered, SinkError>) -> Option<PublishFault> {
     result.as_ref().err().and_then(SinkError::fault)
 }
 
@@ -165,7 +165,7 @@ async fn publish_until_ok(
     sink: &RedisSink,
     batch: &[OutboundMessage],
     within: Duration,
-) -> Vec<Result<(), SinkError>> {
+) -> Vec<Result<Delivered, SinkError>> {
     let deadline = Instant::now() + within;
     loop {
         let results = sink.publish(batch).await;
@@ -193,7 +193,14 @@ async fn entries_hold_value_key_headers_and_a_message_id_per_fan_out_index() {
     let second = message(&stream, 5);
     let results = sink.publish(&[first, tombstone, second]).await;
     expire(&mut conn, &stream).await;
-    assert_eq!(results, vec![Ok(()), Ok(()), Ok(())]);
+    assert_eq!(
+        results,
+        vec![
+            Ok(Delivered::default()),
+            Ok(Delivered::default()),
+            Ok(Delivered::default())
+        ]
+    );
     let field = |name: &str, value: &str| (name.to_owned(), value.as_bytes().to_vec());
     assert_eq!(
         entries(&mut conn, &stream).await,
@@ -269,7 +276,10 @@ async fn without_create_streams_a_missing_stream_is_refused_and_not_made() {
             message(&present, 3),
         ])
         .await;
-    assert_eq!((&results[0], &results[2]), (&Ok(()), &Ok(())));
+    assert_eq!(
+        (&results[0], &results[2]),
+        (&Ok(Delivered::default()), &Ok(Delivered::default()))
+    );
     assert_eq!(fault(&results[1]), Some(PublishFault::Refused));
     let text = results[1].as_ref().unwrap_err().to_string();
     assert!(
@@ -285,7 +295,10 @@ async fn without_create_streams_a_missing_stream_is_refused_and_not_made() {
 
     // By default a message makes its stream.
     let sink = RedisSink::connect(&local_settings()).await.unwrap();
-    assert_eq!(sink.publish(&[message(&missing, 2)]).await, vec![Ok(())]);
+    assert_eq!(
+        sink.publish(&[message(&missing, 2)]).await,
+        vec![Ok(Delivered::default())]
+    );
     expire(&mut conn, &missing).await;
     assert_eq!(entries(&mut conn, &missing).await.len(), 1);
 }
@@ -316,7 +329,10 @@ async fn a_key_that_is_not_a_stream_or_a_reserved_header_is_refused_alone() {
         ])
         .await;
     expire(&mut conn, &stream).await;
-    assert_eq!((&results[0], &results[3]), (&Ok(()), &Ok(())));
+    assert_eq!(
+        (&results[0], &results[3]),
+        (&Ok(Delivered::default()), &Ok(Delivered::default()))
+    );
     let wrongtype = results[1].as_ref().unwrap_err();
     assert_eq!(wrongtype.fault(), Some(PublishFault::Refused));
     let text = wrongtype.to_string();
@@ -388,7 +404,10 @@ async fn wrong_credentials_fail_the_probe_as_authentication_until_reconfigured()
         assert!(err.to_string().contains("redis.ca_location"), "{err}");
         let right = settings(&format!("redis://:Right-Pw-2207@{}", server.address()));
         sink.reconfigure(&right).await.unwrap();
-        assert_eq!(sink.publish(&[message(&stream, 2)]).await, vec![Ok(())]);
+        assert_eq!(
+            sink.publish(&[message(&stream, 2)]).await,
+            vec![Ok(Delivered::default())]
+        );
         assert_eq!(probe(&sink, Duration::from_secs(2)).await, Ok(()));
         assert_eq!(sink.watch.problem(), None);
     }
@@ -426,7 +445,7 @@ async fn a_server_started_after_connect_gets_the_messages() {
 
     let _server = OwnRedis::start_on(port, &[]);
     let results = publish_until_ok(&sink, &[message(&stream, 1)], Duration::from_secs(10)).await;
-    assert_eq!(results, vec![Ok(())]);
+    assert_eq!(results, vec![Ok(Delivered::default())]);
     let mut conn = redis_at(&address).await;
     assert_eq!(entries(&mut conn, &stream).await.len(), 1);
     assert_eq!(sink.watch.problem(), None, "the watch saw it work again");
@@ -440,7 +459,10 @@ async fn a_restarted_server_is_reconnected_to() {
     let sink = RedisSink::connect(&settings(&format!("redis://{address}")))
         .await
         .unwrap();
-    assert_eq!(sink.publish(&[message(&stream, 1)]).await, vec![Ok(())]);
+    assert_eq!(
+        sink.publish(&[message(&stream, 1)]).await,
+        vec![Ok(Delivered::default())]
+    );
     drop(server);
     let results = sink.publish(&[message(&stream, 2)]).await;
     assert_eq!(
@@ -454,7 +476,7 @@ async fn a_restarted_server_is_reconnected_to() {
     );
     let _server = OwnRedis::start_on(port, &[]);
     let results = publish_until_ok(&sink, &[message(&stream, 2)], Duration::from_secs(10)).await;
-    assert_eq!(results, vec![Ok(())]);
+    assert_eq!(results, vec![Ok(Delivered::default())]);
     // The restarted server kept nothing (`--save ""`): only what was sent after.
     let mut conn = redis_at(&address).await;
     assert_eq!(entries(&mut conn, &stream).await.len(), 1);
@@ -471,7 +493,10 @@ async fn an_unanswered_batch_is_unavailable_in_time_and_its_retry_lands_after_it
     let mut settings = settings(&format!("redis://127.0.0.1:{}", proxy.port()));
     settings.timeout = Duration::from_secs(1);
     let sink = RedisSink::connect(&settings).await.unwrap();
-    assert_eq!(sink.publish(&[message(&stream, 1)]).await, vec![Ok(())]);
+    assert_eq!(
+        sink.publish(&[message(&stream, 1)]).await,
+        vec![Ok(Delivered::default())]
+    );
     expire(&mut conn, &stream).await;
     proxy.freeze();
     let batch = [message(&stream, 2), message(&stream, 3)];
@@ -487,7 +512,10 @@ async fn an_unanswered_batch_is_unavailable_in_time_and_its_retry_lands_after_it
         );
     }
     proxy.thaw();
-    assert_eq!(sink.publish(&batch).await, vec![Ok(()), Ok(())]);
+    assert_eq!(
+        sink.publish(&batch).await,
+        vec![Ok(Delivered::default()), Ok(Delivered::default())]
+    );
     let rows: Vec<Vec<u8>> = entries(&mut conn, &stream)
         .await
         .into_iter()
@@ -524,7 +552,7 @@ async fn a_stream_the_acl_denies_is_refused_as_the_tenants_fault() {
     let results = sink
         .publish(&[message("allowed:s", 1), message("denied:s", 2)])
         .await;
-    assert_eq!(results[0], Ok(()));
+    assert_eq!(results[0], Ok(Delivered::default()));
     assert_eq!(
         fault(&results[1]),
         Some(PublishFault::Refused),
@@ -642,7 +670,10 @@ async fn tls_verifies_the_server_with_ca_location_and_presents_the_client_certif
 
     let sink = Arc::new(RedisSink::connect(&with("ca.pem", true)).await.unwrap());
     assert_eq!(probe(&sink, Duration::from_secs(3)).await, Ok(()));
-    assert_eq!(sink.publish(&[message(&stream, 1)]).await, vec![Ok(())]);
+    assert_eq!(
+        sink.publish(&[message(&stream, 1)]).await,
+        vec![Ok(Delivered::default())]
+    );
 
     let untrusted = Arc::new(
         RedisSink::connect(&with("other-ca.pem", true))
