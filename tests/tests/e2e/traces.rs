@@ -555,6 +555,16 @@ async fn a_context_in_the_headers_column_continues_on_nats() {
     assert_eq!(text(publish, "parent_span_id"), SAMPLED_PARENT);
     assert_eq!(publish["attributes"]["messaging.system"], "nats");
     assert_eq!(publish["attributes"]["sluice.tenant"], "acme");
+    // Where JetStream stored it, from the publish acknowledgement: the stream's sequence.
+    assert_eq!(
+        publish["attributes"]["sluice.nats.stream.sequence"], got[0].sequence,
+        "{publish}"
+    );
+    assert_eq!(
+        publish["attributes"].get("messaging.destination.partition.id"),
+        None,
+        "{publish}"
+    );
     let _ = nats.delete_stream(&table.name).await;
     table.drop_table().await;
 }
