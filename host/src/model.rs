@@ -237,6 +237,24 @@ pub struct OutboundMessage {
     pub timestamp_ms: Option<i64>,
 }
 
+/// Where the broker stored one acknowledged message, as far as its acknowledgement says: what
+/// the publish span records (`[tracing]`). Small and `Copy`, so carrying it per message costs
+/// nothing when tracing is off.
+///
+/// - Kafka: the partition and offset of the delivery report.
+/// - NATS JetStream: the publish acknowledgement's stream sequence as `offset`; no partition.
+/// - RabbitMQ: nothing; a publisher confirm names no position.
+/// - Redis Streams: nothing; the XADD entry id (`<ms>-<seq>`) is two integers, not one
+///   offset, and is left out rather than squeezed into one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delivered {
+    /// The partition the broker wrote the message to (Kafka), whatever the plugin asked for.
+    pub partition: Option<i32>,
+    /// The message's position in what it was written to: the Kafka offset within `partition`,
+    /// the JetStream stream sequence.
+    pub offset: Option<i64>,
+}
+
 /// How a message's key and value are still to be encoded, in the encoding layer's own type
 /// (`encoding::MessageFormats`): the plugin host attaches its tenant's formats, the encoder
 /// reads them back with [`Encoding::get`], and everything between only carries them, so the

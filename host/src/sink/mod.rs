@@ -1,6 +1,7 @@
 //! The sink seam: where messages are published. Implementations: [`KafkaSink`], and the
 //! NATS JetStream, RabbitMQ and Redis Streams sinks; [`Brokers`] sends each message to its
-//! tenant's broker.
+//! tenant's broker. An acknowledged message comes back with where the broker stored it,
+//! as far as the broker says ([`Delivered`], in the model: the trace code records it).
 //!
 //! - [`brokers`]: the brokers of one relay behind one [`Sink`]
 //! - [`kafka`]: the rdkafka producer, its defaults and error classification
@@ -36,6 +37,7 @@ pub(crate) use kafka::{KafkaSink, librdkafka_version};
 pub(crate) use nats::{NatsSettings, NatsSink};
 pub(crate) use rabbitmq::{RabbitmqSettings, RabbitmqSink};
 
+pub(crate) use crate::model::Delivered;
 use crate::model::{Broker, OutboundMessage};
 
 /// Longest topic name Kafka accepts.
@@ -182,24 +184,6 @@ impl SinkError {
             cause: None,
         }
     }
-}
-
-/// Where the broker stored one acknowledged message, as far as its acknowledgement says: what
-/// the publish span records (`[tracing]`). Small and `Copy`, so carrying it per message costs
-/// nothing when tracing is off.
-///
-/// - Kafka: the partition and offset of the delivery report.
-/// - NATS JetStream: the publish acknowledgement's stream sequence as `offset`; no partition.
-/// - RabbitMQ: nothing; a publisher confirm names no position.
-/// - Redis Streams: nothing; the XADD entry id (`<ms>-<seq>`) is not one integer, and mapping it
-///   to one would invent an order the broker does not promise.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Delivered {
-    /// The partition the broker wrote the message to (Kafka), whatever the plugin asked for.
-    pub partition: Option<i32>,
-    /// The message's position in what it was written to: the Kafka offset within `partition`,
-    /// the JetStream stream sequence.
-    pub offset: Option<i64>,
 }
 
 /// Publishes messages and reports, per message, whether the broker acknowledged it.

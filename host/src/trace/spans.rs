@@ -29,9 +29,9 @@ use opentelemetry_sdk::trace::{
 use super::context::{self, RowContext, TRACEPARENT, TRACESTATE, TraceParent};
 use super::{Exporting, Tracing};
 use crate::model::{
-    Broker, Headers, OutboundMessage, OutboxId, OutboxRow, RowResult, TenantId, TransformFailure,
+    Broker, Delivered, Headers, OutboundMessage, OutboxId, OutboxRow, RowResult, TenantId,
+    TransformFailure,
 };
-use crate::sink::Delivered;
 
 /// Name of the span of a row's wait in the outbox.
 const WAIT_SPAN: &str = "sluice.outbox.wait";
