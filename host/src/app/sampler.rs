@@ -97,13 +97,17 @@ async fn sample_database(
     last: &Mutex<LastSample>,
     settings: &TelemetrySettings,
 ) {
-    let sampled = tokio::time::timeout(
-        DATABASE_PROBE_TIMEOUT,
-        store.sample_backlog(settings.sample_limit),
-    )
+    // The replays' progress is read within the same timeout: a statement that hangs (the
+    // table locked by a migration) must make the database unready, not stall every later
+    // round on its last answer.
+    let sampled = tokio::time::timeout(DATABASE_PROBE_TIMEOUT, async {
+        let backlog = store.sample_backlog(settings.sample_limit).await?;
+        let replays = store.replay_progress().await;
+        Ok::<_, crate::store::StoreError>((backlog, replays))
+    })
     .await;
     match sampled {
-        Ok(Ok(backlog)) => {
+        Ok(Ok((backlog, replays))) => {
             metrics.health.set_dependency_up(Dependency::Database, true);
             let samples: Vec<(Option<&str>, TenantSample)> = backlog
                 .iter()
@@ -119,15 +123,10 @@ async fn sample_database(
                 })
                 .collect();
             metrics.set_tenant_samples(&samples);
-            // A replay's progress reads its rows through the marker's own index: cheap, and
-            // the backlog sample above already answered for the database's health.
-            let replays = match store.replay_progress().await {
-                Ok(replays) => replays,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the progress of replays failed");
-                    Vec::new()
-                }
-            };
+            let replays = replays.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading the progress of replays failed");
+                Vec::new()
+            });
             let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
             last.at = Some(Utc::now());
             last.backlog = backlog;
