@@ -12,17 +12,13 @@
 //! (detach and drop). Wall time and PostgreSQL's CPU seconds (every `postgres` process; other
 //! clients of the server count too) of each.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use sluice::store::{
-    self, BatchOutcome, ClaimedBatch, MarkMode, OutboxStore, Store, StoreOptions, TableName,
-    TableSpec,
-};
+use sluice::store::{self, MarkMode, OutboxStore, StoreOptions, TableName, TableSpec};
 use sluice_testkit::{Database, DbTable, Servers};
 
-use super::sql_ceiling::BATCH_SIZE;
+use super::sql_ceiling::{drain_with_workers, open_shared};
 use crate::cli::Settings;
 use crate::names;
 use crate::outbox;
@@ -128,21 +124,8 @@ async fn measure(
         ))
         .await?;
     table.try_execute("VACUUM ANALYZE {t}").await?;
-    let connections = u32::try_from(settings.workers).unwrap_or(u32::MAX);
-    let store = Arc::new(
-        store::open(&table.url, &spec(table)?, options(), connections)
-            .await
-            .context("cannot open the store")?,
-    );
-    let start = Instant::now();
-    let workers: Vec<_> = (0..settings.workers)
-        .map(|_| tokio::spawn(drain(Arc::clone(&store))))
-        .collect();
-    let mut drained = 0;
-    for worker in workers {
-        drained += worker.await.context("a drain worker panicked")??;
-    }
-    let drain_time = start.elapsed();
+    let store = open_shared(&table.url, &spec(table)?, options(), settings.workers).await?;
+    let (drained, drain_time) = drain_with_workers(&store, settings.workers).await?;
     if drained != rows {
         bail!("{label}: marked {drained} rows, expected {rows}");
     }
@@ -214,31 +197,4 @@ async fn measure(
         ),
     ]);
     Ok(figures)
-}
-
-/// One worker's drain: claim, mark sent, commit, until a claim comes back empty; returns the
-/// rows it marked.
-async fn drain(store: Arc<Store>) -> anyhow::Result<u64> {
-    let mut marked = 0u64;
-    loop {
-        let claim = store.claim(BATCH_SIZE, &[]).await.context("claim failed")?;
-        if claim.is_empty() {
-            claim
-                .batch
-                .abandon()
-                .await
-                .context("ending an empty claim")?;
-            return Ok(marked);
-        }
-        let sent: Vec<_> = claim.rows.iter().map(|row| row.id.clone()).collect();
-        marked += sent.len() as u64;
-        claim
-            .batch
-            .complete(BatchOutcome {
-                sent,
-                failed: Vec::new(),
-            })
-            .await
-            .context("marking failed")?;
-    }
 }

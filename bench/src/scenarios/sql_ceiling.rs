@@ -62,22 +62,9 @@ pub(super) async fn run(settings: &Settings, database: Database) -> anyhow::Resu
 async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, Duration, f64)> {
     table.fill(settings.rows, None).await?;
     let spec = TableSpec::new(TableName::parse(&table.name)?);
-    let connections = u32::try_from(settings.workers).unwrap_or(u32::MAX);
-    let store = Arc::new(
-        store::open(&table.url, &spec, StoreOptions::default(), connections)
-            .await
-            .context("cannot open the store")?,
-    );
+    let store = open_shared(&table.url, &spec, StoreOptions::default(), settings.workers).await?;
     let cpu_before = procstat::sample(std::process::id())?.cpu_ticks;
-    let start = Instant::now();
-    let workers: Vec<_> = (0..settings.workers)
-        .map(|_| tokio::spawn(worker(Arc::clone(&store))))
-        .collect();
-    let mut rows = 0;
-    for worker in workers {
-        rows += worker.await.context("an sql-ceiling worker panicked")??;
-    }
-    let elapsed = start.elapsed();
+    let (rows, elapsed) = drain_with_workers(&store, settings.workers).await?;
     let cpu_ticks = procstat::sample(std::process::id())?.cpu_ticks - cpu_before;
     if rows != settings.rows {
         bail!("deleted {rows} rows, expected {}", settings.rows);
@@ -85,9 +72,40 @@ async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<(u64, D
     Ok((rows, elapsed, procstat::cpu_seconds(cpu_ticks)))
 }
 
-/// One worker's loop; returns the rows it deleted.
+/// The table of `spec` at `url` opened with a connection for each of `workers` tasks.
+pub(super) async fn open_shared(
+    url: &str,
+    spec: &TableSpec,
+    options: StoreOptions,
+    workers: usize,
+) -> anyhow::Result<Arc<store::Store>> {
+    let connections = u32::try_from(workers).unwrap_or(u32::MAX);
+    let store = store::open(url, spec, options, connections)
+        .await
+        .context("cannot open the store")?;
+    Ok(Arc::new(store))
+}
+
+/// `workers` tasks sharing `store`, each claiming, decoding and marking (as the store's
+/// `mark` says) until a claim comes back empty; returns the rows marked and the time taken.
+pub(super) async fn drain_with_workers(
+    store: &Arc<store::Store>,
+    workers: usize,
+) -> anyhow::Result<(u64, Duration)> {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| tokio::spawn(worker(Arc::clone(store))))
+        .collect();
+    let mut rows = 0;
+    for task in tasks {
+        rows += task.await.context("a drain worker panicked")??;
+    }
+    Ok((rows, start.elapsed()))
+}
+
+/// One worker's loop; returns the rows it marked.
 async fn worker(store: Arc<store::Store>) -> anyhow::Result<u64> {
-    let mut deleted = 0u64;
+    let mut marked = 0u64;
     let mut decoded_bytes = 0usize;
     loop {
         let claim = store.claim(BATCH_SIZE, &[]).await.context("claim failed")?;
@@ -98,7 +116,7 @@ async fn worker(store: Arc<store::Store>) -> anyhow::Result<u64> {
                 .await
                 .context("ending an empty claim failed")?;
             std::hint::black_box(decoded_bytes);
-            return Ok(deleted);
+            return Ok(marked);
         }
         let sent: Vec<_> = claim
             .rows
@@ -108,7 +126,7 @@ async fn worker(store: Arc<store::Store>) -> anyhow::Result<u64> {
                 row.id.clone()
             })
             .collect();
-        deleted += sent.len() as u64;
+        marked += sent.len() as u64;
         claim
             .batch
             .complete(BatchOutcome {
