@@ -232,6 +232,27 @@ ensure_promtool() { ensure_debian_tools promtool prometheus; }
 # minisign.
 ensure_oci_tools() { ensure_debian_tools "docker-registry minisign" docker-registry minisign; }
 
+# A cold run of scripts/test writes about 10 GiB (the debug build of the workspace and its
+# tests, the release build of the package checks, the plugins, Tansu's build); a disk that
+# fills half-way fails a build with an I/O error that names no cause. Checked first, so the
+# run stops at once and says what is missing. SLUICE_MIN_FREE_GIB overrides the estimate.
+ensure_disk_space() {
+    local target="${CARGO_TARGET_DIR:-$REPO/target}" need="${SLUICE_MIN_FREE_GIB:-}" dir
+    if [ -z "$need" ]; then
+        # A warm target dir only grows by what changed.
+        if [ -d "$target/debug/deps" ]; then need=5; else need=15; fi
+    fi
+    dir="$target"
+    while [ ! -d "$dir" ]; do dir="$(dirname "$dir")"; done
+    local free_gib mount
+    free_gib="$(df -Pk "$dir" | awk 'NR == 2 { print int($4 / 1048576) }')"
+    mount="$(df -Pk "$dir" | awk 'NR == 2 { print $6 }')"
+    if [ "$free_gib" -lt "$need" ]; then
+        die "only $free_gib GiB free on $mount, which holds $target; this run needs about $need GiB (builds, plugins, Tansu). Free some space (old target directories: cargo clean) or set SLUICE_MIN_FREE_GIB."
+    fi
+    log "disk: $free_gib GiB free on $mount (about $need GiB needed)"
+}
+
 ensure_services() {
     ensure_promtool
     ensure_oci_tools

@@ -300,6 +300,8 @@ pub(crate) struct Settings {
     pub js_plugin: PathBuf,
     /// `tests/plugins/hostile`, used by noisy (not checked until needed).
     pub hostile_plugin: PathBuf,
+    /// `tests/plugins/contract-v0-1`, the latency scenarios' router (not checked until needed).
+    pub send_time_plugin: PathBuf,
     pub quick: bool,
     pub out: Option<PathBuf>,
     /// `--relay` settings, added to the scenarios' `[relay]`.
@@ -426,6 +428,7 @@ impl Options {
                 .unwrap_or_else(|| root.join(PYTHON_PLUGIN)),
             js_plugin: self.js_plugin.unwrap_or_else(|| root.join(JS_PLUGIN)),
             hostile_plugin: root.join(HOSTILE_PLUGIN),
+            send_time_plugin: root.join(SEND_TIME_PLUGIN),
             quick: self.quick,
             out: self.out,
             baseline: self
@@ -442,6 +445,7 @@ const REFERENCE_PLUGIN: &str = "plugins/target/wasm32-wasip2/release/route_by_ag
 const PYTHON_PLUGIN: &str = "target/conformance/route_by_aggregate_py.wasm";
 const JS_PLUGIN: &str = "target/conformance/route_by_aggregate_js.wasm";
 const HOSTILE_PLUGIN: &str = "tests/plugins/target/wasm32-wasip2/release/test_hostile.wasm";
+const SEND_TIME_PLUGIN: &str = "tests/plugins/target/wasm32-wasip2/release/test_contract_v0_1.wasm";
 
 impl Settings {
     /// The WASM reference plugin as an absolute path, or an error saying how to build it.
@@ -465,6 +469,19 @@ impl Settings {
         existing_file(
             &self.js_plugin,
             "the JavaScript reference plugin (build it with `plugins/route-by-aggregate-js/build.sh target/conformance/route_by_aggregate_js.wasm`, or pass --js-plugin)",
+        )
+    }
+
+    /// The router of the scenarios that read when a message was sent from its Kafka record
+    /// timestamp (latency, replay, fairness): `tests/plugins/contract-v0-1` routes like the
+    /// reference plugin (`<topic_prefix><aggregate type>`, key = aggregate id, payload as it
+    /// is) but, built against contract 0.1.0, sets no timestamp, so the record's CreateTime is
+    /// librdkafka's time of the send. The reference plugins set the row's `created_at`
+    /// (contract 0.3.0), which says nothing about the relay.
+    pub(crate) fn send_time_plugin(&self) -> anyhow::Result<PathBuf> {
+        existing_file(
+            &self.send_time_plugin,
+            "the contract-v0-1 test plugin (build it with `cd tests/plugins && cargo build --release --target wasm32-wasip2`)",
         )
     }
 

@@ -3,7 +3,8 @@
 //!
 //! Tenant `t0` has `--rows` rows waiting (default 1,000,000, `--quick` 100,000: the standard
 //! rows, topics `<prefix>order` and `<prefix>customer`) when `sluice run` starts (default
-//! settings, WASM reference plugin). From then until that backlog is gone, tenant `small`
+//! settings; the reference plugin's routing through `tests/plugins/contract-v0-1`, which leaves
+//! the record timestamp to the producer, see `Settings::send_time_plugin`). From then until that backlog is gone, tenant `small`
 //! commits one row every 100 ms (aggregate type `invoice`, topic `<prefix>invoice`), and a
 //! consumer of that topic notes each row's producer CreateTime: commit → produce, as in
 //! `latency`. Measured twice on a fresh table each: `fair_share = 0` (claim order only), then
@@ -49,7 +50,7 @@ const CATCH_UP: Duration = Duration::from_secs(15);
 const WORST_SHOWN: usize = 8;
 
 pub(super) async fn run(settings: &Settings) -> anyhow::Result<Vec<Figure>> {
-    let plugin = settings.reference_plugin()?;
+    let plugin = settings.send_time_plugin()?;
     let rows = settings.fairness_rows;
     let mut figures = vec![Figure::new(
         NAME,

@@ -1,7 +1,9 @@
 //! `latency`: how long a row takes from its COMMIT to Kafka at a steady 1,000 rows/s (or
 //! `--rate`), with
 //! `sluice run` on default `[relay]` settings, once relying on polling (`latency-poll`) and once
-//! woken by the NOTIFY trigger (`latency-notify`, `notify_channel = "sluice_outbox"`).
+//! woken by the NOTIFY trigger (`latency-notify`, `notify_channel = "sluice_outbox"`). Rows are
+//! routed by `tests/plugins/contract-v0-1` (the reference plugin's routing, with no record
+//! timestamp of its own: see `Settings::send_time_plugin`).
 //!
 //! After a 3 s warm-up an inserter commits 10 rows (`--rate` / 100) every 10 ms for
 //! `--duration` and notes the
@@ -83,7 +85,7 @@ impl Wakeup {
 }
 
 pub(super) async fn run(settings: &Settings, wakeup: Wakeup) -> anyhow::Result<Vec<Figure>> {
-    let plugin = settings.reference_plugin()?;
+    let plugin = settings.send_time_plugin()?;
     let table = outbox::create(settings, wakeup.stem(), wakeup.channel()).await?;
     let measured = measure(settings, wakeup, plugin, &table).await;
     table.drop_table().await;

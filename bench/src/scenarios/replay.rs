@@ -4,7 +4,8 @@
 //!
 //! One PostgreSQL table in `mark = "published_at"` mode holds `--rows` (default 200,000) rows
 //! marked sent a minute ago. One `sluice run` (defaults plus `mark = "published_at"`) and a
-//! consumer on every partition run throughout. Phase 1 (`replay-baseline`): the `latency`
+//! consumer on every partition run throughout (routing as in `latency`, through
+//! `tests/plugins/contract-v0-1`). Phase 1 (`replay-baseline`): the `latency`
 //! scenario's inserter offers `--rate` live rows/s (default 1,000) for `--duration`. Phase 2
 //! (`replay-during`): `sluice replay --since 1h --rate 2000 --yes` schedules every sent row,
 //! and the same inserter runs for `--duration` again while the replayed rows come due. Each
@@ -57,7 +58,7 @@ async fn measure(settings: &Settings, table: &DbTable) -> anyhow::Result<Vec<Fig
         relay: std::iter::once(("mark".to_owned(), toml_string("published_at")))
             .chain(settings.relay.iter().cloned())
             .collect(),
-        default_plugin: Some((Plugin::Wasm(settings.reference_plugin()?), prefix)),
+        default_plugin: Some((Plugin::Wasm(settings.send_time_plugin()?), prefix)),
         ..RelayConfig::default()
     };
     let mut relay = relay::start(&settings.sluice, &config, "warn")?;
