@@ -799,8 +799,6 @@ impl Config {
     }
 }
 
-/// A TOML error on one line with its place: `message (at line L, column C)`. Never the
-/// source line itself, which toml's own rendering quotes: it may hold a secret written out.
 /// Resolves a relative path from `base`; `oci://…` plugin paths are references, not files.
 fn resolve_path(p: &mut PathBuf, base: &Path) {
     let reference = p
@@ -811,6 +809,8 @@ fn resolve_path(p: &mut PathBuf, base: &Path) {
     }
 }
 
+/// A TOML error on one line with its place: `message (at line L, column C)`. Never the
+/// source line itself, which toml's own rendering quotes: it may hold a secret written out.
 fn one_line(mut error: toml::de::Error, text: &str) -> String {
     // Without its input, the error renders its message and the key (`in `relay.x``).
     error.set_input(None);
