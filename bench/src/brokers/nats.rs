@@ -1,6 +1,6 @@
 //! NATS JetStream for `sluice-bench brokers`, through async-nats as the sink uses it
 //! (`host/src/sink/nats/`): a stream capturing a drain's subjects, made before and deleted
-//! after, and the produce ceiling.
+//! after (through the test kit's [`NatsStreams`]), and the produce ceiling.
 //!
 //! The ceiling publishes every message with the sink's headers (the relay's four, `sluice-key`,
 //! `Nats-Msg-Id`) on one connection, each awaiting JetStream's acknowledgement that the stream
@@ -14,11 +14,12 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::HeaderMap;
 use async_nats::header::NATS_MESSAGE_ID;
+use async_nats::jetstream;
 use async_nats::jetstream::context::ContextBuilder;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use futures::StreamExt;
+use sluice_testkit::NatsStreams;
 
 use super::{Broker, Ceiling, Standard, timed};
 
@@ -32,6 +33,7 @@ const KEY_HEADER: &str = "sluice-key";
 /// A JetStream context on one connection.
 pub(crate) struct Nats {
     jetstream: jetstream::Context,
+    streams: NatsStreams,
 }
 
 impl Nats {
@@ -43,51 +45,17 @@ impl Nats {
             .connect(url)
             .await
             .with_context(|| format!("cannot connect to NATS at {url}"))?;
+        let jetstream = ContextBuilder::new().timeout(TIMEOUT).build(client);
         Ok(Self {
-            jetstream: ContextBuilder::new().timeout(TIMEOUT).build(client),
+            streams: NatsStreams::new(jetstream.clone()),
+            jetstream,
         })
     }
 
-    /// Creates stream `name` capturing `subjects`, with JetStream's defaults (file storage,
-    /// a two-minute duplicate window over `Nats-Msg-Id`) — what an operator gets from
-    /// `nats stream add` without options.
-    pub(crate) async fn create_stream(
-        &self,
-        name: &str,
-        subjects: &[String],
-    ) -> anyhow::Result<()> {
-        self.jetstream
-            .create_stream(stream::Config {
-                name: name.to_owned(),
-                subjects: subjects.to_vec(),
-                ..stream::Config::default()
-            })
-            .await
-            .with_context(|| format!("cannot create stream {name} for {subjects:?}"))?;
-        Ok(())
-    }
-
-    /// Messages stream `name` holds.
-    pub(crate) async fn stream_messages(&self, name: &str) -> anyhow::Result<u64> {
-        let mut stream = self
-            .jetstream
-            .get_stream(name)
-            .await
-            .with_context(|| format!("no stream {name}"))?;
-        let info = stream
-            .info()
-            .await
-            .with_context(|| format!("cannot read the state of stream {name}"))?;
-        Ok(info.state.messages)
-    }
-
-    /// Deletes stream `name` with its messages.
-    pub(crate) async fn delete_stream(&self, name: &str) -> anyhow::Result<()> {
-        self.jetstream
-            .delete_stream(name)
-            .await
-            .with_context(|| format!("cannot delete stream {name}"))?;
-        Ok(())
+    /// The stream administration on this connection (the test kit's): a drain's stream made
+    /// before, counted and deleted after.
+    pub(crate) fn streams(&self) -> &NatsStreams {
+        &self.streams
     }
 
     /// The ceiling: `rows` standard messages to `subjects` (see the module documentation),

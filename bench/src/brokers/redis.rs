@@ -1,6 +1,7 @@
 //! Redis Streams for `sluice-bench brokers`, through redis-rs as the sink uses it
 //! (`host/src/sink/redis/`): a drain's streams (made by its first `XADD`, as the sink's default
-//! `create_streams = true` does) counted and deleted after, and the produce ceiling.
+//! `create_streams = true` does) counted and deleted after (through the test kit's
+//! [`RedisStreams`]), and the produce ceiling.
 //!
 //! The ceiling writes every message as the sink does — `XADD <stream> * value … sluice-key …
 //! <the relay's four headers> sluice-message-id …`, one pipeline per [`BATCH`] messages on one
@@ -12,6 +13,7 @@ use futures::StreamExt;
 // `::redis`: the crate (this module has its name).
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Pipeline, Value};
+use sluice_testkit::RedisStreams;
 
 use super::{Broker, Ceiling, Standard, timed};
 
@@ -27,6 +29,7 @@ const MESSAGE_ID: &str = "sluice-message-id";
 /// One multiplexed connection.
 pub(crate) struct Redis {
     connection: MultiplexedConnection,
+    streams: RedisStreams,
 }
 
 impl Redis {
@@ -46,31 +49,16 @@ impl Redis {
                     sluice_testkit::db::redact(url)
                 )
             })?;
-        Ok(Self { connection })
+        Ok(Self {
+            streams: RedisStreams::new(connection.clone()),
+            connection,
+        })
     }
 
-    /// Entries the streams `keys` hold together.
-    pub(crate) async fn entries(&self, keys: &[String]) -> anyhow::Result<u64> {
-        let mut total = 0;
-        for key in keys {
-            let length: u64 = ::redis::cmd("XLEN")
-                .arg(key)
-                .query_async(&mut self.connection.clone())
-                .await
-                .with_context(|| format!("XLEN {key}"))?;
-            total += length;
-        }
-        Ok(total)
-    }
-
-    /// Deletes the streams `keys`.
-    pub(crate) async fn delete(&self, keys: &[String]) -> anyhow::Result<()> {
-        let _: Value = ::redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut self.connection.clone())
-            .await
-            .with_context(|| format!("DEL {keys:?}"))?;
-        Ok(())
+    /// The streams on this connection (the test kit's): a drain's streams counted and deleted
+    /// after.
+    pub(crate) fn streams(&self) -> &RedisStreams {
+        &self.streams
     }
 
     /// The ceiling: `rows` standard messages to the streams `keys` (see the module

@@ -180,14 +180,14 @@ async fn produce_ceiling(settings: &Settings, broker: Broker) -> anyhow::Result<
         Broker::Nats => {
             let nats = Nats::connect(&settings.nats_url).await?;
             let stream = nats::stream_name(&prefix);
-            nats.create_stream(&stream, &keys).await?;
+            nats.streams().create_stream(&stream, &keys).await?;
             let ceiling = async {
                 let ceiling = nats.produce_ceiling(&keys, rows, &id_prefix).await?;
-                expect_stored(broker, nats.stream_messages(&stream).await?, rows)?;
+                expect_stored(broker, nats.streams().message_count(&stream).await?, rows)?;
                 Ok(ceiling)
             }
             .await;
-            cleaned(ceiling, nats.delete_stream(&stream).await)
+            cleaned(ceiling, nats.streams().delete_stream(&stream).await)
         }
         Broker::Rabbitmq => {
             let rabbitmq = RabbitMq::connect(&settings.rabbitmq_url).await?;
@@ -207,11 +207,11 @@ async fn produce_ceiling(settings: &Settings, broker: Broker) -> anyhow::Result<
             let redis = Redis::connect(&settings.redis_url).await?;
             let ceiling = async {
                 let ceiling = redis.produce_ceiling(&keys, rows, &id_prefix).await?;
-                expect_stored(broker, redis.entries(&keys).await?, rows)?;
+                expect_stored(broker, redis.streams().entry_count(&keys).await?, rows)?;
                 Ok(ceiling)
             }
             .await;
-            cleaned(ceiling, redis.delete(&keys).await)
+            cleaned(ceiling, redis.streams().delete(&keys).await)
         }
     }
 }
@@ -256,18 +256,22 @@ async fn drains(
         Broker::Nats => {
             let nats = Nats::connect(&settings.nats_url).await?;
             let stream = nats::stream_name(&prefix);
-            nats.create_stream(&stream, &keys).await?;
+            nats.streams().create_stream(&stream, &keys).await?;
             drain.extra = Some((
                 String::new(),
                 format!("[nats]\nurl = {}", toml(&settings.nats_url)),
             ));
             let drained = async {
                 let drained = twice(&elsewhere, &drain, table, &prefix).await?;
-                expect_stored(broker, nats.stream_messages(&stream).await?, expected)?;
+                expect_stored(
+                    broker,
+                    nats.streams().message_count(&stream).await?,
+                    expected,
+                )?;
                 Ok(drained)
             }
             .await;
-            cleaned(drained, nats.delete_stream(&stream).await)
+            cleaned(drained, nats.streams().delete_stream(&stream).await)
         }
         Broker::Rabbitmq => {
             let rabbitmq = RabbitMq::connect(&settings.rabbitmq_url).await?;
@@ -297,11 +301,11 @@ async fn drains(
             ));
             let drained = async {
                 let drained = twice(&elsewhere, &drain, table, &prefix).await?;
-                expect_stored(broker, redis.entries(&keys).await?, expected)?;
+                expect_stored(broker, redis.streams().entry_count(&keys).await?, expected)?;
                 Ok(drained)
             }
             .await;
-            cleaned(drained, redis.delete(&keys).await)
+            cleaned(drained, redis.streams().delete(&keys).await)
         }
     }
 }

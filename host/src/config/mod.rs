@@ -121,6 +121,11 @@ pub struct Config {
     /// Tenants defined both in this file and by a tenant file (the file's entry is left out).
     #[serde(skip)]
     duplicates: Vec<Problem>,
+    /// Set by [`Config::load`]: the tenants its check held up (their tenant file does not
+    /// check), with why, so that [`Config::runnable_tenants`] at start-up need not check the
+    /// whole configuration again. `None` for a configuration not loaded that way.
+    #[serde(skip)]
+    held: Option<BTreeMap<String, String>>,
 }
 
 /// `[relay]`; unset keys take their values from [`RelayConfig::default`].
@@ -235,7 +240,7 @@ impl Default for RelayConfig {
 impl Config {
     /// Reads, parses and validates a configuration file, applying environment overrides.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let config = Self::load_unchecked(path)?;
+        let mut config = Self::load_unchecked(path)?;
         config.validate(path)?;
         Ok(config)
     }
@@ -302,18 +307,10 @@ impl Config {
     /// The tenants that can start, and those defined by a tenant file that does not check,
     /// with why (their rows wait until the file is fixed; `config check` lists them).
     pub fn runnable_tenants(&self) -> (BTreeMap<String, PluginSpec>, BTreeMap<String, String>) {
-        let mut refused: BTreeMap<String, String> = BTreeMap::new();
-        for problem in self.problems() {
-            if let Some(name) = self.tenant_of_problem(&problem)
-                && self.tenant_file(&name).is_some()
-            {
-                let why = refused.entry(name).or_default();
-                if !why.is_empty() {
-                    why.push_str("; ");
-                }
-                why.push_str(&problem.to_string());
-            }
-        }
+        let refused = match &self.held {
+            Some(held) => held.clone(),
+            None => self.held_tenants(&self.problems()),
+        };
         let tenants = self
             .tenants
             .iter()
@@ -321,6 +318,24 @@ impl Config {
             .map(|(name, spec)| (name.clone(), spec.clone()))
             .collect();
         (tenants, refused)
+    }
+
+    /// The tenants defined by a tenant file that `problems` (this configuration's) concern,
+    /// each with its problems joined by `; `.
+    fn held_tenants(&self, problems: &[Problem]) -> BTreeMap<String, String> {
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        for problem in problems {
+            if let Some(name) = self.tenant_of_problem(problem)
+                && self.tenant_file(&name).is_some()
+            {
+                let why = held.entry(name).or_default();
+                if !why.is_empty() {
+                    why.push_str("; ");
+                }
+                why.push_str(&problem.to_string());
+            }
+        }
+        held
     }
 
     /// The file that defines tenant `name`, when a tenant file does.
@@ -427,10 +442,12 @@ impl Config {
         }
     }
 
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+    /// Refuses a configuration with problems, except that a tenant file that does not check
+    /// holds up its own tenant only (its rows wait; see [`Config::runnable_tenants`]) unless
+    /// `strict_startup` asks to refuse the start. Records the tenants held up.
+    fn validate(&mut self, path: &Path) -> Result<(), ConfigError> {
         let mut problems = self.problems();
-        // A tenant file that does not check holds up its own tenant only (its rows wait; see
-        // [`Config::runnable_tenants`]), unless `strict_startup` asks to refuse the start.
+        let held = self.held_tenants(&problems);
         if !self.plugins.strict_startup {
             problems.retain(|p| {
                 self.tenant_of_problem(p)
@@ -438,6 +455,7 @@ impl Config {
             });
         }
         if problems.is_empty() {
+            self.held = Some(held);
             Ok(())
         } else {
             Err(ConfigError::Invalid {
@@ -781,8 +799,6 @@ impl Config {
     }
 }
 
-/// A TOML error on one line with its place: `message (at line L, column C)`. Never the
-/// source line itself, which toml's own rendering quotes: it may hold a secret written out.
 /// Resolves a relative path from `base`; `oci://…` plugin paths are references, not files.
 fn resolve_path(p: &mut PathBuf, base: &Path) {
     let reference = p
@@ -793,6 +809,8 @@ fn resolve_path(p: &mut PathBuf, base: &Path) {
     }
 }
 
+/// A TOML error on one line with its place: `message (at line L, column C)`. Never the
+/// source line itself, which toml's own rendering quotes: it may hold a secret written out.
 fn one_line(mut error: toml::de::Error, text: &str) -> String {
     // Without its input, the error renders its message and the key (`in `relay.x``).
     error.set_input(None);
@@ -868,7 +886,12 @@ mod tests {
             "{err}"
         );
         std::fs::remove_file(d.join("tenants.d/both.toml")).unwrap();
-        assert!(Config::load(&d.join("sluice.toml")).is_ok());
+        // Loaded (checked) for a start: the same tenants wait, as that check found them.
+        let loaded = Config::load(&d.join("sluice.toml")).unwrap();
+        let (runnable, refused) = loaded.runnable_tenants();
+        assert_eq!(refused.keys().collect::<Vec<_>>(), ["acme", "broken"]);
+        assert!(refused["acme"].contains("memory_mb"), "{refused:?}");
+        assert_eq!(runnable.keys().collect::<Vec<_>>(), ["both"]);
         let strict = std::fs::read_to_string(d.join("sluice.toml"))
             .unwrap()
             .replace("[plugins]\n", "[plugins]\nstrict_startup = true\n");
@@ -921,7 +944,7 @@ mod tests {
     }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config = Config::parse(text, Path::new("t.toml"))?;
+        let mut config = Config::parse(text, Path::new("t.toml"))?;
         config.validate(Path::new("t.toml"))?;
         Ok(config)
     }

@@ -632,20 +632,10 @@ impl PluginRouter {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::model::{OutboxId, OutboxRow, TransformFailure};
+    use crate::model::TransformFailure;
     use crate::plugin::RowTransformer;
-
-    /// The plugin part of a `sluice.toml`.
-    #[derive(serde::Deserialize)]
-    struct PluginTables {
-        #[serde(default)]
-        plugins: PluginsSettings,
-        #[serde(default)]
-        tenants: BTreeMap<String, PluginSpec>,
-    }
+    use crate::plugin::router::tests::{PluginTables, rows};
 
     fn tables(toml: &str) -> PluginTables {
         toml::from_str(toml).unwrap()
@@ -655,26 +645,6 @@ mod tests {
         format!(
             "[tenants.{name}]\nbuiltin = \"route-by-aggregate\"\nconfig = {{ topic_prefix = \"{prefix}\" }}\n"
         )
-    }
-
-    fn rows(tenants: &[&str]) -> Arc<[OutboxRow]> {
-        tenants
-            .iter()
-            .enumerate()
-            .map(|(i, t)| OutboxRow {
-                id: OutboxId::Int(i as i64 + 1),
-                tenant: TenantId::named(*t),
-                aggregate_type: "order".into(),
-                aggregate_id: "o".into(),
-                event_type: "E".into(),
-                payload: b"{}".to_vec(),
-                headers: Vec::new(),
-                created_at: chrono::Utc::now(),
-                attempts: 0,
-                extra: Vec::new(),
-                replay: None,
-            })
-            .collect()
     }
 
     async fn topics(router: &PluginRouter, tenants: &[&str]) -> Vec<String> {

@@ -722,18 +722,18 @@ pub(super) fn formats_of(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::OutboxId;
     use crate::plugin::tenant::status::TenantState;
 
     /// The plugin part of a `sluice.toml`.
     #[derive(serde::Deserialize)]
-    struct PluginTables {
+    pub(crate) struct PluginTables {
         #[serde(default)]
-        plugins: PluginsSettings,
+        pub(crate) plugins: PluginsSettings,
         #[serde(default)]
-        tenants: BTreeMap<String, PluginSpec>,
+        pub(crate) tenants: BTreeMap<String, PluginSpec>,
     }
 
     fn router(toml: &str) -> Result<PluginRouter, PluginError> {
@@ -741,7 +741,8 @@ mod tests {
         PluginRouter::from_settings(&tables.plugins, &tables.tenants)
     }
 
-    fn rows(tenants: &[&str]) -> Arc<[OutboxRow]> {
+    /// One row per entry of `tenants`, of that tenant (ids 1, 2, …; aggregate type `order`).
+    pub(crate) fn rows(tenants: &[&str]) -> Arc<[OutboxRow]> {
         tenants
             .iter()
             .enumerate()

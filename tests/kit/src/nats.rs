@@ -1,6 +1,7 @@
 //! NATS JetStream from the harness: a stream capturing the subjects a test publishes to, a
 //! stream's messages read from the start the way a consumer sees them (subject, headers,
-//! payload), and a `nats-server` of the caller's own that a test may stop and start again.
+//! payload) or only counted, and a `nats-server` of the caller's own that a test may stop and
+//! start again.
 //!
 //! Messages are read by stream sequence (`STREAM.MSG.GET`), not through a consumer: a read
 //! leaves nothing behind on the server and may be repeated, so a test can wait for messages
@@ -75,9 +76,13 @@ impl NatsStreams {
             .connect(url)
             .await
             .with_context(|| format!("cannot connect to NATS at {url}"))?;
-        Ok(Self {
-            jetstream: jetstream::new(client),
-        })
+        Ok(Self::new(jetstream::new(client)))
+    }
+
+    /// Streams administered through `jetstream`, a context its maker configured (the
+    /// benchmark's has the sink's timeouts and publishes on the same connection).
+    pub fn new(jetstream: jetstream::Context) -> Self {
+        Self { jetstream }
     }
 
     /// Creates stream `name` (file storage) capturing exactly `subjects`; a stream of that name
@@ -103,19 +108,29 @@ impl NatsStreams {
         Ok(())
     }
 
-    /// Every message stream `name` holds now, in sequence order.
-    pub async fn messages(&self, name: &str) -> anyhow::Result<Vec<NatsMessage>> {
+    /// How many messages stream `name` holds now (counted by the server, none read).
+    pub async fn message_count(&self, name: &str) -> anyhow::Result<u64> {
+        Ok(self.state(name).await?.messages)
+    }
+
+    /// Stream `name`'s state: its message count and sequence range.
+    async fn state(&self, name: &str) -> anyhow::Result<stream::State> {
         let mut stream = self
             .jetstream
             .get_stream(name)
             .await
             .with_context(|| format!("no stream {name}"))?;
-        let state = stream
+        Ok(stream
             .info()
             .await
             .with_context(|| format!("cannot read the state of stream {name}"))?
             .state
-            .clone();
+            .clone())
+    }
+
+    /// Every message stream `name` holds now, in sequence order.
+    pub async fn messages(&self, name: &str) -> anyhow::Result<Vec<NatsMessage>> {
+        let state = self.state(name).await?;
         let mut out = Vec::new();
         if state.messages == 0 {
             return Ok(out);
@@ -331,6 +346,7 @@ mod tests {
         assert_eq!(got[1].header("Nats-Msg-Id").as_deref(), Some("m1"));
         assert_eq!(got[1].payload_json()["i"], 1);
         assert_eq!(streams.messages(&name).await.unwrap().len(), 2);
+        assert_eq!(streams.message_count(&name).await.unwrap(), 2);
         streams.delete_stream(&name).await.unwrap();
     }
 

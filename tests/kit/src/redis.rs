@@ -1,5 +1,6 @@
 //! Redis Streams from the harness: every entry of a stream (`XRANGE key - +`) as a consumer
-//! sees it, its fields in the order written, and removing a test's streams.
+//! sees it, its fields in the order written, how many entries streams hold, and removing a
+//! test's streams.
 //!
 //! Replies are read as raw values, not through the client's stream types: those keep an
 //! entry's fields in a map, which would hide a repeated field and the fields' order, both
@@ -63,7 +64,28 @@ impl RedisStreams {
             .get_multiplexed_async_connection()
             .await
             .with_context(|| format!("cannot connect to Redis at {}", crate::db::redact(url)))?;
-        Ok(Self { connection })
+        Ok(Self::new(connection))
+    }
+
+    /// Streams read and removed through `connection`, one its maker configured (the
+    /// benchmark's waits for replies without a deadline and writes on the same connection).
+    pub fn new(connection: MultiplexedConnection) -> Self {
+        Self { connection }
+    }
+
+    /// How many entries the streams `keys` hold together (`XLEN`: counted by the server, none
+    /// read; a missing key holds none).
+    pub async fn entry_count(&self, keys: &[String]) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for key in keys {
+            let length: u64 = ::redis::cmd("XLEN")
+                .arg(key)
+                .query_async(&mut self.connection.clone())
+                .await
+                .with_context(|| format!("XLEN {key}"))?;
+            total += length;
+        }
+        Ok(total)
     }
 
     /// Every entry of stream `key`, oldest first (none if there is no such key).
@@ -203,6 +225,10 @@ mod tests {
             .expect("Redis");
         let key = crate::env::unique("kit_redis");
         assert!(redis.entries(&key).await.unwrap().is_empty());
+        assert_eq!(
+            redis.entry_count(std::slice::from_ref(&key)).await.unwrap(),
+            0
+        );
         for i in 0..2 {
             let _: Value = ::redis::cmd("XADD")
                 .arg(&key)
@@ -235,6 +261,10 @@ mod tests {
         assert_eq!(got[1].value_json()["i"], 1);
         assert_eq!(got[0].field("z").as_deref(), Some("1"));
         assert_eq!(got[0].stream, key);
+        assert_eq!(
+            redis.entry_count(std::slice::from_ref(&key)).await.unwrap(),
+            2
+        );
         redis.delete(std::slice::from_ref(&key)).await.unwrap();
         assert!(redis.entries(&key).await.unwrap().is_empty());
     }

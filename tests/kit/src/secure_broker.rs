@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use openssl::asn1::{Asn1Integer, Asn1Time};
+use openssl::asn1::Asn1Time;
 use openssl::bn::{BigNum, MsbOption};
 use openssl::ec::{EcGroup, EcKey};
 use openssl::hash::MessageDigest;
@@ -30,7 +30,7 @@ use openssl::ssl::{Ssl, SslAcceptor, SslMethod};
 use openssl::x509::extension::{
     BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName,
 };
-use openssl::x509::{X509, X509NameBuilder};
+use openssl::x509::{X509, X509Builder, X509NameBuilder, X509NameRef};
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::bindings as rd;
@@ -53,33 +53,37 @@ fn new_key() -> anyhow::Result<PKey<Private>> {
     Ok(PKey::from_ec_key(EcKey::generate(&group)?)?)
 }
 
-/// A random serial number, and a validity from now to two days on.
-fn validity() -> anyhow::Result<(Asn1Integer, Asn1Time, Asn1Time)> {
-    let mut n = BigNum::new()?;
-    n.rand(120, MsbOption::MAYBE_ZERO, false)?;
-    Ok((
-        n.to_asn1_integer()?,
-        Asn1Time::days_from_now(0)?,
-        Asn1Time::days_from_now(2)?,
-    ))
+/// An X.509 v3 certificate for `CN=<common_name>` and `key`, with a random serial number,
+/// valid from now to two days on, issued by `issuer` (`None`: itself); extensions and the
+/// signature are the caller's.
+fn certificate(
+    common_name: &str,
+    issuer: Option<&X509NameRef>,
+    key: &PKey<Private>,
+) -> anyhow::Result<X509Builder> {
+    let mut subject = X509NameBuilder::new()?;
+    subject.append_entry_by_text("CN", common_name)?;
+    let subject = subject.build();
+    let mut serial = BigNum::new()?;
+    serial.rand(120, MsbOption::MAYBE_ZERO, false)?;
+    let serial = serial.to_asn1_integer()?;
+    let (not_before, not_after) = (Asn1Time::days_from_now(0)?, Asn1Time::days_from_now(2)?);
+    let mut b = X509::builder()?;
+    b.set_version(2)?;
+    b.set_serial_number(&serial)?;
+    b.set_subject_name(&subject)?;
+    b.set_issuer_name(issuer.unwrap_or(&subject))?;
+    b.set_pubkey(key)?;
+    b.set_not_before(&not_before)?;
+    b.set_not_after(&not_after)?;
+    Ok(b)
 }
 
 impl TestCa {
     /// A new CA named `name`, its certificate written to `dir/<name>.pem`.
     pub fn new(dir: &Path, name: &str) -> anyhow::Result<Self> {
         let key = new_key()?;
-        let mut subject = X509NameBuilder::new()?;
-        subject.append_entry_by_text("CN", name)?;
-        let subject = subject.build();
-        let mut b = X509::builder()?;
-        b.set_version(2)?;
-        let (serial, not_before, not_after) = validity()?;
-        b.set_serial_number(&serial)?;
-        b.set_subject_name(&subject)?;
-        b.set_issuer_name(&subject)?;
-        b.set_pubkey(&key)?;
-        b.set_not_before(&not_before)?;
-        b.set_not_after(&not_after)?;
+        let mut b = certificate(name, None, &key)?;
         b.append_extension(BasicConstraints::new().critical().ca().build()?)?;
         b.append_extension(
             KeyUsage::new()
@@ -99,18 +103,7 @@ impl TestCa {
     /// by default) and its key.
     pub fn issue_server(&self) -> anyhow::Result<(X509, PKey<Private>)> {
         let key = new_key()?;
-        let mut subject = X509NameBuilder::new()?;
-        subject.append_entry_by_text("CN", "localhost")?;
-        let subject = subject.build();
-        let mut b = X509::builder()?;
-        b.set_version(2)?;
-        let (serial, not_before, not_after) = validity()?;
-        b.set_serial_number(&serial)?;
-        b.set_subject_name(&subject)?;
-        b.set_issuer_name(self.cert.subject_name())?;
-        b.set_pubkey(&key)?;
-        b.set_not_before(&not_before)?;
-        b.set_not_after(&not_after)?;
+        let mut b = certificate("localhost", Some(self.cert.subject_name()), &key)?;
         b.append_extension(BasicConstraints::new().build()?)?;
         b.append_extension(
             KeyUsage::new()

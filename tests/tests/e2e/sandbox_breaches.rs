@@ -132,11 +132,29 @@ fn assert_good_tenant_served(s: &Scenario, run: &Run) {
         .into_iter()
         .filter(|m| m.header("sluice-tenant").as_deref() == Some("default"))
         .collect();
-    let counts = count_by_id(&good);
-    assert_eq!(counts.len(), GOOD_ROWS as usize, "every good row delivered");
+    assert_each_row_once(&good, GOOD_ROWS as usize);
+}
+
+/// The messages on the well-behaved tenant's own topic (`<prefix>good`), read until
+/// `expected` arrived and a second more (so extras show).
+fn good_messages(s: &Scenario, expected: usize) -> Vec<Received> {
+    consume(
+        &kafka_bootstrap(),
+        &[format!("{}good", s.prefix)],
+        expected,
+        SCENARIO_WAIT,
+        Duration::from_secs(1),
+    )
+    .expect("consume")
+}
+
+/// `got` holds `rows` rows (by their `id` header), each exactly once.
+fn assert_each_row_once(got: &[Received], rows: usize) {
+    let counts = count_by_id(got);
+    assert_eq!(counts.len(), rows, "every row delivered: {counts:?}");
     assert!(
         counts.values().all(|&n| n == 1),
-        "each good row exactly once: {counts:?}"
+        "each row exactly once: {counts:?}"
     );
 }
 
@@ -414,17 +432,7 @@ async fn instances_of_tenants_without_an_entry_are_capped_and_every_row_still_ar
     let exit = relay.stop();
     assert!(exit.success, "{}", tail(&exit.log));
     assert!(peak < 500 * 1024, "relay peak RSS {peak} KiB");
-    let got = consume(
-        &kafka_bootstrap(),
-        &[format!("{}good", s.prefix)],
-        650,
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
-    let counts = count_by_id(&got);
-    assert_eq!(counts.len(), 650, "every row delivered");
-    assert!(counts.values().all(|&n| n == 1), "exactly once");
+    assert_each_row_once(&good_messages(&s, 650), 650);
     s.finish().await;
 }
 
@@ -442,17 +450,7 @@ async fn rows_past_a_tenants_batch_output_budget_wait_for_the_next_batch_without
         .scalar_i64("SELECT count(*) FROM {t} WHERE attempts > 0 OR last_error IS NOT NULL")
         .await;
     assert_eq!(failed, 0, "deferred rows are not failures");
-    let got = consume(
-        &kafka_bootstrap(),
-        &[format!("{}good", s.prefix)],
-        10,
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
-    let counts = count_by_id(&got);
-    assert_eq!(counts.len(), 10);
-    assert!(counts.values().all(|&n| n == 1));
+    assert_each_row_once(&good_messages(&s, 10), 10);
     s.finish().await;
 }
 
@@ -480,14 +478,7 @@ async fn host_headers_cannot_be_dropped_shadowed_or_forged_by_case() {
         assert!(error.contains("control character"), "{error}");
     }
     // What consumers see: the host's two headers, exactly once each, with the true values.
-    let got = consume(
-        &kafka_bootstrap(),
-        &[format!("{}good", s.prefix)],
-        5,
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let got = good_messages(&s, 5);
     assert_eq!(got.len(), 5);
     for m in &got {
         // The plugin set `id` and three case variants of the host's names; only `id` is kept.
@@ -667,15 +658,7 @@ async fn a_quarantined_tenant_resumes_when_its_plugin_file_is_fixed() {
         "{}",
         tail(&exit.log)
     );
-    let got = consume(
-        &kafka_bootstrap(),
-        &[format!("{}good", s.prefix)],
-        10,
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
-    assert_eq!(count_by_id(&got).len(), 10);
+    assert_eq!(count_by_id(&good_messages(&s, 10)).len(), 10);
     s.finish().await;
 }
 
@@ -702,17 +685,7 @@ async fn a_transform_batch_with_too_few_results_fails_the_call_cleanly_and_no_ro
         "{}",
         tail(&run.exit.log)
     );
-    let got = consume(
-        &kafka_bootstrap(),
-        &[format!("{}good", s.prefix)],
-        200,
-        SCENARIO_WAIT,
-        Duration::from_secs(1),
-    )
-    .unwrap();
-    let counts = count_by_id(&got);
-    assert_eq!(counts.len(), 200);
-    assert!(counts.values().all(|&n| n == 1));
+    assert_each_row_once(&good_messages(&s, 200), 200);
     s.finish().await;
 }
 
