@@ -11,6 +11,11 @@ line per span to --out:
      "attributes": {key: value}}
 
 The first line of stdout is the port it listens on (127.0.0.1 only; --port 0 picks one).
+
+Misbehaving on purpose, for the tests of a collector that is not well: --max-spans N answers
+413 (Payload Too Large) to a request of more than N spans and keeps none of them, as a
+collector with a request size limit does; --stall-first S holds the first request S seconds
+and keeps none of its spans.
 """
 
 import argparse
@@ -18,6 +23,7 @@ import gzip
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -62,9 +68,14 @@ def spans(request):
                 }
 
 
-def handler(out_path):
+def handler(out_path, max_spans, stall_first):
+    requests = []
+
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
+            with LOCK:
+                requests.append(self.path)
+                first = len(requests) == 1
             if self.path != "/v1/traces":
                 self.send_error(404)
                 return
@@ -77,8 +88,16 @@ def handler(out_path):
             except Exception as error:  # a malformed request is the relay's bug: say so
                 self.send_error(400, str(error))
                 return
+            received = list(spans(request))
+            if first and stall_first:
+                time.sleep(stall_first)
+                self.send_error(503)
+                return
+            if max_spans is not None and len(received) > max_spans:
+                self.send_error(413, f"{len(received)} spans, at most {max_spans}")
+                return
             with LOCK, open(out_path, "a", encoding="utf-8") as out:
-                for span in spans(request):
+                for span in received:
                     out.write(json.dumps(span) + "\n")
             answer = ExportTraceServiceResponse().SerializeToString()
             self.send_response(200)
@@ -97,8 +116,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--max-spans", type=int, default=None)
+    parser.add_argument("--stall-first", type=float, default=0)
     args = parser.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(args.out))
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", args.port), handler(args.out, args.max_spans, args.stall_first)
+    )
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

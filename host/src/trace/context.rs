@@ -12,9 +12,16 @@ use std::fmt;
 pub const TRACEPARENT: &str = "traceparent";
 /// The header (and properties key) of vendor trace state.
 pub const TRACESTATE: &str = "tracestate";
-/// Longest `tracestate` passed on: 32 members of at most 256 bytes plus commas is the
-/// specification's bound; anything longer is dropped rather than cut mid-member.
-const MAX_TRACESTATE: usize = 8_448;
+/// Longest `tracestate` passed on, in bytes: the length the specification asks every vendor
+/// to propagate at least, and past which the OpenTelemetry SDKs (Java's, for one) drop the
+/// header on extraction; a longer one is dropped here rather than cut mid-member.
+const MAX_TRACESTATE: usize = 512;
+/// Most list-members of a `tracestate` (the specification's bound).
+const MAX_TRACESTATE_MEMBERS: usize = 32;
+/// Longest value [`from_column`] hands on as it came: a `trace_context` column may hold
+/// anything, and its values become the row's headers, which a plugin may copy into its messages
+/// (where they count towards `max_message_bytes`). Far above any valid value.
+pub const MAX_COLUMN_VALUE: usize = 1_024;
 
 /// A parsed `traceparent`: version 00's fields (a later version is read by its first four
 /// fields, as the specification asks, and written back as version 00).
@@ -43,6 +50,28 @@ pub enum InvalidTraceParent {
     /// The trace id or the parent id is all zeros.
     #[error("traceparent has an all-zero trace or span id")]
     ZeroId,
+    /// The row has several `traceparent` headers (names differing in case) that disagree;
+    /// the specification treats a repeated `traceparent` as invalid.
+    #[error("the row has several traceparent headers that disagree")]
+    Repeated,
+}
+
+/// Why a `tracestate` value was not passed on (its `traceparent` still is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidTraceState {
+    /// Longer than [`MAX_TRACESTATE`] bytes.
+    #[error("tracestate is longer than 512 bytes")]
+    TooLong,
+    /// More than 32 list-members.
+    #[error("tracestate has more than 32 list-members")]
+    TooManyMembers,
+    /// A list-member is not `key=value` with a key and a value the specification allows
+    /// (lower-case keys, printable ASCII values without `,` or `=`), or the value is not text.
+    #[error("tracestate has a list-member that is not a valid key=value")]
+    Member,
+    /// Two list-members with the same key.
+    #[error("tracestate has the same key twice")]
+    DuplicateKey,
 }
 
 impl TraceParent {
@@ -121,64 +150,287 @@ fn hex<const N: usize>(text: &str) -> Result<[u8; N], InvalidTraceParent> {
 pub struct RowContext {
     /// The application's span the row was written in.
     pub parent: TraceParent,
-    /// `tracestate`, passed on as it came (if within the specification's length).
+    /// `tracestate`, passed on as it came when valid.
     pub state: Option<String>,
+    /// Why the row's `tracestate` was dropped, if it had one that is not valid.
+    pub invalid_state: Option<InvalidTraceState>,
 }
 
 /// The trace context found in a row's headers: `Ok(None)` when it has no `traceparent`,
-/// `Err` when it has one that does not parse (names compared without regard to ASCII case,
-/// as HTTP header names are).
+/// `Err` when it has one that does not parse, or several that disagree (names compared
+/// without regard to ASCII case, as HTTP header names are). Several `tracestate` headers are
+/// one list, joined with commas as HTTP joins repeated fields; an invalid one is dropped and
+/// named in [`RowContext::invalid_state`].
 pub fn from_headers(
     headers: &[(String, Vec<u8>)],
 ) -> Result<Option<RowContext>, InvalidTraceParent> {
-    let find = |name: &str| {
+    let values = |name: &'static str| {
         headers
             .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice())
     };
-    let Some(parent) = find(TRACEPARENT) else {
+    let parse = |value: &[u8]| {
+        std::str::from_utf8(value)
+            .map_err(|_| InvalidTraceParent::Shape)
+            .and_then(TraceParent::parse)
+    };
+    let mut parents = values(TRACEPARENT);
+    let Some(first) = parents.next() else {
         return Ok(None);
     };
-    let parent = std::str::from_utf8(parent)
-        .map_err(|_| InvalidTraceParent::Shape)
-        .and_then(TraceParent::parse)?;
-    let state = find(TRACESTATE)
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty() && s.len() <= MAX_TRACESTATE && s.is_ascii())
-        .map(str::to_owned);
-    Ok(Some(RowContext { parent, state }))
+    let parent = parse(first)?;
+    for other in parents {
+        if parse(other)? != parent {
+            return Err(InvalidTraceParent::Repeated);
+        }
+    }
+    let (state, invalid_state) = match tracestate(values(TRACESTATE)) {
+        Ok(state) => (state, None),
+        Err(why) => (None, Some(why)),
+    };
+    Ok(Some(RowContext {
+        parent,
+        state,
+        invalid_state,
+    }))
 }
 
-/// The `traceparent` and `tracestate` values in a `trace_context` column: Debezium's
-/// Java-properties form (`traceparent=00-…`, `tracestate=…`, one per line; `#`/`!` comment
-/// lines and `:` separators allowed), or a bare `traceparent` value. Values are returned as
-/// written; [`TraceParent::parse`] judges them. `(None, None)` for an empty column.
+/// The `tracestate` list of `values` (its headers, in order): `None` when empty.
+fn tracestate<'a>(
+    values: impl Iterator<Item = &'a [u8]>,
+) -> Result<Option<String>, InvalidTraceState> {
+    let mut parts = Vec::new();
+    for value in values {
+        let text = std::str::from_utf8(value).map_err(|_| InvalidTraceState::Member)?;
+        let text = text.trim_matches(|c: char| c.is_ascii_whitespace());
+        if !text.is_empty() {
+            parts.push(text);
+        }
+    }
+    // Checked before joining: a huge value is refused without being copied.
+    if parts.iter().map(|p| p.len() + 1).sum::<usize>() > MAX_TRACESTATE + 1 {
+        return Err(InvalidTraceState::TooLong);
+    }
+    let state = parts.join(",");
+    check_tracestate(&state)?;
+    Ok((!state.is_empty()).then_some(state))
+}
+
+/// Whether `value` is a `tracestate` the specification allows: at most [`MAX_TRACESTATE`]
+/// bytes and 32 list-members, each `key=value` with a valid key and value, keys unique; empty
+/// list-members (and spaces or tabs around commas) allowed.
+pub fn check_tracestate(value: &str) -> Result<(), InvalidTraceState> {
+    if value.len() > MAX_TRACESTATE {
+        return Err(InvalidTraceState::TooLong);
+    }
+    let mut keys: Vec<&str> = Vec::new();
+    for member in value.split(',').map(|m| m.trim_matches([' ', '\t'])) {
+        if member.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = member.split_once('=') else {
+            return Err(InvalidTraceState::Member);
+        };
+        if !valid_key(key) || !valid_value(value) {
+            return Err(InvalidTraceState::Member);
+        }
+        if keys.contains(&key) {
+            return Err(InvalidTraceState::DuplicateKey);
+        }
+        if keys.len() == MAX_TRACESTATE_MEMBERS {
+            return Err(InvalidTraceState::TooManyMembers);
+        }
+        keys.push(key);
+    }
+    Ok(())
+}
+
+/// A `tracestate` key: `simple-key` (a lower-case letter, then up to 255 of lower-case
+/// letters, digits and `_-*/`) or `tenant@system` (up to 241 such characters starting with a
+/// letter or digit, `@`, up to 14 starting with a letter).
+fn valid_key(key: &str) -> bool {
+    let starts = |s: &str, digit_ok: bool| {
+        s.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || (digit_ok && b.is_ascii_digit()))
+    };
+    let rest = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/".contains(&b))
+    };
+    match key.split_once('@') {
+        None => key.len() <= 256 && starts(key, false) && rest(key),
+        Some((tenant, system)) => {
+            tenant.len() <= 241
+                && starts(tenant, true)
+                && rest(tenant)
+                && system.len() <= 14
+                && starts(system, false)
+                && rest(system)
+        }
+    }
+}
+
+/// A `tracestate` value: 1 to 256 printable ASCII characters other than `,` and `=`, the last
+/// not a space.
+fn valid_value(value: &str) -> bool {
+    (1..=256).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+        && !value.ends_with(' ')
+}
+
+/// The `traceparent` and `tracestate` values in a `trace_context` column: a bare `traceparent`
+/// value, or Debezium's Java-properties form (`java.util.Properties.store`: `traceparent=00-…`
+/// and `tracestate=…`, one per line, `=`, `:` and `\` in values escaped with `\`), read as
+/// `Properties.load` reads it — `#`/`!` comment lines, `=`, `:` or white space between key and
+/// value, `\` escapes (`\=`, `\:`, `\t`, `\uXXXX`, …), lines continued by a trailing `\`, any
+/// line ending; a repeated key's last value counts. Keys are compared ignoring ASCII case.
+/// `(None, None)` for an empty column.
+///
+/// Values are returned as written; [`TraceParent::parse`] and [`check_tracestate`] judge them.
+/// One longer than [`MAX_COLUMN_VALUE`] bytes is returned shortened, with the same verdict: a
+/// `traceparent` that parses as its version 00 form, anything else as a short text that
+/// does not parse. So does a column Java could not load (a malformed `\u` escape).
 pub fn from_column(text: &str) -> (Option<String>, Option<String>) {
     let text = text.trim();
     if text.is_empty() {
         return (None, None);
     }
     if !text.contains(['=', ':']) {
-        return (Some(text.to_owned()), None);
+        return (Some(bounded_parent(text.to_owned())), None);
     }
     let (mut parent, mut state) = (None, None);
-    for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with(['#', '!']) {
-            continue;
-        }
-        let Some(split) = line.find(['=', ':']) else {
-            continue;
+    for line in logical_lines(text) {
+        let (key, value) = split_property(&line);
+        let (Some(key), Some(value)) = (unescape(key), unescape(value)) else {
+            return (Some(NOT_LOADABLE.to_owned()), None);
         };
-        let (key, value) = (line[..split].trim(), line[split + 1..].trim());
         if key.eq_ignore_ascii_case(TRACEPARENT) {
-            parent = Some(value.to_owned());
+            parent = Some(value);
         } else if key.eq_ignore_ascii_case(TRACESTATE) {
-            state = Some(value.to_owned());
+            state = Some(value);
         }
     }
-    (parent, state)
+    (parent.map(bounded_parent), state.map(bounded_state))
+}
+
+/// What [`from_column`] gives for a `traceparent` of a column Java's `Properties.load` refuses.
+const NOT_LOADABLE: &str = "(trace_context is not in Java-properties form: malformed \\u escape)";
+
+/// `parent`, or a short stand-in with the same verdict when it is longer than
+/// [`MAX_COLUMN_VALUE`].
+fn bounded_parent(parent: String) -> String {
+    if parent.trim().len() <= MAX_COLUMN_VALUE {
+        return parent;
+    }
+    TraceParent::parse(&parent).map_or_else(
+        |_| format!("(traceparent not valid, longer than {MAX_COLUMN_VALUE} bytes)"),
+        |p| p.to_string(),
+    )
+}
+
+/// `state`, or a short stand-in that is not valid either when it is longer than
+/// [`MAX_COLUMN_VALUE`] (so longer than [`MAX_TRACESTATE`]: never valid).
+fn bounded_state(state: String) -> String {
+    if state.trim().len() <= MAX_COLUMN_VALUE {
+        return state;
+    }
+    format!("(tracestate not valid, longer than {MAX_COLUMN_VALUE} bytes)")
+}
+
+/// The logical lines of a properties text as `Properties.load` reads them: natural lines end
+/// at `\n`, `\r` or `\r\n`; leading white space is skipped; blank and comment lines are
+/// skipped; a line ending in an odd number of `\` continues on the next one (that `\` and the
+/// next line's leading white space dropped).
+fn logical_lines(text: &str) -> Vec<String> {
+    let is_space = |c: char| matches!(c, ' ' | '\t' | '\u{c}');
+    let mut lines = Vec::new();
+    let mut pending: Option<String> = None;
+    // `\r\n` is one line end, not two (an empty line between would end a continued line).
+    for natural in text.replace("\r\n", "\n").split(['\n', '\r']) {
+        let natural = natural.trim_start_matches(is_space);
+        let mut line = match pending.take() {
+            Some(line) => line,
+            None if natural.is_empty() || natural.starts_with(['#', '!']) => continue,
+            None => String::new(),
+        };
+        let backslashes = natural.len() - natural.trim_end_matches('\\').len();
+        if backslashes % 2 == 1 {
+            line.push_str(&natural[..natural.len() - 1]);
+            pending = Some(line);
+        } else {
+            line.push_str(natural);
+            lines.push(line);
+        }
+    }
+    lines.extend(pending);
+    lines
+}
+
+/// A logical line's key and value, still escaped: the key ends at the first unescaped `=`,
+/// `:` or white space; white space, one `=` or `:`, and white space again separate it from
+/// the value.
+fn split_property(line: &str) -> (&str, &str) {
+    let is_space = |c: char| matches!(c, ' ' | '\t' | '\u{c}');
+    let mut escaped = false;
+    let mut key_end = line.len();
+    let mut separator = false;
+    for (i, c) in line.char_indices() {
+        if !escaped && (c == '=' || c == ':' || is_space(c)) {
+            key_end = i;
+            separator = c != '=' && c != ':';
+            break;
+        }
+        escaped = c == '\\' && !escaped;
+    }
+    let key = &line[..key_end];
+    let mut rest = line[key_end..].chars();
+    // Past the key's own terminator (if it was `=`/`:`, that is the one separator allowed).
+    let mut value = rest.as_str();
+    if rest.next().is_some() {
+        value = rest.as_str().trim_start_matches(is_space);
+        if separator && let Some(after) = value.strip_prefix(['=', ':']) {
+            value = after.trim_start_matches(is_space);
+        }
+    }
+    (key, value)
+}
+
+/// `text` with `Properties.load`'s escapes resolved (`\t`, `\n`, `\r`, `\f`, `\uXXXX` as a
+/// UTF-16 unit, any other `\c` as `c`); `None` for a malformed `\u` escape, which Java refuses.
+fn unescape(text: &str) -> Option<String> {
+    if !text.contains('\\') {
+        return Some(text.to_owned());
+    }
+    let mut units: Vec<u16> = Vec::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        let c = match c {
+            '\\' => match chars.next() {
+                Some('u') => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    if hex.len() != 4 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return None;
+                    }
+                    units.push(u16::from_str_radix(&hex, 16).ok()?);
+                    continue;
+                }
+                Some('t') => '\t',
+                Some('n') => '\n',
+                Some('r') => '\r',
+                Some('f') => '\u{c}',
+                Some(other) => other,
+                None => break,
+            },
+            c => c,
+        };
+        let mut buffer = [0; 2];
+        units.extend_from_slice(c.encode_utf16(&mut buffer));
+    }
+    Some(String::from_utf16_lossy(&units))
 }
 
 #[cfg(test)]
@@ -308,5 +560,166 @@ mod tests {
         assert_eq!(from_column(VALID), (Some(VALID.to_owned()), None));
         assert_eq!(from_column("  "), (None, None));
         assert_eq!(from_column("other=1"), (None, None));
+    }
+
+    #[test]
+    fn repeated_traceparents_count_only_when_they_agree() {
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let same = from_headers(&headers(&[("traceparent", VALID), ("TRACEPARENT", VALID)]));
+        assert_eq!(same.unwrap().unwrap().parent.to_string(), VALID);
+        assert_eq!(
+            from_headers(&headers(&[("traceparent", VALID), ("Traceparent", other)])),
+            Err(InvalidTraceParent::Repeated)
+        );
+        assert_eq!(
+            from_headers(&headers(&[("traceparent", VALID), ("Traceparent", "x")])),
+            Err(InvalidTraceParent::Shape)
+        );
+    }
+
+    #[test]
+    fn a_later_version_may_carry_more_fields_version_00_may_not() {
+        for value in [
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "fe-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-a-b-c",
+        ] {
+            assert_eq!(
+                TraceParent::parse(value).unwrap().to_string(),
+                VALID,
+                "{value}"
+            );
+        }
+        for value in [
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n-x",
+        ] {
+            assert!(TraceParent::parse(value).is_err(), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn tracestate_is_checked_against_the_specification() {
+        let ok = |s: &str| check_tracestate(s).is_ok();
+        assert!(ok("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"));
+        assert!(ok("a=1 , b=2,,\t"));
+        assert!(ok("tenant1@sys=x,0t@s-1=v a l"));
+        assert!(ok(""));
+        let members = |n: usize| {
+            (0..n)
+                .map(|i| format!("k{i}=v"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        assert!(ok(&members(32)));
+        use InvalidTraceState::*;
+        for (value, why) in [
+            (members(33), TooManyMembers),
+            (format!("a={}", "x".repeat(511)), TooLong),
+            ("Congo=x".to_owned(), Member),
+            ("1abc=x".to_owned(), Member),
+            ("a@b@c=x".to_owned(), Member),
+            ("t@system-too-long=x".to_owned(), Member),
+            ("a=".to_owned(), Member),
+            ("a=b=c".to_owned(), Member),
+            ("a=b\r\nx=y".to_owned(), Member),
+            ("a=caf\u{e9}".to_owned(), Member),
+            ("novalue".to_owned(), Member),
+            ("a=1,a=2".to_owned(), DuplicateKey),
+        ] {
+            assert_eq!(check_tracestate(&value), Err(why), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_tracestate_is_dropped_and_named_the_traceparent_kept() {
+        let found = from_headers(&headers(&[
+            ("traceparent", VALID),
+            ("tracestate", "a=b\nc=d"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(found.parent.to_string(), VALID);
+        assert_eq!(found.state, None);
+        assert_eq!(found.invalid_state, Some(InvalidTraceState::Member));
+        // Two tracestate headers are one list, as HTTP joins them.
+        let joined = from_headers(&headers(&[
+            ("traceparent", VALID),
+            ("tracestate", "a=1 "),
+            ("TraceState", "b=2"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(joined.state.as_deref(), Some("a=1,b=2"));
+        assert_eq!(joined.invalid_state, None);
+        let long = format!("a={}", "x".repeat(1 << 20));
+        let huge = from_headers(&headers(&[("traceparent", VALID), ("tracestate", &long)]));
+        assert_eq!(
+            huge.unwrap().unwrap().invalid_state,
+            Some(InvalidTraceState::TooLong)
+        );
+    }
+
+    #[test]
+    fn the_column_is_read_as_javas_properties_load_reads_it() {
+        let parent = || Some(VALID.to_owned());
+        // What `Properties.store` writes: `=` (and `:`, `#`, `!`) in values escaped.
+        let stored = format!(
+            "#Sun Dec 06 17:54:30 UTC 2026\r\ntraceparent={VALID}\r\ntracestate=congo\\=t61rcWkgMzE,rojo\\=00f067aa0ba902b7\r\n"
+        );
+        assert_eq!(
+            from_column(&stored),
+            (
+                parent(),
+                Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7".to_owned())
+            )
+        );
+        // Separators: white space, `:`; a lone CR ends a line; `\u` escapes; continued lines.
+        assert_eq!(
+            from_column(&format!(
+                "tracestate a\\u003d1\rtraceparent:{}\\\n   {}",
+                &VALID[..20],
+                &VALID[20..]
+            )),
+            (parent(), Some("a=1".to_owned()))
+        );
+        // A continued line's next line is not a comment, even if it starts with `#`.
+        assert_eq!(
+            from_column("tracestate=a\\=1,\\\n#b\\=2"),
+            (None, Some("a=1,#b=2".to_owned()))
+        );
+        // Repeated: the last value counts, as in Java.
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        assert_eq!(
+            from_column(&format!("traceparent={other}\ntraceparent={VALID}")).0,
+            parent()
+        );
+        // An escaped separator belongs to the key.
+        assert_eq!(from_column(&format!("traceparent\\={VALID}")), (None, None));
+        // A malformed `\u` escape: Java refuses the whole text; not a valid context here.
+        let (bad, state) = from_column(&format!("traceparent={VALID}\ntracestate=a\\u00"));
+        assert!(TraceParent::parse(&bad.unwrap()).is_err());
+        assert_eq!(state, None);
+    }
+
+    #[test]
+    fn a_huge_column_value_is_shortened_keeping_its_verdict() {
+        let padded = format!("{VALID}{}x", " ".repeat(1 << 20));
+        let (bad, _) = from_column(&format!("traceparent={padded}"));
+        let bad = bad.unwrap();
+        assert!(bad.len() <= MAX_COLUMN_VALUE, "{}", bad.len());
+        assert!(TraceParent::parse(&bad).is_err());
+        let later = format!("01-{}-{}", &VALID[3..], "x".repeat(1 << 20));
+        let (good, _) = from_column(&later);
+        assert_eq!(good.as_deref(), Some(VALID));
+        let (_, state) = from_column(&format!(
+            "traceparent={VALID}\ntracestate=a={}",
+            "x".repeat(1 << 20)
+        ));
+        let state = state.unwrap();
+        assert!(state.len() <= MAX_COLUMN_VALUE);
+        assert!(check_tracestate(&state).is_err());
     }
 }

@@ -109,6 +109,8 @@ impl ExportTask {
     /// Sends queued spans until `shutdown` fires, then what is left once (briefly).
     pub async fn run(mut self, mut shutdown: Shutdown) {
         let mut failing = false;
+        // Spans gathered when the stop came: sent with the rest of the queue, not dropped.
+        let mut gathered = Vec::new();
         loop {
             let first = tokio::select! {
                 span = self.receiver.recv() => span,
@@ -122,6 +124,10 @@ impl ExportTask {
                     Ok(Some(span)) => batch.push(span),
                     Ok(None) | Err(_) => break,
                 }
+            }
+            if shutdown.is_shutdown() {
+                gathered = batch;
+                break;
             }
             // A stalled collector must not hold up the process's exit for `export_timeout`.
             let spans = batch.len() as u64;
@@ -142,18 +148,40 @@ impl ExportTask {
             }
             failing = outcome.is_err();
         }
-        let mut rest = Vec::new();
+        self.flush(gathered).await;
+    }
+
+    /// Sends what is still queued (after `gathered`) once, at shutdown: in requests of the
+    /// usual size (a collector's request size limit holds at shutdown too), all within
+    /// [`FINAL_EXPORT_TIMEOUT`]; the first failure drops the rest (counted), as does the end of
+    /// that time.
+    async fn flush(&mut self, mut rest: Vec<SpanData>) {
+        // Spans the relay hands over from now on are dropped (and counted) at once.
+        self.receiver.close();
         while let Ok(span) = self.receiver.try_recv() {
             rest.push(span);
         }
-        if !rest.is_empty() {
-            let left = rest.len();
-            if let Err(why) = self
-                .export(rest, self.timeout.min(FINAL_EXPORT_TIMEOUT))
-                .await
-            {
-                tracing::warn!(endpoint = %self.endpoint, error = %why, spans = left,
-                    "the last spans could not be exported at shutdown");
+        let deadline = tokio::time::Instant::now() + self.timeout.min(FINAL_EXPORT_TIMEOUT);
+        let mut rest = rest.into_iter().peekable();
+        while rest.peek().is_some() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let batch: Vec<SpanData> = rest.by_ref().take(MAX_EXPORT_BATCH).collect();
+            let size = batch.len();
+            let sent = if left.is_zero() {
+                self.counters.spans_dropped.inc_by(size as u64);
+                Err(format!(
+                    "not sent within {}",
+                    humantime::format_duration(FINAL_EXPORT_TIMEOUT)
+                ))
+            } else {
+                self.export(batch, left).await
+            };
+            if let Err(why) = sent {
+                let unsent = rest.len();
+                self.counters.spans_dropped.inc_by(unsent as u64);
+                tracing::warn!(endpoint = %self.endpoint, error = %why, spans = size + unsent,
+                    "the last spans could not be exported at shutdown (counted in sluice_trace_spans_dropped_total)");
+                return;
             }
         }
     }
@@ -176,7 +204,10 @@ impl ExportTask {
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
                 "the collector did not answer within {}",
-                humantime::format_duration(timeout)
+                // Whole milliseconds: the time left at shutdown is not a round number.
+                humantime::format_duration(Duration::from_millis(
+                    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
+                ))
             )),
         };
         match outcome {

@@ -37,7 +37,8 @@ pub struct TraceCounters {
     pub spans_exported: Counter,
     /// Spans lost: the queue was full, or the collector failed or did not answer in time.
     pub spans_dropped: Counter,
-    /// Rows whose `traceparent` did not parse (not passed on).
+    /// Rows whose `traceparent` did not parse (not passed on), or whose `tracestate` is not
+    /// valid (dropped; the `traceparent` passed on).
     pub contexts_invalid: Counter,
 }
 
@@ -49,6 +50,8 @@ pub struct Tracing {
     /// An invalid `traceparent` is logged once per process (then only counted): it is the
     /// application's doing, and the same code writes it into every row.
     warned_invalid: AtomicBool,
+    /// The same for an invalid `tracestate`.
+    warned_invalid_state: AtomicBool,
 }
 
 /// What exporting needs: where spans go, which are kept, new ids, and the scope they carry.
@@ -93,6 +96,7 @@ impl Tracing {
                 export: Some(exporting),
                 counters,
                 warned_invalid: AtomicBool::new(false),
+                warned_invalid_state: AtomicBool::new(false),
             },
             task,
         ))
@@ -109,6 +113,15 @@ impl Tracing {
         if !self.warned_invalid.swap(true, Ordering::Relaxed) {
             tracing::warn!(row = %row.id, tenant = %row.tenant, error = %why,
                 "a row's traceparent is not valid W3C Trace Context; it is not passed on (logged once, counted in sluice_trace_contexts_invalid_total)");
+        }
+    }
+
+    /// Counts (and logs, the first time) a row whose `tracestate` is dropped.
+    fn invalid_state(&self, row: &OutboxRow, why: context::InvalidTraceState) {
+        self.counters.contexts_invalid.inc();
+        if !self.warned_invalid_state.swap(true, Ordering::Relaxed) {
+            tracing::warn!(row = %row.id, tenant = %row.tenant, error = %why,
+                "a row's tracestate is not valid W3C Trace Context; it is dropped, its traceparent passed on (logged once, counted in sluice_trace_contexts_invalid_total)");
         }
     }
 }

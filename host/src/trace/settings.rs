@@ -156,6 +156,15 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
     if url.query().is_some() || url.fragment().is_some() {
         return Err(format!("{endpoint:?}: a query or fragment is not allowed"));
     }
+    // The exporter sends no `user:password@` of the URL: the collector would refuse every
+    // export (401) with nothing saying why.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!(
+            "{:?} carries credentials, which the exporter does not send; give them as a \
+             header instead, e.g. headers = {{ authorization = \"Basic ${{env:OTLP_BASIC}}\" }}",
+            crate::secret::redact_url(endpoint)
+        ));
+    }
     Ok(())
 }
 
@@ -201,6 +210,8 @@ mod tests {
             "not a url",
             "http://",
             "http://c?x=1",
+            "https://alice:s3cret@c:4318",
+            "https://alice@c:4318",
         ] {
             let s = settings(&format!("otlp_endpoint = {endpoint:?}"));
             assert_eq!(keys(&s), ["tracing.otlp_endpoint"], "{endpoint}");
@@ -220,6 +231,16 @@ mod tests {
                 "tracing.headers.a b"
             ]
         );
+    }
+
+    #[test]
+    fn credentials_in_the_endpoint_are_refused_without_being_shown() {
+        let s = settings("otlp_endpoint = \"https://alice:s3cret-pw@c:4318\"");
+        let problems = s.problems();
+        assert_eq!(problems.len(), 1);
+        let text = problems[0].reason();
+        assert!(text.contains("headers"), "{text}");
+        assert!(!text.contains("s3cret-pw"), "{text}");
     }
 
     #[test]

@@ -91,7 +91,12 @@ impl Tracing {
         let mut sampled = HashMap::new();
         for (row, result) in rows.iter().zip(results.iter_mut()) {
             let found = match context::from_headers(&row.headers) {
-                Ok(found) => found,
+                Ok(found) => {
+                    if let Some(why) = found.as_ref().and_then(|c| c.invalid_state) {
+                        self.invalid_state(row, why);
+                    }
+                    found
+                }
                 Err(why) => {
                     self.invalid(row, &why);
                     if let Ok(messages) = result {

@@ -51,12 +51,18 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A receiver misbehaving as `args` say (`--max-spans N`, `--stall-first S`).
+    fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("spans.jsonl");
         let mut child = Command::new(python())
             .arg(repo_root().join("tests/otlp/receiver.py"))
             .args(["--port", "0", "--out"])
             .arg(&out)
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the OTLP receiver");
@@ -153,6 +159,12 @@ fn five_seconds_ago(database: Database) -> &'static str {
 /// Inserts one row of aggregate `aggregate_id` with `context` in `tracingspancontext`.
 async fn insert(table: &DbTable, aggregate_id: &str, context: Option<&str>) {
     let context = context.map_or("NULL".to_owned(), |c| format!("'{c}'"));
+    insert_sql(table, aggregate_id, &context).await;
+}
+
+/// Inserts one row of aggregate `aggregate_id` whose `tracingspancontext` is the SQL
+/// expression `context`.
+async fn insert_sql(table: &DbTable, aggregate_id: &str, context: &str) {
     let quote = if table.database == Database::Mariadb {
         '`'
     } else {
@@ -213,7 +225,11 @@ otlp_endpoint = "{endpoint}"
 
 /// Creates the table on `database`, runs `sluice migrate` for it, and its topic.
 async fn debezium_scenario(database: Database, stem: &str) -> Scenario {
-    let table = DbTable::create_with_sql(database, stem, create_sql(database)).await;
+    migrated(DbTable::create_with_sql(database, stem, create_sql(database)).await).await
+}
+
+/// The scenario of the Debezium-shaped `table`: `sluice migrate` run for it, its topic made.
+async fn migrated(table: DbTable) -> Scenario {
     let s = Scenario::with_table(table, &["Order"]).await;
     let out = sluice_with_config(&["migrate"], &config(&s, "http://127.0.0.1:4318", 1, ""));
     assert!(
@@ -564,6 +580,213 @@ async fn a_context_in_the_headers_column_continues_on_nats() {
         publish["attributes"].get("messaging.destination.partition.id"),
         None,
         "{publish}"
+    );
+    let _ = nats.delete_stream(&table.name).await;
+    table.drop_table().await;
+}
+
+/// At shutdown the spans still queued go out in requests of the usual size: a collector that
+/// refuses requests of more than 512 spans (413, as one with a request size limit does) gets
+/// them all but the batch in flight when the stop came (its first request, which it holds
+/// for a minute), and the relay stops within seconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn spans_queued_at_shutdown_go_out_in_batches_a_collector_takes() {
+    let s = debezium_scenario(Database::Postgres, "trace_flush").await;
+    insert_sampled(&s, 1).await;
+    insert_sampled(&s, 2).await;
+    let receiver = Receiver::start_with(&["--max-spans", "512", "--stall-first", "60"]);
+    let port = free_port();
+    let config = config(
+        &s,
+        &receiver.endpoint(),
+        port,
+        "export_timeout = \"60s\"\nqueue_size = 4096",
+    );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let sent = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    // Every row's spans queued (the first 512 in the stalled request).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dropped_before = metric_sum(
+        &parse_metrics(
+            &http_get(port, "/metrics")
+                .map(|(_, t)| t)
+                .unwrap_or_default(),
+        ),
+        "sluice_trace_spans_dropped_total",
+        &[],
+    );
+    let stopping = std::time::Instant::now();
+    let exit = relay.stop();
+    let stop_took = stopping.elapsed();
+    assert!(sent, "rows not sent: {}", exit.log);
+    assert!(exit.success, "{}", exit.log);
+    assert_eq!(dropped_before, 0.0, "nothing dropped before the stop");
+    let received = receiver.spans().len();
+    // 600 rows with a sampled parent: wait, transform and publish spans each.
+    assert_eq!(
+        received,
+        1800 - 512,
+        "all but the stalled request's: {}",
+        exit.log
+    );
+    assert!(
+        stop_took < Duration::from_secs(10),
+        "{stop_took:?}: {}",
+        exit.log
+    );
+    assert_eq!(s.consume(600, Duration::from_millis(200)).len(), 600);
+    s.finish().await;
+}
+
+/// Contexts nobody designed, in a `text` column: what Debezium's extension writes
+/// (`Properties.store`: CRLF line ends on Windows, `=` in the tracestate escaped as `\=`), a
+/// later version with more fields, upper-case hex, all-zero ids, a tracestate of 33 members,
+/// and a 1 MiB value. Every row is published; the messages carry exactly the valid contexts
+/// (unescaped; the later version as version 00); the invalid ones are counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn contexts_nobody_designed_in_the_column_never_fail_a_row() {
+    let sql = create_sql(Database::Postgres)
+        .replace("tracingspancontext varchar(512)", "tracingspancontext text");
+    let s = migrated(DbTable::create_with_sql(Database::Postgres, "trace_odd", &sql).await).await;
+    let stored = format!(
+        "#Sun Dec 06 17:54:30 UTC 2026\r\ntraceparent={UNSAMPLED}\r\n\
+         tracestate=congo\\=t61rcWkgMzE,rojo\\=00f067aa0ba902b7\r\n"
+    );
+    insert(&s.table, "escaped", Some(&stored)).await;
+    let later = UNSAMPLED.replacen("00-", "01-", 1) + "-what-comes-next";
+    insert(&s.table, "later", Some(&later)).await;
+    insert(&s.table, "upper", Some(&UNSAMPLED.to_uppercase())).await;
+    let zero = "00-00000000000000000000000000000000-b7ad6b7169203331-01";
+    insert(&s.table, "zero", Some(zero)).await;
+    let members: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+    let crowded = format!("traceparent={UNSAMPLED}\ntracestate={}", members.join(","));
+    insert(&s.table, "crowded", Some(&crowded)).await;
+    insert_sql(&s.table, "huge", "'traceparent=' || repeat('0', 1048576)").await;
+
+    let receiver = Receiver::start();
+    let port = free_port();
+    let config = config(&s, &receiver.endpoint(), port, "sample_ratio = 0.0");
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let sent = wait_until(SCENARIO_WAIT, || async { s.table.count().await == 0 }).await;
+    let metrics = http_get(port, "/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    let exit = relay.stop();
+    assert!(sent, "rows not sent: {}", exit.log);
+    assert!(exit.success, "{}", exit.log);
+
+    let got = s.consume(6, Duration::from_millis(500));
+    assert_eq!(got.len(), 6, "{got:#?}");
+    let by_key: HashMap<String, &Received> = got.iter().map(|m| (m.key_str(), m)).collect();
+    let context = |key: &str| {
+        let m = by_key[key];
+        (m.header("traceparent"), m.header("tracestate"))
+    };
+    assert_eq!(
+        context("escaped"),
+        (
+            Some(UNSAMPLED.to_owned()),
+            Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7".to_owned())
+        )
+    );
+    assert_eq!(context("later"), (Some(UNSAMPLED.to_owned()), None));
+    assert_eq!(context("upper"), (None, None));
+    assert_eq!(context("zero"), (None, None));
+    assert_eq!(context("crowded"), (Some(UNSAMPLED.to_owned()), None));
+    assert_eq!(context("huge"), (None, None));
+    let samples = parse_metrics(&metrics);
+    assert_eq!(
+        metric_sum(&samples, "sluice_trace_contexts_invalid_total", &[]),
+        4.0,
+        "upper, zero, crowded's tracestate, huge: {metrics}"
+    );
+    s.finish().await;
+}
+
+/// The `headers` column on a NATS tenant, without `[tracing]`: a tracestate with a line break
+/// (which a NATS header cannot carry, and which would forge a header of its own) is dropped
+/// and the row published with its traceparent; two traceparents that disagree (names
+/// differing in case) are not passed on; white space around the values is not kept. Counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn contexts_nobody_designed_in_the_headers_column_never_fail_a_row_on_nats() {
+    let table = DbTable::create(Database::Postgres, "trace_nats_odd").await;
+    let prefix = format!("{}.", table.name);
+    let subject = format!("{prefix}order");
+    let nats = NatsStreams::connect(&nats_url()).await.expect("NATS");
+    nats.create_stream(&table.name, std::slice::from_ref(&subject))
+        .await
+        .expect("create a NATS stream");
+    let other = format!("00-{SAMPLED_TRACE}-{SAMPLED_PARENT}-01");
+    for (id, headers) in [
+        (
+            "crlf",
+            format!(
+                r#"{{"traceparent": "{UNSAMPLED}", "tracestate": "congo=t61\r\nNats-Msg-Id: forged"}}"#
+            ),
+        ),
+        (
+            "repeated",
+            format!(r#"{{"traceparent": "{UNSAMPLED}", "TraceParent": "{other}"}}"#),
+        ),
+        (
+            "spaced",
+            format!(r#"{{"traceparent": " {UNSAMPLED}\n", "tracestate": " a=1 "}}"#),
+        ),
+    ] {
+        table
+            .execute(&format!(
+                "INSERT INTO {{t}} (tenant, aggregate_type, aggregate_id, event_type, payload, headers)
+                 VALUES ('acme', 'order', '{id}', 'OrderCreated', '{{}}', '{headers}')"
+            ))
+            .await;
+    }
+    let port = free_port();
+    let config = table.config(&kafka_bootstrap(), &prefix, "", "", "")
+        + &format!(
+            "[nats]\nurl = \"{}\"\n\n[tenants.acme]\nbroker = \"nats\"\n\n\
+             [telemetry]\nlisten = \"127.0.0.1:{port}\"\n",
+            nats_url(),
+        );
+    let relay = RelayProcess::start(&config).expect("start relay");
+    assert!(relay.wait_started(SCENARIO_WAIT).await, "{}", relay.log());
+    let sent = wait_until(SCENARIO_WAIT, || async { table.count().await == 0 }).await;
+    let metrics = http_get(port, "/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    let exit = relay.stop();
+    assert!(sent, "rows not sent: {}", exit.log);
+    assert!(exit.success, "{}", exit.log);
+
+    let got = nats
+        .read_stream(&table.name, 3, SCENARIO_WAIT, Duration::from_millis(200))
+        .await
+        .expect("read NATS");
+    assert_eq!(got.len(), 3);
+    let context = |id: &str| {
+        let m = got
+            .iter()
+            .find(|m| m.header("sluice-key").as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no message of {id}: {got:#?}"));
+        (
+            m.header_values("traceparent"),
+            m.header_values("tracestate"),
+        )
+    };
+    let unsampled = vec![UNSAMPLED.to_owned()];
+    assert_eq!(context("crlf").0, unsampled);
+    assert!(context("crlf").1.is_empty());
+    assert_eq!(context("repeated").0, Vec::<String>::new());
+    assert_eq!(
+        (context("spaced").0, context("spaced").1),
+        (unsampled, vec!["a=1".to_owned()])
+    );
+    let samples = parse_metrics(&metrics);
+    assert_eq!(
+        metric_sum(&samples, "sluice_trace_contexts_invalid_total", &[]),
+        2.0,
+        "crlf's tracestate, repeated: {metrics}"
     );
     let _ = nats.delete_stream(&table.name).await;
     table.drop_table().await;

@@ -1,5 +1,5 @@
 //! What tracing records (`[tracing]`, docs/operations.md "Tracing"): spans exported and
-//! dropped, and rows whose `traceparent` was not valid. The counters are the tracing module's
+//! dropped, and rows whose `traceparent` or `tracestate` was not valid. The counters are the tracing module's
 //! own ([`TraceCounters`]), registered here so they are exposed with the rest.
 
 use prometheus_client::registry::Registry;
@@ -20,7 +20,7 @@ pub(super) fn register(r: &mut Registry, counters: &TraceCounters) {
     );
     r.register(
         "trace_contexts_invalid",
-        "Rows whose traceparent (headers or trace_context column) is not valid W3C Trace Context; not passed on",
+        "Rows whose traceparent or tracestate (headers or trace_context column) is not valid W3C Trace Context; an invalid traceparent is not passed on, an invalid tracestate is dropped",
         counters.contexts_invalid.clone(),
     );
 }
