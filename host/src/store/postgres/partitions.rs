@@ -228,12 +228,22 @@ pub(super) async fn drop_old(
         .bind(ms)
         .fetch_all(pool)
         .await?;
+    let table = sql.layout.table.to_string();
     for name in candidates {
-        // First without locks, so a partition that must stay costs no lock.
-        if holds_rows(&mut *pool.acquire().await?, &name, ms).await? {
+        // First without locks, so a partition that must stay costs no lock. An operator may
+        // have detached or dropped it since the list was read: it is no longer ours to drop.
+        let mut conn = pool.acquire().await?;
+        if !is_partition(&mut conn, &name, &table).await? {
+            continue;
+        }
+        // Read straight from the partition: a partition another role made may refuse even
+        // that.
+        let holds = holds_rows(&mut conn, &name, ms).await;
+        if holds.map_err(|e| not_owner(&table, &name, e))? {
             round.kept.push(name);
             continue;
         }
+        drop(conn);
         let mut tx = pool.begin().await?;
         tx.execute(AssertSqlSafe(format!(
             "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"
@@ -255,22 +265,74 @@ pub(super) async fn drop_old(
             sql.table
         )))
         .await?;
-        if holds_rows(&mut tx, &name, ms).await? {
+        // Under the lock nobody detaches it any more; check it is still attached.
+        if !is_partition(&mut tx, &name, &table).await? {
+            tx.rollback().await?;
+            continue;
+        }
+        let holds = holds_rows(&mut tx, &name, ms).await;
+        if holds.map_err(|e| not_owner(&table, &name, e))? {
             tx.rollback().await?;
             round.kept.push(name);
             continue;
         }
-        tx.execute(AssertSqlSafe(format!(
-            "ALTER TABLE {} DETACH PARTITION {name}",
-            sql.table
-        )))
-        .await?;
-        tx.execute(AssertSqlSafe(format!("DROP TABLE {name}")))
-            .await?;
+        for statement in [
+            format!("ALTER TABLE {} DETACH PARTITION {name}", sql.table),
+            format!("DROP TABLE {name}"),
+        ] {
+            if let Err(e) = tx.execute(AssertSqlSafe(statement)).await {
+                return Err(not_owner(&table, &name, e.into()));
+            }
+        }
         tx.commit().await?;
         round.dropped.push(name);
     }
     Ok(())
+}
+
+/// Whether `partition` (as `drop_old` listed it) is still an attached partition of `table`:
+/// not detached, dropped or being detached (`DETACH PARTITION … CONCURRENTLY`) meanwhile.
+async fn is_partition(
+    conn: &mut PgConnection,
+    partition: &str,
+    table: &str,
+) -> Result<bool, StoreError> {
+    // `inhdetachpending` is PostgreSQL 14's: read through jsonb so older servers answer too.
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits i
+                         WHERE i.inhrelid = to_regclass($1) AND i.inhparent = to_regclass($2)
+                           AND NOT coalesce((to_jsonb(i) ->> 'inhdetachpending')::bool, false))",
+    )
+    .bind(partition)
+    .bind(table)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// A failed statement on `partition`: refused for want of ownership or a grant (SQLSTATE
+/// 42501, the usual case: pg_partman or another role made the partition), said with what to
+/// do; the relay goes on relaying and the next round tries again.
+fn not_owner(table: &str, partition: &str, error: StoreError) -> StoreError {
+    let denied = match &error {
+        StoreError::Database(e) => e
+            .as_database_error()
+            .filter(|db| db.code().is_some_and(|code| code == "42501"))
+            .map(|db| db.message().to_owned()),
+        _ => None,
+    };
+    match denied {
+        Some(said) => StoreError::Partitions {
+            table: table.to_owned(),
+            message: format!(
+                "cannot drop partition {partition} (relay.retention_mode = \"drop-partitions\"): \
+                 DETACH PARTITION needs the database user to own the table and DROP TABLE to own \
+                 the partition (the database said: {said}). Run the relay as the owner of both \
+                 (ALTER TABLE {partition} OWNER TO …), or use retention_mode = \"delete\"; the \
+                 relay goes on relaying and tries again next round (see docs/databases.md#database-roles)"
+            ),
+        },
+        None => error,
+    }
 }
 
 /// Whether `partition` holds a row that must stay: unsent (due, waiting, held back), dead
