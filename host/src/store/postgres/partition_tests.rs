@@ -396,6 +396,55 @@ async fn migrate_partitioned_creates_the_table_its_default_and_the_partitions_ah
         .to_string();
     assert!(err.contains("not partitioned"), "{err}");
     plain.drop_table().await;
+    // Another interval on the table would cut hourly partitions inside the daily ones.
+    let err = store::migrate(
+        &t.url,
+        &spec(&t),
+        &published_at(),
+        Some(PartitionInterval::Hourly),
+    )
+    .await
+    .expect_err("refused")
+    .to_string();
+    assert!(err.contains("was set up --partitioned daily"), "{err}");
+    t.drop_table().await;
+}
+
+/// `--partitioned` on a table whose partitions pg_partman (or a script) makes, named its own
+/// way (`outbox_p2026_12_06`): Sluice's partitions (`outbox_p20261206`) would overlap theirs
+/// — its own made ahead failing each round with a warning, and pg_partman's maintenance
+/// failing once Sluice made a day first. Refused; the table is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_partitioned_refuses_a_table_whose_partitions_something_else_makes() {
+    let t = app_table("part_partman", "bigserial").await;
+    let before = t
+        .scalar_i64("SELECT count(*) FROM pg_inherits WHERE inhparent = '{t}'::regclass")
+        .await;
+    let err = store::migrate(
+        &t.url,
+        &spec(&t),
+        &published_at(),
+        Some(PartitionInterval::Daily),
+    )
+    .await
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        err.contains("partitions are made by something else")
+            && err.contains("without --partitioned"),
+        "{err}"
+    );
+    let after = t
+        .scalar_i64("SELECT count(*) FROM pg_inherits WHERE inhparent = '{t}'::regclass")
+        .await;
+    assert_eq!(after, before, "no partition made");
+    let store = open(&t, published_at()).await;
+    let partitioning = store
+        .partitioning()
+        .await
+        .expect("read")
+        .expect("partitioned");
+    assert_eq!(partitioning.interval, None, "no comment written");
     t.drop_table().await;
 }
 
