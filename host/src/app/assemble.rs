@@ -10,7 +10,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::config::Config;
 use crate::encoding::{RegistryClient, SchemaEncoder, SchemaSource};
-use crate::maintenance::pruner::Retention;
+use crate::maintenance::pruner::{Retention, RetentionMode};
 use crate::plugin::{PluginRouter, TenantState};
 use crate::relay::Relay;
 use crate::shutdown::Shutdown;
@@ -225,9 +225,12 @@ impl Collector for RouterCollector {
     }
 }
 
-/// The table privileges `sluice run` and `sluice drain` need with `config`'s `[relay]`.
+/// The table privileges `sluice run` and `sluice drain` need with `config`'s `[relay]`. With
+/// `retention_mode = "drop-partitions"` no row is deleted (whole partitions are dropped, which
+/// takes ownership, not a grant), so the pruner needs no `DELETE`.
 pub(super) fn privileges_needed(config: &Config) -> Vec<store::Need> {
-    let prunes = matches!(config.relay.retention, Retention::Keep(_));
+    let prunes = matches!(config.relay.retention, Retention::Keep(_))
+        && config.relay.retention_mode != RetentionMode::DropPartitions;
     store::relay_needs(config.relay.mark, prunes)
 }
 

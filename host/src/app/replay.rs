@@ -144,12 +144,14 @@ pub async fn prepare(
             table.name
         );
     }
+    // Before counting and asking: a grant missing (a column-level UPDATE without replay_id)
+    // would otherwise fail the first chunk after the question.
+    store.check_privileges(&store::replay_needs()).await?;
     let now = store.database_now().await?;
+    let (since, until) = window(request.since, request.until, now)?;
     let filter = ReplayFilter {
-        since: request.since.map(|t| t.resolve(now)),
-        // Not later than now: rows sent while the replay runs (its own, or live rows) are
-        // not taken by its later chunks.
-        until: Some(request.until.map_or(now, |t| t.resolve(now).min(now))),
+        since,
+        until: Some(until),
         tenant: request.tenant.clone(),
         aggregate_type: request.aggregate_type.clone(),
         event_type: request.event_type.clone(),
@@ -168,6 +170,37 @@ pub async fn prepare(
         rows,
         pace,
     })
+}
+
+/// The replay's window on the database's clock (`now`): `--since` (none: every sent row
+/// before `--until`) and `--until`, at most now, so rows sent while the replay runs (its own,
+/// or live rows) are not taken by its later chunks. A window with no time in it is refused:
+/// it would match no row, and `0 rows` would read as "nothing was sent then".
+fn window(
+    since: Option<TimeArg>,
+    until: Option<TimeArg>,
+    now: DateTime<Utc>,
+) -> anyhow::Result<(Option<DateTime<Utc>>, DateTime<Utc>)> {
+    // Before 1970 (`--since 100y`): every sent row, shown as no lower bound.
+    let since_at = since
+        .map(|t| t.resolve(now))
+        .filter(|s| *s > DateTime::UNIX_EPOCH);
+    let until_at = until.map_or(now, |t| t.resolve(now).min(now));
+    let shown = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+    match since_at {
+        Some(s) if s > now => bail!(
+            "--since {} is in the future (the database's clock says {}): no row was sent then",
+            shown(s),
+            shown(now)
+        ),
+        Some(s) if s >= until_at => bail!(
+            "--since {} is not before --until {}: no row can match; give the earlier time to \
+             --since",
+            shown(s),
+            shown(until_at)
+        ),
+        _ => Ok((since_at, until_at)),
+    }
 }
 
 /// Refuses what the relays' `[relay]` settings (`None`: not known, no `--config`) make
@@ -234,6 +267,41 @@ mod tests {
         assert_eq!(at.resolve(now).to_rfc3339(), "2026-12-06T15:30:00+00:00");
         let err = "yesterday".parse::<TimeArg>().unwrap_err();
         assert!(err.contains("RFC 3339"), "{err}");
+    }
+
+    #[test]
+    fn a_window_with_no_time_in_it_is_refused_naming_both_ends() {
+        let now = DateTime::parse_from_rfc3339("2026-12-06T15:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let at = |s: &str| Some(s.parse::<TimeArg>().unwrap());
+        let (since, until) = window(at("2h"), None, now).unwrap();
+        assert_eq!(since.unwrap().to_rfc3339(), "2026-12-06T13:00:00+00:00");
+        assert_eq!(until, now);
+        // A later --until is cut to now.
+        let (_, until) = window(at("2h"), at("2026-12-07T00:00:00Z"), now).unwrap();
+        assert_eq!(until, now);
+        let err = window(at("1h"), at("2h"), now).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "--since 2026-12-06T14:00:00.000Z is not before --until 2026-12-06T13:00:00.000Z"
+            ),
+            "{err}"
+        );
+        let err = window(at("2026-12-07T00:00:00Z"), None, now)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("in the future"), "{err}");
+        let err = window(at("0s"), None, now).unwrap_err().to_string();
+        assert!(err.contains("not before"), "{err}");
+        // Only --until (with --ids): every row sent before it.
+        assert_eq!(window(None, at("1h"), now).unwrap().0, None);
+        // Before 1970: no lower bound.
+        assert_eq!(window(at("1000000y"), None, now).unwrap().0, None);
+        assert_eq!(
+            window(at("1960-01-01T00:00:00Z"), None, now).unwrap().0,
+            None
+        );
     }
 
     #[test]

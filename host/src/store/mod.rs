@@ -68,7 +68,7 @@ pub use dialect::Driver;
 pub use open::{Store, StoreBatch, check_url, migrate, open, redact};
 pub use partitioning::{PartitionInterval, PartitionRound, Partitioning};
 pub use postgres::{DEFAULT_CHANNEL, validate_channel};
-pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs};
+pub use privileges::{MissingPrivilege, Need, Privilege, relay_needs, replay_needs};
 pub use replay::{ReplayFilter, ReplayPace, ReplayProgress};
 pub use schema::SchemaError;
 pub use settings::{

@@ -9,7 +9,7 @@
 
 use sqlx::Acquire;
 
-use super::columns::BOOKKEEPING;
+use super::columns::{BOOKKEEPING, REPLAY};
 use super::driver::StoreDriver;
 use super::layout_sql::LayoutSql;
 use super::statement::{Execute, ReadRow, Statement};
@@ -24,6 +24,12 @@ pub enum Privilege {
     Update,
     /// Marking rows sent with `mark = "delete"`, and pruning sent rows.
     Delete,
+    /// `UPDATE` of the replay marker column (`replay_id`, which `sluice migrate` adds): a
+    /// relay in `mark = "published_at"` mode clears it when it marks a row sent, and `sluice
+    /// replay` sets it. Probed apart from [`Privilege::Update`] because a column-level grant
+    /// of the other bookkeeping columns leaves it out: the relay would then publish every
+    /// batch and fail to mark it, again and again. Only probed on a table that has the column.
+    UpdateReplayId,
 }
 
 impl Privilege {
@@ -33,6 +39,7 @@ impl Privilege {
             Self::Select => "SELECT",
             Self::Update => "UPDATE",
             Self::Delete => "DELETE",
+            Self::UpdateReplayId => "UPDATE (replay_id)",
         }
     }
 }
@@ -65,7 +72,29 @@ pub fn relay_needs(mark: MarkMode, prunes: bool) -> Vec<Need> {
         (MarkMode::PublishedAt, false) => None,
     };
     needs.extend(delete.map(|why| need(Privilege::Delete, why)));
+    if mark == MarkMode::PublishedAt {
+        needs.push(need(
+            Privilege::UpdateReplayId,
+            "to clear the replay marker when it marks a row sent (a column-level UPDATE grant \
+             must name replay_id too)",
+        ));
+    }
     needs
+}
+
+/// What `sluice replay` needs: it reads the sent rows and makes them due again, marked with
+/// the replay's id.
+pub fn replay_needs() -> Vec<Need> {
+    let need = |privilege, why| Need { privilege, why };
+    vec![
+        need(Privilege::Select, "to find the sent rows to replay"),
+        need(Privilege::Update, "to make sent rows due again"),
+        need(
+            Privilege::UpdateReplayId,
+            "to mark the rows with the replay's id (a column-level UPDATE grant must name \
+             replay_id too)",
+        ),
+    ]
 }
 
 /// A privilege the database user lacks on the outbox table: what it is needed for, what the
@@ -91,9 +120,19 @@ pub struct MissingPrivilege {
     pub grant: String,
 }
 
-/// The `GRANT` that gives `user` every privilege in `needs` on `table`.
+/// The `GRANT` that gives `user` every privilege in `needs` on `table` (a table-level
+/// `UPDATE` covers the replay marker).
 fn grant_statement(needs: &[Need], table: &str, user: &str) -> String {
-    let privileges: Vec<&str> = needs.iter().map(|n| n.privilege.keyword()).collect();
+    let mut privileges: Vec<&str> = Vec::new();
+    for need in needs {
+        let keyword = match need.privilege {
+            Privilege::UpdateReplayId => Privilege::Update.keyword(),
+            other => other.keyword(),
+        };
+        if !privileges.contains(&keyword) {
+            privileges.push(keyword);
+        }
+    }
     format!("GRANT {} ON {table} TO {user}", privileges.join(", "))
 }
 
@@ -112,6 +151,10 @@ fn probe(privilege: Privilege, table: &str) -> String {
             format!("UPDATE {table} SET {} WHERE 1 = 0", set.join(", "))
         }
         Privilege::Delete => format!("DELETE FROM {table} WHERE 1 = 0"),
+        Privilege::UpdateReplayId => {
+            let (c, _) = REPLAY;
+            format!("UPDATE {table} SET {c} = {c} WHERE 1 = 0")
+        }
     }
 }
 
@@ -156,7 +199,11 @@ async fn check<DB: Execute>(
 ) -> Result<(), StoreError> {
     let statement = |text: String| Statement::new(sql.dialect).with_sql(text);
     let mut tx = pool.begin().await?;
-    for need in needs {
+    // A table without the replay marker (not migrated since) has nothing to clear.
+    let needs_here = needs
+        .iter()
+        .filter(|n| n.privilege != Privilege::UpdateReplayId || sql.layout.replay);
+    for need in needs_here {
         let mut probe_tx = Acquire::begin(&mut tx).await?;
         let result = DB::execute(
             &mut *probe_tx,
@@ -203,11 +250,11 @@ mod tests {
         );
         assert_eq!(
             privileges(&relay_needs(MarkMode::PublishedAt, true)),
-            ["SELECT", "UPDATE", "DELETE"]
+            ["SELECT", "UPDATE", "DELETE", "UPDATE (replay_id)"]
         );
         assert_eq!(
             privileges(&relay_needs(MarkMode::PublishedAt, false)),
-            ["SELECT", "UPDATE"]
+            ["SELECT", "UPDATE", "UPDATE (replay_id)"]
         );
     }
 
@@ -220,6 +267,11 @@ mod tests {
                 "\"relay\""
             ),
             "GRANT SELECT, UPDATE, DELETE ON \"outbox\" TO \"relay\""
+        );
+        // The replay marker is covered by the table-level UPDATE.
+        assert_eq!(
+            grant_statement(&replay_needs(), "\"outbox\"", "\"relay\""),
+            "GRANT SELECT, UPDATE ON \"outbox\" TO \"relay\""
         );
     }
 }

@@ -142,7 +142,10 @@ fn condition(sql: &LayoutSql, statement: &mut Statement, filter: &ReplayFilter) 
         "o.published_at IS NOT NULL".to_owned(),
         "o.dead_at IS NULL".to_owned(),
     ];
-    if let Some(since) = filter.since {
+    // Every row was sent after 1970: an earlier `since` bounds nothing, and bound it would
+    // fail the statement (PostgreSQL: "timestamp out of range" for `--since 1000000y`) or
+    // match no row at all (MySQL's FROM_UNIXTIME of a negative number is NULL).
+    if let Some(since) = filter.since.filter(|s| s.timestamp_millis() > 0) {
         let at = bind_time(sql.dialect, statement, since);
         all.push(format!("o.published_at >= {at}"));
     }
@@ -165,7 +168,9 @@ fn condition(sql: &LayoutSql, statement: &mut Statement, filter: &ReplayFilter) 
     all.join(" AND ")
 }
 
-/// The ids of `filter`, parsed, in chunks a statement binds; `None` without an ids list.
+/// The ids of `filter`, parsed, each once, in chunks a statement binds; `None` without an
+/// ids list. Once: an id listed twice (`7` and `07` are one) in two chunks would be counted
+/// twice.
 fn id_chunks(
     sql: &LayoutSql,
     filter: &ReplayFilter,
@@ -173,10 +178,14 @@ fn id_chunks(
     let Some(ids) = &filter.ids else {
         return Ok(None);
     };
-    let parsed: Vec<OutboxId> = ids
-        .iter()
-        .map(|id| sql.layout.parse_id(id))
-        .collect::<Result<_, _>>()?;
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    let mut parsed = Vec::with_capacity(ids.len());
+    for id in ids {
+        let id = sql.layout.parse_id(id)?;
+        if seen.insert(id.clone()) {
+            parsed.push(id);
+        }
+    }
     Ok(Some(
         parsed
             .chunks(IDS_PER_STATEMENT)

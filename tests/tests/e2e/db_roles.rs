@@ -457,6 +457,83 @@ async fn postgres_the_pruner_needs_delete() {
     drop(db);
 }
 
+/// Column-level grants of the bookkeeping columns without `replay_id` (the column `sluice
+/// migrate` added for `sluice replay`): a relay in `published_at` mode clears it when it marks
+/// a row sent, so it would publish every batch and fail to mark it, again and again. It is
+/// refused at start-up naming the column, and `sluice replay` is refused before it asks.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_column_grants_without_the_replay_marker_are_refused_naming_it() {
+    let db = PgRole::create(
+        "roles_pg_cols",
+        &[
+            "GRANT USAGE ON SCHEMA {schema} TO {role}",
+            "GRANT SELECT ON {table} TO {role}",
+            "GRANT UPDATE (published_at, attempts, next_attempt_at, last_error, dead_at) \
+             ON {table} TO {role}",
+        ],
+    )
+    .await;
+    let prefix = format!("{}.", db.schema);
+    let topics = topics(&prefix).await;
+    db.insert_rows(20).await;
+    let config = config(
+        &db.url(),
+        &db.table(),
+        &prefix,
+        "mark = \"published_at\"\nretention = \"forever\"",
+    );
+    let exit = run_expecting_refusal(&config).await;
+    assert_eq!(exit.code, Some(1), "{}", exit.log);
+    assert!(
+        exit.log.contains("lacks the UPDATE (replay_id) privilege"),
+        "{}",
+        exit.log
+    );
+    let grant = format!(
+        "GRANT SELECT, UPDATE ON \"{}\".\"outbox\" TO {}",
+        db.schema, db.role
+    );
+    assert!(exit.log.contains(&grant), "{}", exit.log);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {t} WHERE published_at IS NULL AND attempts = 0")
+            .await,
+        20,
+        "every row is still there, untouched"
+    );
+    let got = consume(
+        &kafka_bootstrap(),
+        &topics,
+        1,
+        Duration::from_secs(3),
+        Duration::ZERO,
+    )
+    .expect("consume");
+    assert!(got.is_empty(), "nothing was published: {}", got.len());
+
+    // `sluice replay` as that role: refused before it counts and asks.
+    db.admin
+        .execute(AssertSqlSafe(format!(
+            "UPDATE \"{}\".outbox SET published_at = now() - interval '1 minute'",
+            db.schema
+        )))
+        .await
+        .expect("mark the rows sent");
+    let out = sluice_with_config(&["replay", "--since", "1h", "--yes"], &config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("lacks the UPDATE (replay_id) privilege, needed to mark the rows"),
+        "{stderr}"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {t} WHERE replay_id IS NOT NULL")
+            .await,
+        0,
+        "nothing replayed"
+    );
+    drop(db);
+}
+
 async fn my_count(root: &mut MySqlConnection, table: &str) -> i64 {
     sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM `{table}`")))
         .fetch_one(root)

@@ -269,3 +269,54 @@ async fn replay_refuses_key_order_delete_mode_and_a_table_without_the_marker() {
     );
     table.drop_table().await;
 }
+
+/// Windows as people type them, on MariaDB (whose `FROM_UNIXTIME` turns a time before 1970
+/// into NULL): `--since 100y` counts every sent row; a `--since` after `--until`, in the
+/// future, or a negative duration is refused naming it; nothing changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_windows_are_checked_and_a_since_before_1970_takes_every_row() {
+    let table = DbTable::create(Database::Mariadb, "replaywin").await;
+    table.insert_rows(4, None).await;
+    table
+        .execute("UPDATE {t} SET published_at = NOW(6) - INTERVAL 1 MINUTE")
+        .await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = table.config(&kafka_bootstrap(), "x.", "", "mark = \"published_at\"", "");
+    let path = config_file(&dir, &config);
+    let replay = |window: &[&str]| {
+        let mut args = vec!["replay", "--config", path.as_str(), "--dry-run"];
+        args.extend(window);
+        sluice(&args)
+    };
+    for window in [
+        &["--since", "100y"][..],
+        &["--since", "1960-01-01T00:00:00Z", "--until", "1s"],
+    ] {
+        let all = replay(window);
+        assert!(all.status.success(), "{window:?}: {}", stderr(&all));
+        assert!(
+            stdout(&all).starts_with("4 sent rows"),
+            "{window:?}: {}",
+            stdout(&all)
+        );
+    }
+    for (window, said) in [
+        (
+            &["--since", "1h", "--until", "2h"][..],
+            "is not before --until",
+        ),
+        (&["--since", "2999-01-01T00:00:00Z"], "is in the future"),
+        (&["--since", "-5m"], "is neither an RFC 3339 time"),
+    ] {
+        let refused = replay(window);
+        assert!(!refused.status.success(), "{window:?}");
+        assert!(
+            stderr(&refused).contains(said),
+            "{window:?}: {}",
+            stderr(&refused)
+        );
+    }
+    let unsent = "SELECT COUNT(*) FROM {t} WHERE published_at IS NULL";
+    assert_eq!(table.scalar_i64(unsent).await, 0, "nothing changed");
+    table.drop_table().await;
+}

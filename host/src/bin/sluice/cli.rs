@@ -199,10 +199,12 @@ pub(crate) struct ReplayArgs {
     /// Rows sent (published_at) at or after TIME: an RFC 3339 time (2026-12-06T15:00:00Z,
     /// 2026-12-06T16:00:00+01:00) or a duration before now by the database's clock (2h, 30m,
     /// 1d). Required unless --ids is given.
-    #[arg(long, value_name = "TIME")]
+    // Hyphen values reach the parser, which says what a TIME is (`-5m` is not one), instead
+    // of clap's "unexpected argument '-5'".
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub since: Option<TimeArg>,
     /// Rows sent before TIME (same forms as --since) [default: now].
-    #[arg(long, value_name = "TIME")]
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub until: Option<TimeArg>,
     /// Only rows of this tenant (`default` for rows without tenant).
     #[arg(long)]
@@ -219,7 +221,7 @@ pub(crate) struct ReplayArgs {
     pub ids: Option<PathBuf>,
     /// Rows made due per second: the relays send the replay at about this rate beside live
     /// rows.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_RATE)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RATE, allow_hyphen_values = true)]
     pub rate: NonZeroU32,
     /// Count the rows and change nothing.
     #[arg(long)]

@@ -27,8 +27,17 @@ pub(crate) async fn run(target: Target<'_>, args: ReplayArgs) -> anyhow::Result<
     };
     let prepared = replay::prepare(&target, &request).await?;
     let (rows, pace) = (prepared.rows, &prepared.pace);
+    // The window as absolute times: what a second run needs to finish a stopped replay.
+    let shown = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+    let window = match (prepared.filter.since, prepared.filter.until) {
+        (Some(since), Some(until)) => {
+            format!(" (sent from {} until {})", shown(since), shown(until))
+        }
+        (None, Some(until)) => format!(" (sent before {})", shown(until)),
+        _ => String::new(),
+    };
     println!(
-        "{rows} sent rows of {} match{}",
+        "{rows} sent rows of {}{window} match{}",
         prepared.table.name,
         if args.dry_run {
             " (dry run: nothing changed)"

@@ -258,6 +258,8 @@ macro_rules! conformance {
             only_sent_rows_of_the_window_and_filters_become_due_again,
             a_replay_is_spread_over_time_at_its_rate_in_chunks,
             a_table_without_the_marker_relays_and_refuses_to_replay,
+            a_since_before_1970_takes_every_sent_row,
+            listed_ids_are_counted_and_replayed_once_however_often_listed,
         );
     };
     (@fair_share $fixture:ty) => {

@@ -279,3 +279,67 @@ pub(super) async fn a_table_without_the_marker_relays_and_refuses_to_replay<F: D
     );
     f.cleanup().await;
 }
+
+/// `--since 100y` or an RFC 3339 time before 1970 means "from the first row": it bounds
+/// nothing, rather than failing the statement (PostgreSQL: out of range) or matching no row
+/// (MySQL/MariaDB: `FROM_UNIXTIME` of a negative number is NULL).
+pub(super) async fn a_since_before_1970_takes_every_sent_row<F: DbFixture>() {
+    let f = F::new().await;
+    let store = f.migrated(published_at()).await;
+    f.insert(&[row(None, "a", 1), row(None, "b", 2)]).await;
+    send_all(&store).await;
+    // `until` a clock tick after the rows were sent.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for since in [
+        DateTime::parse_from_rfc3339("1960-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc),
+        DateTime::<Utc>::MIN_UTC,
+    ] {
+        let filter = ReplayFilter {
+            since: Some(since),
+            until: Some(store.database_now().await.unwrap()),
+            ..ReplayFilter::default()
+        };
+        assert_eq!(
+            store.count_replayable(&filter).await.unwrap(),
+            2,
+            "since {since}"
+        );
+    }
+    f.cleanup().await;
+}
+
+/// An ids file as people write them: an id twice (also as `07` for `7`), ids of no row, more
+/// ids than one statement binds. Each row is counted and replayed once.
+pub(super) async fn listed_ids_are_counted_and_replayed_once_however_often_listed<F: DbFixture>() {
+    let f = F::new().await;
+    let store = f.migrated(published_at()).await;
+    let inserted = f
+        .insert(&[row(None, "a", 1), row(None, "b", 2), row(None, "c", 3)])
+        .await;
+    send_all(&store).await;
+    let mut listed: Vec<String> = inserted.iter().map(ToString::to_string).collect();
+    // Ids of no row, past the first statement's share, then the first ids again.
+    listed.extend((0..1_500).map(|k| (10_000_000 + k).to_string()));
+    listed.extend(inserted.iter().map(|id| format!("0{id}")));
+    listed.push(inserted[0].to_string());
+    let filter = ReplayFilter {
+        ids: Some(listed),
+        ..ReplayFilter::default()
+    };
+    assert_eq!(store.count_replayable(&filter).await.unwrap(), 3);
+    let now = store.database_now().await.unwrap();
+    let replayed = store
+        .replay_sent(&filter, &pace(now, 1_000_000), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(replayed, 3);
+    let claimed: Vec<OutboxId> = send_all(&store)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(claimed, int_ids(&inserted));
+    f.cleanup().await;
+}

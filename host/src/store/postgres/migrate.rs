@@ -57,7 +57,14 @@ pub(super) async fn migrate(
     match partitioned {
         Some(interval) => {
             let exists = !schema::read_columns(&mut *tx, &spec.name).await?.is_empty();
-            partitions::check_migratable(&spec.name, existing.as_ref(), exists)?;
+            let made_elsewhere = partitions::has_ranged_partitions(&mut tx, &spec.name).await?;
+            partitions::check_migratable(
+                &spec.name,
+                existing.as_ref(),
+                exists,
+                made_elsewhere,
+                interval,
+            )?;
             let (id, at) = (&spec.columns.id, &spec.columns.created_at);
             let create = partitions::partitioned_create(&create, &q(id), &q(at));
             tx.execute(AssertSqlSafe(create)).await?;

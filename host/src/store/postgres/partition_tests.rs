@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use sluice_testkit::{Database, DbTable};
+use sqlx::{Connection, Executor};
 
 use crate::model::OutboxId;
 use crate::store::{
@@ -395,6 +396,55 @@ async fn migrate_partitioned_creates_the_table_its_default_and_the_partitions_ah
         .to_string();
     assert!(err.contains("not partitioned"), "{err}");
     plain.drop_table().await;
+    // Another interval on the table would cut hourly partitions inside the daily ones.
+    let err = store::migrate(
+        &t.url,
+        &spec(&t),
+        &published_at(),
+        Some(PartitionInterval::Hourly),
+    )
+    .await
+    .expect_err("refused")
+    .to_string();
+    assert!(err.contains("was set up --partitioned daily"), "{err}");
+    t.drop_table().await;
+}
+
+/// `--partitioned` on a table whose partitions pg_partman (or a script) makes, named its own
+/// way (`outbox_p2026_12_06`): Sluice's partitions (`outbox_p20261206`) would overlap theirs
+/// — its own made ahead failing each round with a warning, and pg_partman's maintenance
+/// failing once Sluice made a day first. Refused; the table is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_partitioned_refuses_a_table_whose_partitions_something_else_makes() {
+    let t = app_table("part_partman", "bigserial").await;
+    let before = t
+        .scalar_i64("SELECT count(*) FROM pg_inherits WHERE inhparent = '{t}'::regclass")
+        .await;
+    let err = store::migrate(
+        &t.url,
+        &spec(&t),
+        &published_at(),
+        Some(PartitionInterval::Daily),
+    )
+    .await
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        err.contains("partitions are made by something else")
+            && err.contains("without --partitioned"),
+        "{err}"
+    );
+    let after = t
+        .scalar_i64("SELECT count(*) FROM pg_inherits WHERE inhparent = '{t}'::regclass")
+        .await;
+    assert_eq!(after, before, "no partition made");
+    let store = open(&t, published_at()).await;
+    let partitioning = store
+        .partitioning()
+        .await
+        .expect("read")
+        .expect("partitioned");
+    assert_eq!(partitioning.interval, None, "no comment written");
     t.drop_table().await;
 }
 
@@ -527,5 +577,155 @@ async fn fair_shares_take_each_tenants_oldest_rows_across_partitions() {
     let outcome = sent(&claim.rows);
     claim.batch.complete(outcome).await.expect("complete");
     assert_eq!(t.unsent().await, 2);
+    t.drop_table().await;
+}
+
+/// `t` with every day in `days_ago` holding one row sent 20 days ago.
+async fn sent_long_ago(t: &DbTable, days_ago: &[i32]) {
+    for &k in days_ago {
+        insert_at(t, None, k, "sent").await;
+    }
+    t.execute("UPDATE {t} SET published_at = now() - interval '20 days', attempts = 1")
+        .await;
+}
+
+/// A partition pg_partman (or a DBA) made under another role: the relay's user owns the table
+/// but not the partition, so `DROP TABLE` is refused. The round says so and what to do, the
+/// partition and its rows stay (the detach is rolled back with it), and the relay goes on
+/// claiming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_owned_by_another_role_is_kept_and_the_error_says_ownership_is_needed() {
+    let t = app_table("part_owner", "bigserial").await;
+    sent_long_ago(&t, &[30]).await;
+    let (relay, other) = (format!("{}_relay", t.name), format!("{}_other", t.name));
+    let old = format!("{}_d70", t.name);
+    for sql in [
+        format!("CREATE ROLE \"{relay}\" LOGIN"),
+        format!("CREATE ROLE \"{other}\""),
+        format!("ALTER TABLE {{t}} OWNER TO \"{relay}\""),
+    ] {
+        t.execute(&sql).await;
+    }
+    // Every partition the relay's, but day 30's another role's.
+    let partitions = t
+        .text_rows(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+              WHERE i.inhparent = '{t}'::regclass",
+        )
+        .await;
+    for row in &partitions {
+        let name = row[0].as_deref().expect("name");
+        let owner = if name == old { &other } else { &relay };
+        t.execute(&format!("ALTER TABLE \"{name}\" OWNER TO \"{owner}\""))
+            .await;
+    }
+    let (scheme, rest) = t.url.split_once("://").expect("url");
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let url = format!("{scheme}://{relay}@{host}");
+    let store = store::open(&url, &spec(&t), published_at(), 2)
+        .await
+        .expect("open as the relay's role");
+    // Not even allowed to read the partition (its rows are read straight from it), then —
+    // granted what pg_partman's inherit_privileges copies from the table — not its owner.
+    for (grant, said) in [
+        (None, "permission denied for table"),
+        (
+            Some(format!(
+                "GRANT SELECT, UPDATE, DELETE ON \"{old}\" TO \"{relay}\""
+            )),
+            "must be owner of table",
+        ),
+    ] {
+        if let Some(grant) = grant {
+            t.execute(&grant).await;
+        }
+        let err = store
+            .maintain_partitions(Some(7 * DAY))
+            .await
+            .expect_err("not the partition's owner")
+            .to_string();
+        assert!(
+            err.contains(&format!("cannot drop partition {old}"))
+                && err.contains("to own the partition")
+                && err.contains(said),
+            "{err}"
+        );
+    }
+    let still = t
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM pg_inherits WHERE inhrelid = '\"{old}\"'::regclass"
+        ))
+        .await;
+    assert_eq!(still, 1, "still attached");
+    assert_eq!(t.count().await, 1, "the row is still there");
+    // The relay relays on.
+    let live = insert_at(&t, None, 0, "live").await;
+    let claim = store.claim(10, &[]).await.expect("claim");
+    assert_eq!(ids_of(&claim.rows), vec![OutboxId::Int(live)]);
+    claim.batch.complete(sent(&claim.rows)).await.expect("mark");
+    drop(store);
+    // The roles' objects (the table and its partitions) go with them.
+    for sql in [
+        format!("DROP OWNED BY \"{relay}\", \"{other}\""),
+        format!("DROP ROLE \"{relay}\""),
+        format!("DROP ROLE \"{other}\""),
+    ] {
+        t.execute(&sql).await;
+    }
+    t.drop_table().await;
+}
+
+fn ids_of(rows: &[crate::model::OutboxRow]) -> Vec<OutboxId> {
+    rows.iter().map(|r| r.id.clone()).collect()
+}
+
+/// An operator detaches an old partition while the pruner is between its first look and the
+/// table lock (here: the operator's `DETACH PARTITION` queued behind a reader, the pruner's
+/// lock queued behind it). Under the lock the partition is no longer the table's: it is left
+/// alone — not dropped, no error — and the round goes on with the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_detached_by_an_operator_during_a_round_is_left_alone() {
+    let t = app_table("part_detach", "bigserial").await;
+    sent_long_ago(&t, &[30, 29]).await;
+    let first = format!("{}_d70", t.name);
+    let store = std::sync::Arc::new(open(&t, published_at()).await);
+    let mut reader = sqlx::PgConnection::connect(&t.url).await.expect("reader");
+    reader.execute("BEGIN").await.expect("begin");
+    reader
+        .execute(sqlx::AssertSqlSafe(t.sql("SELECT count(*) FROM {t}")))
+        .await
+        .expect("read");
+    let operator = {
+        let (url, sql) = (
+            t.url.clone(),
+            t.sql(&format!("ALTER TABLE {{t}} DETACH PARTITION \"{first}\"")),
+        );
+        tokio::spawn(async move {
+            let mut conn = sqlx::PgConnection::connect(&url).await.expect("operator");
+            conn.execute(sqlx::AssertSqlSafe(sql))
+                .await
+                .expect("detach");
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let round = {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move { store.maintain_partitions(Some(7 * DAY)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    reader.execute("COMMIT").await.expect("commit");
+    operator.await.expect("operator");
+    let round = round.await.expect("round").expect("the round goes on");
+    let dropped: Vec<String> = round.dropped.iter().map(|n| n.replace('"', "")).collect();
+    assert!(!dropped.contains(&first), "{round:?}");
+    assert!(
+        dropped.contains(&format!("{}_d71", t.name)),
+        "the next one is dropped: {round:?}"
+    );
+    let detached = t
+        .scalar_i64(&format!("SELECT count(*) FROM \"{first}\""))
+        .await;
+    assert_eq!(detached, 1, "the operator's table is untouched");
+    t.execute(&format!("DROP TABLE \"{first}\"")).await;
     t.drop_table().await;
 }

@@ -68,12 +68,33 @@ pub(super) fn partitioned_create(create: &str, id: &str, created_at: &str) -> St
     format!("{body}, PRIMARY KEY ({id}, {created_at})) PARTITION BY RANGE ({created_at})")
 }
 
-/// Refuses what `sluice migrate --partitioned` cannot set up: a table that exists without
-/// being partitioned by `created_at`, a name too long for its partitions' names.
+/// Whether `table` has a partition other than its DEFAULT one.
+pub(super) async fn has_ranged_partitions(
+    conn: &mut PgConnection,
+    table: &TableName,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                         WHERE i.inhparent = to_regclass($1)
+                           AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT')",
+    )
+    .bind(table.to_string())
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Refuses what `sluice migrate --partitioned interval` cannot set up: a table that exists
+/// without being partitioned by `created_at`, a name too long for its partitions' names, a
+/// table whose partitions something else makes (`made_elsewhere`: partitions, but not
+/// Sluice's comment — pg_partman, a script: Sluice's partitions, named its own way, would
+/// overlap theirs, and whichever comes second fails for ever), a table set up with another
+/// interval (hourly partitions inside daily ones).
 pub(super) fn check_migratable(
     table: &TableName,
     existing: Option<&Partitioning>,
     exists: bool,
+    made_elsewhere: bool,
+    interval: PartitionInterval,
 ) -> Result<(), StoreError> {
     let refuse = |message: String| StoreError::Partitions {
         table: table.to_string(),
@@ -90,6 +111,20 @@ pub(super) fn check_migratable(
             "is partitioned, but not by RANGE on created_at alone: --partitioned cannot manage it"
                 .into(),
         )),
+        Some(p) if p.interval.is_none() && made_elsewhere => Err(refuse(
+            "is partitioned already, and its partitions are made by something else (pg_partman, \
+             a script): --partitioned would make partitions of its own beside them, which \
+             overlap theirs. Run `sluice migrate` without --partitioned; whoever makes the \
+             partitions keeps doing so (see docs/operations.md, \"Partitioned outbox tables\")"
+                .into(),
+        )),
+        Some(Partitioning {
+            interval: Some(set_up),
+            ..
+        }) if *set_up != interval => Err(refuse(format!(
+            "was set up --partitioned {set_up}: its partitions cannot be cut {interval} as well \
+             (they would overlap); run --partitioned {set_up}"
+        ))),
         None if exists => Err(refuse(
             "exists and is not partitioned: --partitioned creates a new table; PostgreSQL \
              cannot partition an existing one in place (see docs/operations.md, \"Partitioned \
@@ -228,12 +263,22 @@ pub(super) async fn drop_old(
         .bind(ms)
         .fetch_all(pool)
         .await?;
+    let table = sql.layout.table.to_string();
     for name in candidates {
-        // First without locks, so a partition that must stay costs no lock.
-        if holds_rows(&mut *pool.acquire().await?, &name, ms).await? {
+        // First without locks, so a partition that must stay costs no lock. An operator may
+        // have detached or dropped it since the list was read: it is no longer ours to drop.
+        let mut conn = pool.acquire().await?;
+        if !is_partition(&mut conn, &name, &table).await? {
+            continue;
+        }
+        // Read straight from the partition: a partition another role made may refuse even
+        // that.
+        let holds = holds_rows(&mut conn, &name, ms).await;
+        if holds.map_err(|e| not_owner(&table, &name, e))? {
             round.kept.push(name);
             continue;
         }
+        drop(conn);
         let mut tx = pool.begin().await?;
         tx.execute(AssertSqlSafe(format!(
             "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"
@@ -255,22 +300,74 @@ pub(super) async fn drop_old(
             sql.table
         )))
         .await?;
-        if holds_rows(&mut tx, &name, ms).await? {
+        // Under the lock nobody detaches it any more; check it is still attached.
+        if !is_partition(&mut tx, &name, &table).await? {
+            tx.rollback().await?;
+            continue;
+        }
+        let holds = holds_rows(&mut tx, &name, ms).await;
+        if holds.map_err(|e| not_owner(&table, &name, e))? {
             tx.rollback().await?;
             round.kept.push(name);
             continue;
         }
-        tx.execute(AssertSqlSafe(format!(
-            "ALTER TABLE {} DETACH PARTITION {name}",
-            sql.table
-        )))
-        .await?;
-        tx.execute(AssertSqlSafe(format!("DROP TABLE {name}")))
-            .await?;
+        for statement in [
+            format!("ALTER TABLE {} DETACH PARTITION {name}", sql.table),
+            format!("DROP TABLE {name}"),
+        ] {
+            if let Err(e) = tx.execute(AssertSqlSafe(statement)).await {
+                return Err(not_owner(&table, &name, e.into()));
+            }
+        }
         tx.commit().await?;
         round.dropped.push(name);
     }
     Ok(())
+}
+
+/// Whether `partition` (as `drop_old` listed it) is still an attached partition of `table`:
+/// not detached, dropped or being detached (`DETACH PARTITION … CONCURRENTLY`) meanwhile.
+async fn is_partition(
+    conn: &mut PgConnection,
+    partition: &str,
+    table: &str,
+) -> Result<bool, StoreError> {
+    // `inhdetachpending` is PostgreSQL 14's: read through jsonb so older servers answer too.
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits i
+                         WHERE i.inhrelid = to_regclass($1) AND i.inhparent = to_regclass($2)
+                           AND NOT coalesce((to_jsonb(i) ->> 'inhdetachpending')::bool, false))",
+    )
+    .bind(partition)
+    .bind(table)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// A failed statement on `partition`: refused for want of ownership or a grant (SQLSTATE
+/// 42501, the usual case: pg_partman or another role made the partition), said with what to
+/// do; the relay goes on relaying and the next round tries again.
+fn not_owner(table: &str, partition: &str, error: StoreError) -> StoreError {
+    let denied = match &error {
+        StoreError::Database(e) => e
+            .as_database_error()
+            .filter(|db| db.code().is_some_and(|code| code == "42501"))
+            .map(|db| db.message().to_owned()),
+        _ => None,
+    };
+    match denied {
+        Some(said) => StoreError::Partitions {
+            table: table.to_owned(),
+            message: format!(
+                "cannot drop partition {partition} (relay.retention_mode = \"drop-partitions\"): \
+                 DETACH PARTITION needs the database user to own the table and DROP TABLE to own \
+                 the partition (the database said: {said}). Run the relay as the owner of both \
+                 (ALTER TABLE {partition} OWNER TO …), or use retention_mode = \"delete\"; the \
+                 relay goes on relaying and tries again next round (see docs/databases.md#database-roles)"
+            ),
+        },
+        None => error,
+    }
 }
 
 /// Whether `partition` holds a row that must stay: unsent (due, waiting, held back), dead
@@ -310,8 +407,9 @@ mod tests {
     #[test]
     fn existing_plain_tables_and_other_partitionings_are_refused() {
         let table = TableName::parse("outbox").unwrap();
-        assert!(check_migratable(&table, None, false).is_ok());
-        let plain = check_migratable(&table, None, true)
+        let daily = PartitionInterval::Daily;
+        assert!(check_migratable(&table, None, false, false, daily).is_ok());
+        let plain = check_migratable(&table, None, true, false, daily)
             .unwrap_err()
             .to_string();
         assert!(plain.contains("not partitioned"), "{plain}");
@@ -319,12 +417,27 @@ mod tests {
             by_created_at: false,
             interval: None,
         };
-        let err = check_migratable(&table, Some(&other), true)
+        let err = check_migratable(&table, Some(&other), true, false, daily)
             .unwrap_err()
             .to_string();
         assert!(err.contains("RANGE on created_at"), "{err}");
         let long = TableName::parse(&"o".repeat(51)).unwrap();
-        assert!(check_migratable(&long, None, false).is_err());
+        assert!(check_migratable(&long, None, false, false, daily).is_err());
+        // Declared by hand with only a DEFAULT partition: Sluice may make the partitions.
+        let declared = Partitioning {
+            by_created_at: true,
+            interval: None,
+        };
+        assert!(check_migratable(&table, Some(&declared), true, false, daily).is_ok());
+        let ours = Partitioning {
+            by_created_at: true,
+            interval: Some(daily),
+        };
+        assert!(check_migratable(&table, Some(&ours), true, true, daily).is_ok());
+        let err = check_migratable(&table, Some(&ours), true, true, PartitionInterval::Hourly)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("was set up --partitioned daily"), "{err}");
     }
 
     #[test]
