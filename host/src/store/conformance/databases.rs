@@ -330,6 +330,7 @@ pub(super) mod pg {
             ("late = '-infinity'", "\"late\""),
             ("late = '294000-01-01T00:00:00Z'", "\"late\""),
             ("created_at = 'infinity'", "\"created_at\""),
+            ("created_at = '-infinity'", "\"created_at\""),
         ];
     }
 }

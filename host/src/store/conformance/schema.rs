@@ -256,6 +256,12 @@ pub(super) async fn odd_extra_values_arrive_typed_or_as_text_and_an_unreadable_o
     let store = store::open(&f.url(), &spec, StoreOptions::default(), 2)
         .await
         .unwrap();
+    // The sampler reads every pending row's `created_at`, these included.
+    let sample = store.sample_backlog(100).await.unwrap();
+    assert_eq!(
+        sample.iter().map(|t| t.due).sum::<i64>(),
+        1 + F::UNREADABLE.len() as i64
+    );
     let claim = store.claim(10, &[]).await.unwrap();
     assert_eq!(
         ids(&claim.rows),
