@@ -146,6 +146,44 @@ mod tests {
         );
     }
 
+    /// A placement cannot forge the host's headers, whatever the alias's case: the output
+    /// goes through the same stamping as a plugin's.
+    #[test]
+    fn a_placement_under_a_host_header_name_does_not_reach_consumers() {
+        let b = Builtin::configure(
+            "route-by-aggregate",
+            &[(
+                "additional_placement".into(),
+                "region:header:sluice-outbox-id, region:header:SLUICE-TENANT, \
+                 region:header:sluice-replay, region:header:x, region:header:x"
+                    .into(),
+            )],
+        )
+        .unwrap();
+        let mut r = row();
+        r.extra = vec![(Arc::from("region"), ColumnValue::Text("eu".into()))];
+        let answer = b.transform(&r);
+        let out = crate::plugin::output::accept(&Default::default(), &r, answer).unwrap();
+        let headers: Vec<(&str, &[u8])> = out[0]
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("trace", &b"t1"[..]),
+                ("id", b"7"),
+                ("event-type", b"OrderCreated"),
+                ("x", b"eu"),
+                ("x", b"eu"),
+                ("sluice-tenant", b"default"),
+                ("sluice-outbox-id", b"7"),
+            ],
+            "duplicates of the plugin's own kept, the host's replaced"
+        );
+    }
+
     #[test]
     fn extra_columns_are_placed_after_the_routing_headers() {
         let b = Builtin::configure(

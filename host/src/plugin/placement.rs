@@ -206,6 +206,37 @@ mod tests {
     }
 
     #[test]
+    fn a_partition_outside_0_to_2_pow_31_minus_1_or_not_an_integer_is_refused() {
+        let one = |value: ColumnValue| {
+            let extra = vec![(Arc::from("p"), value)];
+            let (mut headers, mut partition) = (Vec::new(), None);
+            Placements::parse("p:partition")
+                .unwrap()
+                .apply(&extra, &mut headers, &mut partition)
+                .map(|()| partition)
+        };
+        assert_eq!(one(ColumnValue::Integer(0)).unwrap(), Some(0));
+        assert_eq!(
+            one(ColumnValue::Integer(i64::from(i32::MAX))).unwrap(),
+            Some(i32::MAX)
+        );
+        for bad in [
+            ColumnValue::Integer(-1),
+            ColumnValue::Integer(i64::from(i32::MAX) + 1),
+            ColumnValue::Integer(i64::MIN),
+            ColumnValue::Float(2.0),
+            ColumnValue::Boolean(true),
+            ColumnValue::Text("2".into()),
+            ColumnValue::Bytes(vec![2]),
+        ] {
+            let Err(TransformError::Permanent(e)) = one(bad.clone()) else {
+                panic!("{bad:?} accepted as a partition");
+            };
+            assert_eq!(e.code, "invalid-partition", "{bad:?}");
+        }
+    }
+
+    #[test]
     fn a_column_the_row_lacks_is_a_permanent_error_naming_it() {
         let Err(TransformError::Permanent(e)) = placed("tier:header") else {
             panic!("missing column accepted");

@@ -69,7 +69,12 @@ fn statement(sql: &LayoutSql, limit: i64) -> Statement {
     let dead_limit = statement.again(&unsent_limit, Param::Int(limit));
     // The oldest due row's age in microseconds.
     let age = match dialect {
-        Driver::Postgres => "(extract(epoch FROM now() - MIN(oldest)) * 1000000)::int8".to_owned(),
+        // No age for a `-infinity` (no subtraction takes it), and a year past 292,000 does not
+        // overflow the cast: one such row must not fail the sample of every tenant.
+        Driver::Postgres => "CASE WHEN isfinite(MIN(oldest)) THEN least(greatest(
+                 extract(epoch FROM now() - MIN(oldest)) * 1000000,
+                 -9000000000000000000), 9000000000000000000)::int8 END"
+            .to_owned(),
         Driver::Mysql => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, MIN(oldest), UTC_TIMESTAMP(6)) AS SIGNED)".to_owned()
         }

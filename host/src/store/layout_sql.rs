@@ -178,6 +178,9 @@ impl LayoutSql {
     fn extra_expr(&self, alias: &str, column: &ColumnName, kind: ValueKind) -> String {
         let quoted = column.quoted_with(self.dialect.quote());
         let c = Self::column(alias, &quoted);
+        if self.dialect == Driver::Sqlite {
+            return Self::sqlite_extra_expr(&c, kind);
+        }
         match kind {
             ValueKind::Integer => self.dialect.cast(&c, Cast::Int),
             ValueKind::Boolean => self.dialect.cast(
@@ -185,9 +188,34 @@ impl LayoutSql {
                 Cast::Int,
             ),
             ValueKind::Time(kind) => self.time_expr(alias, &quoted, kind),
-            ValueKind::Bytes if self.dialect == Driver::Sqlite => format!("CAST({c} AS BLOB)"),
             ValueKind::Bytes => c,
+            // `+ 0`: a `bit` value as its number, not its bytes.
+            ValueKind::Unsigned => format!("CAST({c} + 0 AS CHAR CHARACTER SET utf8mb4)"),
             ValueKind::Text | ValueKind::Float | ValueKind::Json => self.utf8_expr(alias, &quoted),
+        }
+    }
+
+    /// SQLite's values keep their own storage class whatever the column's declared type (an
+    /// `INTEGER` column may hold `'abc'`, a `DATETIME` one Unix seconds), and a cast would
+    /// coerce them without a word (`'abc'` to 0, `'true'` to false, seconds to NULL). So a
+    /// value is read as the declared kind only when its class fits (integers for integers and
+    /// booleans, ISO-8601 text for times); any other value as its text, or a blob as its bytes
+    /// (`rows::decode_extra` takes them as `text` and `bytes`).
+    fn sqlite_extra_expr(c: &str, kind: ValueKind) -> String {
+        let as_stored = format!("WHEN 'blob' THEN {c} ELSE CAST({c} AS TEXT)");
+        match kind {
+            ValueKind::Integer | ValueKind::Unsigned | ValueKind::Boolean => {
+                format!("CASE typeof({c}) WHEN 'integer' THEN {c} {as_stored} END")
+            }
+            ValueKind::Time(_) => format!(
+                "CASE WHEN typeof({c}) = 'text' AND julianday({c}) IS NOT NULL
+                      THEN CAST(round((julianday({c}) - 2440587.5) * 86400000.0) AS INTEGER)
+                      ELSE CASE typeof({c}) {as_stored} END END"
+            ),
+            ValueKind::Bytes => format!("CAST({c} AS BLOB)"),
+            ValueKind::Text | ValueKind::Float | ValueKind::Json => {
+                format!("CASE typeof({c}) {as_stored} END")
+            }
         }
     }
 

@@ -139,31 +139,68 @@ fn decode_columns(row: &impl ReadRow, sql: &LayoutSql, id: OutboxId) -> Result<O
 }
 
 /// Reads the extra columns as [`LayoutSql::claimed_columns`] cast them (see `extra_expr`).
+/// A value that cannot be read fails its row (`RowFailure`), naming the column.
 fn decode_extra(row: &impl ReadRow, sql: &LayoutSql) -> Result<ExtraColumns, String> {
     let mut extra = Vec::with_capacity(sql.layout.extra.len());
     for (i, (name, kind)) in sql.layout.extra.iter().enumerate() {
         let index = column::EXTRA + i;
-        let cannot = |e: sqlx::Error| format!("cannot decode column {name}: {e}");
-        let value = match kind {
-            ValueKind::Integer => row.int(index).map_err(cannot)?.map(ColumnValue::Integer),
-            ValueKind::Boolean => row
-                .int(index)
-                .map_err(cannot)?
-                .map(|n| ColumnValue::Boolean(n != 0)),
-            ValueKind::Time(_) => row.time(index).map_err(cannot)?.map(ColumnValue::Timestamp),
-            ValueKind::Bytes => row.bytes(index).map_err(cannot)?.map(ColumnValue::Bytes),
-            ValueKind::Text => row.text(index).map_err(cannot)?.map(ColumnValue::Text),
-            ValueKind::Json => row.text(index).map_err(cannot)?.map(ColumnValue::Json),
-            ValueKind::Float => match row.text(index).map_err(cannot)? {
-                Some(text) => Some(ColumnValue::Float(text.trim().parse().map_err(|e| {
-                    format!("cannot decode column {name}: {text:?} is not a number: {e}")
-                })?)),
-                None => None,
-            },
-        };
+        let typed = decode_value(row, index, *kind);
+        let value = match (typed, sql.dialect) {
+            (Ok(value), _) => Ok(value),
+            // SQLite: a value not of the declared kind comes as its text or its bytes
+            // (`LayoutSql::sqlite_extra_expr`).
+            (Err(e), Driver::Sqlite) => as_stored(row, index).ok_or(e),
+            (Err(e), _) => Err(e),
+        }
+        .map_err(|e| format!("cannot decode column {name}: {e}"))?;
         extra.push((Arc::from(name.as_str()), value.unwrap_or(ColumnValue::Null)));
     }
     Ok(extra)
+}
+
+/// One extra column's value as `kind` reads it; `None` for NULL.
+fn decode_value(
+    row: &impl ReadRow,
+    index: usize,
+    kind: ValueKind,
+) -> Result<Option<ColumnValue>, String> {
+    let e = |e: sqlx::Error| e.to_string();
+    Ok(match kind {
+        ValueKind::Integer => row.int(index).map_err(e)?.map(ColumnValue::Integer),
+        ValueKind::Boolean => row
+            .int(index)
+            .map_err(e)?
+            .map(|n| ColumnValue::Boolean(n != 0)),
+        ValueKind::Time(_) => row.time(index).map_err(e)?.map(ColumnValue::Timestamp),
+        ValueKind::Bytes => row.bytes(index).map_err(e)?.map(ColumnValue::Bytes),
+        ValueKind::Text => row.text(index).map_err(e)?.map(ColumnValue::Text),
+        ValueKind::Json => row.text(index).map_err(e)?.map(ColumnValue::Json),
+        // Above 2^63-1 it stays the decimal text: an integer would wrap.
+        ValueKind::Unsigned => {
+            row.text(index)
+                .map_err(e)?
+                .map(|text| match text.trim().parse::<i64>() {
+                    Ok(n) => ColumnValue::Integer(n),
+                    Err(_) => ColumnValue::Text(text),
+                })
+        }
+        ValueKind::Float => match row.text(index).map_err(e)? {
+            Some(text) => Some(ColumnValue::Float(
+                text.trim()
+                    .parse()
+                    .map_err(|e| format!("{text:?} is not a number: {e}"))?,
+            )),
+            None => None,
+        },
+    })
+}
+
+/// A value as its storage class has it: its text, else its bytes; `None` if neither reads.
+fn as_stored(row: &impl ReadRow, index: usize) -> Option<Option<ColumnValue>> {
+    if let Ok(text) = row.text(index) {
+        return Some(text.map(ColumnValue::Text));
+    }
+    row.bytes(index).ok().map(|b| b.map(ColumnValue::Bytes))
 }
 
 /// Puts a `trace_context` column's `traceparent`/`tracestate` into the row's headers, where

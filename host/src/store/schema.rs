@@ -69,6 +69,9 @@ pub enum ValueKind {
     /// Text, and every type without a kind of its own, as the database prints it.
     Text,
     Integer,
+    /// An unsigned integer that may not fit 64 signed bits (MySQL's `bigint unsigned`,
+    /// `bit(n)`): read as its decimal text, an integer when it fits, else that text.
+    Unsigned,
     Float,
     Boolean,
     Time(TimeKind),

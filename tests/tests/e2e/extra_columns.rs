@@ -243,3 +243,92 @@ async fn components_of_contracts_0_1_0_2_and_0_3_run_side_by_side() {
     }
     s.finish().await;
 }
+
+/// Times at the edges of what a record timestamp holds, through the builtin router on
+/// PostgreSQL's Debezium table: before 1970 and at the epoch itself (librdkafka's "none") the
+/// producer stamps the time of the send; the year 9999 goes out as it is; and `infinity`,
+/// which PostgreSQL stores and no time value holds, dead-letters its own row at once, naming
+/// the column, while the relay goes on with the others (it used to panic decoding it).
+#[tokio::test(flavor = "multi_thread")]
+async fn timestamps_at_the_edges_go_out_or_fail_their_own_row() {
+    let kind = Database::Postgres;
+    let table = DbTable::create_with_sql(kind, "edge_times", debezium_table(kind)).await;
+    let bootstrap = kafka_bootstrap();
+    let prefix = format!("{}.", table.name);
+    let topics = vec![format!("{prefix}Order")];
+    create_topics(&bootstrap, &topics)
+        .await
+        .expect("create topics");
+    let config = RelayConfig {
+        database_url: table.url.clone(),
+        database_extra: Some(COLUMNS.to_owned()),
+        default_plugin: None,
+        extra: Some(format!(
+            "[plugins.default]\nbuiltin = \"route-by-aggregate\"\n\
+             config = {{ topic_prefix = {} }}\n",
+            toml_string(&prefix)
+        )),
+        ..RelayConfig::for_tests(&table.name, &bootstrap, &prefix)
+    }
+    .render();
+    let out = sluice_with_config(&["migrate"], &config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = [
+        ("before-1970", "1969-07-20 20:17:40"),
+        ("epoch", "1970-01-01 00:00:00"),
+        ("year-9999", "9999-12-31 23:59:59.999"),
+        ("infinite", "infinity"),
+    ];
+    for (aggregate_id, at) in rows {
+        table
+            .execute(&format!(
+                "INSERT INTO {{t}} (aggregatetype, aggregateid, type, payload, \"timestamp\") \
+                 VALUES ('Order', '{aggregate_id}', 'OrderCreated', '{{}}', '{at}')"
+            ))
+            .await;
+    }
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let relay = RelayProcess::start(&config).expect("start relay");
+    let settled = wait_until(SCENARIO_WAIT, || async {
+        table
+            .scalar_i64("SELECT count(*) FROM {t} WHERE dead_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    assert!(settled, "not relayed: {}", relay.log());
+    let exit = relay.stop();
+    assert!(exit.success, "{}", exit.log);
+    assert!(!exit.log.contains("panicked"), "{}", exit.log);
+
+    let dead = table
+        .text_rows("SELECT aggregateid, last_error FROM {t} WHERE dead_at IS NOT NULL")
+        .await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0][0].as_deref(), Some("infinite"));
+    let error = dead[0][1].clone().unwrap_or_default();
+    assert!(
+        error.contains("cannot decode column \"timestamp\"") && error.contains("infinity"),
+        "{error}"
+    );
+
+    let got = consume(&bootstrap, &topics, 3, SCENARIO_WAIT, SETTLE).expect("consume");
+    assert_eq!(got.len(), 3, "{got:#?}");
+    for m in &got {
+        let at = m.timestamp.unwrap_or_default();
+        match m.key_str().as_str() {
+            "before-1970" | "epoch" => {
+                assert!(at >= started, "the producer's time of the send: {m:?}")
+            }
+            "year-9999" => assert_eq!(at, 253_402_300_799_999, "{m:?}"),
+            other => panic!("{other:?}: {m:?}"),
+        }
+    }
+    table.drop_table().await;
+}

@@ -3,8 +3,36 @@
 
 use sluice_testkit::{Database, DbTable};
 
-use super::{DbFixture, Fixture, NewRow, RowState, migrated_db, open_db};
+use super::{DbFixture, Fixture, NewRow, OddColumn, RowState, migrated_db, open_db};
+use crate::model::ColumnValue;
 use crate::store::{Store, StoreOptions};
+
+/// An [`OddColumn`].
+fn odd(
+    name: &'static str,
+    declared: &'static str,
+    set: &'static str,
+    expect: ColumnValue,
+) -> OddColumn {
+    OddColumn {
+        name,
+        declared,
+        set,
+        expect,
+    }
+}
+
+fn text(s: &str) -> ColumnValue {
+    ColumnValue::Text(s.to_owned())
+}
+
+/// 2026-01-02 03:04:05 UTC plus `micros`.
+fn at(micros: i64) -> ColumnValue {
+    let base = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
+        .map(|t| t.to_utc())
+        .unwrap_or_default();
+    ColumnValue::Timestamp(base + chrono::TimeDelta::microseconds(micros))
+}
 
 pub(super) use lite::LiteFixture;
 pub(super) use my::MyFixture;
@@ -194,6 +222,116 @@ pub(super) mod pg {
         const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = true, \
             score = 19.5, seen_at = '2026-01-02T03:04:05.123Z', meta = '{\"a\": [1, 2]}', \
             raw = '\\x00ff', amount = 12.30";
+        const ODD_SETUP: &'static [&'static str] = &[
+            "DO $$ BEGIN CREATE TYPE sluice_conf_mood AS ENUM ('happy', 'sad');
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+            "DO $$ BEGIN CREATE DOMAIN sluice_conf_code AS text CHECK (VALUE <> '');
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        ];
+
+        fn odd_columns() -> Vec<OddColumn> {
+            vec![
+                odd(
+                    "amount",
+                    "amount numeric(20, 6)",
+                    "amount = 12345678901234.123456",
+                    text("12345678901234.123456"),
+                ),
+                odd(
+                    "uid",
+                    "uid uuid",
+                    "uid = '0F8FAD5B-D9CB-469F-A165-70867728950E'",
+                    text("0f8fad5b-d9cb-469f-a165-70867728950e"),
+                ),
+                odd(
+                    "tags",
+                    "tags text[]",
+                    "tags = '{a,\"b c\"}'",
+                    text("{a,\"b c\"}"),
+                ),
+                odd("nums", "nums int[]", "nums = '{1,2}'", text("{1,2}")),
+                odd("mood", "mood sluice_conf_mood", "mood = 'sad'", text("sad")),
+                odd("code", "code sluice_conf_code", "code = 'x1'", text("x1")),
+                odd(
+                    "span",
+                    "span interval",
+                    "span = '1 day 2 hours 3 minutes 4 seconds'",
+                    text("1 day 02:03:04"),
+                ),
+                // PostgreSQL's `::text` of an inet keeps the netmask.
+                odd(
+                    "addr",
+                    "addr inet",
+                    "addr = '10.0.0.1'",
+                    text("10.0.0.1/32"),
+                ),
+                odd("net", "net cidr", "net = '10.0.0.0/8'", text("10.0.0.0/8")),
+                odd(
+                    "doc",
+                    "doc json",
+                    "doc = '{\"b\": 1,  \"a\": 2}'",
+                    ColumnValue::Json("{\"b\": 1,  \"a\": 2}".into()),
+                ),
+                odd(
+                    "local_at",
+                    "local_at timestamp",
+                    "local_at = '2026-01-02 03:04:05.123456'",
+                    at(123_456),
+                ),
+                odd("day", "day date", "day = '2026-01-02'", text("2026-01-02")),
+                odd(
+                    "at_time",
+                    "at_time time",
+                    "at_time = '03:04:05'",
+                    text("03:04:05"),
+                ),
+                odd("tag", "tag char(4)", "tag = 'ab'", text("ab")),
+                odd(
+                    "label",
+                    "label varchar(10) COLLATE \"C\"",
+                    "label = 'Zz'",
+                    text("Zz"),
+                ),
+                odd(
+                    "twice",
+                    "twice bigint GENERATED ALWAYS AS (length(aggregate_id) * 2) STORED",
+                    "",
+                    ColumnValue::Integer(6),
+                ),
+                odd(
+                    "Order",
+                    "\"Order\" text",
+                    "\"Order\" = 'upper'",
+                    text("upper"),
+                ),
+                odd(
+                    "user",
+                    "\"user\" text",
+                    "\"user\" = 'keyword'",
+                    text("keyword"),
+                ),
+                odd(
+                    "big",
+                    "big bigint",
+                    "big = 9223372036854775807",
+                    ColumnValue::Integer(i64::MAX),
+                ),
+                odd(
+                    "late",
+                    "late timestamptz",
+                    "late = '2026-01-02T03:04:05Z'",
+                    at(0),
+                ),
+            ]
+        }
+
+        const UNREADABLE: &'static [(&'static str, &'static str)] = &[
+            ("late = 'infinity'", "\"late\""),
+            ("late = '-infinity'", "\"late\""),
+            ("late = '294000-01-01T00:00:00Z'", "\"late\""),
+            ("created_at = 'infinity'", "\"created_at\""),
+            ("created_at = '-infinity'", "\"created_at\""),
+        ];
     }
 }
 
@@ -308,6 +446,92 @@ pub(super) mod my {
         const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = TRUE, \
             score = 19.5, seen_at = '2026-01-02 03:04:05.123', meta = '{\"a\": [1, 2]}', \
             raw = X'00FF', amount = 12.30";
+        fn odd_columns() -> Vec<OddColumn> {
+            vec![
+                odd(
+                    "amount",
+                    "amount DECIMAL(30, 10)",
+                    "amount = 12345678901234567890.0123456789",
+                    text("12345678901234567890.0123456789"),
+                ),
+                odd(
+                    "mood",
+                    "mood ENUM('happy', 'sad')",
+                    "mood = 'sad'",
+                    text("sad"),
+                ),
+                odd(
+                    "perms",
+                    "perms SET('r', 'w', 'x')",
+                    "perms = 'x,r'",
+                    text("r,x"),
+                ),
+                odd(
+                    "bits",
+                    "bits BIT(8)",
+                    "bits = b'11111111'",
+                    ColumnValue::Integer(255),
+                ),
+                odd(
+                    "wide_bits",
+                    "wide_bits BIT(64)",
+                    "wide_bits = ~0",
+                    text("18446744073709551615"),
+                ),
+                odd("yr", "yr YEAR", "yr = 2024", text("2024")),
+                odd(
+                    "fine",
+                    "fine DATETIME(6)",
+                    "fine = '2026-01-02 03:04:05.123456'",
+                    at(123_456),
+                ),
+                odd(
+                    "tiny",
+                    "tiny TINYINT(1)",
+                    "tiny = 5",
+                    ColumnValue::Boolean(true),
+                ),
+                odd(
+                    "blobby",
+                    "blobby LONGBLOB",
+                    "blobby = X'00FF'",
+                    ColumnValue::Bytes(vec![0, 255]),
+                ),
+                odd(
+                    "huge",
+                    "huge BIGINT UNSIGNED",
+                    "huge = 18446744073709551615",
+                    text("18446744073709551615"),
+                ),
+                odd(
+                    "small",
+                    "small BIGINT UNSIGNED",
+                    "small = 7",
+                    ColumnValue::Integer(7),
+                ),
+                odd(
+                    "order",
+                    "`order` VARCHAR(8)",
+                    "`order` = 'keyword'",
+                    text("keyword"),
+                ),
+                odd(
+                    "late",
+                    "late DATETIME",
+                    "late = '2026-01-02 03:04:05'",
+                    at(0),
+                ),
+                // The zero date reads as NULL, as Debezium has it.
+                odd(
+                    "zero",
+                    "zero DATETIME",
+                    "zero = '0000-00-00 00:00:00'",
+                    ColumnValue::Null,
+                ),
+            ]
+        }
+
+        const UNREADABLE: &'static [(&'static str, &'static str)] = &[];
     }
 }
 
@@ -419,5 +643,50 @@ pub(super) mod lite {
         const TYPED_VALUES: &'static str = "region = 'eu-west', n = 42, flag = 1, \
             score = 19.5, seen_at = '2026-01-02 03:04:05.123', meta = '{\"a\": [1, 2]}', \
             raw = X'00FF', amount = 12.30";
+        /// Values of another storage class than the declared type's arrive as they are.
+        fn odd_columns() -> Vec<OddColumn> {
+            vec![
+                odd("word", "word INTEGER", "word = 'abc'", text("abc")),
+                odd("half", "half INTEGER", "half = 1.5", text("1.5")),
+                odd(
+                    "big",
+                    "big INTEGER",
+                    "big = 9223372036854775807",
+                    ColumnValue::Integer(i64::MAX),
+                ),
+                odd("said", "said BOOLEAN", "said = 'true'", text("true")),
+                odd("yes", "yes BOOLEAN", "yes = 1", ColumnValue::Boolean(true)),
+                odd(
+                    "epoch",
+                    "epoch DATETIME",
+                    "epoch = 1700000000",
+                    text("1700000000"),
+                ),
+                odd("soon", "soon DATETIME", "soon = 'soon'", text("soon")),
+                odd(
+                    "iso",
+                    "iso DATETIME",
+                    "iso = '2026-01-02 03:04:05.123'",
+                    at(123_000),
+                ),
+                odd("ratio", "ratio REAL", "ratio = 'n/a'", text("n/a")),
+                odd(
+                    "anything",
+                    "anything",
+                    "anything = X'00FF'",
+                    ColumnValue::Bytes(vec![0, 255]),
+                ),
+                odd("number", "number", "number = 5", text("5")),
+                odd("num", "num NUMERIC", "num = '12.30'", text("12.3")),
+                odd(
+                    "order",
+                    "\"order\" TEXT",
+                    "\"order\" = 'keyword'",
+                    text("keyword"),
+                ),
+            ]
+        }
+
+        const UNREADABLE: &'static [(&'static str, &'static str)] = &[];
     }
 }

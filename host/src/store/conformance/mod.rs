@@ -44,7 +44,7 @@ mod sqlite_leases;
 
 use std::time::Duration;
 
-use crate::model::{OutboxId, OutboxRow, TenantId};
+use crate::model::{ColumnValue, OutboxId, OutboxRow, TenantId};
 use crate::store::{
     self, BatchOutcome, ColumnsSettings, Disposition, MarkMode, OutboxStore, RowFailure, Store,
     StoreOptions, TableName, TableSpec,
@@ -112,6 +112,18 @@ trait Fixture: Sized {
 
 /// A fixture on a real database: its URL and table name, and the SQL to create tables of
 /// other shapes.
+/// An extra column for [`DbFixture::odd_columns`].
+struct OddColumn {
+    /// Its name as the table has it.
+    name: &'static str,
+    /// `ALTER TABLE … ADD COLUMN` text (the name quoted as the database needs).
+    declared: &'static str,
+    /// `SET` clause of its value (empty: a generated column).
+    set: &'static str,
+    /// What the plugin gets.
+    expect: ColumnValue,
+}
+
 trait DbFixture: Fixture<Store = Store> {
     fn url(&self) -> String;
     fn table(&self) -> &str;
@@ -138,6 +150,17 @@ trait DbFixture: Fixture<Store = Store> {
     /// `UPDATE … SET` of those columns: `eu-west`, 42, true, 19.5, 2026-01-02 03:04:05.123
     /// UTC, `{"a": [1, 2]}`, the bytes 00 ff, NULL, 12.30.
     const TYPED_VALUES: &'static str;
+
+    /// Statements run once before [`DbFixture::odd_columns`] are added (PostgreSQL: the
+    /// enum and domain types they use), `{t}` standing for the table.
+    const ODD_SETUP: &'static [&'static str] = &[];
+    /// Columns of types applications use beyond the usual ones, each with a value and what a
+    /// plugin must get for it ([`OddColumn`]).
+    fn odd_columns() -> Vec<OddColumn>;
+    /// `SET` clauses that make a row unreadable, each with the column the row's error must
+    /// name: a time no time value holds (PostgreSQL's `infinity`, MariaDB's zero date) in the
+    /// extra column `late` and in `created_at`. Empty where every value reads (SQLite).
+    const UNREADABLE: &'static [(&'static str, &'static str)];
 
     fn spec(&self) -> TableSpec {
         TableSpec::new(TableName::parse(self.table()).unwrap())
@@ -251,6 +274,7 @@ macro_rules! conformance {
             an_application_table_is_relayed_through_the_column_mapping,
             extra_columns_reach_the_row_with_their_types,
             every_other_column_is_extra_with_a_star_and_a_missing_one_is_named,
+            odd_extra_values_arrive_typed_or_as_text_and_an_unreadable_one_fails_its_row,
         );
     };
     (@replay $fixture:ty) => {

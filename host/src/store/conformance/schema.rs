@@ -217,6 +217,93 @@ pub(super) async fn extra_columns_reach_the_row_with_their_types<F: DbFixture>()
     f.cleanup().await;
 }
 
+/// Extra columns of the types applications really use ([`DbFixture::odd_columns`]) arrive
+/// typed or as their text, never coerced; a value no time can hold fails only its own row,
+/// dead, naming the column ([`DbFixture::UNREADABLE`]).
+pub(super) async fn odd_extra_values_arrive_typed_or_as_text_and_an_unreadable_one_fails_its_row<
+    F: DbFixture,
+>() {
+    let f = F::new().await;
+    f.migrated(StoreOptions::default()).await;
+    for sql in F::ODD_SETUP {
+        f.execute(sql).await;
+    }
+    let odd = F::odd_columns();
+    for column in &odd {
+        f.execute(&format!("ALTER TABLE {{t}} ADD COLUMN {}", column.declared))
+            .await;
+    }
+    let mut rows = vec![row(None, "o-1", 1)];
+    rows.extend((0..F::UNREADABLE.len()).map(|i| row(None, &format!("bad{i}"), 2)));
+    let inserted = f.insert(&rows).await;
+    let sets: Vec<&str> = odd
+        .iter()
+        .map(|c| c.set)
+        .filter(|s| !s.is_empty())
+        .collect();
+    f.execute(&format!(
+        "UPDATE {{t}} SET {} WHERE id = {}",
+        sets.join(", "),
+        inserted[0]
+    ))
+    .await;
+    for ((set, _), id) in F::UNREADABLE.iter().zip(&inserted[1..]) {
+        f.execute(&format!("UPDATE {{t}} SET {set} WHERE id = {id}"))
+            .await;
+    }
+    let names: Vec<&str> = odd.iter().map(|c| c.name).collect();
+    let spec = spec_with_extra(&f, &names).unwrap();
+    let store = store::open(&f.url(), &spec, StoreOptions::default(), 2)
+        .await
+        .unwrap();
+    // The sampler reads every pending row's `created_at`, these included.
+    let sample = store.sample_backlog(100).await.unwrap();
+    assert_eq!(
+        sample.iter().map(|t| t.due).sum::<i64>(),
+        1 + F::UNREADABLE.len() as i64
+    );
+    let claim = store.claim(10, &[]).await.unwrap();
+    assert_eq!(
+        ids(&claim.rows),
+        [OutboxId::Int(inserted[0])],
+        "{:?}",
+        claim.rejected
+    );
+    for (column, (name, value)) in odd.iter().zip(&claim.rows[0].extra) {
+        assert_eq!(&**name, column.name);
+        assert_eq!(
+            value, &column.expect,
+            "column {} ({})",
+            column.name, column.declared
+        );
+    }
+    let mut rejected = claim.rejected.clone();
+    rejected.sort_by_key(|r| r.id.to_string().parse::<i64>().unwrap_or_default());
+    assert_eq!(rejected.len(), F::UNREADABLE.len(), "{rejected:?}");
+    for ((set, column), failure) in F::UNREADABLE.iter().zip(&rejected) {
+        assert_eq!(failure.disposition, Disposition::Dead, "{set}");
+        assert!(
+            failure
+                .error
+                .contains(&format!("cannot decode column {column}")),
+            "{set}: {}",
+            failure.error
+        );
+    }
+    claim
+        .batch
+        .complete(BatchOutcome {
+            sent: Vec::new(),
+            failed: rejected,
+        })
+        .await
+        .unwrap();
+    for id in &inserted[1..] {
+        assert!(f.state(*id).await.unwrap().dead, "row {id} is dead");
+    }
+    f.cleanup().await;
+}
+
 pub(super) async fn every_other_column_is_extra_with_a_star_and_a_missing_one_is_named<
     F: DbFixture,
 >() {

@@ -80,11 +80,15 @@ impl ColumnTypes for MyTypes {
         }
     }
 
-    /// `BOOLEAN` is `tinyint(1)`; MariaDB's `JSON` is `longtext` and reads as text.
+    /// `BOOLEAN` is `tinyint(1)`; MariaDB's `JSON` is `longtext` and reads as text. A
+    /// `bigint unsigned` or wider `bit` may exceed a signed 64-bit integer, which `CAST(… AS
+    /// SIGNED)` would wrap without a word (18446744073709551615 as -1).
     fn value_kind(column: &FoundColumn) -> ValueKind {
         match column.base.as_str() {
             "tinyint" if column.shown.starts_with("tinyint(1)") => ValueKind::Boolean,
             "bit" if column.shown == "bit(1)" => ValueKind::Boolean,
+            "bit" => ValueKind::Unsigned,
+            "bigint" if column.shown.contains("unsigned") => ValueKind::Unsigned,
             b if INT_TYPES.contains(&b) => ValueKind::Integer,
             "float" | "double" => ValueKind::Float,
             "json" => ValueKind::Json,

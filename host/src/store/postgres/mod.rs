@@ -17,6 +17,7 @@ mod partitions;
 mod paused;
 mod schema;
 mod sql;
+mod time;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -49,7 +50,7 @@ use crate::store::statement::impl_execute;
 use cursor::ClaimCursor;
 use sql::Statements;
 
-impl_execute!(Postgres, PgRow, DateTime<Utc>, |time| time);
+impl_execute!(Postgres, PgRow, time::PgTime, time::PgTime::utc);
 
 /// `application_name` of Sluice's connections (visible in `pg_stat_activity`).
 pub(super) const APPLICATION_NAME: &str = "sluice";
@@ -375,7 +376,7 @@ fn keyed_rows<'r>(
     let mut kept = Vec::new();
     for row in claimed {
         let id = read_id(row, &sql.layout.key, column::ID).map_err(|e| unreadable_key(sql, e))?;
-        let at: DateTime<Utc> = row.try_get(column::CREATED_AT)?;
+        let at = row.try_get::<time::PgTime, _>(column::CREATED_AT)?.utc();
         if let std::collections::hash_map::Entry::Vacant(entry) = created.entry(id) {
             entry.insert(at);
             kept.push(row);
