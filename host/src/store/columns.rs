@@ -261,6 +261,7 @@ impl ColumnMap {
             let own = BOOKKEEPING
                 .iter()
                 .chain(&LEASE)
+                .chain([&REPLAY])
                 .any(|(c, _)| *c == column.as_str())
                 || column.as_str() == DEFAULT_ORDER_COLUMN;
             if own {
@@ -467,6 +468,8 @@ mod tests {
             ),
             (&["dead_at"][..], "bookkeeping"),
             (&["sluice_seq"][..], "bookkeeping"),
+            (&["replay_id"][..], "bookkeeping"),
+            (&["lease_until"][..], "bookkeeping"),
         ] {
             let problem = extra(names).unwrap_err();
             assert_eq!(problem.key, "database.columns.extra", "{names:?}");
