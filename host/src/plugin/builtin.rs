@@ -109,6 +109,13 @@ mod tests {
     use super::*;
     use crate::model::{ColumnValue, OutboxId, TenantId};
 
+    fn header_pairs(headers: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
+        headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect()
+    }
+
     fn row() -> OutboxRow {
         OutboxRow {
             id: OutboxId::Int(7),
@@ -164,11 +171,7 @@ mod tests {
         r.extra = vec![(Arc::from("region"), ColumnValue::Text("eu".into()))];
         let answer = b.transform(&r);
         let out = crate::plugin::output::accept(&Default::default(), &r, answer).unwrap();
-        let headers: Vec<(&str, &[u8])> = out[0]
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
+        let headers = header_pairs(&out[0].headers);
         assert_eq!(
             headers,
             [
@@ -201,11 +204,7 @@ mod tests {
             (Arc::from("shard"), ColumnValue::Integer(1)),
         ];
         let out = b.transform(&r).unwrap();
-        let headers: Vec<(&str, &[u8])> = out[0]
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
+        let headers = header_pairs(&out[0].headers);
         assert_eq!(
             headers[3..],
             [("region", &b"eu"[..]), ("author", &b"ann"[..])]

@@ -214,6 +214,26 @@ async fn run_expecting_refusal(config: &str) -> RelayExit {
 }
 
 /// Runs a relay with `config` until `done`, then stops it (exit 0 expected).
+/// After a refused start: all `rows` rows are still unsent with no attempt, and nothing
+/// reached `topics`.
+async fn assert_untouched_and_unpublished(db: &PgRole, rows: i64, topics: &[String]) {
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {t} WHERE published_at IS NULL AND attempts = 0")
+            .await,
+        rows,
+        "every row is still there, untouched"
+    );
+    let got = consume(
+        &kafka_bootstrap(),
+        topics,
+        1,
+        Duration::from_secs(3),
+        Duration::ZERO,
+    )
+    .expect("consume");
+    assert!(got.is_empty(), "nothing was published: {}", got.len());
+}
+
 async fn relay_until<F, Fut>(config: &str, done: F) -> RelayExit
 where
     F: FnMut() -> Fut,
@@ -409,21 +429,7 @@ async fn postgres_a_missing_grant_is_refused_at_start_up_naming_it() {
         );
         assert!(exit.log.contains(&grant), "{}", exit.log);
         assert!(!exit.log.contains("relay started"), "{}", exit.log);
-        assert_eq!(
-            db.scalar("SELECT count(*) FROM {t} WHERE published_at IS NULL AND attempts = 0")
-                .await,
-            50,
-            "every row is still there, untouched"
-        );
-        let got = consume(
-            &kafka_bootstrap(),
-            &topics,
-            1,
-            Duration::from_secs(3),
-            Duration::ZERO,
-        )
-        .expect("consume");
-        assert!(got.is_empty(), "nothing was published: {}", got.len());
+        assert_untouched_and_unpublished(&db, 50, &topics).await;
         drop(db);
     }
 }
@@ -494,21 +500,7 @@ async fn postgres_column_grants_without_the_replay_marker_are_refused_naming_it(
         db.schema, db.role
     );
     assert!(exit.log.contains(&grant), "{}", exit.log);
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM {t} WHERE published_at IS NULL AND attempts = 0")
-            .await,
-        20,
-        "every row is still there, untouched"
-    );
-    let got = consume(
-        &kafka_bootstrap(),
-        &topics,
-        1,
-        Duration::from_secs(3),
-        Duration::ZERO,
-    )
-    .expect("consume");
-    assert!(got.is_empty(), "nothing was published: {}", got.len());
+    assert_untouched_and_unpublished(&db, 20, &topics).await;
 
     // `sluice replay` as that role: refused before it counts and asks.
     db.admin

@@ -71,8 +71,14 @@ created_at = \"timestamp\"
 extra = [\"region\", \"created_by\"]
 ";
 
-async fn extra_columns_become_headers_and_the_timestamp_the_record_timestamp(kind: Database) {
-    let table = DbTable::create_with_sql(kind, "extra_cols", debezium_table(kind)).await;
+/// A Debezium-shaped table on `kind` (with [`COLUMNS`]), its `Order` topic, and the config of
+/// a relay whose builtin router has `more_config` after its `topic_prefix`, migrated.
+async fn migrated_debezium_table(
+    kind: Database,
+    stem: &str,
+    more_config: &str,
+) -> (DbTable, Vec<String>, String) {
+    let table = DbTable::create_with_sql(kind, stem, debezium_table(kind)).await;
     let bootstrap = kafka_bootstrap();
     let prefix = format!("{}.", table.name);
     let topics = vec![format!("{prefix}Order")];
@@ -85,8 +91,7 @@ async fn extra_columns_become_headers_and_the_timestamp_the_record_timestamp(kin
         default_plugin: None,
         extra: Some(format!(
             "[plugins.default]\nbuiltin = \"route-by-aggregate\"\n\
-             config = {{ topic_prefix = {}, additional_placement = \
-             \"region:header, created_by:header:author\" }}\n",
+             config = {{ topic_prefix = {}{more_config} }}\n",
             toml_string(&prefix)
         )),
         ..RelayConfig::for_tests(&table.name, &bootstrap, &prefix)
@@ -98,6 +103,17 @@ async fn extra_columns_become_headers_and_the_timestamp_the_record_timestamp(kin
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (table, topics, config)
+}
+
+async fn extra_columns_become_headers_and_the_timestamp_the_record_timestamp(kind: Database) {
+    let (table, topics, config) = migrated_debezium_table(
+        kind,
+        "extra_cols",
+        ", additional_placement = \"region:header, created_by:header:author\"",
+    )
+    .await;
+    let bootstrap = kafka_bootstrap();
     let rows = [
         ("o-1", "'eu-west'", "'ann'"),
         ("o-2", "NULL", "'bob'"),
@@ -252,31 +268,8 @@ async fn components_of_contracts_0_1_0_2_and_0_3_run_side_by_side() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timestamps_at_the_edges_go_out_or_fail_their_own_row() {
     let kind = Database::Postgres;
-    let table = DbTable::create_with_sql(kind, "edge_times", debezium_table(kind)).await;
+    let (table, topics, config) = migrated_debezium_table(kind, "edge_times", "").await;
     let bootstrap = kafka_bootstrap();
-    let prefix = format!("{}.", table.name);
-    let topics = vec![format!("{prefix}Order")];
-    create_topics(&bootstrap, &topics)
-        .await
-        .expect("create topics");
-    let config = RelayConfig {
-        database_url: table.url.clone(),
-        database_extra: Some(COLUMNS.to_owned()),
-        default_plugin: None,
-        extra: Some(format!(
-            "[plugins.default]\nbuiltin = \"route-by-aggregate\"\n\
-             config = {{ topic_prefix = {} }}\n",
-            toml_string(&prefix)
-        )),
-        ..RelayConfig::for_tests(&table.name, &bootstrap, &prefix)
-    }
-    .render();
-    let out = sluice_with_config(&["migrate"], &config);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let rows = [
         ("before-1970", "1969-07-20 20:17:40"),
         ("epoch", "1970-01-01 00:00:00"),
